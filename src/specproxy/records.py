@@ -1,0 +1,77 @@
+"""The per-request record: what the proxy measured about one request to one arm.
+
+A record is immutable and self-contained, so the store, the statistics and the report can all be
+fed from the same rows. Times are seconds; `t_start` is Unix wall-clock time, durations come from
+`time.perf_counter` and are therefore monotonic.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol
+
+__all__ = ["RECORD_FIELDS", "Arm", "Recorder", "RequestRecord"]
+
+
+class Arm(enum.StrEnum):
+    """The two servers under comparison."""
+
+    SPECULATIVE = "speculative"
+    BASELINE = "baseline"
+
+    @property
+    def other(self) -> Arm:
+        return Arm.BASELINE if self is Arm.SPECULATIVE else Arm.SPECULATIVE
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request as served (or shadowed) by one arm."""
+
+    request_id: str
+    run_id: str
+    arm: Arm
+    t_start: float
+    model: str
+    endpoint: str  # "completions" | "chat.completions"
+    stream: bool
+    status: int
+    e2e_s: float  # request received -> last byte written to the client
+    upstream_s: float  # upstream request sent -> last upstream byte (isolates proxy overhead)
+    ttft_s: float | None = None  # request received -> first event with content
+    tpot_s: float | None = None  # (e2e - ttft) / (output_tokens - 1)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    n_events: int = 0  # SSE data events with content
+    tokens_per_event: float | None = None
+    mean_gap_s: float | None = None  # mean gap between consecutive content events
+    max_gap_s: float | None = None
+    acceptance_rate: float | None = None  # metrics.speculative_decoding.draft_acceptance_rate
+    mean_acceptance_length: float | None = None
+    pair_id: str | None = None  # shared by a primary request and its mirrored shadow
+    shadow: bool = False  # True when the response was read for timing and never returned
+    error_kind: str | None = (
+        None  # None on success; e.g. "connect", "timeout", "http_4xx", "broken"
+    )
+    disconnected: bool = False  # the client went away before the response finished
+
+    def to_dict(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["arm"] = self.arm.value
+        return row
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> RequestRecord:
+        values = {f: row[f] for f in RECORD_FIELDS if f in row}
+        values["arm"] = Arm(values["arm"])
+        return cls(**values)
+
+
+RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+
+
+class Recorder(Protocol):
+    """Where the proxy hands finished records. `record` must never block or raise."""
+
+    def record(self, rec: RequestRecord) -> None: ...
