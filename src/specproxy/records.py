@@ -11,7 +11,7 @@ import enum
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
-__all__ = ["RECORD_FIELDS", "Arm", "Recorder", "RequestRecord"]
+__all__ = ["RECORD_FIELDS", "Arm", "EngineSample", "Recorder", "RequestRecord"]
 
 
 class Arm(enum.StrEnum):
@@ -71,7 +71,48 @@ class RequestRecord:
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One scrape of one arm's vLLM /metrics, reduced to version-independent quantities.
+
+    Rates are derived from counter deltas since the previous scrape; None means "not reported"
+    (e.g. the baseline has no speculative metrics), never zero.
+    """
+
+    t: float  # Unix time of the scrape
+    run_id: str
+    arm: Arm
+    up: bool
+    restarted: bool = False  # process_start_time changed or a counter went down since last scrape
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    position_acceptance: tuple[float, ...] | None = None  # rate per draft position 0..k-1
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = None  # 0..1
+    generation_tokens_per_s: float | None = None
+    process_start_time: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["arm"] = self.arm.value
+        row["position_acceptance"] = (
+            list(self.position_acceptance) if self.position_acceptance is not None else None
+        )
+        return row
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> EngineSample:
+        values = {f.name: row[f.name] for f in fields(cls) if f.name in row}
+        values["arm"] = Arm(values["arm"])
+        pos = values.get("position_acceptance")
+        values["position_acceptance"] = tuple(pos) if pos is not None else None
+        return cls(**values)
+
+
 class Recorder(Protocol):
-    """Where the proxy hands finished records. `record` must never block or raise."""
+    """Where the proxy and the scraper hand finished rows. Both calls never block or raise."""
 
     def record(self, rec: RequestRecord) -> None: ...
+
+    def record_engine(self, sample: EngineSample) -> None: ...
