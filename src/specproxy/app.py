@@ -1,0 +1,181 @@
+"""The aiohttp application: routes, shared objects, and where the other components plug in.
+
+`create_app(cfg, registry=..., recorder=...)` builds an `Application` whose shared objects live
+under typed `AppKey`s:
+
+    CONFIG     the validated `Config`
+    REGISTRY   the injected prometheus `CollectorRegistry` (served at GET /metrics)
+    METRICS    the proxy's `ProxyMetrics` on that registry
+    RECORDER   where finished `RequestRecord`s go (default: an in-memory ring)
+    SESSIONS   {Arm: ClientSession}, one pooled session per upstream for the app's life
+    FORWARDER  the request path (built at start-up, after every component has started)
+    STATS      a zero-argument callable returning the latest stats result (GET /api/stats)
+
+Extension points (one small edit each, in `create_app` at the marked spot, or from outside
+before the app starts with `app.cleanup_ctx.append(...)`):
+
+- store (specproxy.store): a cleanup_ctx that starts the store and sets `app[RECORDER] = store`,
+  then on shutdown closes (flushes) it. Contexts run in order and unwind in reverse, so the store
+  starts before the forwarder reads RECORDER and closes after the last record was handed over.
+- scraper (specproxy.scrape.loop): a cleanup_ctx that runs its polling task using
+  `app[SESSIONS]`, `app[CONFIG]`, `app[REGISTRY]` and `app[RECORDER]`, and cancels it on exit.
+- stats job (specproxy.stats.job): a cleanup_ctx that runs the periodic job and sets
+  `app[STATS]` to a callable returning the latest result; until then /api/stats answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from specproxy.config import Config
+from specproxy.errors import error_body
+from specproxy.metrics import ProxyMetrics
+from specproxy.proxy.forward import MEASURED_ENDPOINTS, Forwarder
+from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.records import Arm, Recorder
+
+__all__ = [
+    "CONFIG",
+    "FORWARDER",
+    "METRICS",
+    "RECORDER",
+    "REGISTRY",
+    "SESSIONS",
+    "STATS",
+    "create_app",
+    "upstream_session",
+]
+
+StatsProvider = Callable[[], Mapping[str, Any] | None]
+
+CONFIG = web.AppKey("config", Config)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+METRICS = web.AppKey("metrics", ProxyMetrics)
+RECORDER = web.AppKey("recorder", Recorder)
+SESSIONS: web.AppKey[dict[Arm, ClientSession]] = web.AppKey("sessions")
+FORWARDER = web.AppKey("forwarder", Forwarder)
+STATS: web.AppKey[StatsProvider] = web.AppKey("stats")
+
+_READY_TIMEOUT_S = 2.0
+
+
+def create_app(
+    cfg: Config,
+    *,
+    registry: CollectorRegistry | None = None,
+    recorder: Recorder | None = None,
+) -> web.Application:
+    """The proxy application for `cfg`; nothing is connected until it starts."""
+    app = web.Application(
+        client_max_size=cfg.max_body_bytes, handler_args={"max_field_size": 65536}
+    )
+    app[CONFIG] = cfg
+    app[REGISTRY] = registry if registry is not None else CollectorRegistry()
+    app[METRICS] = ProxyMetrics(app[REGISTRY])
+    app[RECORDER] = recorder if recorder is not None else MemoryRecorder()
+
+    app.cleanup_ctx.append(_upstream_sessions)
+    # ---- Extension point: components append their cleanup_ctx here, in start order. ----
+    # app.cleanup_ctx.append(store_context)    # sets app[RECORDER]; closes (flushes) last
+    # app.cleanup_ctx.append(scrape_context)   # polls each arm's /metrics via app[SESSIONS]
+    # app.cleanup_ctx.append(stats_context)    # sets app[STATS]
+    # ---- The forwarder comes last: it reads RECORDER once everything above has started. ----
+    app.cleanup_ctx.append(_forwarder)
+
+    for path in MEASURED_ENDPOINTS:
+        app.router.add_post(path, _measured)
+    app.router.add_route("*", "/v1/{tail:.*}", _passthrough)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/api/stats", _stats)
+    return app
+
+
+def upstream_session(cfg: Config) -> ClientSession:
+    """A pooled session for one arm: no pool cap, no cookies, no decompression, no total timeout."""
+    return ClientSession(
+        connector=TCPConnector(limit=0, limit_per_host=0),
+        cookie_jar=DummyCookieJar(),
+        auto_decompress=False,
+        timeout=ClientTimeout(
+            total=None, sock_connect=cfg.timeouts.connect_s, sock_read=cfg.timeouts.read_s
+        ),
+        # Forward exactly the client's headers: add none of aiohttp's defaults.
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+    )
+
+
+async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
+    cfg = app[CONFIG]
+    app[SESSIONS] = {arm: upstream_session(cfg) for arm in Arm}
+    yield
+    await asyncio.gather(*(session.close() for session in app[SESSIONS].values()))
+
+
+async def _forwarder(app: web.Application) -> AsyncIterator[None]:
+    sessions = app[SESSIONS]
+    forwarder = Forwarder(
+        app[CONFIG], sessions=sessions, recorder=app[RECORDER], metrics=app[METRICS]
+    )
+    app[FORWARDER] = forwarder
+    yield
+    await forwarder.close()
+
+
+async def _measured(request: web.Request) -> web.StreamResponse:
+    return await request.app[FORWARDER].measured(request)
+
+
+async def _passthrough(request: web.Request) -> web.StreamResponse:
+    return await request.app[FORWARDER].passthrough(request)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = await asyncio.to_thread(generate_latest, request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    """Ready when both arms answer their /health; the body says which one does not."""
+    app = request.app
+    cfg = app[CONFIG]
+    arms = list(Arm)
+    results = await asyncio.gather(
+        *(_reachable(app[SESSIONS][arm], cfg.upstream_url(arm) + "/health") for arm in arms)
+    )
+    arm_status = {arm.value: ok for arm, ok in zip(arms, results, strict=True)}
+    ready = all(results)
+    return web.json_response({"ready": ready, "arms": arm_status}, status=200 if ready else 503)
+
+
+async def _reachable(session: ClientSession, url: str) -> bool:
+    try:
+        async with session.get(url, timeout=ClientTimeout(total=_READY_TIMEOUT_S)) as resp:
+            await resp.read()
+            return resp.status < 500
+    except (ClientError, TimeoutError):
+        return False
+
+
+async def _stats(request: web.Request) -> web.Response:
+    provider = request.app.get(STATS)
+    result = provider() if provider is not None else None
+    if result is None:
+        message = "no statistics yet" if provider is not None else "the stats job is not running"
+        return web.Response(
+            body=error_body(message, status=503, error_type="ServiceUnavailable"),
+            status=503,
+            content_type="application/json",
+        )
+    return web.Response(body=json.dumps(result).encode(), content_type="application/json")

@@ -1,0 +1,233 @@
+"""Incremental scanner for OpenAI/vLLM server-sent events, fed raw upstream byte chunks.
+
+The proxy forwards upstream bytes untouched; this scanner watches them on the side to timestamp
+events and count tokens. Events end at a blank line (`\\n\\n`, or `\\r\\n\\r\\n` if the stream uses
+CRLF) and may be split across chunks anywhere, down to single bytes. The hot path is byte search
+only: JSON is parsed for the one usage chunk, and for the rare event that looks empty (the chat
+role preamble, an empty finish delta) to decide whether it carries content.
+
+When the proxy injected `stream_options.include_usage` on the client's behalf
+(`strip_usage=True`), the scanner also rewrites what the client gets so it equals what vLLM
+would have sent without usage: the usage event is dropped, and, because vLLM stamps
+`system_fingerprint` on the finish chunks instead of the usage chunk when usage is off, the
+usage chunk's raw fingerprint bytes are appended to each held finish event. Finish events are
+held back only until the next event arrives (for n=1 the usage chunk follows at once).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["SSEScanner", "count_token_ids"]
+
+_DATA = b"data:"
+_DONE = b"[DONE]"
+_EMPTY_CHOICES = b'"choices":[]'
+_USAGE = b'"usage":'
+_TOKEN_IDS = b'"token_ids":['
+_FINISHED = b'"finish_reason":"'
+_FINGERPRINT = b'"system_fingerprint":'
+_ERROR = b'{"error"'
+# Byte patterns of an event that may carry no generated text; such events get an exact JSON check.
+_MAYBE_EMPTY = (b'"content":""', b'"text":""', b'"delta":{}', b'"content":null')
+_CONTENT_KEYS = ("content", "text", "reasoning", "reasoning_content", "tool_calls", "token_ids")
+_DECODER = json.JSONDecoder()
+
+
+def count_token_ids(payload: bytes) -> int | None:
+    """Sum of the lengths of every `"token_ids":[...]` list in an event; None if there is none."""
+    start = payload.find(_TOKEN_IDS)
+    if start < 0:
+        return None
+    total = 0
+    while start >= 0:
+        begin = start + len(_TOKEN_IDS)
+        end = payload.find(b"]", begin)
+        if end < 0:
+            return None
+        if end > begin:
+            total += payload.count(b",", begin, end) + 1
+        start = payload.find(_TOKEN_IDS, end)
+    return total
+
+
+def _has_content(payload: bytes) -> bool:
+    """Exact check of a suspicious event: does any choice carry text, tool calls or tokens?"""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return False
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        for part in (choice, choice.get("delta")):
+            if isinstance(part, dict) and any(part.get(key) for key in _CONTENT_KEYS):
+                return True
+    return False
+
+
+def _data_payload(event: bytes) -> bytes | None:
+    """The joined `data:` field of one event (without the trailing blank line), if any."""
+    if event.startswith(_DATA):
+        if b"\n" not in event:
+            payload = event[5:]
+            return payload[1:] if payload.startswith(b" ") else payload
+    elif _DATA not in event:
+        return None
+    parts = []
+    for line in event.splitlines():
+        if line.startswith(_DATA):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(parts) if parts else None
+
+
+class SSEScanner:
+    """Feed it every upstream chunk with its arrival time; read the results when the stream ends."""
+
+    def __init__(self, *, strip_usage: bool = False) -> None:
+        self.strip_usage = strip_usage
+        self.first_content_at: float | None = None
+        self.last_content_at: float | None = None
+        self.last_event_at: float | None = None
+        self.n_events = 0  # events with content
+        self.gaps: list[float] = []  # between consecutive content events
+        self.token_ids = 0
+        self.token_ids_complete = True  # every content event carried token_ids
+        self.usage: dict[str, Any] | None = None
+        self.speculative: dict[str, Any] | None = None
+        self.done = False
+        self.error_event = False  # upstream sent an in-stream error object
+        self._buf = bytearray()
+        self._scan_from = 0
+        self._sep = b"\n\n"
+        self._sep_known = False
+        self._held: list[bytes] = []  # finish events awaiting the usage chunk's fingerprint
+        self._out: list[bytes] = []
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """Scan one chunk; return the bytes the client should get (the chunk itself unless
+        stripping usage)."""
+        if not self._sep_known:
+            self._detect_separator(chunk)
+        buf = self._buf
+        buf += chunk
+        sep = self._sep
+        start = 0
+        end = buf.find(sep, self._scan_from)
+        while end >= 0:
+            stop = end + len(sep)
+            self._event(bytes(buf[start:stop]), now)
+            start = stop
+            end = buf.find(sep, start)
+        if start:
+            del buf[:start]
+        self._scan_from = max(len(buf) - len(sep) + 1, 0)
+        if not self.strip_usage:
+            return chunk
+        out = b"".join(self._out)
+        self._out.clear()
+        return out
+
+    def finish(self) -> bytes:
+        """End of the upstream stream: release held events and any incomplete tail verbatim."""
+        out = b"".join([*self._out, *self._held, bytes(self._buf)]) if self.strip_usage else b""
+        self._out.clear()
+        self._held.clear()
+        self._buf.clear()
+        return out
+
+    def _detect_separator(self, chunk: bytes) -> None:
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            self._sep_known = True
+            if newline > 0 and chunk[newline - 1 : newline] == b"\r":
+                self._sep = b"\r\n\r\n"
+
+    def _event(self, event: bytes, now: float) -> None:
+        self.last_event_at = now
+        payload = _data_payload(event[: -len(self._sep)])
+        if payload is None:
+            self._emit(event)
+            return
+        if payload == _DONE:
+            self.done = True
+            self._emit(event)
+            return
+        if _EMPTY_CHOICES in payload and _USAGE in payload:
+            self._usage_event(event, payload)
+            return
+        if payload.startswith(_ERROR):
+            self.error_event = True
+            self._emit(event)
+            return
+        tokens = count_token_ids(payload)
+        if tokens is None:
+            self.token_ids_complete = False
+        if tokens or any(p in payload for p in _MAYBE_EMPTY) is False or _has_content(payload):
+            self._content(now, tokens or 0)
+        if self.strip_usage and _FINISHED in payload and _FINGERPRINT not in payload:
+            self._held.append(event)
+        else:
+            self._emit(event)
+
+    def _content(self, now: float, tokens: int) -> None:
+        last = self.last_content_at
+        if last is None:
+            self.first_content_at = now
+        else:
+            self.gaps.append(now - last)
+        self.last_content_at = now
+        self.n_events += 1
+        self.token_ids += tokens
+
+    def _usage_event(self, event: bytes, payload: bytes) -> None:
+        try:
+            doc = json.loads(payload)
+        except ValueError:
+            self._emit(event)
+            return
+        usage = doc.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        metrics = doc.get("metrics")
+        if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+            self.speculative = metrics["speculative_decoding"]
+        if not self.strip_usage:
+            self._emit(event)
+            return
+        fingerprint = _raw_value(payload, _FINGERPRINT)
+        for held in self._held:
+            if fingerprint is not None:
+                brace = held.rfind(b"}")
+                held = held[:brace] + b"," + _FINGERPRINT + fingerprint + held[brace:]
+            self._out.append(held)
+        self._held.clear()
+
+    def _emit(self, event: bytes) -> None:
+        if self.strip_usage:
+            if self._held:
+                self._out.extend(self._held)
+                self._held.clear()
+            self._out.append(event)
+
+
+def _raw_value(payload: bytes, key: bytes) -> bytes | None:
+    """The raw JSON bytes of a top-level-ish `key` value (`"key":` included in `key`)."""
+    at = payload.find(key)
+    if at < 0:
+        return None
+    begin = at + len(key)
+    text = payload.decode("utf-8", "surrogatepass")
+    char_begin = len(payload[:begin].decode("utf-8", "surrogatepass"))
+    try:
+        value, char_end = _DECODER.raw_decode(text, char_begin)
+    except ValueError:
+        return None
+    if value is None:
+        return None
+    return text[char_begin:char_end].encode("utf-8", "surrogatepass")

@@ -1,0 +1,141 @@
+"""`specproxy serve`: run the A/B proxy from a TOML file and/or command-line flags.
+
+Flags override the file; the merged settings are validated into one `Config`, so a bad setting
+stops the proxy before it listens. The server runs on uvloop (when installed) with
+`handler_cancellation=True`, so a client that disconnects cancels its handler, which closes the
+upstream connection and makes vLLM abort the generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import tomllib
+from typing import Any
+
+from aiohttp import web
+
+from specproxy.app import create_app
+from specproxy.config import Config
+from specproxy.errors import ConfigError
+
+__all__ = ["build_config", "configure", "run"]
+
+log = logging.getLogger(__name__)
+
+# flag destination -> (section or None for top level, setting name)
+_FLAG_SETTINGS: dict[str, tuple[str | None, str]] = {
+    "baseline": (None, "baseline_url"),
+    "speculative": (None, "speculative_url"),
+    "host": (None, "host"),
+    "port": (None, "port"),
+    "run_id": (None, "run_id"),
+    "inject_usage": (None, "inject_usage"),
+    "mode": ("routing", "mode"),
+    "share": ("routing", "speculative_share"),
+    "sticky_source": ("routing", "sticky_source"),
+    "sticky_header": ("routing", "sticky_header"),
+    "allow_forced_arm": ("routing", "allow_forced_arm"),
+    "mirror": ("routing", "mirror_fraction"),
+    "max_shadows": ("routing", "max_concurrent_shadows"),
+    "seed": ("routing", "seed"),
+    "connect_timeout": ("timeouts", "connect_s"),
+    "read_timeout": ("timeouts", "read_s"),
+    "store": ("store", "url"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--config", metavar="FILE.toml", help="TOML config file (flags override it)")
+    add("--baseline", metavar="URL", help="base URL of the baseline vLLM server")
+    add("--speculative", metavar="URL", help="base URL of the speculative vLLM server")
+    add("--host", help="listen address (default 127.0.0.1)")
+    add("--port", type=int, help="listen port (default 8000)")
+    add("--run-id", help="label of this run in the store")
+    add("--share", type=float, help="speculative share, 0..1 (default 0.5)")
+    add("--mode", choices=["weighted", "sticky"], help="routing mode")
+    add("--sticky-source", choices=["header", "user"], help="sticky key: a header or body.user")
+    add("--sticky-header", help="header holding the sticky key (default x-session-id)")
+    add(
+        "--allow-forced-arm",
+        action="store_true",
+        default=None,
+        help="honour the x-specproxy-arm request header",
+    )
+    add("--mirror", type=float, help="fraction of requests also sent to the other arm")
+    add("--max-shadows", type=int, help="cap on concurrent mirrored requests")
+    add("--seed", type=int, help="seed of the routing RNG")
+    add(
+        "--no-inject-usage",
+        dest="inject_usage",
+        action="store_false",
+        default=None,
+        help="never ask upstream for a usage chunk the client did not request",
+    )
+    add("--connect-timeout", type=float, help="upstream connect timeout, seconds")
+    add("--read-timeout", type=float, help="longest upstream silence, seconds")
+    add(
+        "--store",
+        metavar="URL",
+        help="record store URL (sqlite:///..., postgresql://..., memory://)",
+    )
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """Merge the TOML file (if any) with the flags that were given, then validate."""
+    data: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        try:
+            with open(args.config, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {args.config}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {args.config} is not valid TOML: {exc}") from exc
+    for dest, (section, name) in _FLAG_SETTINGS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        target = data if section is None else data.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"[{section}] must be a table")
+        target[name] = value
+    for name in ("baseline_url", "speculative_url"):
+        if name not in data:
+            flag = "--" + name.removesuffix("_url")
+            raise ConfigError(f"{name} is required (flag {flag} or the config file)")
+    return Config.from_mapping(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    app = create_app(cfg)
+    log.info(
+        "specproxy on http://%s:%d -> speculative %s (share %.2f), baseline %s",
+        cfg.host,
+        cfg.port,
+        cfg.speculative_url,
+        cfg.routing.speculative_share,
+        cfg.baseline_url,
+    )
+    web.run_app(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        handler_cancellation=True,
+        access_log=None,
+        print=None,
+        loop=_new_loop(),
+    )
+    return 0
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
