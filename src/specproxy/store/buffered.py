@@ -1,0 +1,387 @@
+"""Batching, background flushing and spilling, shared by every backend.
+
+The proxy's hot path calls `record()`, which only appends to an in-memory deque (or, when the
+store has been failing long enough that `max_buffer` rows are waiting, appends one line to the
+local spill file). A background task writes batches at least every `flush_interval_s`. When a
+write fails the batch goes back to the buffer and the task retries with backoff; once writes work
+again the spill files are replayed. Nothing is ever discarded silently: `dropped` counts only rows
+the database refuses for good (kept in `<spill_path>.rejected`) or unreadable spill lines.
+
+Backends implement the `_open`, `_write`, `_close_backend` and `_purge` hooks; reads are
+theirs entirely.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from specproxy.config import StoreConfig
+from specproxy.errors import StoreError
+from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.store.base import ArmArrays
+from specproxy.store.spill import Row, SpillSet
+
+__all__ = ["BufferedStore"]
+
+log = logging.getLogger(__name__)
+
+MAX_RETRY_DELAY_S = 5.0
+CLOSE_FLUSH_TIMEOUT_S = 15.0
+PURGE_INTERVAL_S = 3600.0
+
+
+class BufferedStore(abc.ABC):
+    """A `Store` minus the reads: buffer, flusher task, spill and counters."""
+
+    def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self._requests: deque[RequestRecord] = deque()
+        self._engine: deque[EngineSample] = deque()
+        self._inflight = 0
+        self._spill = SpillSet(cfg.spill_path)
+        self._written = 0
+        self._dropped = 0
+        self._healthy = True
+        self._opened = False
+        self._closed = False
+        self._started = False
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._open_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._next_purge = 0.0
+
+    # -- backend hooks -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _open(self) -> None:
+        """Connect and run migrations. Raise on failure."""
+
+    @abc.abstractmethod
+    async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
+        """Insert both lists in one transaction, ignoring rows already present. Raise on failure."""
+
+    @abc.abstractmethod
+    async def _close_backend(self) -> None:
+        """Release connections and threads."""
+
+    @abc.abstractmethod
+    async def _purge(self, before: float) -> int:
+        """Delete rows older than `before` (Unix time); return how many went."""
+
+    @abc.abstractmethod
+    def export_chunks(
+        self, *, run_id: str | None = None, chunk_rows: int = 10_000
+    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+        """Stored records as tuples in `schema.REQUEST_COLUMNS` order, in chunks (export)."""
+
+    # The reads of `base.Store`, implemented by each backend.
+
+    @abc.abstractmethod
+    async def read_arrays(
+        self,
+        *,
+        run_id: str,
+        columns: Sequence[str],
+        since: float | None = None,
+        until: float | None = None,
+        model: str | None = None,
+        include_shadow: bool = True,
+    ) -> dict[Arm, ArmArrays]: ...
+
+    @abc.abstractmethod
+    async def read_engine_samples(
+        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
+    ) -> list[EngineSample]: ...
+
+    @abc.abstractmethod
+    async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    async def read_stats_history(
+        self, *, run_id: str, since: float | None = None
+    ) -> list[tuple[float, dict[str, Any]]]: ...
+
+    @abc.abstractmethod
+    async def models(self, *, run_id: str) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def run_ids(self) -> list[str]: ...
+
+    def _is_transient(self, exc: BaseException) -> bool:
+        """Whether a failed write may succeed later (outage) rather than never (bad row)."""
+        return True
+
+    # -- counters ------------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Rows not yet in the store: buffered, being written, or waiting in spill files."""
+        return len(self._requests) + len(self._engine) + self._inflight + self._spill.pending_rows
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped
+
+    @property
+    def spilled(self) -> int:
+        """Rows ever written to a spill file (a counter; replay does not decrease it)."""
+        return self._spill.total_spilled
+
+    @property
+    def written(self) -> int:
+        """Rows handed to the store in successful transactions (replays included)."""
+        return self._written
+
+    @property
+    def healthy(self) -> bool:
+        """False while the last write failed."""
+        return self._healthy
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        await asyncio.to_thread(self._spill.claim_leftovers)
+        await self._try_open()
+        self._task = asyncio.create_task(self._run(), name=f"store-flusher-{self.run_id}")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, CLOSE_FLUSH_TIMEOUT_S)
+            except TimeoutError:  # a write hung; its batch went back to the buffer
+                self._healthy = False
+        try:
+            await asyncio.wait_for(self._flush_buffers(), CLOSE_FLUSH_TIMEOUT_S)
+        except TimeoutError:
+            self._healthy = False
+        if self._requests or self._engine:
+            self._spill_buffers()
+        left = self._spill.pending_rows
+        await asyncio.to_thread(self._spill.close)
+        with contextlib.suppress(Exception):
+            await self._close_backend()
+        if left:
+            log.warning("store closed with %d rows in spill files; replayed at next start", left)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def record(self, rec: RequestRecord) -> None:
+        self._enqueue(rec, self._requests)
+
+    def record_engine(self, sample: EngineSample) -> None:
+        self._enqueue(sample, self._engine)
+
+    async def flush(self) -> None:
+        """Write the buffers and replay spill files; StoreError when the store is unavailable."""
+        if not await self._flush_buffers() or not await self._replay():
+            raise StoreError("store unavailable: rows kept in memory / spill file for later")
+
+    def _enqueue(self, row: Any, queue: deque[Any]) -> None:
+        try:
+            if self._closed:
+                # After close (late records on shutdown): straight to disk, replayed next start.
+                self._spill_rows([row])
+                return
+            if len(self._requests) + len(self._engine) >= self.cfg.max_buffer:
+                self._spill_rows([row])
+                return
+            queue.append(row)
+            if len(queue) >= self.cfg.batch_size:
+                self._wake.set()
+        except Exception:  # never let the hot path fail
+            log.exception("store: could not queue a row; keeping it in memory")
+            queue.append(row)
+
+    def _spill_rows(self, rows: list[Row]) -> None:
+        try:
+            self._spill.append(rows)
+        except OSError:
+            log.exception("store: spill file not writable; keeping rows in memory")
+            for row in rows:
+                if isinstance(row, RequestRecord):
+                    self._requests.append(row)
+                else:
+                    self._engine.append(row)
+
+    def _spill_buffers(self) -> None:
+        rows: list[Row] = [*self._requests, *self._engine]
+        self._requests.clear()
+        self._engine.clear()
+        try:
+            self._spill.append(rows)
+        except OSError:
+            self._dropped += len(rows)
+            log.critical("store: %d rows lost, spill file not writable at shutdown", len(rows))
+
+    def is_open(self) -> bool:
+        return self._opened
+
+    async def _ensure_open(self) -> None:
+        """For reads and direct writes: open now or raise StoreError."""
+        if not await self._try_open():
+            raise StoreError("store unavailable")
+
+    async def _try_open(self) -> bool:
+        if self._opened:
+            return True
+        async with self._open_lock:
+            if self.is_open():  # another task opened it while we waited
+                return True
+            try:
+                await self._open()
+            except StoreError:
+                raise
+            except Exception as exc:
+                if not self._is_transient(exc):
+                    raise StoreError(f"cannot open store: {exc}") from exc
+                self._mark_down(exc)
+                return False
+            self._opened = True
+            return True
+
+    def _mark_down(self, exc: BaseException) -> None:
+        if self._healthy:
+            log.warning(
+                "store unavailable (%s); buffering, then spilling to %s", exc, self._spill.base
+            )
+        self._healthy = False
+
+    def _mark_up(self) -> None:
+        if not self._healthy:
+            log.info("store available again")
+        self._healthy = True
+
+    async def _flush_buffers(self) -> bool:
+        """Write everything buffered now. False when the store failed (rows stay buffered)."""
+        async with self._lock:
+            if not await self._try_open():
+                return False
+            while self._requests or self._engine:
+                size = self.cfg.batch_size
+                reqs = [self._requests.popleft() for _ in range(min(size, len(self._requests)))]
+                engs = [self._engine.popleft() for _ in range(min(size, len(self._engine)))]
+                if not await self._write_rows(reqs, engs, requeue=True):
+                    return False
+            return True
+
+    async def _write_rows(
+        self, reqs: list[RequestRecord], engs: list[EngineSample], *, requeue: bool
+    ) -> bool:
+        count = len(reqs) + len(engs)
+        self._inflight += count if requeue else 0
+        try:
+            await self._write(reqs, engs)
+        except asyncio.CancelledError:  # shutdown timeout: keep the batch for the spill
+            if requeue:
+                self._requests.extendleft(reversed(reqs))
+                self._engine.extendleft(reversed(engs))
+            raise
+        except Exception as exc:
+            if self._is_transient(exc):
+                if requeue:
+                    self._requests.extendleft(reversed(reqs))
+                    self._engine.extendleft(reversed(engs))
+                self._mark_down(exc)
+                return False
+            await self._write_one_by_one(reqs, engs, exc)
+        else:
+            self._written += count
+        finally:
+            self._inflight -= count if requeue else 0
+        self._mark_up()
+        return True
+
+    async def _write_one_by_one(
+        self, reqs: list[RequestRecord], engs: list[EngineSample], exc: BaseException
+    ) -> None:
+        """A batch the database refuses: isolate the bad rows, write the others."""
+        log.error("store refused a batch (%s); retrying row by row", exc)
+        rows: list[Row] = [*reqs, *engs]
+        for row in rows:
+            single_r = [row] if isinstance(row, RequestRecord) else []
+            single_e = [row] if isinstance(row, EngineSample) else []
+            try:
+                await self._write(single_r, single_e)
+            except Exception as row_exc:
+                self._dropped += 1
+                self._spill.reject([row], repr(row_exc))
+                log.error("store refused a row for good (%s): %r", row_exc, row)
+            else:
+                self._written += 1
+
+    async def _replay(self) -> bool:
+        """Replay spill files into the store. False when the store failed again."""
+        async with self._lock:
+            if self._spill.pending_rows == 0 and not self._spill.backlog:
+                return True
+            if not await self._try_open():
+                return False
+            self._spill.rotate()
+            while self._spill.backlog:
+                spill = self._spill.backlog[0]
+                chunks = spill.chunks(self.cfg.batch_size)
+                while True:
+                    chunk = await asyncio.to_thread(next, chunks, None)
+                    if chunk is None:
+                        break
+                    if chunk.bad_lines:
+                        self._dropped += chunk.bad_lines
+                    if not await self._write_rows(chunk.requests, chunk.engine, requeue=False):
+                        return False
+                self._spill.backlog.pop(0)
+                await asyncio.to_thread(spill.release, delete=True)
+                log.info("replayed %d spilled rows from %s", spill.rows, spill.path)
+            return True
+
+    async def _run(self) -> None:
+        delay = self.cfg.flush_interval_s
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                ok = await self._flush_buffers() and await self._replay()
+                if ok:
+                    await self._maybe_purge()
+            except Exception:
+                log.exception("store flusher: unexpected error")
+                ok = False
+            delay = self.cfg.flush_interval_s if ok else min(delay * 2, MAX_RETRY_DELAY_S)
+
+    async def _maybe_purge(self) -> None:
+        days = self.cfg.retention_days
+        now = time.time()
+        if days is None or now < self._next_purge:
+            return
+        self._next_purge = now + PURGE_INTERVAL_S
+        await self.purge_older_than(now - days * 86400.0)
+
+    async def purge_older_than(self, before: float) -> int:
+        """Retention: delete requests, engine samples and stats older than `before`."""
+        async with self._lock:
+            if not await self._try_open():
+                raise StoreError("store unavailable")
+            removed = await self._purge(before)
+        if removed:
+            log.info("retention: removed %d rows older than %.0f", removed, before)
+        return removed

@@ -1,0 +1,154 @@
+"""`specproxy export`: every stored request record as CSV, Parquet or JSON lines.
+
+For analysis elsewhere (pandas, R, DuckDB): one row per record, the columns of the current schema
+in `RequestRecord` order. Rows stream from the store in chunks, so a large store never has to fit
+in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import sys
+from typing import IO, Any, Literal
+from urllib.parse import urlsplit
+
+from specproxy.config import StoreConfig
+from specproxy.errors import ConfigError, StoreError
+from specproxy.store.factory import open_store
+from specproxy.store.schema import REQUEST_COLUMNS
+from specproxy.store.sqlite import sqlite_path
+
+__all__ = ["configure", "export", "run"]
+
+Format = Literal["csv", "parquet", "jsonl"]
+FORMATS: tuple[Format, ...] = ("csv", "parquet", "jsonl")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store", default=StoreConfig().url, help="store URL (default: %(default)s)"
+    )
+    parser.add_argument("--format", choices=FORMATS, default="csv", help="output format")
+    parser.add_argument("--run-id", default=None, help="only this run (default: every run)")
+    parser.add_argument("--out", default="-", help="output file; '-' is stdout (not for parquet)")
+
+
+def run(args: argparse.Namespace) -> int:
+    count = asyncio.run(export(args.store, args.format, out=args.out, run_id=args.run_id))
+    print(f"exported {count} records", file=sys.stderr)
+    return 0
+
+
+async def export(url: str, fmt: Format, *, out: str, run_id: str | None = None) -> int:
+    """Write the records of `url` (optionally one run) to `out`; return how many."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}")
+    if fmt == "parquet" and out == "-":
+        raise ConfigError("--format parquet needs --out FILE")
+    is_sqlite = urlsplit(url).scheme == "sqlite"
+    if is_sqlite and not await asyncio.to_thread(os.path.isfile, sqlite_path(url)[0]):
+        raise StoreError(f"no store at {url}")
+    store = open_store(StoreConfig(url=url))
+    writer = _writer(fmt, out)
+    count = 0
+    try:
+        async for chunk in store.export_chunks(run_id=run_id):
+            await asyncio.to_thread(writer.write, chunk)
+            count += len(chunk)
+    finally:
+        await asyncio.to_thread(writer.close)
+        await store.close()
+    return count
+
+
+class _Writer:
+    def write(self, rows: list[tuple[Any, ...]]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _open_text(out: str) -> IO[str]:
+    if out == "-":
+        return sys.stdout
+    return open(out, "w", encoding="utf-8", newline="")
+
+
+class _CsvWriter(_Writer):
+    def __init__(self, out: str) -> None:
+        self.fh = _open_text(out)
+        self.csv = csv.writer(self.fh)
+        self.csv.writerow(REQUEST_COLUMNS)
+
+    def write(self, rows: list[tuple[Any, ...]]) -> None:
+        self.csv.writerows(rows)
+
+    def close(self) -> None:
+        self.fh.flush()
+        if self.fh is not sys.stdout:
+            self.fh.close()
+
+
+class _JsonlWriter(_Writer):
+    def __init__(self, out: str) -> None:
+        self.fh = _open_text(out)
+
+    def write(self, rows: list[tuple[Any, ...]]) -> None:
+        self.fh.writelines(
+            json.dumps(dict(zip(REQUEST_COLUMNS, row, strict=True))) + "\n" for row in rows
+        )
+
+    def close(self) -> None:
+        self.fh.flush()
+        if self.fh is not sys.stdout:
+            self.fh.close()
+
+
+class _ParquetWriter(_Writer):
+    def __init__(self, out: str) -> None:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ConfigError(
+                "parquet export needs pyarrow: pip install 'specproxy[parquet]'"
+            ) from exc
+        self.pa = pa
+        types = {
+            "stream": pa.bool_(),
+            "shadow": pa.bool_(),
+            "disconnected": pa.bool_(),
+            "status": pa.int64(),
+            "prompt_tokens": pa.int64(),
+            "output_tokens": pa.int64(),
+            "n_events": pa.int64(),
+        }
+        text = {"request_id", "run_id", "arm", "model", "endpoint", "pair_id", "error_kind"}
+        self.schema = pa.schema(
+            [(c, types.get(c, pa.string() if c in text else pa.float64())) for c in REQUEST_COLUMNS]
+        )
+        self.writer = pq.ParquetWriter(out, self.schema)
+
+    def write(self, rows: list[tuple[Any, ...]]) -> None:
+        columns = list(zip(*rows, strict=True))
+        table = self.pa.Table.from_arrays(
+            [self.pa.array(col, type=f.type) for col, f in zip(columns, self.schema, strict=True)],
+            schema=self.schema,
+        )
+        self.writer.write_table(table)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _writer(fmt: Format, out: str) -> _Writer:
+    if fmt == "csv":
+        return _CsvWriter(out)
+    if fmt == "jsonl":
+        return _JsonlWriter(out)
+    return _ParquetWriter(out)

@@ -1,0 +1,144 @@
+"""`memory://`: the store kept in process memory, for tests and as a fallback without a disk.
+
+It goes through the same buffering and spill machinery as the real backends, so tests of the
+proxy see the same timing (rows appear after a flush); `fail_writes` simulates an outage.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from specproxy.config import StoreConfig
+from specproxy.errors import StoreError
+from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.store.arrays import check_columns, rows_to_arrays
+from specproxy.store.base import ArmArrays
+from specproxy.store.buffered import BufferedStore
+from specproxy.store.schema import REQUEST_COLUMNS
+
+__all__ = ["MemoryStore"]
+
+RequestKey = tuple[str, str, str, bool]
+
+
+class MemoryStore(BufferedStore):
+    """Rows in dicts keyed like the SQL tables, so duplicates are ignored the same way."""
+
+    def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
+        super().__init__(cfg, run_id=run_id)
+        self.fail_writes = False
+        self._rows: dict[RequestKey, RequestRecord] = {}
+        self._samples: dict[tuple[str, str, float], EngineSample] = {}
+        self._stats: list[tuple[str, float, dict[str, Any]]] = []
+
+    async def _open(self) -> None:
+        self._check_up()
+
+    async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
+        self._check_up()
+        for rec in requests:
+            self._rows.setdefault((rec.run_id, rec.request_id, rec.arm.value, rec.shadow), rec)
+        for s in engine:
+            self._samples.setdefault((s.run_id, s.arm.value, s.t), s)
+
+    async def _close_backend(self) -> None:
+        return None
+
+    async def _purge(self, before: float) -> int:
+        old_rows = [k for k, r in self._rows.items() if r.t_start < before]
+        old_samples = [k for k, s in self._samples.items() if s.t < before]
+        for k in old_rows:
+            del self._rows[k]
+        for key in old_samples:
+            del self._samples[key]
+        kept = [s for s in self._stats if s[1] >= before]
+        removed = len(old_rows) + len(old_samples) + len(self._stats) - len(kept)
+        self._stats = kept
+        return removed
+
+    def _check_up(self) -> None:
+        if self.fail_writes:
+            raise ConnectionError("memory store: simulated outage")
+
+    def all_records(self) -> list[RequestRecord]:
+        """Every stored record (tests)."""
+        return sorted(self._rows.values(), key=lambda r: r.t_start)
+
+    async def read_arrays(
+        self,
+        *,
+        run_id: str,
+        columns: Sequence[str],
+        since: float | None = None,
+        until: float | None = None,
+        model: str | None = None,
+        include_shadow: bool = True,
+    ) -> dict[Arm, ArmArrays]:
+        cols = check_columns(columns)
+        out: dict[Arm, ArmArrays] = {}
+        for arm in Arm:
+            rows = [
+                tuple(getattr(r, c) for c in cols)
+                for r in self.all_records()
+                if r.run_id == run_id
+                and r.arm is arm
+                and (since is None or r.t_start >= since)
+                and (until is None or r.t_start < until)
+                and (model is None or r.model == model)
+                and (include_shadow or not r.shadow)
+            ]
+            out[arm] = rows_to_arrays(cols, rows)
+        return out
+
+    async def read_engine_samples(
+        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
+    ) -> list[EngineSample]:
+        return sorted(
+            (
+                s
+                for s in self._samples.values()
+                if s.run_id == run_id
+                and (since is None or s.t >= since)
+                and (arm is None or s.arm is arm)
+            ),
+            key=lambda s: s.t,
+        )
+
+    async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:
+        if self.fail_writes:
+            raise StoreError("memory store: simulated outage")
+        self._stats.append((run_id, t, copy.deepcopy(result)))
+
+    async def read_stats_history(
+        self, *, run_id: str, since: float | None = None
+    ) -> list[tuple[float, dict[str, Any]]]:
+        rows = [
+            (t, copy.deepcopy(r))
+            for rid, t, r in self._stats
+            if rid == run_id and (since is None or t >= since)
+        ]
+        return sorted(rows, key=lambda row: row[0])
+
+    async def models(self, *, run_id: str) -> list[str]:
+        return sorted({r.model for r in self._rows.values() if r.run_id == run_id})
+
+    async def run_ids(self) -> list[str]:
+        return sorted({r.run_id for r in self._rows.values()})
+
+    async def export_chunks(
+        self, *, run_id: str | None = None, chunk_rows: int = 10_000
+    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+        """Records as tuples in `REQUEST_COLUMNS` order (export), in chunks."""
+        rows = [
+            tuple(_plain(getattr(r, c)) for c in REQUEST_COLUMNS)
+            for r in self.all_records()
+            if run_id is None or r.run_id == run_id
+        ]
+        for i in range(0, len(rows), chunk_rows):
+            yield rows[i : i + chunk_rows]
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Arm) else value

@@ -1,0 +1,316 @@
+"""`postgresql://...`: the shared store when several proxy replicas record into one database.
+
+Batches go in with binary COPY into a per-connection temporary table and one
+`INSERT ... SELECT ... ON CONFLICT DO NOTHING`, which is several times faster than row inserts and
+keeps replays of spill files idempotent. Migrations take a transaction-scoped advisory lock, so
+replicas starting together upgrade the schema exactly once. asyncpg is imported lazily: it is an
+optional dependency (`specproxy[postgres]`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from specproxy.config import StoreConfig
+from specproxy.errors import StoreError
+from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.store.arrays import check_columns, rows_to_arrays
+from specproxy.store.base import ArmArrays
+from specproxy.store.buffered import BufferedStore
+from specproxy.store.schema import ENGINE_COLUMNS, MIGRATIONS, REQUEST_COLUMNS, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["PostgresStore", "migrate_postgres"]
+
+CONNECT_TIMEOUT_S = 5.0
+COMMAND_TIMEOUT_S = 30.0
+MIGRATION_LOCK_KEY = 0x5BEC_0001  # pg_advisory_xact_lock key shared by every replica
+
+_COLS = ", ".join(REQUEST_COLUMNS)
+_ENGINE_COLS = ", ".join(ENGINE_COLUMNS)
+_TEMP_TABLES = (
+    "CREATE TEMP TABLE incoming_requests (LIKE requests) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE incoming_engine (LIKE engine_samples) ON COMMIT DELETE ROWS",
+)
+_MOVE_REQUESTS = (
+    f"INSERT INTO requests ({_COLS}) SELECT {_COLS} FROM incoming_requests ON CONFLICT DO NOTHING"
+)
+_MOVE_ENGINE = (
+    f"INSERT INTO engine_samples ({_ENGINE_COLS}) SELECT {_ENGINE_COLS} FROM incoming_engine "
+    "ON CONFLICT DO NOTHING"
+)
+
+
+def _asyncpg() -> Any:
+    try:
+        import asyncpg
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise StoreError(
+            "postgresql:// stores need asyncpg: pip install 'specproxy[postgres]'"
+        ) from exc
+    return asyncpg
+
+
+def _request_row(rec: RequestRecord) -> tuple[Any, ...]:
+    return (
+        rec.request_id,
+        rec.run_id,
+        rec.arm.value,
+        rec.t_start,
+        rec.model,
+        rec.endpoint,
+        rec.stream,
+        rec.status,
+        rec.e2e_s,
+        rec.upstream_s,
+        rec.ttft_s,
+        rec.tpot_s,
+        rec.prompt_tokens,
+        rec.output_tokens,
+        rec.n_events,
+        rec.tokens_per_event,
+        rec.mean_gap_s,
+        rec.max_gap_s,
+        rec.acceptance_rate,
+        rec.mean_acceptance_length,
+        rec.pair_id,
+        rec.shadow,
+        rec.error_kind,
+        rec.disconnected,
+    )
+
+
+def _engine_row(s: EngineSample) -> tuple[Any, ...]:
+    return (
+        s.t,
+        s.run_id,
+        s.arm.value,
+        s.up,
+        s.restarted,
+        s.acceptance_rate,
+        s.mean_acceptance_length,
+        list(s.position_acceptance) if s.position_acceptance is not None else None,
+        s.requests_running,
+        s.requests_waiting,
+        s.kv_cache_usage,
+        s.generation_tokens_per_s,
+        s.process_start_time,
+    )
+
+
+async def migrate_postgres(conn: asyncpg.Connection) -> int:
+    """Bring the schema to SCHEMA_VERSION under an advisory lock; return the version found."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+        exists = await conn.fetchval("SELECT to_regclass('schema_version') IS NOT NULL")
+        found = 0
+        if exists:
+            found = await conn.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_version")
+        if found > SCHEMA_VERSION:
+            raise StoreError(
+                f"store schema version {found} is newer than this specproxy ({SCHEMA_VERSION})"
+            )
+        for migration in MIGRATIONS:
+            if migration.version <= found:
+                continue
+            for statement in migration.statements("postgresql"):
+                await conn.execute(statement)
+            await conn.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES ($1, $2)",
+                migration.version,
+                time.time(),
+            )
+    return int(found)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for statement in _TEMP_TABLES:
+        await conn.execute(statement)
+
+
+class PostgresStore(BufferedStore):
+    def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
+        super().__init__(cfg, run_id=run_id)
+        self.dsn = cfg.url
+        self._pool: asyncpg.Pool | None = None
+
+    async def _open(self) -> None:
+        asyncpg = _asyncpg()
+        conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
+        try:
+            await migrate_postgres(conn)
+        finally:
+            await conn.close()
+        self._pool = await asyncpg.create_pool(
+            self.dsn,
+            min_size=1,
+            max_size=4,
+            timeout=CONNECT_TIMEOUT_S,
+            command_timeout=COMMAND_TIMEOUT_S,
+            init=_init_connection,
+        )
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreError("postgresql store is not open")
+        return self._pool
+
+    async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            if requests:
+                await conn.copy_records_to_table(
+                    "incoming_requests",
+                    records=[_request_row(r) for r in requests],
+                    columns=REQUEST_COLUMNS,
+                )
+                await conn.execute(_MOVE_REQUESTS)
+            if engine:
+                await conn.copy_records_to_table(
+                    "incoming_engine",
+                    records=[_engine_row(s) for s in engine],
+                    columns=ENGINE_COLUMNS,
+                )
+                await conn.execute(_MOVE_ENGINE)
+
+    async def _purge(self, before: float) -> int:
+        removed = 0
+        async with self.pool.acquire() as conn, conn.transaction():
+            for sql in (
+                "DELETE FROM requests WHERE t_start < $1",
+                "DELETE FROM engine_samples WHERE t < $1",
+                "DELETE FROM stats_history WHERE t < $1",
+            ):
+                status = await conn.execute(sql, before)
+                removed += int(status.split()[-1])
+        return removed
+
+    async def _close_backend(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), CONNECT_TIMEOUT_S)
+            except TimeoutError:
+                pool.terminate()
+
+    def _is_transient(self, exc: BaseException) -> bool:
+        asyncpg = _asyncpg()
+        errors = asyncpg.exceptions
+        transient = (
+            OSError,
+            TimeoutError,
+            asyncpg.InterfaceError,
+            errors.PostgresConnectionError,
+            errors.OperatorInterventionError,
+            errors.InsufficientResourcesError,
+            errors.TransactionRollbackError,
+            errors.ReadOnlySQLTransactionError,
+        )
+        return isinstance(exc, transient)
+
+    async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:
+        await self._ensure_open()
+        try:
+            await self.pool.execute(
+                "INSERT INTO stats_history (run_id, t, result) VALUES ($1, $2, $3::jsonb)",
+                run_id,
+                t,
+                json.dumps(result),
+            )
+        except Exception as exc:
+            raise StoreError(f"cannot write stats: {exc}") from exc
+
+    async def _fetch(self, sql: str, *params: Any) -> list[Any]:
+        await self._ensure_open()
+        try:
+            return list(await self.pool.fetch(sql, *params))
+        except Exception as exc:
+            raise StoreError(f"cannot read store: {exc}") from exc
+
+    async def read_arrays(
+        self,
+        *,
+        run_id: str,
+        columns: Sequence[str],
+        since: float | None = None,
+        until: float | None = None,
+        model: str | None = None,
+        include_shadow: bool = True,
+    ) -> dict[Arm, ArmArrays]:
+        cols = check_columns(columns)
+        where = ["run_id = $1", "arm = $2"]
+        params: list[Any] = [run_id, None]
+        for clause, value in (("t_start >= ", since), ("t_start < ", until), ("model = ", model)):
+            if value is not None:
+                params.append(value)
+                where.append(f"{clause}${len(params)}")
+        if not include_shadow:
+            where.append("NOT shadow")
+        sql = f"SELECT {', '.join(cols)} FROM requests WHERE {' AND '.join(where)} ORDER BY t_start"
+        out: dict[Arm, ArmArrays] = {}
+        for arm in Arm:
+            params[1] = arm.value
+            rows = await self._fetch(sql, *params)
+            out[arm] = rows_to_arrays(cols, [tuple(r) for r in rows])
+        return out
+
+    async def read_engine_samples(
+        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
+    ) -> list[EngineSample]:
+        where = ["run_id = $1"]
+        params: list[Any] = [run_id]
+        if since is not None:
+            params.append(since)
+            where.append(f"t >= ${len(params)}")
+        if arm is not None:
+            params.append(arm.value)
+            where.append(f"arm = ${len(params)}")
+        sql = f"SELECT {_ENGINE_COLS} FROM engine_samples WHERE {' AND '.join(where)} ORDER BY t"
+        return [EngineSample.from_dict(dict(r)) for r in await self._fetch(sql, *params)]
+
+    async def read_stats_history(
+        self, *, run_id: str, since: float | None = None
+    ) -> list[tuple[float, dict[str, Any]]]:
+        sql = "SELECT t, result::text AS result FROM stats_history WHERE run_id = $1"
+        params: list[Any] = [run_id]
+        if since is not None:
+            sql += " AND t >= $2"
+            params.append(since)
+        sql += " ORDER BY t, id"
+        return [(r["t"], json.loads(r["result"])) for r in await self._fetch(sql, *params)]
+
+    async def models(self, *, run_id: str) -> list[str]:
+        sql = "SELECT DISTINCT model FROM requests WHERE run_id = $1 ORDER BY model"
+        return [r["model"] for r in await self._fetch(sql, run_id)]
+
+    async def run_ids(self) -> list[str]:
+        return [
+            r["run_id"]
+            for r in await self._fetch("SELECT DISTINCT run_id FROM requests ORDER BY 1")
+        ]
+
+    async def export_chunks(
+        self, *, run_id: str | None = None, chunk_rows: int = 10_000
+    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+        await self._ensure_open()
+        sql = f"SELECT {_COLS} FROM requests"
+        params: tuple[Any, ...] = ()
+        if run_id is not None:
+            sql += " WHERE run_id = $1"
+            params = (run_id,)
+        sql += " ORDER BY t_start"
+        async with self.pool.acquire() as conn, conn.transaction():
+            chunk: list[tuple[Any, ...]] = []
+            async for record in conn.cursor(sql, *params, prefetch=chunk_rows):
+                chunk.append(tuple(record))
+                if len(chunk) >= chunk_rows:
+                    yield chunk
+                    chunk = []
+            if chunk:
+                yield chunk

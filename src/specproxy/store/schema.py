@@ -1,0 +1,215 @@
+"""Versioned schema of the request store and the migrations that bring an old store up to date.
+
+Migrations are frozen in time: each one is the SQL that took the schema from version N-1 to N,
+written out by hand, never derived from today's dataclasses, so that a store created by an old
+release upgrades the same way whatever the code looks like now. Both dialects move in lock-step:
+version N means the same tables and columns in SQLite and PostgreSQL.
+
+Column types: SQLite stores booleans as 0/1 and lists/JSON as text; PostgreSQL uses BOOLEAN,
+DOUBLE PRECISION[] and JSONB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "ENGINE_COLUMNS",
+    "MIGRATIONS",
+    "REQUEST_COLUMNS",
+    "SCHEMA_VERSION",
+    "Dialect",
+    "Migration",
+]
+
+Dialect = Literal["sqlite", "postgresql"]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    description: str
+    sqlite: tuple[str, ...]
+    postgresql: tuple[str, ...]
+
+    def statements(self, dialect: Dialect) -> tuple[str, ...]:
+        return self.sqlite if dialect == "sqlite" else self.postgresql
+
+
+# Version 1: the first schema, before per-request acceptance, client disconnects and the
+# stats history existed.
+_V1_SQLITE = (
+    """CREATE TABLE IF NOT EXISTS schema_version (
+        version INTEGER PRIMARY KEY,
+        applied_at REAL NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS requests (
+        request_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        t_start REAL NOT NULL,
+        model TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        stream INTEGER NOT NULL,
+        status INTEGER NOT NULL,
+        e2e_s REAL NOT NULL,
+        upstream_s REAL NOT NULL,
+        ttft_s REAL,
+        tpot_s REAL,
+        prompt_tokens INTEGER,
+        output_tokens INTEGER,
+        n_events INTEGER NOT NULL DEFAULT 0,
+        tokens_per_event REAL,
+        mean_gap_s REAL,
+        max_gap_s REAL,
+        pair_id TEXT,
+        shadow INTEGER NOT NULL DEFAULT 0,
+        error_kind TEXT,
+        PRIMARY KEY (run_id, request_id, arm, shadow)
+    )""",
+    "CREATE INDEX IF NOT EXISTS requests_run_arm_t ON requests (run_id, arm, t_start)",
+    """CREATE TABLE IF NOT EXISTS engine_samples (
+        t REAL NOT NULL,
+        run_id TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        up INTEGER NOT NULL,
+        restarted INTEGER NOT NULL DEFAULT 0,
+        acceptance_rate REAL,
+        mean_acceptance_length REAL,
+        requests_running REAL,
+        requests_waiting REAL,
+        kv_cache_usage REAL,
+        generation_tokens_per_s REAL,
+        PRIMARY KEY (run_id, arm, t)
+    )""",
+)
+_V1_POSTGRESQL = (
+    """CREATE TABLE IF NOT EXISTS schema_version (
+        version INTEGER PRIMARY KEY,
+        applied_at DOUBLE PRECISION NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS requests (
+        request_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        t_start DOUBLE PRECISION NOT NULL,
+        model TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        stream BOOLEAN NOT NULL,
+        status INTEGER NOT NULL,
+        e2e_s DOUBLE PRECISION NOT NULL,
+        upstream_s DOUBLE PRECISION NOT NULL,
+        ttft_s DOUBLE PRECISION,
+        tpot_s DOUBLE PRECISION,
+        prompt_tokens BIGINT,
+        output_tokens BIGINT,
+        n_events BIGINT NOT NULL DEFAULT 0,
+        tokens_per_event DOUBLE PRECISION,
+        mean_gap_s DOUBLE PRECISION,
+        max_gap_s DOUBLE PRECISION,
+        pair_id TEXT,
+        shadow BOOLEAN NOT NULL DEFAULT FALSE,
+        error_kind TEXT,
+        PRIMARY KEY (run_id, request_id, arm, shadow)
+    )""",
+    "CREATE INDEX IF NOT EXISTS requests_run_arm_t ON requests (run_id, arm, t_start)",
+    """CREATE TABLE IF NOT EXISTS engine_samples (
+        t DOUBLE PRECISION NOT NULL,
+        run_id TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        up BOOLEAN NOT NULL,
+        restarted BOOLEAN NOT NULL DEFAULT FALSE,
+        acceptance_rate DOUBLE PRECISION,
+        mean_acceptance_length DOUBLE PRECISION,
+        requests_running DOUBLE PRECISION,
+        requests_waiting DOUBLE PRECISION,
+        kv_cache_usage DOUBLE PRECISION,
+        generation_tokens_per_s DOUBLE PRECISION,
+        PRIMARY KEY (run_id, arm, t)
+    )""",
+)
+
+# Version 2: per-request acceptance (vLLM's response metrics), client disconnects, per-position
+# acceptance and process start time of engines, the stats history, and a time index for retention.
+_V2_SQLITE = (
+    "ALTER TABLE requests ADD COLUMN acceptance_rate REAL",
+    "ALTER TABLE requests ADD COLUMN mean_acceptance_length REAL",
+    "ALTER TABLE requests ADD COLUMN disconnected INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE engine_samples ADD COLUMN position_acceptance TEXT",
+    "ALTER TABLE engine_samples ADD COLUMN process_start_time REAL",
+    "CREATE INDEX IF NOT EXISTS requests_t ON requests (t_start)",
+    "CREATE INDEX IF NOT EXISTS engine_samples_t ON engine_samples (t)",
+    """CREATE TABLE IF NOT EXISTS stats_history (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        t REAL NOT NULL,
+        result TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS stats_history_run_t ON stats_history (run_id, t)",
+)
+_V2_POSTGRESQL = (
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS acceptance_rate DOUBLE PRECISION",
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS mean_acceptance_length DOUBLE PRECISION",
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS disconnected BOOLEAN NOT NULL DEFAULT FALSE",
+    "ALTER TABLE engine_samples ADD COLUMN IF NOT EXISTS position_acceptance DOUBLE PRECISION[]",
+    "ALTER TABLE engine_samples ADD COLUMN IF NOT EXISTS process_start_time DOUBLE PRECISION",
+    "CREATE INDEX IF NOT EXISTS requests_t ON requests (t_start)",
+    "CREATE INDEX IF NOT EXISTS engine_samples_t ON engine_samples (t)",
+    """CREATE TABLE IF NOT EXISTS stats_history (
+        id BIGSERIAL PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        t DOUBLE PRECISION NOT NULL,
+        result JSONB NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS stats_history_run_t ON stats_history (run_id, t)",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
+    Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+# Columns of the current schema, in RequestRecord / EngineSample field order.
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "request_id",
+    "run_id",
+    "arm",
+    "t_start",
+    "model",
+    "endpoint",
+    "stream",
+    "status",
+    "e2e_s",
+    "upstream_s",
+    "ttft_s",
+    "tpot_s",
+    "prompt_tokens",
+    "output_tokens",
+    "n_events",
+    "tokens_per_event",
+    "mean_gap_s",
+    "max_gap_s",
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "pair_id",
+    "shadow",
+    "error_kind",
+    "disconnected",
+)
+ENGINE_COLUMNS: tuple[str, ...] = (
+    "t",
+    "run_id",
+    "arm",
+    "up",
+    "restarted",
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "position_acceptance",
+    "requests_running",
+    "requests_waiting",
+    "kv_cache_usage",
+    "generation_tokens_per_s",
+    "process_start_time",
+)

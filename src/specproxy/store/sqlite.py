@@ -1,0 +1,383 @@
+"""`sqlite:///path/specproxy.db`: the embedded default store (WAL mode, one writer thread).
+
+All writes go through one dedicated thread that owns the write connection, so the event loop never
+touches the disk and writes are serialized as SQLite wants. Reads open their own short-lived
+connection in a worker thread; WAL lets them run while the writer commits. `synchronous=NORMAL`
+under WAL survives a crash of the process (not of the OS) without an fsync per commit.
+
+URL form (as SQLAlchemy): `sqlite:///relative.db`, `sqlite:////absolute/path.db`; the optional
+query `?timeout=SECONDS` sets how long a write waits for a lock before it counts as an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from specproxy.config import StoreConfig
+from specproxy.errors import StoreError
+from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.store.arrays import check_columns, rows_to_arrays
+from specproxy.store.base import ArmArrays
+from specproxy.store.buffered import BufferedStore
+from specproxy.store.schema import ENGINE_COLUMNS, MIGRATIONS, REQUEST_COLUMNS, SCHEMA_VERSION
+
+__all__ = ["SqliteStore", "migrate_sqlite", "sqlite_path"]
+
+_T = TypeVar("_T")
+
+DEFAULT_TIMEOUT_S = 5.0
+
+_INSERT_REQUEST = (
+    f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in REQUEST_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+_INSERT_ENGINE = (
+    f"INSERT INTO engine_samples ({', '.join(ENGINE_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in ENGINE_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+
+
+def sqlite_path(url: str) -> tuple[str, float]:
+    """The file path and lock timeout of a `sqlite://` URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite" or parts.netloc:
+        raise StoreError(f"not a sqlite:/// URL: {url!r}")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path:
+        raise StoreError(f"sqlite URL has no file path: {url!r}")
+    timeout = DEFAULT_TIMEOUT_S
+    query = parse_qs(parts.query)
+    if "timeout" in query:
+        try:
+            timeout = float(query["timeout"][0])
+        except ValueError as exc:
+            raise StoreError(f"sqlite URL timeout must be a number: {url!r}") from exc
+    return path, timeout
+
+
+def _request_row(rec: RequestRecord) -> tuple[Any, ...]:
+    return (
+        rec.request_id,
+        rec.run_id,
+        rec.arm.value,
+        rec.t_start,
+        rec.model,
+        rec.endpoint,
+        rec.stream,
+        rec.status,
+        rec.e2e_s,
+        rec.upstream_s,
+        rec.ttft_s,
+        rec.tpot_s,
+        rec.prompt_tokens,
+        rec.output_tokens,
+        rec.n_events,
+        rec.tokens_per_event,
+        rec.mean_gap_s,
+        rec.max_gap_s,
+        rec.acceptance_rate,
+        rec.mean_acceptance_length,
+        rec.pair_id,
+        rec.shadow,
+        rec.error_kind,
+        rec.disconnected,
+    )
+
+
+def _engine_row(s: EngineSample) -> tuple[Any, ...]:
+    pos = json.dumps(list(s.position_acceptance)) if s.position_acceptance is not None else None
+    return (
+        s.t,
+        s.run_id,
+        s.arm.value,
+        s.up,
+        s.restarted,
+        s.acceptance_rate,
+        s.mean_acceptance_length,
+        pos,
+        s.requests_running,
+        s.requests_waiting,
+        s.kv_cache_usage,
+        s.generation_tokens_per_s,
+        s.process_start_time,
+    )
+
+
+def migrate_sqlite(conn: sqlite3.Connection) -> int:
+    """Bring the schema to SCHEMA_VERSION in one transaction; return the version found."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        has_table = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+        ).fetchone()
+        found = 0
+        if has_table:
+            found = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[
+                0
+            ]
+        if found > SCHEMA_VERSION:
+            raise StoreError(
+                f"store schema version {found} is newer than this specproxy ({SCHEMA_VERSION})"
+            )
+        for migration in MIGRATIONS:
+            if migration.version <= found:
+                continue
+            for statement in migration.statements("sqlite"):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+                (migration.version, time.time()),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return int(found)
+
+
+class SqliteStore(BufferedStore):
+    def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
+        super().__init__(cfg, run_id=run_id)
+        self.path, self.timeout_s = sqlite_path(cfg.url)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="specproxy-sqlite-writer")
+        self._conn: sqlite3.Connection | None = None  # used only on the writer thread
+
+    # -- writer thread -------------------------------------------------------------------------
+
+    async def _on_writer(self, fn: Callable[..., _T], *args: Any) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, functools.partial(fn, *args))
+
+    def _connect(self) -> sqlite3.Connection:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def _open_sync(self) -> None:
+        conn = self._connect()
+        try:
+            migrate_sqlite(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    async def _open(self) -> None:
+        await self._on_writer(self._open_sync)
+
+    def _in_transaction(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        conn = self._conn
+        if conn is None:
+            raise sqlite3.OperationalError("store not open")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
+
+    def _write_sync(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
+        def insert(conn: sqlite3.Connection) -> None:
+            if requests:
+                conn.executemany(_INSERT_REQUEST, [_request_row(r) for r in requests])
+            if engine:
+                conn.executemany(_INSERT_ENGINE, [_engine_row(s) for s in engine])
+
+        self._in_transaction(insert)
+
+    async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
+        await self._on_writer(self._write_sync, requests, engine)
+
+    def _purge_sync(self, before: float) -> int:
+        def delete(conn: sqlite3.Connection) -> int:
+            removed = 0
+            for sql in (
+                "DELETE FROM requests WHERE t_start < ?",
+                "DELETE FROM engine_samples WHERE t < ?",
+                "DELETE FROM stats_history WHERE t < ?",
+            ):
+                removed += conn.execute(sql, (before,)).rowcount
+            return removed
+
+        return self._in_transaction(delete)
+
+    async def _purge(self, before: float) -> int:
+        return await self._on_writer(self._purge_sync, before)
+
+    def _close_sync(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def _close_backend(self) -> None:
+        await self._on_writer(self._close_sync)
+        self._writer.shutdown(wait=True)
+
+    def _is_transient(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.OperationalError | OSError)
+
+    async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:
+        await self._ensure_open()
+        body = json.dumps(result)
+
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO stats_history (run_id, t, result) VALUES (?, ?, ?)", (run_id, t, body)
+            )
+
+        try:
+            await self._on_writer(self._in_transaction, insert)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write stats: {exc}") from exc
+
+    # -- reads (worker threads, own connections) -----------------------------------------------
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        await self._ensure_open()
+
+        def run() -> _T:
+            conn = sqlite3.connect(self.path, timeout=self.timeout_s)
+            try:
+                conn.execute("PRAGMA query_only=1")
+                return fn(conn)
+            finally:
+                conn.close()
+
+        try:
+            return await asyncio.to_thread(run)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store: {exc}") from exc
+
+    async def read_arrays(
+        self,
+        *,
+        run_id: str,
+        columns: Sequence[str],
+        since: float | None = None,
+        until: float | None = None,
+        model: str | None = None,
+        include_shadow: bool = True,
+    ) -> dict[Arm, ArmArrays]:
+        cols = check_columns(columns)
+        where = ["run_id = ?", "arm = ?"]
+        params: list[Any] = [run_id]
+        if since is not None:
+            where.append("t_start >= ?")
+            params.append(since)
+        if until is not None:
+            where.append("t_start < ?")
+            params.append(until)
+        if model is not None:
+            where.append("model = ?")
+            params.append(model)
+        if not include_shadow:
+            where.append("shadow = 0")
+        sql = f"SELECT {', '.join(cols)} FROM requests WHERE {' AND '.join(where)} ORDER BY t_start"
+
+        def fetch(conn: sqlite3.Connection) -> dict[Arm, ArmArrays]:
+            out: dict[Arm, ArmArrays] = {}
+            for arm in Arm:
+                arm_params = [params[0], arm.value, *params[1:]]
+                out[arm] = rows_to_arrays(cols, conn.execute(sql, arm_params).fetchall())
+            return out
+
+        return await self._read(fetch)
+
+    async def read_engine_samples(
+        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
+    ) -> list[EngineSample]:
+        where = ["run_id = ?"]
+        params: list[Any] = [run_id]
+        if since is not None:
+            where.append("t >= ?")
+            params.append(since)
+        if arm is not None:
+            where.append("arm = ?")
+            params.append(arm.value)
+        sql = (
+            f"SELECT {', '.join(ENGINE_COLUMNS)} FROM engine_samples "
+            f"WHERE {' AND '.join(where)} ORDER BY t"
+        )
+
+        def fetch(conn: sqlite3.Connection) -> list[EngineSample]:
+            samples = []
+            for row in conn.execute(sql, params):
+                values = dict(zip(ENGINE_COLUMNS, row, strict=True))
+                values["up"] = bool(values["up"])
+                values["restarted"] = bool(values["restarted"])
+                pos = values["position_acceptance"]
+                values["position_acceptance"] = json.loads(pos) if pos is not None else None
+                samples.append(EngineSample.from_dict(values))
+            return samples
+
+        return await self._read(fetch)
+
+    async def read_stats_history(
+        self, *, run_id: str, since: float | None = None
+    ) -> list[tuple[float, dict[str, Any]]]:
+        sql = "SELECT t, result FROM stats_history WHERE run_id = ?"
+        params: list[Any] = [run_id]
+        if since is not None:
+            sql += " AND t >= ?"
+            params.append(since)
+        sql += " ORDER BY t, id"
+
+        def fetch(conn: sqlite3.Connection) -> list[tuple[float, dict[str, Any]]]:
+            return [(t, json.loads(body)) for t, body in conn.execute(sql, params)]
+
+        return await self._read(fetch)
+
+    async def models(self, *, run_id: str) -> list[str]:
+        def fetch(conn: sqlite3.Connection) -> list[str]:
+            sql = "SELECT DISTINCT model FROM requests WHERE run_id = ? ORDER BY model"
+            return [m for (m,) in conn.execute(sql, (run_id,))]
+
+        return await self._read(fetch)
+
+    async def run_ids(self) -> list[str]:
+        def fetch(conn: sqlite3.Connection) -> list[str]:
+            return [r for (r,) in conn.execute("SELECT DISTINCT run_id FROM requests ORDER BY 1")]
+
+        return await self._read(fetch)
+
+    async def export_chunks(
+        self, *, run_id: str | None = None, chunk_rows: int = 10_000
+    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+        await self._ensure_open()
+        sql = f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests"
+        params: tuple[Any, ...] = ()
+        if run_id is not None:
+            sql += " WHERE run_id = ?"
+            params = (run_id,)
+        sql += " ORDER BY t_start"
+        conn = sqlite3.connect(self.path, timeout=self.timeout_s, check_same_thread=False)
+        try:
+            cursor = await asyncio.to_thread(conn.execute, sql, params)
+            while rows := await asyncio.to_thread(cursor.fetchmany, chunk_rows):
+                yield [_typed_export_row(row) for row in rows]
+        finally:
+            conn.close()
+
+
+_BOOL_INDEXES = tuple(REQUEST_COLUMNS.index(c) for c in ("stream", "shadow", "disconnected"))
+
+
+def _typed_export_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    values = list(row)
+    for i in _BOOL_INDEXES:
+        values[i] = bool(values[i])
+    return tuple(values)
