@@ -1,0 +1,118 @@
+"""Two consecutive snapshots -> one version-independent `EngineSample`.
+
+V1 rates come from counter deltas, so they describe exactly the interval between two scrapes:
+acceptance rate = Δaccepted / Δdraft tokens, mean acceptance length = 1 + Δaccepted / Δdrafts,
+the rate at draft position i = Δaccepted_i / Δdrafts. An interval without drafts has no rate
+(None), never a made-up zero.
+
+V0 counters are incremented with cumulative totals (the "sum-of-sums" bug, vLLM PR #15415), so
+their deltas are meaningless; V0 figures come from its gauges, which are cumulative since engine
+start. V0 exports no mean acceptance length and no k, but both follow from the gauges plus one
+ratio of the counters that the bug leaves intact (see `_v0_mean_acceptance_length`).
+
+A restart (the process start time changed, or any counter went down) voids the deltas of that
+interval: the sample is marked `restarted` and carries no rates.
+"""
+
+from __future__ import annotations
+
+from specproxy.records import Arm, EngineSample
+from specproxy.scrape.parse import EngineSnapshot, SpecFormat
+
+__all__ = ["derive_sample", "is_restart", "restart_time"]
+
+
+def is_restart(prev: EngineSnapshot, cur: EngineSnapshot) -> bool:
+    """True when the engine restarted between the two scrapes."""
+    if (
+        prev.process_start_time is not None
+        and cur.process_start_time is not None
+        and cur.process_start_time != prev.process_start_time
+    ):
+        return True
+    before = prev.counters()
+    return any(value < before[name] for name, value in cur.counters().items() if name in before)
+
+
+def restart_time(prev: EngineSnapshot, cur: EngineSnapshot) -> float:
+    """Best estimate of when a detected restart happened (the start of its warm-up window).
+
+    The new process start time when it is known and plausible, else the previous scrape's time:
+    the earliest moment the restart can have happened, so a warm-up window never starts late.
+    """
+    start = cur.process_start_time
+    if start is not None and start != prev.process_start_time and prev.t <= start <= cur.t:
+        return start
+    return prev.t
+
+
+def derive_sample(
+    prev: EngineSnapshot | None, cur: EngineSnapshot, *, run_id: str, arm: Arm
+) -> EngineSample:
+    """Reduce `cur` (and its predecessor, None on the first scrape) to an `EngineSample`."""
+    restarted = prev is not None and is_restart(prev, cur)
+    base = prev if prev is not None and not restarted else None
+    acceptance_rate: float | None = None
+    mean_length: float | None = None
+    positions: tuple[float, ...] | None = None
+    if cur.spec_format is SpecFormat.V0:
+        acceptance_rate = cur.v0_acceptance_rate
+        mean_length = _v0_mean_acceptance_length(cur)
+    elif cur.spec_format is SpecFormat.V1 and base is not None:
+        d_draft_tokens = _delta(base.num_draft_tokens, cur.num_draft_tokens)
+        d_accepted = _delta(base.num_accepted_tokens, cur.num_accepted_tokens)
+        d_drafts = _delta(base.num_drafts, cur.num_drafts)
+        if d_draft_tokens and d_accepted is not None:
+            acceptance_rate = d_accepted / d_draft_tokens
+        if d_drafts and d_accepted is not None:
+            mean_length = 1.0 + d_accepted / d_drafts
+        if d_drafts and cur.accepted_per_position is not None:
+            old = base.accepted_per_position or ()
+            positions = tuple(
+                (value - (old[pos] if pos < len(old) else 0.0)) / d_drafts
+                for pos, value in enumerate(cur.accepted_per_position)
+            )
+    tokens_per_s: float | None = None
+    if base is not None and cur.t > base.t:
+        d_generated = _delta(base.generation_tokens, cur.generation_tokens)
+        if d_generated is not None:
+            tokens_per_s = d_generated / (cur.t - base.t)
+    return EngineSample(
+        t=cur.t,
+        run_id=run_id,
+        arm=arm,
+        up=True,
+        restarted=restarted,
+        acceptance_rate=acceptance_rate,
+        mean_acceptance_length=mean_length,
+        position_acceptance=positions,
+        requests_running=cur.requests_running,
+        requests_waiting=cur.requests_waiting,
+        kv_cache_usage=cur.kv_cache_usage,
+        generation_tokens_per_s=tokens_per_s,
+        process_start_time=cur.process_start_time,
+    )
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    return after - before if before is not None and after is not None else None
+
+
+def _v0_mean_acceptance_length(snap: EngineSnapshot) -> float | None:
+    """Tokens emitted per speculative step on a V0 engine, from its gauges.
+
+    With k draft tokens per step and L tokens emitted per step, V0 defines
+    efficiency η = L / (k + 1) and counts draft = k·steps, emitted = L·steps. The sum-of-sums
+    counters are sums of those cumulative totals taken at the same instants, so their ratio
+    r = emitted_total / draft_total is still L / k (exactly, while L/k is stable). Then
+    1/η − 1/r = 1/L, i.e. k = η / (r − η); k is an integer, so rounding it absorbs the drift in r,
+    and L = η·(k + 1) uses only the exact gauge.
+    """
+    eff, emitted, draft = snap.v0_efficiency, snap.num_emitted_tokens, snap.num_draft_tokens
+    if eff is None or emitted is None or not draft or eff <= 0:
+        return None
+    ratio = emitted / draft
+    if ratio <= eff:
+        return None
+    k = round(eff / (ratio - eff))
+    return eff * (k + 1) if k >= 1 else None

@@ -1,0 +1,194 @@
+"""The periodic scrape of each arm's vLLM /metrics, and the latest state per arm.
+
+Every `scrape.interval_s` both arms are scraped concurrently on the proxy's own per-arm
+`ClientSession` (no extra connection pools), each GET bounded by `scrape.timeout_s`. Whatever
+goes wrong (refused, timeout, HTTP error, garbage body) marks the arm down (`up=0`) and is logged
+once when the state changes; the loop itself never stops until it is closed. Every scrape, up or
+down, is handed to the recorder as an `EngineSample`, so the store holds the engine's history
+next to the requests it served. Parsing runs in a worker thread: a vLLM /metrics page is
+~50-100 kB of text and would otherwise stall the proxy's event loop for milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from specproxy.config import Config
+from specproxy.errors import ScrapeError
+from specproxy.records import Arm, EngineSample, Recorder
+from specproxy.scrape.derive import derive_sample, is_restart, restart_time
+from specproxy.scrape.parse import EngineSnapshot, parse_metrics
+
+__all__ = ["MAX_BODY_BYTES", "ArmState", "EngineScraper"]
+
+logger = logging.getLogger("specproxy.scrape")
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a real /metrics page is ~100 kB; more is not vLLM
+
+
+@dataclass(slots=True)
+class ArmState:
+    """What the scraper currently knows about one arm (read by the collector)."""
+
+    arm: Arm
+    up: bool | None = None  # None until the first scrape finished
+    error: str | None = None  # why the last scrape failed
+    snapshot: EngineSnapshot | None = None  # the last good scrape
+    sample: EngineSample | None = None  # the last sample derived from a good scrape
+    # Speculative figures of the last interval that had drafts: held through idle intervals
+    # (which have no rate), cleared when the engine stops exposing speculative metrics.
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    position_acceptance: tuple[float, ...] | None = None
+    restart_times: list[float] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        return len(self.restart_times)
+
+
+class EngineScraper:
+    """Scrapes both arms periodically; `start()` / `close()` bracket the app's life."""
+
+    def __init__(
+        self,
+        config: Config,
+        sessions: Mapping[Arm, aiohttp.ClientSession],
+        recorder: Recorder | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._sessions = sessions
+        self._recorder = recorder
+        self._clock = clock
+        self._states = {arm: ArmState(arm) for arm in Arm}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def states(self) -> Mapping[Arm, ArmState]:
+        return self._states
+
+    def restart_times(self, arm: Arm) -> tuple[float, ...]:
+        """When the arm's engine restarted (Unix times): each one opens a warm-up window."""
+        return tuple(self._states[arm].restart_times)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="specproxy-engine-scraper")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def scrape_once(self) -> dict[Arm, EngineSample]:
+        """Scrape every arm once, concurrently; never raises (except on cancellation)."""
+        samples = await asyncio.gather(*(self._scrape_arm(arm) for arm in self._states))
+        return dict(zip(self._states, samples, strict=True))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._config.scrape.interval_s
+        next_at = loop.time()
+        while True:
+            await self.scrape_once()
+            # Fixed-rate schedule: a slow scrape does not push every later one back.
+            next_at = max(next_at + interval, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    async def _scrape_arm(self, arm: Arm) -> EngineSample:
+        state = self._states[arm]
+        t = self._clock()
+        try:
+            text = await self._fetch(arm)
+            snapshot = await asyncio.to_thread(parse_metrics, text, t=t)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the loop must survive anything a remote server sends
+            return self._mark_down(state, t, _describe(exc))
+        return self._mark_up(state, snapshot)
+
+    async def _fetch(self, arm: Arm) -> str:
+        url = self._config.upstream_url(arm.value) + "/metrics"
+        timeout = aiohttp.ClientTimeout(total=self._config.scrape.timeout_s)
+        async with self._sessions[arm].get(url, timeout=timeout) as resp:
+            if resp.status != 200:
+                raise ScrapeError(f"HTTP {resp.status} from {url}")
+            body = bytearray()
+            async for chunk in resp.content.iter_any():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise ScrapeError(f"body of {url} exceeds {MAX_BODY_BYTES} bytes")
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ScrapeError(f"body of {url} is not UTF-8") from exc
+
+    def _mark_down(self, state: ArmState, t: float, reason: str) -> EngineSample:
+        if state.up is not False:
+            logger.warning("engine %s: /metrics scrape failed, marking down: %s", state.arm, reason)
+        state.up, state.error = False, reason
+        sample = EngineSample(t=t, run_id=self._config.run_id, arm=state.arm, up=False)
+        self._record(sample)
+        return sample
+
+    def _mark_up(self, state: ArmState, snapshot: EngineSnapshot) -> EngineSample:
+        prev = state.snapshot
+        sample = derive_sample(prev, snapshot, run_id=self._config.run_id, arm=state.arm)
+        if prev is not None and is_restart(prev, snapshot):
+            state.restart_times.append(restart_time(prev, snapshot))
+            warmup = self._config.scrape
+            logger.warning(
+                "engine %s restarted (restart %d); excluding the next %d requests / %.0f s",
+                state.arm,
+                state.restarts,
+                warmup.warmup_requests,
+                warmup.warmup_seconds,
+            )
+        if state.up is not True:
+            spec = snapshot.spec_format.value if snapshot.spec_format else "no"
+            logger.info(
+                "engine %s: /metrics is up (%s speculative metrics, %d engine(s))",
+                state.arm,
+                spec,
+                snapshot.engines,
+            )
+        state.up, state.error, state.snapshot, state.sample = True, None, snapshot, sample
+        if snapshot.spec_format is None:
+            state.acceptance_rate = state.mean_acceptance_length = None
+            state.position_acceptance = None
+        else:
+            if sample.acceptance_rate is not None:
+                state.acceptance_rate = sample.acceptance_rate
+            if sample.mean_acceptance_length is not None:
+                state.mean_acceptance_length = sample.mean_acceptance_length
+            if sample.position_acceptance is not None:
+                state.position_acceptance = sample.position_acceptance
+        self._record(sample)
+        return sample
+
+    def _record(self, sample: EngineSample) -> None:
+        if self._recorder is None:
+            return
+        try:
+            self._recorder.record_engine(sample)
+        except Exception:  # the contract says it never raises; the loop must not trust that
+            logger.exception("engine %s: recording the engine sample failed", sample.arm)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, ScrapeError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,102 @@
+"""Test doubles for the scraper: V1 /metrics text, a fake /metrics server and a list recorder."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from specproxy.records import EngineSample, RequestRecord
+
+
+@dataclass
+class EngineCounts:
+    """Cumulative V1 counters and gauges of one data-parallel engine."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_pos: tuple[float, ...] = ()
+    generation_tokens: float = 0.0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_cache: float = 0.0
+
+
+def v1_text(
+    engines: Sequence[EngineCounts], *, start_time: float = 1.7e9, spec: bool = True
+) -> str:
+    """A V1-style /metrics page (same layout as the real 0.32.0 fixture) for these engines."""
+    lines = [
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+        "# TYPE process_start_time_seconds gauge",
+        f"process_start_time_seconds {start_time!r}",
+    ]
+
+    def family(name: str, kind: str, values: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {name}.")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{{{labels}}} {value!r}" for labels, value in values)
+
+    def per_engine(value_of: str) -> list[tuple[str, float]]:
+        return [
+            (f'engine="{i}",model_name="m"', float(getattr(e, value_of)))
+            for i, e in enumerate(engines)
+        ]
+
+    if spec:
+        family("vllm:spec_decode_num_drafts_total", "counter", per_engine("drafts"))
+        family("vllm:spec_decode_num_draft_tokens_total", "counter", per_engine("draft_tokens"))
+        family("vllm:spec_decode_num_accepted_tokens_total", "counter", per_engine("accepted"))
+        family(
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+            "counter",
+            [
+                (f'engine="{i}",model_name="m",position="{pos}"', value)
+                for i, e in enumerate(engines)
+                for pos, value in enumerate(e.per_pos)
+            ],
+        )
+    family("vllm:num_requests_running", "gauge", per_engine("running"))
+    family("vllm:num_requests_waiting", "gauge", per_engine("waiting"))
+    family("vllm:kv_cache_usage_perc", "gauge", per_engine("kv_cache"))
+    family("vllm:generation_tokens_total", "counter", per_engine("generation_tokens"))
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class FakeMetricsServer:
+    """Serves `body` at GET /metrics with `status`, after `delay` seconds."""
+
+    body: str = ""
+    status: int = 200
+    delay: float = 0.0
+    content_type: str = "text/plain"
+    hits: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle)
+        return app
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.hits += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return web.Response(text=self.body, status=self.status, content_type=self.content_type)
+
+
+@dataclass
+class ListRecorder:
+    """A `Recorder` that keeps everything in lists."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    engine_samples: list[EngineSample] = field(default_factory=list)
+
+    def record(self, rec: RequestRecord) -> None:
+        self.records.append(rec)
+
+    def record_engine(self, sample: EngineSample) -> None:
+        self.engine_samples.append(sample)

@@ -1,0 +1,112 @@
+"""The engine collector: version-independent series by arm, absent when unknown."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from specproxy import metrics
+from specproxy.records import Arm, EngineSample
+from specproxy.scrape.collector import register_engine_collector
+from specproxy.scrape.loop import ArmState
+
+
+def states() -> dict[Arm, ArmState]:
+    spec = ArmState(
+        Arm.SPECULATIVE,
+        up=True,
+        sample=EngineSample(
+            t=1.0,
+            run_id="r",
+            arm=Arm.SPECULATIVE,
+            up=True,
+            requests_running=3.0,
+            requests_waiting=1.0,
+            kv_cache_usage=0.25,
+            generation_tokens_per_s=42.0,
+        ),
+        acceptance_rate=0.7,
+        mean_acceptance_length=3.1,
+        position_acceptance=(0.9, 0.6),
+        restart_times=[5.0, 9.0],
+    )
+    baseline = ArmState(
+        Arm.BASELINE,
+        up=True,
+        sample=EngineSample(t=1.0, run_id="r", arm=Arm.BASELINE, up=True, requests_running=2.0),
+    )
+    return {Arm.SPECULATIVE: spec, Arm.BASELINE: baseline}
+
+
+def value(registry: CollectorRegistry, name: str, arm: Arm, **labels: str) -> float | None:
+    return registry.get_sample_value(name, {"arm": arm.value, **labels})
+
+
+def test_exports_speculative_arm() -> None:
+    registry = CollectorRegistry()
+    register_engine_collector(registry, states())
+    s = Arm.SPECULATIVE
+    assert value(registry, metrics.ENGINE_UP, s) == 1.0
+    assert value(registry, metrics.ENGINE_ACCEPTANCE_RATE, s) == 0.7
+    assert value(registry, metrics.ENGINE_MEAN_ACCEPTANCE_LENGTH, s) == 3.1
+    pos = metrics.ENGINE_POSITION_ACCEPTANCE_RATE
+    assert value(registry, pos, s, position="0") == 0.9
+    assert value(registry, pos, s, position="1") == 0.6
+    assert value(registry, metrics.ENGINE_REQUESTS_RUNNING, s) == 3.0
+    assert value(registry, metrics.ENGINE_REQUESTS_WAITING, s) == 1.0
+    assert value(registry, metrics.ENGINE_KV_CACHE_USAGE, s) == 0.25
+    assert value(registry, metrics.ENGINE_GENERATION_TOKENS_RATE, s) == 42.0
+    assert value(registry, metrics.ENGINE_RESTARTS + "_total", s) == 2.0
+
+
+def test_baseline_spec_series_are_absent_not_zero() -> None:
+    registry = CollectorRegistry()
+    register_engine_collector(registry, states())
+    b = Arm.BASELINE
+    assert value(registry, metrics.ENGINE_UP, b) == 1.0
+    assert value(registry, metrics.ENGINE_ACCEPTANCE_RATE, b) is None
+    assert value(registry, metrics.ENGINE_MEAN_ACCEPTANCE_LENGTH, b) is None
+    text = generate_latest(registry).decode()
+    assert 'position_acceptance_rate{arm="baseline"' not in text
+    assert value(registry, metrics.ENGINE_REQUESTS_RUNNING, b) == 2.0
+    assert value(registry, metrics.ENGINE_KV_CACHE_USAGE, b) is None  # not reported
+    assert value(registry, metrics.ENGINE_RESTARTS + "_total", b) == 0.0
+
+
+def test_down_arm_keeps_only_up_and_restarts() -> None:
+    st = states()
+    st[Arm.SPECULATIVE].up = False
+    registry = CollectorRegistry()
+    register_engine_collector(registry, st)
+    s = Arm.SPECULATIVE
+    assert value(registry, metrics.ENGINE_UP, s) == 0.0
+    assert value(registry, metrics.ENGINE_RESTARTS + "_total", s) == 2.0
+    for name in (
+        metrics.ENGINE_ACCEPTANCE_RATE,
+        metrics.ENGINE_REQUESTS_RUNNING,
+        metrics.ENGINE_KV_CACHE_USAGE,
+        metrics.ENGINE_GENERATION_TOKENS_RATE,
+    ):
+        assert value(registry, name, s) is None, name
+
+
+def test_before_first_scrape_up_is_absent() -> None:
+    registry = CollectorRegistry()
+    register_engine_collector(registry, {arm: ArmState(arm) for arm in Arm})
+    assert value(registry, metrics.ENGINE_UP, Arm.SPECULATIVE) is None
+    assert value(registry, metrics.ENGINE_RESTARTS + "_total", Arm.SPECULATIVE) == 0.0
+
+
+def test_collector_reads_live_state() -> None:
+    st = states()
+    registry = CollectorRegistry()
+    register_engine_collector(registry, st)
+    st[Arm.SPECULATIVE].acceptance_rate = 0.5
+    assert value(registry, metrics.ENGINE_ACCEPTANCE_RATE, Arm.SPECULATIVE) == 0.5
+
+
+def test_names_are_described_so_duplicates_are_refused() -> None:
+    registry = CollectorRegistry()
+    register_engine_collector(registry, states())
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        register_engine_collector(registry, states())

@@ -1,0 +1,274 @@
+"""The scrape loop against fake /metrics servers: derivation, failures, restarts, logging."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+from pytest_aiohttp import AiohttpServer
+
+from specproxy import metrics
+from specproxy.config import Config, ScrapeConfig
+from specproxy.records import Arm, EngineSample
+from specproxy.scrape import loop as scrape_loop
+from specproxy.scrape.collector import register_engine_collector
+from specproxy.scrape.loop import EngineScraper
+from tests.conftest import fixture_path
+from tests.scrape.fakes import EngineCounts, FakeMetricsServer, ListRecorder, v1_text
+
+START = 1.7e9
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Rig:
+    spec: FakeMetricsServer
+    base: FakeMetricsServer
+    scraper: EngineScraper
+    recorder: ListRecorder
+    clock: FakeClock
+    registry: CollectorRegistry
+
+    def value(self, name: str, arm: Arm) -> float | None:
+        return self.registry.get_sample_value(name, {"arm": arm.value})
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def rig(aiohttp_server: AiohttpServer) -> AsyncIterator[Rig]:
+    spec = FakeMetricsServer(body=v1_text([EngineCounts(10, 40, 20, (8, 7, 3, 2), 100)]))
+    base = FakeMetricsServer(body=v1_text([EngineCounts(generation_tokens=50)], spec=False))
+    spec_server = await aiohttp_server(spec.app())
+    base_server = await aiohttp_server(base.app())
+    config = Config(
+        speculative_url=str(spec_server.make_url("/")),
+        baseline_url=str(base_server.make_url("/")),
+        scrape=ScrapeConfig(interval_s=0.02, timeout_s=0.3),
+        run_id="loop-test",
+    )
+    sessions = {arm: aiohttp.ClientSession() for arm in Arm}
+    recorder, clock = ListRecorder(), FakeClock()
+    scraper = EngineScraper(config, sessions, recorder, clock=clock)
+    registry = CollectorRegistry()
+    register_engine_collector(registry, scraper.states)
+    yield Rig(spec, base, scraper, recorder, clock, registry)
+    await scraper.close()
+    for session in sessions.values():
+        await session.close()
+
+
+def scrape_logs(caplog: pytest.LogCaptureFixture, arm: Arm, level: int) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "specproxy.scrape"
+        and r.levelno == level
+        and r.getMessage().startswith(f"engine {arm}")
+    ]
+
+
+async def wait_for(condition: Callable[[], bool]) -> None:
+    """Poll until `condition` holds; the generous deadline only guards against a hang."""
+    async with asyncio.timeout(10.0):
+        while not condition():  # noqa: ASYNC110 - the state lives in the scraper, not an Event
+            await asyncio.sleep(0.01)
+
+
+async def test_two_scrapes_derive_rates_and_record_everything(rig: Rig) -> None:
+    first = await rig.scraper.scrape_once()
+    assert first[Arm.SPECULATIVE].up and first[Arm.SPECULATIVE].acceptance_rate is None
+    rig.clock.now += 10
+    rig.spec.body = v1_text([EngineCounts(30, 120, 70, (26, 20, 14, 10), 400)])
+    rig.base.body = v1_text([EngineCounts(generation_tokens=150)], spec=False)
+    second = await rig.scraper.scrape_once()
+    spec = second[Arm.SPECULATIVE]
+    assert spec.acceptance_rate == pytest.approx(50 / 80)
+    assert spec.mean_acceptance_length == pytest.approx(1 + 50 / 20)
+    assert spec.position_acceptance == pytest.approx((18 / 20, 13 / 20, 11 / 20, 8 / 20))
+    assert spec.generation_tokens_per_s == pytest.approx(30.0)
+    assert second[Arm.BASELINE].acceptance_rate is None
+    assert second[Arm.BASELINE].generation_tokens_per_s == pytest.approx(10.0)
+    assert len(rig.recorder.engine_samples) == 4
+    assert {s.run_id for s in rig.recorder.engine_samples} == {"loop-test"}
+    # Exported by arm; the baseline has no acceptance series at all.
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATE, Arm.SPECULATIVE) == pytest.approx(0.625)
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATE, Arm.BASELINE) is None
+    assert rig.value(metrics.ENGINE_UP, Arm.BASELINE) == 1.0
+
+
+async def test_acceptance_is_held_through_idle_intervals(rig: Rig) -> None:
+    await rig.scraper.scrape_once()
+    rig.spec.body = v1_text([EngineCounts(30, 120, 70, (26, 20, 14, 10), 400)])
+    await rig.scraper.scrape_once()
+    idle = await rig.scraper.scrape_once()  # nothing drafted since
+    assert idle[Arm.SPECULATIVE].acceptance_rate is None  # the stored sample has no rate
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATE, Arm.SPECULATIVE) == pytest.approx(0.625)
+
+
+async def test_real_fixture_is_served_and_parsed(rig: Rig) -> None:
+    rig.spec.body = fixture_path("metrics_spec.prom").read_text()
+    rig.base.body = fixture_path("metrics_baseline.prom").read_text()
+    samples = await rig.scraper.scrape_once()
+    assert samples[Arm.SPECULATIVE].up and samples[Arm.BASELINE].up
+    snapshot = rig.scraper.states[Arm.SPECULATIVE].snapshot
+    assert snapshot is not None and snapshot.num_accepted_tokens == 124.0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "reason"),
+    [
+        ("<html>upstream connect error</html>", 200, "not Prometheus text"),
+        ("", 200, "no vllm: metrics"),
+        ("vllm:num_requests_running 1\n", 503, "HTTP 503"),
+    ],
+)
+async def test_garbage_or_http_error_marks_down(
+    rig: Rig, body: str, status: int, reason: str
+) -> None:
+    rig.spec.body, rig.spec.status = body, status
+    samples = await rig.scraper.scrape_once()
+    assert samples[Arm.SPECULATIVE] == EngineSample(
+        t=1000.0, run_id="loop-test", arm=Arm.SPECULATIVE, up=False
+    )
+    state = rig.scraper.states[Arm.SPECULATIVE]
+    assert state.up is False and state.error is not None and reason in state.error
+    assert samples[Arm.BASELINE].up  # the other arm is unaffected
+    assert rig.value(metrics.ENGINE_UP, Arm.SPECULATIVE) == 0.0
+    assert samples[Arm.SPECULATIVE] in rig.recorder.engine_samples  # down samples are stored
+
+
+async def test_timeout_marks_down(rig: Rig) -> None:
+    rig.spec.delay = 5.0  # far beyond scrape.timeout_s = 0.3
+    samples = await rig.scraper.scrape_once()
+    assert not samples[Arm.SPECULATIVE].up
+    assert rig.scraper.states[Arm.SPECULATIVE].error == "timed out"
+
+
+async def test_refused_marks_down(aiohttp_server: AiohttpServer) -> None:
+    base = FakeMetricsServer(body=v1_text([EngineCounts()], spec=False))
+    base_server = await aiohttp_server(base.app())
+    config = Config(speculative_url=closed_port_url(), baseline_url=str(base_server.make_url("/")))
+    async with aiohttp.ClientSession() as session:
+        scraper = EngineScraper(config, {Arm.SPECULATIVE: session, Arm.BASELINE: session})
+        samples = await scraper.scrape_once()
+    assert not samples[Arm.SPECULATIVE].up
+    assert samples[Arm.BASELINE].up
+    error = scraper.states[Arm.SPECULATIVE].error
+    assert error is not None and "Connect" in error
+
+
+async def test_oversized_body_marks_down(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scrape_loop, "MAX_BODY_BYTES", 100)
+    samples = await rig.scraper.scrape_once()
+    assert not samples[Arm.SPECULATIVE].up
+    assert "exceeds" in (rig.scraper.states[Arm.SPECULATIVE].error or "")
+
+
+async def test_one_log_per_state_change(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="specproxy.scrape")
+    good = rig.spec.body
+    await rig.scraper.scrape_once()  # up
+    rig.spec.body = "garbage garbage"
+    for _ in range(3):
+        await rig.scraper.scrape_once()  # down, down, down
+    rig.spec.status = 500
+    await rig.scraper.scrape_once()  # still down, for another reason: no new log
+    assert len(scrape_logs(caplog, Arm.SPECULATIVE, logging.WARNING)) == 1
+    rig.spec.body, rig.spec.status = good, 200
+    await rig.scraper.scrape_once()  # up again
+    await rig.scraper.scrape_once()
+    rig.spec.body = "garbage garbage"
+    await rig.scraper.scrape_once()  # down again
+    assert len(scrape_logs(caplog, Arm.SPECULATIVE, logging.WARNING)) == 2
+    # INFO: the first success and the recovery.
+    assert len(scrape_logs(caplog, Arm.SPECULATIVE, logging.INFO)) == 2
+    assert scrape_logs(caplog, Arm.BASELINE, logging.WARNING) == []
+
+
+async def test_restart_by_start_time_is_counted_and_recorded(rig: Rig) -> None:
+    counts = EngineCounts(10, 40, 20, (8, 7, 3, 2), 100)
+    rig.spec.body = v1_text([counts], start_time=START)
+    await rig.scraper.scrape_once()
+    rig.clock.now += 10
+    rig.spec.body = v1_text([EngineCounts(1, 4, 2, (1, 1, 0, 0), 9)], start_time=1005.0)
+    samples = await rig.scraper.scrape_once()
+    assert samples[Arm.SPECULATIVE].restarted
+    assert samples[Arm.SPECULATIVE].acceptance_rate is None
+    assert rig.scraper.restart_times(Arm.SPECULATIVE) == (1005.0,)
+    assert rig.scraper.restart_times(Arm.BASELINE) == ()
+    assert rig.value(metrics.ENGINE_RESTARTS + "_total", Arm.SPECULATIVE) == 1.0
+    # The next interval measures the new process normally.
+    rig.clock.now += 10
+    rig.spec.body = v1_text([EngineCounts(11, 44, 32, (9, 9, 8, 6), 50)], start_time=1005.0)
+    samples = await rig.scraper.scrape_once()
+    assert not samples[Arm.SPECULATIVE].restarted
+    assert samples[Arm.SPECULATIVE].acceptance_rate == pytest.approx(30 / 40)
+
+
+async def test_restart_while_down_is_detected_on_recovery(rig: Rig) -> None:
+    rig.spec.body = v1_text([EngineCounts(10, 40, 20, (8, 7, 3, 2), 100)], start_time=START)
+    await rig.scraper.scrape_once()
+    rig.spec.status = 502
+    await rig.scraper.scrape_once()
+    rig.spec.status = 200  # same start time, but the counters went back (engine core restart)
+    rig.spec.body = v1_text([EngineCounts(2, 8, 4, (2, 1, 1, 0), 12)], start_time=START)
+    rig.clock.now += 30
+    samples = await rig.scraper.scrape_once()
+    assert samples[Arm.SPECULATIVE].restarted
+    assert rig.scraper.restart_times(Arm.SPECULATIVE) == (1000.0,)  # last good scrape
+
+
+async def test_periodic_loop_survives_failures_and_recovers(rig: Rig) -> None:
+    good = rig.spec.body
+    rig.spec.body = "<html>"
+    await rig.scraper.start()
+    await rig.scraper.start()  # idempotent: still one task
+    await wait_for(lambda: rig.spec.hits >= 3)
+    assert rig.scraper.states[Arm.SPECULATIVE].up is False
+    rig.spec.body = good
+    await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is True)
+    rig.spec.delay = 5.0  # now it hangs past the timeout
+    await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is False)
+    rig.spec.delay = 0.0
+    await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is True)
+    await rig.scraper.close()
+    hits = rig.spec.hits
+    await asyncio.sleep(0.1)
+    assert rig.spec.hits == hits  # closed: no more scrapes
+    await rig.scraper.close()  # idempotent
+
+
+async def test_a_failing_recorder_does_not_stop_the_loop(rig: Rig) -> None:
+    class Broken(ListRecorder):
+        def record_engine(self, sample: EngineSample) -> None:
+            raise RuntimeError("disk full")
+
+    scraper = EngineScraper(
+        Config(
+            speculative_url=rig.scraper._config.speculative_url,
+            baseline_url=rig.scraper._config.baseline_url,
+        ),
+        rig.scraper._sessions,
+        Broken(),
+    )
+    samples = await scraper.scrape_once()
+    assert samples[Arm.SPECULATIVE].up and samples[Arm.BASELINE].up
