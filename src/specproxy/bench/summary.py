@@ -1,0 +1,108 @@
+"""Per-arm figures of a bench run, computed from the client's own results (pure, no I/O).
+
+These are the quick numbers the harness prints at the end of each block; the full comparison
+(bootstrap CIs, verdicts) comes from the stats job over the same rows in the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specproxy.loadgen import ClientResult
+from specproxy.records import Arm
+
+__all__ = ["ArmSummary", "HarnessOverhead", "harness_overhead", "summarise"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArmSummary:
+    """Latency and acceptance of one arm (or of the proxy, arm None) over one block."""
+
+    arm: Arm | None
+    n: int
+    errors: int
+    e2e_p50_s: float | None
+    e2e_p99_s: float | None
+    ttft_p50_s: float | None
+    tpot_p50_s: float | None
+    tokens_per_event: float | None
+    acceptance_rate: float | None  # mean of the per-request rates vLLM reported
+    mean_acceptance_length: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HarnessOverhead:
+    """What the harness itself cost, next to the latency it measured."""
+
+    parse_p50_s: float
+    parse_p99_s: float
+    lateness_p50_s: float  # open loop only: how late requests left versus the schedule
+    lateness_p99_s: float
+    e2e_p50_s: float
+
+    @property
+    def parse_share(self) -> float:
+        """Median parse time as a share of the median latency."""
+        return self.parse_p50_s / self.e2e_p50_s if self.e2e_p50_s > 0 else 0.0
+
+
+def summarise(results: Iterable[ClientResult]) -> list[ArmSummary]:
+    """One summary per arm seen, speculative first."""
+    by_arm: dict[Arm | None, list[ClientResult]] = {}
+    for r in results:
+        by_arm.setdefault(r.arm, []).append(r)
+    order = {Arm.SPECULATIVE: 0, Arm.BASELINE: 1, None: 2}
+    return [_summary(arm, rows) for arm, rows in sorted(by_arm.items(), key=lambda i: order[i[0]])]
+
+
+def harness_overhead(results: Sequence[ClientResult]) -> HarnessOverhead | None:
+    ok = [r for r in results if r.ok]
+    if not ok:
+        return None
+    parse = np.array([r.parse_ns for r in ok], dtype=np.float64) / 1e9
+    late = np.array([r.lateness_ns for r in ok], dtype=np.float64) / 1e9
+    e2e = np.array([r.e2e_ns for r in ok], dtype=np.float64) / 1e9
+    return HarnessOverhead(
+        parse_p50_s=float(np.median(parse)),
+        parse_p99_s=float(np.quantile(parse, 0.99)),
+        lateness_p50_s=float(np.median(late)),
+        lateness_p99_s=float(np.quantile(late, 0.99)),
+        e2e_p50_s=float(np.median(e2e)),
+    )
+
+
+def _summary(arm: Arm | None, rows: list[ClientResult]) -> ArmSummary:
+    ok = [r for r in rows if r.ok]
+    e2e = [r.e2e_ns / 1e9 for r in ok]
+    ttft = [r.ttft_ns / 1e9 for r in ok if r.ttft_ns is not None]
+    tpot = [
+        (r.e2e_ns - r.ttft_ns) / 1e9 / (r.output_tokens - 1)
+        for r in ok
+        if r.ttft_ns is not None and r.output_tokens is not None and r.output_tokens > 1
+    ]
+    per_event = [r.output_tokens / r.n_events for r in ok if r.output_tokens and r.n_events]
+    return ArmSummary(
+        arm=arm,
+        n=len(ok),
+        errors=len(rows) - len(ok),
+        e2e_p50_s=_quantile(e2e, 0.5),
+        e2e_p99_s=_quantile(e2e, 0.99),
+        ttft_p50_s=_quantile(ttft, 0.5),
+        tpot_p50_s=_quantile(tpot, 0.5),
+        tokens_per_event=_mean(per_event),
+        acceptance_rate=_mean([r.acceptance_rate for r in ok if r.acceptance_rate is not None]),
+        mean_acceptance_length=_mean(
+            [r.mean_acceptance_length for r in ok if r.mean_acceptance_length is not None]
+        ),
+    )
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    return float(np.quantile(values, q)) if values else None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if values else None
