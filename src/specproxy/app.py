@@ -39,6 +39,7 @@ from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.forward import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm, Recorder
+from specproxy.scrape.context import scrape_ctx
 
 __all__ = [
     "CONFIG",
@@ -83,7 +84,7 @@ def create_app(
     app.cleanup_ctx.append(_upstream_sessions)
     # ---- Extension point: components append their cleanup_ctx here, in start order. ----
     # app.cleanup_ctx.append(store_context)    # sets app[RECORDER]; closes (flushes) last
-    # app.cleanup_ctx.append(scrape_context)   # polls each arm's /metrics via app[SESSIONS]
+    app.cleanup_ctx.append(scrape_ctx)  # polls each arm's /metrics via app[SESSIONS]
     # app.cleanup_ctx.append(stats_context)    # sets app[STATS]
     # ---- The forwarder comes last: it reads RECORDER once everything above has started. ----
     app.cleanup_ctx.append(_forwarder)

@@ -1,0 +1,46 @@
+"""The scraper inside the proxy app: started and stopped with it, exported on its /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry
+from pytest_aiohttp import AiohttpClient, AiohttpServer
+
+from specproxy import metrics
+from specproxy.app import create_app
+from specproxy.config import Config, ScrapeConfig
+from specproxy.records import Arm
+from specproxy.scrape.context import SCRAPER
+from tests.scrape.fakes import EngineCounts, FakeMetricsServer, ListRecorder, v1_text
+
+
+async def test_app_runs_the_scraper_and_exports_its_series(
+    aiohttp_server: AiohttpServer, aiohttp_client: AiohttpClient
+) -> None:
+    spec = FakeMetricsServer(body=v1_text([EngineCounts(10, 40, 20, (8, 7, 3, 2), 100)]))
+    base = FakeMetricsServer(body=v1_text([EngineCounts(generation_tokens=5)], spec=False))
+    spec_server = await aiohttp_server(spec.app())
+    base_server = await aiohttp_server(base.app())
+    cfg = Config(
+        speculative_url=str(spec_server.make_url("/")),
+        baseline_url=str(base_server.make_url("/")),
+        scrape=ScrapeConfig(interval_s=0.02, timeout_s=1.0),
+    )
+    registry, recorder = CollectorRegistry(), ListRecorder()
+    app = create_app(cfg, registry=registry, recorder=recorder)
+    client = await aiohttp_client(app)
+    scraper = app[SCRAPER]
+    async with asyncio.timeout(10):
+        while spec.hits < 2 or base.hits < 2:  # noqa: ASYNC110 - hits are counted by the server
+            await asyncio.sleep(0.01)
+    assert scraper.states[Arm.SPECULATIVE].up and scraper.states[Arm.BASELINE].up
+    assert any(s.arm is Arm.SPECULATIVE and s.up for s in recorder.engine_samples)
+    body = await (await client.get("/metrics")).text()
+    assert f'{metrics.ENGINE_UP}{{arm="speculative"}} 1.0' in body
+    assert f'{metrics.ENGINE_UP}{{arm="baseline"}} 1.0' in body
+    await client.close()
+    hits = spec.hits
+    await asyncio.sleep(0.1)
+    assert spec.hits == hits  # the scrape task stopped with the app
+    assert registry.get_sample_value(metrics.ENGINE_UP, {"arm": "speculative"}) is None
