@@ -1,0 +1,708 @@
+"""The specproxy Grafana dashboard, generated from the metric-name constants of `specproxy.metrics`.
+
+Built from plain dicts rather than grafana-foundation-sdk: the dashboard JSON model is the
+contract Grafana documents and stores, so writing it directly keeps the committed
+`dashboards/specproxy.json` reviewable line by line against that model, adds no runtime
+dependency (the SDK ships a large generated builder API, versioned by Grafana release, for the
+few dozen keys we use), and keeps mypy --strict meaningful without stubs. The PromQL is built
+only from the constants the proxy exports, so a renamed metric breaks the generator's test
+instead of silently emptying a panel.
+
+`schemaVersion` 39 is read by every Grafana from 10.4 on; newer ones migrate it forward on load.
+Pure: no I/O here (see `specproxy.grafana.cli` for export and push).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specproxy import metrics as m
+
+__all__ = [
+    "DASHBOARD_FILENAME",
+    "DASHBOARD_UID",
+    "SCHEMA_VERSION",
+    "build_dashboard",
+    "dashboard_json",
+    "panel_queries",
+]
+
+Json = dict[str, Any]
+
+DASHBOARD_UID = "specproxy-ab"
+DASHBOARD_FILENAME = "specproxy.json"
+SCHEMA_VERSION = 39
+COMPARED_METRICS = (
+    ("e2e", "End-to-end latency"),
+    ("ttft", "Time to first token"),
+    ("tpot", "Time per output token"),
+)
+STATISTICS = ("median", "mean", "p90", "p99")
+QUANTILES = (0.5, 0.9, 0.99)
+
+DATASOURCE: Json = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "$__rate_interval"
+STATS_SELECTOR = 'model="$model",window="$window"'
+ARM_COLORS = {"speculative": "blue", "baseline": "orange"}
+
+
+@dataclass
+class _Query:
+    expr: str
+    legend: str
+    instant: bool = False
+
+    def target(self, ref_id: str) -> Json:
+        return {
+            "datasource": DATASOURCE,
+            "editorMode": "code",
+            "expr": self.expr,
+            "format": "table" if self.instant else "time_series",
+            "instant": self.instant,
+            "legendFormat": self.legend,
+            "range": not self.instant,
+            "refId": ref_id,
+        }
+
+
+@dataclass
+class _Panel:
+    kind: str
+    title: str
+    description: str
+    queries: Sequence[_Query]
+    unit: str = "short"
+    width: int = 12
+    height: int = 8
+    defaults: Json = field(default_factory=dict)
+    overrides: list[Json] = field(default_factory=list)
+    options: Json = field(default_factory=dict)
+    transformations: list[Json] = field(default_factory=list)
+
+    def render(self, panel_id: int, x: int, y: int) -> Json:
+        panel: Json = {
+            "datasource": DATASOURCE,
+            "description": self.description,
+            "fieldConfig": {
+                "defaults": {"unit": self.unit, **self.defaults},
+                "overrides": self.overrides,
+            },
+            "gridPos": {"h": self.height, "w": self.width, "x": x, "y": y},
+            "id": panel_id,
+            "options": self.options,
+            "targets": [q.target(chr(ord("A") + i)) for i, q in enumerate(self.queries)],
+            "title": self.title,
+            "type": self.kind,
+        }
+        if self.transformations:
+            panel["transformations"] = self.transformations
+        return panel
+
+
+# --- PromQL helpers -------------------------------------------------------------------------
+
+
+def _quantile(metric: str, q: float, by: str = "arm") -> str:
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket[{RATE}])))"
+
+
+def _mean(metric: str, by: str = "arm") -> str:
+    return (
+        f"sum by ({by}) (rate({metric}_sum[{RATE}])) / sum by ({by}) (rate({metric}_count[{RATE}]))"
+    )
+
+
+def _quantile_queries(metric: str) -> list[_Query]:
+    return [_Query(_quantile(metric, q), f"{{{{arm}}}} p{round(q * 100)}") for q in QUANTILES]
+
+
+# --- field config helpers -------------------------------------------------------------------
+
+
+def _timeseries(**custom: Any) -> Json:
+    return {
+        "custom": {
+            "drawStyle": "line",
+            "fillOpacity": 0,
+            "lineWidth": 1,
+            "showPoints": "never",
+            "spanNulls": False,
+            **custom,
+        }
+    }
+
+
+def _arm_colors() -> list[Json]:
+    return [
+        {
+            "matcher": {"id": "byRegexp", "options": f"^{arm}.*"},
+            "properties": [{"id": "color", "value": {"fixedColor": color, "mode": "fixed"}}],
+        }
+        for arm, color in ARM_COLORS.items()
+    ]
+
+
+def _legend_options(*calcs: str) -> Json:
+    return {
+        "legend": {
+            "calcs": list(calcs),
+            "displayMode": "table" if calcs else "list",
+            "placement": "bottom",
+            "showLegend": True,
+        },
+        "tooltip": {"mode": "multi", "sort": "desc"},
+    }
+
+
+def _stat_options(text_mode: str = "value_and_name") -> Json:
+    return {
+        "colorMode": "background",
+        "graphMode": "none",
+        "justifyMode": "auto",
+        "orientation": "auto",
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "textMode": text_mode,
+    }
+
+
+def _thresholds(*steps: tuple[float | None, str]) -> Json:
+    return {
+        "mode": "absolute",
+        "steps": [{"color": color, "value": value} for value, color in steps],
+    }
+
+
+def _value_mapping(values: dict[str, tuple[str, str]]) -> list[Json]:
+    options = {
+        key: {"color": color, "index": i, "text": text}
+        for i, (key, (text, color)) in enumerate(values.items())
+    }
+    return [{"options": options, "type": "value"}]
+
+
+# --- panels ---------------------------------------------------------------------------------
+
+
+def _verdict_panels() -> list[_Panel]:
+    verdict = _Panel(
+        "stat",
+        "Verdict (speculative vs baseline)",
+        "Bootstrap verdict per compared metric in the selected window: faster when the whole CI"
+        " of the speedup is above 1, slower when it is below 1, otherwise inconclusive.",
+        [_Query(f"{m.VERDICT}{{{STATS_SELECTOR}}}", "{{metric}}")],
+        width=8,
+        height=5,
+        defaults={
+            "color": {"mode": "thresholds"},
+            "mappings": _value_mapping(
+                {"1": ("faster", "green"), "0": ("inconclusive", "yellow"), "-1": ("slower", "red")}
+            ),
+            "thresholds": _thresholds((None, "red"), (0, "yellow"), (1, "green")),
+        },
+        options=_stat_options(),
+    )
+    slowdown = _Panel(
+        "stat",
+        "P99 slowdown test (anytime-valid)",
+        "1 while the sequential test rejects 'speculative P99 is no slower than baseline P99"
+        " (within tolerance)'. Safe to watch continuously: the error rate holds at any look.",
+        [_Query(f"{m.P99_SLOWDOWN}{{{STATS_SELECTOR}}}", "{{metric}}")],
+        width=8,
+        height=5,
+        defaults={
+            "color": {"mode": "thresholds"},
+            "mappings": _value_mapping({"1": ("P99 slower", "red"), "0": ("no evidence", "green")}),
+            "thresholds": _thresholds((None, "green"), (1, "red")),
+        },
+        options=_stat_options(),
+    )
+    stats_age = _Panel(
+        "stat",
+        "Stats job age",
+        "Seconds since the stats job last published. Verdicts and the P99 test freeze when"
+        " this grows.",
+        [_Query(f"time() - {m.STATS_LAST_RUN}", "age")],
+        unit="s",
+        width=8,
+        height=5,
+        defaults={
+            "color": {"mode": "thresholds"},
+            "thresholds": _thresholds((None, "green"), (120, "yellow"), (600, "red")),
+        },
+        options=_stat_options("value"),
+    )
+    bounds = ("estimate", "lower", "upper")
+    ci_table = _Panel(
+        "table",
+        "Speedup with confidence interval",
+        "Speedup = baseline / speculative for each metric and statistic (above 1: speculative"
+        " is faster), with the bootstrap CI bounds.",
+        [
+            _Query(
+                f'max without (bound) ({m.SPEEDUP}{{{STATS_SELECTOR},bound="{bound}"}})',
+                bound,
+                instant=True,
+            )
+            for bound in bounds
+        ],
+        unit="none",
+        width=24,
+        height=9,
+        defaults={
+            "custom": {"align": "auto", "cellOptions": {"type": "color-text"}},
+            "decimals": 3,
+            "thresholds": _thresholds((None, "red"), (1, "green")),
+        },
+        options={"cellHeight": "sm", "showHeader": True, "sortBy": [{"displayName": "metric"}]},
+        transformations=[
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True, "instance": True, "job": True},
+                    "indexByName": {
+                        "metric": 0,
+                        "statistic": 1,
+                        "Value #A": 2,
+                        "Value #B": 3,
+                        "Value #C": 4,
+                        "model": 5,
+                        "window": 6,
+                    },
+                    "renameByName": {
+                        f"Value #{chr(ord('A') + i)}": bound for i, bound in enumerate(bounds)
+                    },
+                },
+            },
+        ],
+    )
+    return [verdict, slowdown, stats_age, ci_table]
+
+
+def _speedup_over_time_panels() -> list[_Panel]:
+    panels: list[_Panel] = []
+    for metric, title in COMPARED_METRICS:
+        selector = f'{STATS_SELECTOR},metric="{metric}",statistic="$statistic"'
+        panels.append(
+            _Panel(
+                "timeseries",
+                f"Speedup over time: {title} ($statistic)",
+                "Estimate with its CI as a band. The dashed line at 1 is no change; a band"
+                " wholly below it means speculation is costing time.",
+                [
+                    _Query(f'{m.SPEEDUP}{{{selector},bound="{bound}"}}', bound)
+                    for bound in ("estimate", "lower", "upper")
+                ],
+                unit="none",
+                width=8,
+                defaults={
+                    **_timeseries(thresholdsStyle={"mode": "dashed"}),
+                    "color": {"fixedColor": "blue", "mode": "fixed"},
+                    "thresholds": _thresholds((None, "transparent"), (1, "red")),
+                },
+                overrides=[
+                    {
+                        "matcher": {"id": "byName", "options": "upper"},
+                        "properties": [
+                            {"id": "custom.fillBelowTo", "value": "lower"},
+                            {"id": "custom.fillOpacity", "value": 20},
+                            {"id": "custom.lineWidth", "value": 0},
+                        ],
+                    },
+                    {
+                        "matcher": {"id": "byName", "options": "lower"},
+                        "properties": [{"id": "custom.lineWidth", "value": 0}],
+                    },
+                    {
+                        "matcher": {"id": "byName", "options": "estimate"},
+                        "properties": [{"id": "custom.lineWidth", "value": 2}],
+                    },
+                ],
+                options=_legend_options(),
+            )
+        )
+    return panels
+
+
+def _latency_panels() -> list[_Panel]:
+    histograms = (
+        (m.REQUEST_DURATION, "End-to-end latency by arm"),
+        (m.TTFT, "Time to first token by arm"),
+        (m.TPOT, "Time per output token by arm"),
+        (m.EVENT_GAP, "Gap between SSE events by arm (one engine step)"),
+    )
+    return [
+        _Panel(
+            "timeseries",
+            title,
+            "p50 / p90 / p99 from the proxy's histograms (10%-wide buckets, so within ~5%)."
+            " The exact comparison with CIs is in the speedup panels above.",
+            _quantile_queries(metric),
+            unit="s",
+            defaults=_timeseries(),
+            overrides=_arm_colors(),
+            options=_legend_options("lastNotNull", "max"),
+        )
+        for metric, title in histograms
+    ]
+
+
+def _speculation_panels() -> list[_Panel]:
+    tokens_per_event = _Panel(
+        "timeseries",
+        "Tokens per SSE event",
+        "Output tokens per streamed event. Each event is one engine step, so above 1 on the"
+        " speculative arm means draft tokens are being accepted; about 1 means they are not.",
+        [
+            _Query(_mean(m.TOKENS_PER_EVENT), "{{arm}} mean"),
+            _Query(_quantile(m.TOKENS_PER_EVENT, 0.5), "{{arm}} p50"),
+        ],
+        defaults=_timeseries(),
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "mean"),
+    )
+    acceptance_rate = _Panel(
+        "timeseries",
+        "Draft acceptance rate",
+        "Accepted / drafted tokens, from the speculative engine's /metrics.",
+        [_Query(m.ENGINE_ACCEPTANCE_RATE, "{{arm}}")],
+        unit="percentunit",
+        width=6,
+        defaults={**_timeseries(), "max": 1, "min": 0},
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull"),
+    )
+    acceptance_length = _Panel(
+        "timeseries",
+        "Mean acceptance length",
+        "Tokens emitted per speculative step: 1 + accepted / drafts. 1 means no gain.",
+        [_Query(m.ENGINE_MEAN_ACCEPTANCE_LENGTH, "{{arm}}")],
+        width=6,
+        defaults={**_timeseries(), "min": 1},
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull"),
+    )
+    per_position = _Panel(
+        "bargauge",
+        "Acceptance rate by draft position",
+        "Share of steps in which the draft token at each position was accepted. It falls with"
+        " position; a steep fall says fewer speculative tokens would do.",
+        [_Query(m.ENGINE_POSITION_ACCEPTANCE_RATE, "position {{position}}", instant=True)],
+        unit="percentunit",
+        defaults={
+            "color": {"mode": "continuous-RdYlGr"},
+            "max": 1,
+            "min": 0,
+        },
+        options={
+            "displayMode": "gradient",
+            "orientation": "horizontal",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "showUnfilled": True,
+        },
+    )
+    return [tokens_per_event, acceptance_rate, acceptance_length, per_position]
+
+
+def _engine_panels() -> list[_Panel]:
+    load = _Panel(
+        "timeseries",
+        "Engine load: running and waiting requests",
+        "Speculation pays at low batch sizes; a speedup that fades as running grows is the"
+        " expected failure mode, and waiting > 0 means the engine is saturated.",
+        [
+            _Query(m.ENGINE_REQUESTS_RUNNING, "{{arm}} running"),
+            _Query(m.ENGINE_REQUESTS_WAITING, "{{arm}} waiting"),
+        ],
+        width=8,
+        defaults=_timeseries(),
+        overrides=[
+            *_arm_colors(),
+            {
+                "matcher": {"id": "byRegexp", "options": ".* waiting"},
+                "properties": [
+                    {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}
+                ],
+            },
+        ],
+        options=_legend_options("lastNotNull", "max"),
+    )
+    kv_cache = _Panel(
+        "timeseries",
+        "KV cache usage",
+        "Fraction of the KV cache in use. Draft tokens take KV space too; near 1 the engine"
+        " preempts requests.",
+        [_Query(m.ENGINE_KV_CACHE_USAGE, "{{arm}}")],
+        unit="percentunit",
+        width=8,
+        defaults={**_timeseries(), "max": 1, "min": 0},
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "max"),
+    )
+    throughput = _Panel(
+        "timeseries",
+        "Generation throughput",
+        "Output tokens per second generated by each engine.",
+        [_Query(m.ENGINE_GENERATION_TOKENS_RATE, "{{arm}}")],
+        width=8,
+        defaults=_timeseries(),
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "mean"),
+    )
+    return [load, kv_cache, throughput]
+
+
+def _traffic_panels() -> list[_Panel]:
+    samples = _Panel(
+        "timeseries",
+        "Samples per arm",
+        "Requests the stats job compared in the selected window. Tail statistics (p99) need"
+        " thousands per arm before their CIs get narrow.",
+        [_Query(f"{m.SAMPLES}{{{STATS_SELECTOR}}}", "{{arm}}")],
+        width=8,
+        defaults=_timeseries(),
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull"),
+    )
+    requests = _Panel(
+        "timeseries",
+        "Requests by arm and status",
+        "Requests per second recorded by the proxy, and requests in flight.",
+        [
+            _Query(
+                f"sum by (arm, status) (rate({m.REQUESTS}_total[{RATE}]))", "{{arm}} {{status}}"
+            ),
+            _Query(f"sum by (arm) ({m.INFLIGHT})", "{{arm}} in flight"),
+        ],
+        unit="reqps",
+        width=8,
+        defaults=_timeseries(),
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "mean"),
+    )
+    errors = _Panel(
+        "timeseries",
+        "Errors by arm",
+        "Upstream failures by kind, and requests answered with a non-2xx status.",
+        [
+            _Query(
+                f"sum by (arm, kind) (rate({m.UPSTREAM_ERRORS}_total[{RATE}]))",
+                "{{arm}} upstream {{kind}}",
+            ),
+            _Query(
+                f'sum by (arm, status) (rate({m.REQUESTS}_total{{status!~"2.."}}[{RATE}]))',
+                "{{arm}} HTTP {{status}}",
+            ),
+        ],
+        unit="reqps",
+        width=8,
+        defaults=_timeseries(drawStyle="bars", fillOpacity=60),
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "max"),
+    )
+    overhead = _Panel(
+        "timeseries",
+        "Proxy overhead",
+        "End-to-end time minus upstream time: what specproxy itself adds to each request.",
+        [
+            _Query(_quantile(m.PROXY_OVERHEAD, 0.5), "{{arm}} p50"),
+            _Query(_quantile(m.PROXY_OVERHEAD, 0.99), "{{arm}} p99"),
+        ],
+        unit="s",
+        defaults=_timeseries(),
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "max"),
+    )
+    store = _Panel(
+        "timeseries",
+        "Record store",
+        "Records waiting to be written, and records dropped (must stay 0: a dropped record"
+        " biases every statistic).",
+        [
+            _Query(m.STORE_PENDING, "pending"),
+            _Query(f"rate({m.STORE_DROPPED}_total[{RATE}])", "dropped/s"),
+        ],
+        defaults=_timeseries(),
+        overrides=[
+            {
+                "matcher": {"id": "byName", "options": "dropped/s"},
+                "properties": [
+                    {"id": "color", "value": {"fixedColor": "red", "mode": "fixed"}},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                ],
+            }
+        ],
+        options=_legend_options("lastNotNull", "max"),
+    )
+    return [samples, requests, errors, overhead, store]
+
+
+ROWS: tuple[tuple[str, Callable[[], list[_Panel]]], ...] = (
+    ("Verdict", _verdict_panels),
+    ("Speedup over time", _speedup_over_time_panels),
+    ("Latency by arm", _latency_panels),
+    ("Speculative decoding", _speculation_panels),
+    ("Engine load", _engine_panels),
+    ("Traffic, errors and overhead", _traffic_panels),
+)
+
+
+def _layout() -> Iterator[Json]:
+    """Rows of panels, each panel placed left to right and wrapped at Grafana's 24 columns."""
+    panel_id = 1
+    y = 0
+    for title, build in ROWS:
+        yield {
+            "collapsed": False,
+            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+            "id": panel_id,
+            "panels": [],
+            "title": title,
+            "type": "row",
+        }
+        panel_id += 1
+        y += 1
+        x = 0
+        row_height = 0
+        for panel in build():
+            if x + panel.width > 24:
+                x, y, row_height = 0, y + row_height, 0
+            yield panel.render(panel_id, x, y)
+            panel_id += 1
+            x += panel.width
+            row_height = max(row_height, panel.height)
+        y += row_height
+
+
+def _query_variable(name: str, label: str, query: str) -> Json:
+    return {
+        "current": {},
+        "datasource": DATASOURCE,
+        "definition": query,
+        "hide": 0,
+        "includeAll": False,
+        "label": label,
+        "multi": False,
+        "name": name,
+        "options": [],
+        "query": {
+            "qryType": 1,
+            "query": query,
+            "refId": "PrometheusVariableQueryEditor-VariableQuery",
+        },
+        "refresh": 2,
+        "regex": "",
+        "skipUrlSync": False,
+        "sort": 1,
+        "type": "query",
+    }
+
+
+def _templating() -> list[Json]:
+    statistic_default = STATISTICS[0]
+    return [
+        {
+            "current": {},
+            "hide": 0,
+            "includeAll": False,
+            "label": "Data source",
+            "multi": False,
+            "name": "datasource",
+            "options": [],
+            "query": "prometheus",
+            "refresh": 1,
+            "regex": "",
+            "skipUrlSync": False,
+            "type": "datasource",
+        },
+        _query_variable("model", "Model", f"label_values({m.SPEEDUP}, model)"),
+        _query_variable("window", "Window", f'label_values({m.SPEEDUP}{{model="$model"}}, window)'),
+        {
+            "current": {"selected": True, "text": statistic_default, "value": statistic_default},
+            "hide": 0,
+            "includeAll": False,
+            "label": "Statistic",
+            "multi": False,
+            "name": "statistic",
+            "options": [
+                {"selected": s == statistic_default, "text": s, "value": s} for s in STATISTICS
+            ],
+            "query": ",".join(STATISTICS),
+            "skipUrlSync": False,
+            "type": "custom",
+        },
+    ]
+
+
+def build_dashboard() -> Json:
+    """The whole dashboard as Grafana's JSON model (what `dashboards/specproxy.json` holds)."""
+    return {
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                },
+                {
+                    "datasource": DATASOURCE,
+                    "enable": True,
+                    "expr": 'ALERTS{alertname=~"SpecProxy.*", alertstate="firing"}',
+                    "iconColor": "red",
+                    "name": "specproxy alerts",
+                    "step": "60s",
+                    "tagKeys": "alertname,metric,arm",
+                    "textFormat": "{{alertname}}",
+                    "titleFormat": "{{alertname}}",
+                    "useValueForTime": False,
+                },
+            ]
+        },
+        "description": "Speculative-decoding A/B comparison through specproxy: verdicts and"
+        " speedups with CIs from raw per-request records, latency by arm, acceptance, engine"
+        " load, and the proxy's own health.",
+        "editable": True,
+        "fiscalYearStartMonth": 0,
+        "graphTooltip": 1,
+        "id": None,
+        "links": [],
+        "panels": list(_layout()),
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "tags": ["specproxy", "speculative-decoding", "vllm"],
+        "templating": {"list": _templating()},
+        "time": {"from": "now-1h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "title": "specproxy: speculative vs baseline",
+        "uid": DASHBOARD_UID,
+        "version": 1,
+        "weekStart": "",
+    }
+
+
+def dashboard_json(dashboard: Json | None = None) -> str:
+    """Stable text form: sorted keys and a final newline, so regeneration diffs cleanly."""
+    return (
+        json.dumps(build_dashboard() if dashboard is None else dashboard, indent=2, sort_keys=True)
+        + "\n"
+    )
+
+
+def panel_queries(dashboard: Json) -> list[tuple[str, str, bool]]:
+    """(panel title, expr, instant) for every query of every panel, rows included."""
+    found: list[tuple[str, str, bool]] = []
+    for panel in dashboard["panels"]:
+        for inner in [panel, *panel.get("panels", [])]:
+            found.extend(
+                (inner["title"], target["expr"], bool(target.get("instant")))
+                for target in inner.get("targets", [])
+            )
+    return found

@@ -1,0 +1,131 @@
+"""The generated dashboard: committed copy up to date, valid layout, queries on exported names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specproxy import metrics as m
+from specproxy.grafana.dashboard import (
+    DASHBOARD_FILENAME,
+    DASHBOARD_UID,
+    build_dashboard,
+    dashboard_json,
+    panel_queries,
+)
+from tests.promql_names import exported_names, names_in
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "dashboards" / DASHBOARD_FILENAME
+
+
+def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def test_committed_dashboard_is_the_generated_one() -> None:
+    assert COMMITTED.read_text(encoding="utf-8") == dashboard_json(), (
+        "dashboards/specproxy.json is stale: run `specproxy dashboards export --out dashboards`"
+    )
+
+
+def test_generation_is_deterministic() -> None:
+    assert dashboard_json() == dashboard_json(build_dashboard())
+    assert json.loads(dashboard_json()) == build_dashboard()
+
+
+def test_dashboard_targets_current_grafana_with_required_variables() -> None:
+    dashboard = build_dashboard()
+    assert dashboard["schemaVersion"] >= 39
+    assert dashboard["uid"] == DASHBOARD_UID
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert {"datasource", "model", "window"} <= set(variables)
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert m.SPEEDUP in variables["model"]["definition"]
+    assert "$model" in variables["window"]["definition"]
+
+
+def test_every_panel_uses_the_datasource_variable_and_has_unique_ids() -> None:
+    dashboard = build_dashboard()
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in _panels(dashboard):
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert panel["targets"], panel["title"]
+        assert all(t["datasource"] == panel["datasource"] for t in panel["targets"])
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids))
+
+
+def test_panels_fit_the_grid_without_overlapping() -> None:
+    occupied: set[tuple[int, int]] = set()
+    for panel in build_dashboard()["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        cells = {
+            (x, y)
+            for x in range(pos["x"], pos["x"] + pos["w"])
+            for y in range(pos["y"], pos["y"] + pos["h"])
+        }
+        assert not cells & occupied, f"{panel['title']} overlaps another panel"
+        occupied |= cells
+
+
+def test_queries_name_only_metrics_the_proxy_exports() -> None:
+    allowed = exported_names() | {"ALERTS"}
+    queries = panel_queries(build_dashboard())
+    assert queries
+    for title, expr, _ in queries:
+        names = names_in(expr)
+        assert names, f"{title}: no metric in {expr!r}"
+        assert names <= allowed, f"{title}: unknown {names - allowed} in {expr!r}"
+
+
+def test_required_panels_are_there() -> None:
+    """The issue's panel list, each checked by the metric its query must read."""
+    queries = panel_queries(build_dashboard())
+    exprs = [expr for _, expr, _ in queries]
+
+    def used(fragment: str) -> bool:
+        return any(fragment in expr for expr in exprs)
+
+    assert used(m.VERDICT) and used(m.P99_SLOWDOWN)
+    for bound in ("estimate", "lower", "upper"):  # speedup with its CI, and over time
+        assert sum(f'bound="{bound}"' in e and m.SPEEDUP in e for e in exprs) >= 4
+    for histogram in (m.REQUEST_DURATION, m.TTFT, m.TPOT):
+        assert used(f"histogram_quantile(0.99, sum by (arm, le) (rate({histogram}_bucket"), (
+            histogram
+        )
+    for name in (
+        m.TOKENS_PER_EVENT,
+        m.ENGINE_ACCEPTANCE_RATE,
+        m.ENGINE_MEAN_ACCEPTANCE_LENGTH,
+        m.ENGINE_POSITION_ACCEPTANCE_RATE,
+        m.ENGINE_REQUESTS_RUNNING,
+        m.ENGINE_REQUESTS_WAITING,
+        m.ENGINE_KV_CACHE_USAGE,
+        m.SAMPLES,
+        m.UPSTREAM_ERRORS,
+        m.PROXY_OVERHEAD,
+        m.STORE_DROPPED,
+    ):
+        assert used(name), name
+
+
+def test_stats_queries_follow_the_model_and_window_variables() -> None:
+    for title, expr, _ in panel_queries(build_dashboard()):
+        if any(name in expr for name in (m.SPEEDUP, m.VERDICT, m.P99_SLOWDOWN, m.SAMPLES)):
+            assert 'model="$model"' in expr and 'window="$window"' in expr, title
+
+
+def test_speedup_band_fills_between_lower_and_upper() -> None:
+    band_panels = [p for p in _panels(build_dashboard()) if p["title"].startswith("Speedup over")]
+    assert len(band_panels) == 3
+    for panel in band_panels:
+        assert [t["legendFormat"] for t in panel["targets"]] == ["estimate", "lower", "upper"]
+        upper = next(
+            o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "upper"
+        )
+        assert {"id": "custom.fillBelowTo", "value": "lower"} in upper["properties"]
