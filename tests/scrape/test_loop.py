@@ -136,8 +136,9 @@ async def test_real_fixture_is_served_and_parsed(rig: Rig) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "reason"),
     [
-        ("<html>upstream connect error</html>", 200, "not Prometheus text"),
-        ("", 200, "no vllm: metrics"),
+        ("<html>upstream connect error</html>", 200, "no vLLM engine metrics"),
+        ("vllm:num_requests_running{engine=0} 1\n", 200, "not Prometheus text"),
+        ("", 200, "no vLLM engine metrics"),
         ("vllm:num_requests_running 1\n", 503, "HTTP 503"),
     ],
 )

@@ -103,6 +103,12 @@ def test_missing_position_counts_as_zero() -> None:
     assert parse_metrics(text, t=0.0).accepted_per_position == (5.0, 0.0, 1.0)
 
 
+def test_unread_series_do_not_matter() -> None:
+    # A malformed line in a series the scraper does not read cannot fail the scrape.
+    text = "vllm:some_future_histogram{le=oops} x\nvllm:num_requests_running 3\n"
+    assert parse_metrics(text, t=0.0).requests_running == 3.0
+
+
 def test_nan_values_are_ignored() -> None:
     text = "vllm:kv_cache_usage_perc NaN\nvllm:num_requests_running 2\n"
     snap = parse_metrics(text, t=0.0)
@@ -119,6 +125,8 @@ def test_nan_values_are_ignored() -> None:
         "",
         "process_start_time_seconds 1.7e9\n",  # valid text, but not a vLLM engine
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="x"} 1\n',
+        "vllm:num_requests_running abc\n",
+        'vllm:generation_tokens_total{engine="0",model_name="m"',  # truncated mid-line
     ],
 )
 def test_garbage_raises_scrape_error(body: str) -> None:

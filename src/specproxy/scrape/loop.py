@@ -5,8 +5,9 @@ Every `scrape.interval_s` both arms are scraped concurrently on the proxy's own 
 goes wrong (refused, timeout, HTTP error, garbage body) marks the arm down (`up=0`) and is logged
 once when the state changes; the loop itself never stops until it is closed. Every scrape, up or
 down, is handed to the recorder as an `EngineSample`, so the store holds the engine's history
-next to the requests it served. Parsing runs in a worker thread: a vLLM /metrics page is
-~50-100 kB of text and would otherwise stall the proxy's event loop for milliseconds.
+next to the requests it served. Parsing runs in a worker thread: a page with many data-parallel
+engines takes milliseconds to parse (benchmarks/bench_scrape.py), time the proxy's event loop
+owes to the requests it is streaming.
 """
 
 from __future__ import annotations
