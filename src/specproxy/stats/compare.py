@@ -1,0 +1,268 @@
+"""One complete comparison of the two arms over one window: every estimate, test and reason.
+
+`compare_window` is pure: it takes per-arm column arrays that are already restricted to the
+window and model (and stripped of warm-up records, see `clean.warmup_mask`), engine summaries and
+a Generator, and returns the JSON-able dict documented in `specproxy.stats.job`.
+
+Design choice: when at least as many complete mirrored pairs exist as primary requests on the
+smaller arm (mirror fraction >= 50 %), the speedup CIs use the paired bootstrap over pairs;
+otherwise they use the split bootstrap over primary (non-shadow) requests. Rank tests and the
+length adjustment always use the primary requests, whose arm was chosen at random.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from specproxy.records import Arm
+from specproxy.stats.adjust import adjusted_speedup
+from specproxy.stats.bootstrap import (
+    DEFAULT_RESAMPLES,
+    Interval,
+    paired_speedup_intervals,
+    split_speedup_intervals,
+)
+from specproxy.stats.clean import count_outliers
+from specproxy.stats.diagnosis import DiagnosisInput, EngineSummary, diagnose
+from specproxy.stats.quantile import STATISTICS, point_statistic, samples_needed
+from specproxy.stats.ranktests import rank_tests
+from specproxy.stats.samplesize import samples_for_median_change
+from specproxy.stats.sequential import compare_sequential
+
+__all__ = [
+    "METRIC_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "CompareSettings",
+    "compare_window",
+    "usable_mask",
+]
+
+FloatArray = npt.NDArray[np.float64]
+ArmArrays = dict[str, npt.NDArray[Any]]
+
+METRIC_COLUMNS: Final[dict[str, str]] = {"e2e": "e2e_s", "ttft": "ttft_s", "tpot": "tpot_s"}
+REQUIRED_COLUMNS: Final[tuple[str, ...]] = (
+    "t_start",
+    "model",
+    "status",
+    "error_kind",
+    "disconnected",
+    "shadow",
+    "pair_id",
+    "e2e_s",
+    "ttft_s",
+    "tpot_s",
+    "prompt_tokens",
+    "output_tokens",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CompareSettings:
+    """Knobs of one comparison (from `StatsConfig`)."""
+
+    resamples: int = DEFAULT_RESAMPLES
+    confidence: float = 0.95
+    alpha: float = 0.05
+    p99_tolerance: float = 0.05
+
+
+def usable_mask(arrays: ArmArrays) -> npt.NDArray[np.bool_]:
+    """Successful, complete requests: HTTP 200, no error kind, client still connected."""
+    n = len(arrays["t_start"])
+    ok = np.ones(n, dtype=bool)
+    if "status" in arrays:
+        ok &= np.asarray(arrays["status"], dtype=np.float64) == 200
+    if "error_kind" in arrays:
+        ok &= np.array([e is None for e in arrays["error_kind"]], dtype=bool)
+    if "disconnected" in arrays:
+        ok &= ~np.asarray(arrays["disconnected"], dtype=bool)
+    return ok
+
+
+def _positive(values: npt.NDArray[Any]) -> FloatArray:
+    v = np.asarray(values, dtype=np.float64)
+    return v[np.isfinite(v) & (v > 0)]
+
+
+def _pairs(base: ArmArrays, spec: ArmArrays) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Indices into each arm of the records sharing a pair id."""
+
+    def ids(arrays: ArmArrays) -> tuple[npt.NDArray[Any], npt.NDArray[np.intp]]:
+        raw = arrays.get("pair_id")
+        if raw is None or len(raw) == 0:
+            return np.array([], dtype=str), np.array([], dtype=np.intp)
+        where = np.array([p is not None for p in raw], dtype=bool)
+        index = np.flatnonzero(where)
+        return np.asarray(raw[where]).astype(str), index
+
+    b_ids, b_index = ids(base)
+    s_ids, s_index = ids(spec)
+    _, bi, si = np.intersect1d(b_ids, s_ids, assume_unique=False, return_indices=True)
+    return b_index[bi], s_index[si]
+
+
+def _subset(arrays: ArmArrays, mask: npt.NDArray[Any]) -> ArmArrays:
+    return {k: np.asarray(v)[mask] for k, v in arrays.items()}
+
+
+def _speedup_block(
+    intervals: dict[str, Interval], n_b: int, n_s: int, confidence: float
+) -> dict[str, Any]:
+    block: dict[str, Any] = {}
+    for stat, interval in intervals.items():
+        needed = {
+            Arm.BASELINE.value: samples_needed(stat, n_b, confidence),
+            Arm.SPECULATIVE.value: samples_needed(stat, n_s, confidence),
+        }
+        if any(needed.values()):
+            block[stat] = {"status": "insufficient", "n_needed": needed}
+            block[stat].update({"estimate": None, "lower": None, "upper": None})
+        else:
+            block[stat] = {"status": "ok", "n_needed": needed, **interval.to_dict()}
+    return block
+
+
+def _metric_block(
+    metric: str,
+    primary: tuple[ArmArrays, ArmArrays],
+    paired: tuple[FloatArray, FloatArray] | None,
+    settings: CompareSettings,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    column = METRIC_COLUMNS[metric]
+    base = _positive(primary[0][column])
+    spec = _positive(primary[1][column])
+    if paired is not None:
+        b_used, s_used = paired
+        intervals = paired_speedup_intervals(
+            b_used,
+            s_used,
+            statistics=STATISTICS,
+            rng=rng,
+            resamples=settings.resamples,
+            confidence=settings.confidence,
+        )
+    else:
+        b_used, s_used = base, spec
+        intervals = split_speedup_intervals(
+            base,
+            spec,
+            statistics=STATISTICS,
+            rng=rng,
+            resamples=settings.resamples,
+            confidence=settings.confidence,
+        )
+    block: dict[str, Any] = {
+        "n": {Arm.BASELINE.value: int(b_used.size), Arm.SPECULATIVE.value: int(s_used.size)},
+        "speedup": _speedup_block(intervals, b_used.size, s_used.size, settings.confidence),
+        "summary": {
+            arm.value: {stat: _finite(point_statistic(v, stat)) for stat in STATISTICS}
+            for arm, v in ((Arm.BASELINE, b_used), (Arm.SPECULATIVE, s_used))
+        },
+        "outliers": {
+            Arm.BASELINE.value: count_outliers(b_used).to_dict(),
+            Arm.SPECULATIVE.value: count_outliers(s_used).to_dict(),
+        },
+        "rank_tests": rank_tests(base, spec, rng, settings.confidence).to_dict(),
+        "samples_for_5pct_median": samples_for_median_change(base, spec, alpha=settings.alpha),
+        "adjusted": None,
+    }
+    if b_used.size and s_used.size:
+        seq = compare_sequential(
+            b_used, s_used, alpha=settings.alpha, tolerance=settings.p99_tolerance
+        )
+        block["sequential"] = seq.to_dict()
+        block["verdict"] = seq.verdict
+    else:
+        block["sequential"] = None
+        block["verdict"] = "inconclusive"
+    if metric == "e2e":
+        b_rows, s_rows = primary
+        adj = adjusted_speedup(
+            np.asarray(b_rows["e2e_s"], dtype=np.float64),
+            np.asarray(b_rows["output_tokens"], dtype=np.float64),
+            np.asarray(s_rows["e2e_s"], dtype=np.float64),
+            np.asarray(s_rows["output_tokens"], dtype=np.float64),
+            baseline_prompt_tokens=np.asarray(b_rows["prompt_tokens"], dtype=np.float64),
+            speculative_prompt_tokens=np.asarray(s_rows["prompt_tokens"], dtype=np.float64),
+            confidence=settings.confidence,
+        )
+        block["adjusted"] = adj.to_dict() if adj is not None else None
+    return block
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def compare_window(
+    arrays: dict[Arm, ArmArrays],
+    *,
+    engine: dict[Arm, EngineSummary],
+    settings: CompareSettings,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """Everything for one window and model (see `specproxy.stats.job` for the schema)."""
+    base_all = _subset(arrays[Arm.BASELINE], usable_mask(arrays[Arm.BASELINE]))
+    spec_all = _subset(arrays[Arm.SPECULATIVE], usable_mask(arrays[Arm.SPECULATIVE]))
+    primary = (
+        _subset(base_all, ~np.asarray(base_all["shadow"], dtype=bool)),
+        _subset(spec_all, ~np.asarray(spec_all["shadow"], dtype=bool)),
+    )
+    pair_b, pair_s = _pairs(base_all, spec_all)
+    n_primary = min(len(primary[0]["t_start"]), len(primary[1]["t_start"]))
+    design = "paired" if pair_b.size > 0 and pair_b.size >= n_primary else "split"
+    metrics: dict[str, Any] = {}
+    for metric, column in METRIC_COLUMNS.items():
+        paired: tuple[FloatArray, FloatArray] | None = None
+        if design == "paired":
+            b = np.asarray(base_all[column], dtype=np.float64)[pair_b]
+            s = np.asarray(spec_all[column], dtype=np.float64)[pair_s]
+            ok = np.isfinite(b) & np.isfinite(s) & (b > 0) & (s > 0)
+            paired = (b[ok], s[ok])
+        metrics[metric] = _metric_block(metric, primary, paired, settings, rng)
+    metrics_ok = metrics["tpot"]["speedup"]["median"]
+    if metrics_ok["status"] != "ok":
+        metrics_ok = metrics["e2e"]["speedup"]["median"]
+    e2e = metrics["e2e"]
+    needed = max(e2e["speedup"]["p99"]["n_needed"].values())
+    spec_summary = e2e["summary"][Arm.SPECULATIVE.value]
+    ttft_median = metrics["ttft"]["summary"][Arm.SPECULATIVE.value]["median"]
+    share = (
+        ttft_median / spec_summary["median"]
+        if ttft_median is not None and spec_summary["median"]
+        else None
+    )
+    diagnosis = diagnose(
+        DiagnosisInput(
+            speedup=_nan(metrics_ok["estimate"]),
+            speedup_lower=_nan(metrics_ok["lower"]),
+            speedup_upper=_nan(metrics_ok["upper"]),
+            enough_samples=needed == 0,
+            samples_needed=needed,
+            speculative=engine.get(Arm.SPECULATIVE, EngineSummary()),
+            baseline=engine.get(Arm.BASELINE, EngineSummary()),
+            ttft_share=share,
+        )
+    )
+    return {
+        "design": design,
+        "pairs": int(pair_b.size),
+        "samples": {
+            Arm.BASELINE.value: len(base_all["t_start"]),
+            Arm.SPECULATIVE.value: len(spec_all["t_start"]),
+        },
+        "metrics": metrics,
+        "engine": {arm.value: summary.to_dict() for arm, summary in engine.items()},
+        "diagnosis": diagnosis.to_dict(),
+    }
+
+
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else float(x)

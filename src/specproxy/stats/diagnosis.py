@@ -1,0 +1,221 @@
+"""Why is speculation (not) paying off? The classic decision tree, applied to live numbers.
+
+Speculative decoding with k draft tokens and mean acceptance length L (tokens emitted per target
+forward pass, bonus token included) ideally speeds decoding up by
+
+    speedup ~= L / (1 + k*c),
+
+where c is the cost of one draft forward pass relative to one target pass. Given the measured
+decode speedup (TPOT, else E2E) we solve for the implied c = (L / speedup - 1) / k. The branches,
+checked in order, each add a reason in words:
+
+1. too few samples, or an engine restarted in the window (warm-up) -> wait;
+2. acceptance rate < 50 % -> the draft does not predict this traffic (domain or temperature
+   mismatch);
+3. high load (many running requests, or a nearly full KV cache) -> speculation hurts at large
+   batch, where the target is compute bound and drafts steal its throughput;
+4. implied draft cost c > 0.2 -> the draft is too large; an n-gram or EAGLE head costs ~0;
+5. TTFT is most of E2E -> requests are prefill dominated; speculation only speeds decode;
+6. otherwise, speculation works (or the verdict is simply not in yet).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from specproxy.records import EngineSample
+
+__all__ = [
+    "HIGH_DRAFT_COST",
+    "HIGH_KV_CACHE_USAGE",
+    "HIGH_RUNNING_REQUESTS",
+    "LOW_ACCEPTANCE",
+    "Diagnosis",
+    "DiagnosisInput",
+    "EngineSummary",
+    "Reason",
+    "diagnose",
+    "implied_draft_cost",
+    "summarise_engine",
+]
+
+LOW_ACCEPTANCE: Final = 0.5
+HIGH_RUNNING_REQUESTS: Final = 32.0
+HIGH_KV_CACHE_USAGE: Final = 0.9
+HIGH_DRAFT_COST: Final = 0.2
+PREFILL_DOMINATED: Final = 0.5  # median TTFT / median E2E
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSummary:
+    """Means over the window of one arm's scraped engine samples (None: never reported)."""
+
+    samples: int = 0
+    restarts: int = 0
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    num_speculative_tokens: int | None = None
+    requests_running: float | None = None
+    kv_cache_usage: float | None = None
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {
+            "samples": self.samples,
+            "restarts": self.restarts,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "requests_running": self.requests_running,
+            "kv_cache_usage": self.kv_cache_usage,
+        }
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def summarise_engine(samples: Sequence[EngineSample]) -> EngineSummary:
+    """Average one arm's engine samples; k is the number of per-position acceptance rates."""
+    up = [s for s in samples if s.up]
+    ks = [len(s.position_acceptance) for s in up if s.position_acceptance]
+    return EngineSummary(
+        samples=len(samples),
+        restarts=sum(1 for s in samples if s.restarted),
+        acceptance_rate=_mean([s.acceptance_rate for s in up]),
+        mean_acceptance_length=_mean([s.mean_acceptance_length for s in up]),
+        num_speculative_tokens=max(ks) if ks else None,
+        requests_running=_mean([s.requests_running for s in up]),
+        kv_cache_usage=_mean([s.kv_cache_usage for s in up]),
+    )
+
+
+def implied_draft_cost(speedup: float, acceptance_length: float, k: int) -> float | None:
+    """c solving speedup = L / (1 + k*c); None when it cannot be computed."""
+    if k <= 0 or not math.isfinite(speedup) or speedup <= 0 or acceptance_length <= 0:
+        return None
+    return (acceptance_length / speedup - 1.0) / k
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """One branch of the tree that fired: a stable code and a sentence."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosisInput:
+    """What the tree looks at."""
+
+    speedup: float  # decode speedup estimate (TPOT median, else E2E median)
+    speedup_lower: float
+    speedup_upper: float
+    enough_samples: bool
+    samples_needed: int
+    speculative: EngineSummary
+    baseline: EngineSummary
+    ttft_share: float | None = None  # median TTFT / median E2E on the speculative arm
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Summary sentence plus every reason that applied."""
+
+    summary: str
+    reasons: list[Reason] = field(default_factory=list)
+    implied_draft_cost: float | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "summary": self.summary,
+            "reasons": [{"code": r.code, "message": r.message} for r in self.reasons],
+            "implied_draft_cost": self.implied_draft_cost,
+        }
+
+
+def diagnose(d: DiagnosisInput) -> Diagnosis:
+    """Walk the decision tree (see the module docstring)."""
+    reasons: list[Reason] = []
+    spec = d.speculative
+    if not d.enough_samples:
+        reasons.append(
+            Reason("too_few_samples", f"too few samples: {d.samples_needed} more per arm needed")
+        )
+    if spec.restarts or d.baseline.restarts:
+        reasons.append(
+            Reason(
+                "warmup",
+                "an engine restarted in this window; warm-up requests were excluded, "
+                "but caches may still be cold",
+            )
+        )
+    helps = math.isfinite(d.speedup_lower) and d.speedup_lower > 1.0
+    hurts = math.isfinite(d.speedup_upper) and d.speedup_upper < 1.0
+    cost: float | None = None
+    if spec.mean_acceptance_length is not None and spec.num_speculative_tokens:
+        cost = implied_draft_cost(
+            d.speedup, spec.mean_acceptance_length, spec.num_speculative_tokens
+        )
+    if spec.acceptance_rate is None and spec.mean_acceptance_length is None:
+        reasons.append(
+            Reason(
+                "no_engine_metrics",
+                "no speculative-decoding metrics were scraped; the engine-level causes "
+                "cannot be checked",
+            )
+        )
+    if spec.acceptance_rate is not None and spec.acceptance_rate < LOW_ACCEPTANCE:
+        reasons.append(
+            Reason(
+                "low_acceptance",
+                f"acceptance rate is {spec.acceptance_rate:.0%} (< 50%): the draft does not "
+                "predict this traffic; suspect a domain or temperature mismatch",
+            )
+        )
+    running = spec.requests_running
+    kv = spec.kv_cache_usage
+    if (running is not None and running >= HIGH_RUNNING_REQUESTS) or (
+        kv is not None and kv >= HIGH_KV_CACHE_USAGE
+    ):
+        load = f"{running:.0f} running requests" if running is not None else "high load"
+        kv_text = f", KV cache {kv:.0%} full" if kv is not None else ""
+        reasons.append(
+            Reason(
+                "high_load",
+                f"high load ({load}{kv_text}): at large batch the target is compute bound and "
+                "speculation hurts; disable it above a batch size",
+            )
+        )
+    if cost is not None and cost > HIGH_DRAFT_COST and not helps:
+        reasons.append(
+            Reason(
+                "draft_too_costly",
+                f"implied draft cost c = {cost:.2f} of a target pass (> {HIGH_DRAFT_COST}): the "
+                "draft is too large; consider n-gram or EAGLE speculation",
+            )
+        )
+    if d.ttft_share is not None and d.ttft_share > PREFILL_DOMINATED and not helps:
+        reasons.append(
+            Reason(
+                "prefill_dominated",
+                f"TTFT is {d.ttft_share:.0%} of E2E: requests are prefill dominated and "
+                "speculation only speeds up decoding",
+            )
+        )
+    ci = f"{d.speedup:.2f}x (CI {d.speedup_lower:.2f}-{d.speedup_upper:.2f})"
+    if helps:
+        summary = f"speculation helps: {ci}"
+    elif hurts:
+        summary = f"speculation hurts: {ci}"
+    elif math.isfinite(d.speedup):
+        summary = f"no clear effect yet: {ci}"
+    else:
+        summary = "no data yet"
+    if helps and not reasons:
+        reasons.append(Reason("working", "speculation works as intended"))
+    return Diagnosis(summary=summary, reasons=reasons, implied_draft_cost=cost)

@@ -1,0 +1,196 @@
+"""Anytime-valid tests of "speculative P99 is slower" and "speculative median is faster/slower".
+
+Dashboards are read every few seconds, so a fixed-horizon test would raise false alarms; these
+tests stay valid however often they are looked at and whenever the looking stops.
+
+What is implemented (and why it is valid):
+
+1. A confidence sequence (CS) for one quantile q* = Q(p) of one arm, built as in Howard & Ramdas
+   (2022), "Sequential estimation of quantiles with applications to A/B-testing and best-arm
+   identification", Bernoulli 28(3), Sec. 2 (Theorem 1's construction): for continuous latencies
+   the indicators 1{X_i <= q*} are i.i.d. Bernoulli(p), so a time-uniform boundary for the count
+   S_t = #{i <= t: X_i <= q*} turns into order-statistic bounds: if S_t(q*) < k_hi(t) for all t
+   then q* < x_(k_hi(t)) for all t, and symmetrically for k_lo(t).
+2. The count boundaries come from one-sided *conjugate beta-binomial mixture* martingales
+   (Robbins 1970; Howard, Ramdas, McAuliffe & Sekhon 2021, "Time-uniform, nonparametric,
+   nonasymptotic confidence sequences", Ann. Statist. 49(2), Sec. 3): with a Beta(p*r, (1-p)*r)
+   prior truncated to theta > p,
+       M_t(s) = E_theta[(theta/p)^s ((1-theta)/(1-p))^(t-s)]
+   is a nonnegative martingale with M_0 = 1 under theta = p (a supermartingale when theta < p),
+   so by Ville's inequality P(exists t: M_t(S_t) >= 1/a) <= a. k_hi(t) is the smallest s with
+   M_t(s) >= 1/a (the mirror-image mixture over theta < p gives k_lo). The prior strength
+   r = tuned_for_n / 9 makes the boundary tightest near `tuned_for_n` samples; validity does not
+   depend on it.
+3. Two arms are compared by a union bound: each arm's CS is run at level alpha/2, so with
+   probability >= 1 - alpha both hold at all times, and "speculative P99 > baseline P99 x (1+tol)"
+   is declared only when lower_spec > (1+tol) x upper_base. Each arm is indexed by its own sample
+   count, so unequal arrival rates are fine.
+
+The CS depends on the data only through the current order statistics, so evaluating it on the
+whole run at every job tick is exactly "continuous monitoring". On a sliding window it is a valid
+fixed-sample statement at each tick, but not a sequence over ticks.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+import scipy.special as sp
+
+__all__ = [
+    "DEFAULT_TUNED_FOR_N",
+    "SequentialResult",
+    "Verdict",
+    "compare_sequential",
+    "count_boundaries",
+    "quantile_confidence_sequence",
+]
+
+FloatArray = npt.NDArray[np.float64]
+Verdict = Literal["faster", "slower", "inconclusive"]
+DEFAULT_TUNED_FOR_N: Final = 5000
+
+
+def _log_mixture(t: int, s: int, p: float, strength: float, upper: bool) -> float:
+    """log M_t(s) of the truncated beta-binomial mixture (upper: prior on theta > p)."""
+    a, b = p * strength, (1.0 - p) * strength
+    f = t - s
+    tail = sp.betaincc if upper else sp.betainc
+    with np.errstate(divide="ignore"):
+        num = sp.betaln(a + s, b + f) + np.log(tail(a + s, b + f, p))
+        den = sp.betaln(a, b) + np.log(tail(a, b, p))
+    return float(num - den - s * math.log(p) - f * math.log1p(-p))
+
+
+@functools.lru_cache(maxsize=65536)
+def count_boundaries(
+    t: int, p: float, alpha: float, tuned_for_n: int = DEFAULT_TUNED_FOR_N
+) -> tuple[int, int]:
+    """(k_lo, k_hi): 1-based order-statistic ranks of a level-alpha CS for the p-quantile.
+
+    k_lo = 0 means no lower bound yet (-inf); k_hi = t + 1 means no upper bound yet (+inf).
+    """
+    if t <= 0:
+        return 0, t + 1
+    strength = max(tuned_for_n / 9.0, 2.0 / min(p, 1.0 - p))
+    threshold = math.log(1.0 / alpha)
+
+    def rejects_high(s: int) -> bool:  # increasing in s
+        return _log_mixture(t, s, p, strength, upper=True) >= threshold
+
+    def rejects_low(s: int) -> bool:  # decreasing in s
+        return _log_mixture(t, s, p, strength, upper=False) >= threshold
+
+    k_hi = t + 1
+    if rejects_high(t):
+        lo, hi = 0, t  # smallest s in [0, t] that rejects
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if rejects_high(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        k_hi = lo
+    k_lo = 0
+    if rejects_low(0):
+        lo, hi = 0, t  # largest s in [0, t] that rejects
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if rejects_low(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        k_lo = lo
+    return k_lo, max(k_hi, 1)
+
+
+def quantile_confidence_sequence(
+    values: FloatArray, p: float, alpha: float, tuned_for_n: int = DEFAULT_TUNED_FOR_N
+) -> tuple[float, float]:
+    """Time-uniform level-alpha bounds (lower, upper) on the p-quantile of `values`' law."""
+    t = int(values.size)
+    k_lo, k_hi = count_boundaries(t, p, alpha, tuned_for_n)
+    ranks = [k for k in (k_lo, k_hi) if 1 <= k <= t]
+    picked = np.partition(values, [k - 1 for k in ranks]) if ranks else values
+    lower = float(picked[k_lo - 1]) if 1 <= k_lo <= t else -math.inf
+    upper = float(picked[k_hi - 1]) if 1 <= k_hi <= t else math.inf
+    return lower, upper
+
+
+@dataclass(frozen=True, slots=True)
+class SequentialResult:
+    """Anytime-valid statements about speculative/baseline ratios for one metric.
+
+    Ratio bounds are spec/base (> 1 means speculative is slower) and hold simultaneously, at all
+    times, with probability >= 1 - alpha per quantile.
+    """
+
+    p99_ratio_lower: float
+    p99_ratio_upper: float
+    median_ratio_lower: float
+    median_ratio_upper: float
+    p99_slower: bool  # spec P99 > base P99 * (1 + tolerance)
+    median_faster: bool  # spec median < base median
+    median_slower: bool  # spec median > base median
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.p99_slower or self.median_slower:
+            return "slower"
+        if self.median_faster:
+            return "faster"
+        return "inconclusive"
+
+    def to_dict(self) -> dict[str, float | bool | str | None]:
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {
+            "p99_ratio_lower": finite(self.p99_ratio_lower),
+            "p99_ratio_upper": finite(self.p99_ratio_upper),
+            "median_ratio_lower": finite(self.median_ratio_lower),
+            "median_ratio_upper": finite(self.median_ratio_upper),
+            "p99_slower": self.p99_slower,
+            "median_faster": self.median_faster,
+            "median_slower": self.median_slower,
+            "verdict": self.verdict,
+        }
+
+
+def _ratio_bounds(
+    baseline: FloatArray, speculative: FloatArray, p: float, alpha: float, tuned_for_n: int
+) -> tuple[float, float]:
+    """Time-uniform bounds on Q_spec(p) / Q_base(p), each arm's CS at alpha / 2."""
+    b_lo, b_hi = quantile_confidence_sequence(baseline, p, alpha / 2, tuned_for_n)
+    s_lo, s_hi = quantile_confidence_sequence(speculative, p, alpha / 2, tuned_for_n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lower = s_lo / b_hi if math.isfinite(b_hi) and b_hi > 0 and s_lo > 0 else 0.0
+        upper = s_hi / b_lo if b_lo > 0 and math.isfinite(s_hi) else math.inf
+    return lower, upper
+
+
+def compare_sequential(
+    baseline: FloatArray,
+    speculative: FloatArray,
+    *,
+    alpha: float = 0.05,
+    tolerance: float = 0.05,
+    tuned_for_n: int = DEFAULT_TUNED_FOR_N,
+) -> SequentialResult:
+    """Run the P99-slowdown and median tests on positive latencies of both arms."""
+    p99_lo, p99_hi = _ratio_bounds(baseline, speculative, 0.99, alpha, tuned_for_n)
+    med_lo, med_hi = _ratio_bounds(baseline, speculative, 0.5, alpha, tuned_for_n)
+    return SequentialResult(
+        p99_ratio_lower=p99_lo,
+        p99_ratio_upper=p99_hi,
+        median_ratio_lower=med_lo,
+        median_ratio_upper=med_hi,
+        p99_slower=p99_lo > 1.0 + tolerance,
+        median_faster=med_hi < 1.0,
+        median_slower=med_lo > 1.0,
+    )
