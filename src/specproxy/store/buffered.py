@@ -117,9 +117,17 @@ class BufferedStore(abc.ABC):
     @abc.abstractmethod
     async def run_ids(self) -> list[str]: ...
 
-    def _is_transient(self, exc: BaseException) -> bool:
-        """Whether a failed write may succeed later (outage) rather than never (bad row)."""
-        return True
+    def _rejects_rows(self, exc: BaseException) -> bool:
+        """Whether a failed write means bad rows (never succeeds) rather than an outage.
+
+        Only errors known to be about the data count; anything unknown is retried, because
+        retrying costs memory and disk while giving up loses records.
+        """
+        return isinstance(exc, ValueError | TypeError | OverflowError)
+
+    def _is_misconfigured(self, exc: BaseException) -> bool:
+        """Whether opening failed for a reason that waiting will not fix (bad credentials)."""
+        return False
 
     # -- counters ------------------------------------------------------------------------------
 
@@ -250,7 +258,7 @@ class BufferedStore(abc.ABC):
             except StoreError:
                 raise
             except Exception as exc:
-                if not self._is_transient(exc):
+                if self._is_misconfigured(exc):
                     raise StoreError(f"cannot open store: {exc}") from exc
                 self._mark_down(exc)
                 return False
@@ -295,13 +303,17 @@ class BufferedStore(abc.ABC):
                 self._engine.extendleft(reversed(engs))
             raise
         except Exception as exc:
-            if self._is_transient(exc):
+            if not self._rejects_rows(exc):
                 if requeue:
                     self._requests.extendleft(reversed(reqs))
                     self._engine.extendleft(reversed(engs))
                 self._mark_down(exc)
                 return False
-            await self._write_one_by_one(reqs, engs, exc)
+            if not await self._write_one_by_one(reqs, engs, exc):
+                if requeue:
+                    self._requests.extendleft(reversed(reqs))
+                    self._engine.extendleft(reversed(engs))
+                return False
         else:
             self._written += count
         finally:
@@ -311,21 +323,31 @@ class BufferedStore(abc.ABC):
 
     async def _write_one_by_one(
         self, reqs: list[RequestRecord], engs: list[EngineSample], exc: BaseException
-    ) -> None:
-        """A batch the database refuses: isolate the bad rows, write the others."""
+    ) -> bool:
+        """A batch the database refuses: isolate the bad rows, write the others.
+
+        Returns False (nothing counted as lost) if the store goes down meanwhile; the batch is
+        retried whole later, and rows already written are ignored as duplicates then.
+        """
         log.error("store refused a batch (%s); retrying row by row", exc)
         rows: list[Row] = [*reqs, *engs]
+        refused: list[tuple[Row, Exception]] = []
         for row in rows:
             single_r = [row] if isinstance(row, RequestRecord) else []
             single_e = [row] if isinstance(row, EngineSample) else []
             try:
                 await self._write(single_r, single_e)
             except Exception as row_exc:
-                self._dropped += 1
-                self._spill.reject([row], repr(row_exc))
-                log.error("store refused a row for good (%s): %r", row_exc, row)
-            else:
-                self._written += 1
+                if not self._rejects_rows(row_exc):
+                    self._mark_down(row_exc)
+                    return False
+                refused.append((row, row_exc))
+        for row, reason in refused:
+            self._dropped += 1
+            self._spill.reject([row], repr(reason))
+            log.error("store refused a row for good (%s): %r", reason, row)
+        self._written += len(rows) - len(refused)
+        return True
 
     async def _replay(self) -> bool:
         """Replay spill files into the store. False when the store failed again."""

@@ -199,20 +199,19 @@ class PostgresStore(BufferedStore):
             except TimeoutError:
                 pool.terminate()
 
-    def _is_transient(self, exc: BaseException) -> bool:
-        asyncpg = _asyncpg()
-        errors = asyncpg.exceptions
-        transient = (
-            OSError,
-            TimeoutError,
-            asyncpg.InterfaceError,
-            errors.PostgresConnectionError,
-            errors.OperatorInterventionError,
-            errors.InsufficientResourcesError,
-            errors.TransactionRollbackError,
-            errors.ReadOnlySQLTransactionError,
+    def _rejects_rows(self, exc: BaseException) -> bool:
+        errors = _asyncpg().exceptions
+        bad_data = (errors.DataError, errors.IntegrityConstraintViolationError)
+        return super()._rejects_rows(exc) or isinstance(exc, bad_data)
+
+    def _is_misconfigured(self, exc: BaseException) -> bool:
+        errors = _asyncpg().exceptions
+        fatal = (
+            errors.InvalidAuthorizationSpecificationError,  # bad user or password
+            errors.InvalidCatalogNameError,  # no such database
+            errors.InsufficientPrivilegeError,
         )
-        return isinstance(exc, transient)
+        return isinstance(exc, fatal)
 
     async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:
         await self._ensure_open()

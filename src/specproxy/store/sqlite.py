@@ -227,8 +227,9 @@ class SqliteStore(BufferedStore):
         await self._on_writer(self._close_sync)
         self._writer.shutdown(wait=True)
 
-    def _is_transient(self, exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.OperationalError | OSError)
+    def _rejects_rows(self, exc: BaseException) -> bool:
+        bad_data = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError)
+        return super()._rejects_rows(exc) or isinstance(exc, bad_data)
 
     async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:
         await self._ensure_open()

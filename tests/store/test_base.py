@@ -1,0 +1,154 @@
+"""The `Store` contract, run against SQLite and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from specproxy.records import RECORD_FIELDS, Arm, EngineSample
+from specproxy.store import BufferedStore
+from tests.store.conftest import eventually, make_record
+
+
+async def test_every_field_round_trips(store: BufferedStore) -> None:
+    rec = make_record(
+        7,
+        ttft_s=0.05,
+        tpot_s=0.01,
+        prompt_tokens=12,
+        output_tokens=34,
+        n_events=20,
+        tokens_per_event=1.7,
+        mean_gap_s=0.02,
+        max_gap_s=0.2,
+        acceptance_rate=0.6,
+        mean_acceptance_length=2.5,
+        pair_id="pair-1",
+        shadow=True,
+        error_kind="broken",
+        disconnected=True,
+    )
+    store.record(rec)
+    await store.flush()
+    arrays = await store.read_arrays(run_id="run", columns=RECORD_FIELDS)
+    got = arrays[rec.arm]
+    assert len(got["request_id"]) == 1
+    for name, value in rec.to_dict().items():
+        assert got[name][0] == value, name
+    assert got["shadow"].dtype == np.bool_ and got["e2e_s"].dtype == np.float64
+    other = arrays[rec.arm.other]
+    assert {k: len(v) for k, v in other.items()} == dict.fromkeys(RECORD_FIELDS, 0)
+
+
+async def test_missing_values_are_nan_and_duplicates_are_ignored(store: BufferedStore) -> None:
+    for i in range(4):
+        store.record(make_record(i))
+    store.record(make_record(2))  # same request id and arm: a replayed duplicate
+    await store.flush()
+    store.record(make_record(3))
+    await store.flush()
+    arrays = await store.read_arrays(run_id="run", columns=["request_id", "ttft_s", "e2e_s"])
+    assert list(arrays[Arm.BASELINE]["request_id"]) == ["req-0", "req-2"]
+    assert list(arrays[Arm.SPECULATIVE]["request_id"]) == ["req-1", "req-3"]
+    assert all(math.isnan(v) for v in arrays[Arm.BASELINE]["ttft_s"])
+    assert store.pending == 0 and store.dropped == 0
+
+
+async def test_read_filters_window_model_shadow_and_run(store: BufferedStore) -> None:
+    for i in range(10):
+        store.record(make_record(i, arm=Arm.BASELINE, model="a" if i < 5 else "b"))
+    store.record(make_record(100, arm=Arm.BASELINE, shadow=True, t_start=1_700_000_003.5))
+    store.record(make_record(200, arm=Arm.BASELINE, run_id="other"))
+    await store.flush()
+    t0 = 1_700_000_000.0
+    window = await store.read_arrays(run_id="run", columns=["t_start"], since=t0 + 2, until=t0 + 5)
+    assert list(window[Arm.BASELINE]["t_start"]) == [t0 + 2, t0 + 3, t0 + 3.5, t0 + 4]
+    no_shadow = await store.read_arrays(
+        run_id="run", columns=["t_start"], since=t0 + 2, until=t0 + 5, include_shadow=False
+    )
+    assert list(no_shadow[Arm.BASELINE]["t_start"]) == [t0 + 2, t0 + 3, t0 + 4]
+    only_b = await store.read_arrays(run_id="run", columns=["model"], model="b")
+    assert list(only_b[Arm.BASELINE]["model"]) == ["b"] * 5
+    assert await store.models(run_id="run") == ["a", "b", "tiny"]
+    assert await store.run_ids() == ["other", "run"]
+
+
+async def test_engine_samples_and_stats_history(store: BufferedStore) -> None:
+    samples = [
+        EngineSample(
+            t=10.0,
+            run_id="run",
+            arm=Arm.SPECULATIVE,
+            up=True,
+            acceptance_rate=0.7,
+            position_acceptance=(0.9, 0.7, 0.5),
+        ),
+        EngineSample(t=11.0, run_id="run", arm=Arm.BASELINE, up=False, restarted=True),
+        EngineSample(t=12.0, run_id="run", arm=Arm.SPECULATIVE, up=True, kv_cache_usage=0.3),
+    ]
+    for s in reversed(samples):
+        store.record_engine(s)
+    store.record_engine(samples[0])  # duplicate
+    await store.flush()
+    assert await store.read_engine_samples(run_id="run") == samples
+    assert await store.read_engine_samples(run_id="run", since=11.0, arm=Arm.SPECULATIVE) == [
+        samples[2]
+    ]
+    await store.write_stats(run_id="run", t=2.0, result={"speedup": {"e2e": 1.4}})
+    await store.write_stats(run_id="run", t=1.0, result={"n": [1, 2]})
+    await store.write_stats(run_id="x", t=1.5, result={})
+    assert await store.read_stats_history(run_id="run") == [
+        (1.0, {"n": [1, 2]}),
+        (2.0, {"speedup": {"e2e": 1.4}}),
+    ]
+    assert await store.read_stats_history(run_id="run", since=1.5) == [
+        (2.0, {"speedup": {"e2e": 1.4}})
+    ]
+
+
+async def test_background_flush_without_explicit_flush(store: BufferedStore) -> None:
+    store.record(make_record(1))
+    assert store.pending == 1
+    await eventually(lambda: store.pending == 0)
+    assert store.pending == 0 and store.written == 1
+    arrays = await store.read_arrays(run_id="run", columns=["request_id"])
+    assert list(arrays[Arm.SPECULATIVE]["request_id"]) == ["req-1"]
+
+
+async def test_retention_removes_only_old_rows(store: BufferedStore) -> None:
+    now = time.time()
+    store.record(make_record(1, t_start=now - 10 * 86400))
+    store.record(make_record(2, t_start=now))
+    store.record_engine(EngineSample(t=now - 10 * 86400, run_id="run", arm=Arm.BASELINE, up=True))
+    await store.flush()
+    await store.write_stats(run_id="run", t=now - 10 * 86400, result={"old": True})
+    removed = await store.purge_older_than(now - 86400)
+    assert removed == 3
+    arrays = await store.read_arrays(run_id="run", columns=["request_id"])
+    assert list(arrays[Arm.BASELINE]["request_id"]) == ["req-2"]
+    assert list(arrays[Arm.SPECULATIVE]["request_id"]) == []
+    assert await store.read_engine_samples(run_id="run") == []
+    assert await store.read_stats_history(run_id="run") == []
+
+
+async def test_close_flushes_everything(backend_url: str, tmp_path: object) -> None:
+    from pathlib import Path
+
+    from specproxy.store import open_store
+    from tests.store.conftest import store_config
+
+    assert isinstance(tmp_path, Path)
+    cfg = store_config(backend_url, tmp_path, flush_interval_s=1.0, batch_size=10_000)
+    first = open_store(cfg)
+    await first.start()
+    for i in range(500):
+        first.record(make_record(i))
+    await first.close()
+    assert first.pending == 0 and first.written == 500 and first.dropped == 0
+    second = open_store(cfg)
+    await second.start()
+    arrays = await second.read_arrays(run_id="run", columns=["request_id"])
+    assert sum(len(a["request_id"]) for a in arrays.values()) == 500
+    await second.close()

@@ -1,0 +1,127 @@
+"""Outages: rows buffer up to `max_buffer`, spill to disk, and are replayed exactly once."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from specproxy.errors import StoreError
+from specproxy.records import Arm
+from specproxy.store import BufferedStore, open_store
+from specproxy.store.memory import MemoryStore
+from specproxy.store.spill import SpillSet
+from tests.store.conftest import eventually, make_record, store_config
+from tests.store.pgcluster import PgCluster
+
+
+async def _count(store: BufferedStore, run_id: str = "run") -> tuple[int, int]:
+    arrays = await store.read_arrays(run_id=run_id, columns=["request_id"])
+    ids = [i for a in arrays.values() for i in a["request_id"]]
+    return len(ids), len(set(ids))
+
+
+async def _wait_unhealthy(store: BufferedStore) -> None:
+    await eventually(lambda: not store.healthy)
+
+
+def _spill_files(tmp_path: Path) -> list[Path]:
+    return sorted(p for p in (tmp_path / "spill").glob("spill.jsonl*") if p.stat().st_size)
+
+
+async def test_memory_outage_spills_then_replays(tmp_path: Path) -> None:
+    store = open_store(store_config("memory://", tmp_path, max_buffer=50))
+    assert isinstance(store, MemoryStore)
+    await store.start()
+    store.fail_writes = True
+    for i in range(200):
+        store.record(make_record(i))
+    with pytest.raises(StoreError):
+        await store.flush()
+    assert store.spilled >= 150 and store.pending == 200
+    assert _spill_files(tmp_path)
+    store.fail_writes = False
+    await store.flush()
+    assert await _count(store) == (200, 200)
+    assert store.pending == 0 and store.dropped == 0
+    assert not _spill_files(tmp_path)
+    await store.close()
+
+
+async def test_sqlite_lock_outage_is_survived(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    cfg = store_config(f"sqlite:///{db}?timeout=0.05", tmp_path, max_buffer=100, batch_size=50)
+    store = open_store(cfg)
+    await store.start()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # another process holds the database: writes fail
+    for i in range(300):
+        store.record(make_record(i))
+    await _wait_unhealthy(store)
+    assert store.spilled >= 150 and store.pending == 300
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    await store.flush()
+    assert await _count(store) == (300, 300)
+    assert store.pending == 0 and store.dropped == 0 and store.healthy
+    await store.close()
+    assert not _spill_files(tmp_path)
+
+
+async def test_close_during_outage_leaves_spill_replayed_at_next_start(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    cfg = store_config(f"sqlite:///{db}?timeout=0.05", tmp_path, max_buffer=1000)
+    first = open_store(cfg)
+    await first.start()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    for i in range(120):
+        first.record(make_record(i))
+    await first.close()  # SIGTERM while the store is down: everything goes to the spill file
+    assert first.dropped == 0 and first.spilled == 120
+    assert _spill_files(tmp_path)
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    second = open_store(cfg)
+    await second.start()
+    await second.flush()
+    assert await _count(second) == (120, 120)
+    assert second.pending == 0 and second.dropped == 0
+    await second.close()
+    assert not _spill_files(tmp_path)
+
+
+async def test_postgres_outage_is_survived(own_pg_cluster: PgCluster, tmp_path: Path) -> None:
+    cfg = store_config(own_pg_cluster.url, tmp_path, max_buffer=100, batch_size=50)
+    store = open_store(cfg)
+    await store.start()
+    for i in range(50):
+        store.record(make_record(i))
+    await store.flush()
+    own_pg_cluster.stop()
+    for i in range(50, 400):
+        store.record(make_record(i))
+    await _wait_unhealthy(store)
+    assert store.spilled >= 200
+    with pytest.raises(StoreError):
+        await store.flush()
+    own_pg_cluster.start()
+    await eventually(lambda: store.pending == 0)  # the flusher replays on its own
+    assert store.pending == 0 and store.healthy
+    assert await _count(store) == (400, 400)
+    assert store.dropped == 0
+    assert not _spill_files(tmp_path)
+    await store.close()
+
+
+def test_live_owner_keeps_its_spill_file(tmp_path: Path) -> None:
+    base = tmp_path / "spill.jsonl"
+    owner, other = SpillSet(base), SpillSet(base)
+    owner.append([make_record(1), make_record(2, arm=Arm.BASELINE)])
+    assert other.claim_leftovers() == 0  # locked by a live process
+    owner.close()  # the owner exits without replaying: its lock goes, the file stays
+    assert other.claim_leftovers() == 2
+    chunks = list(other.backlog[0].chunks(10))
+    assert [r.request_id for c in chunks for r in c.requests] == ["req-1", "req-2"]
+    other.close()
