@@ -1,0 +1,325 @@
+"""The dashboard and the alert rules against a real Prometheus scraping the real proxy.
+
+Set-up, all on loopback: two emulated vLLM servers (speculative and baseline), the proxy in
+front of them with its store, scraper and stats job, and Debian's `prometheus` binary scraping
+the proxy every second with the shipped rules. The rules are the production file with only
+`for:` shortened (tests/deploy/rulefiles.py); the scrape config is the shipped prometheus.yml
+with its intervals and target replaced.
+
+Then: (1) every panel query of the generated dashboard, with its template variables substituted
+as Grafana would, must succeed and return at least one series; (2) after the speculative arm is
+made 4x slower through the emulator's admin API, the P99-slowdown alert must fire in that
+Prometheus (ALERTS) within a bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+
+from specproxy import metrics as m
+from specproxy.app import create_app
+from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.emulator.config import EmulatorConfig
+from specproxy.emulator.server import run_emulator
+from specproxy.grafana.dashboard import build_dashboard, panel_queries
+from tests.conftest import require_binary
+from tests.deploy.rulefiles import PROMETHEUS_DIR, fast_variant, load_rules
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-llama"
+P99_ALERT = "SpecProxySpeculativeP99Slowdown"
+SCRAPE_INTERVAL = "1s"
+RATE_INTERVAL = "15s"  # what Grafana's $__rate_interval gives for a 1 s scrape, rounded up
+WINDOWS_S: tuple[float | None, ...] = (20.0, None)
+STATS_DEADLINE_S = 60.0
+ALERT_DEADLINE_S = 90.0
+SLOWDOWN = 4.0
+CLIENTS = 6
+
+
+# --- Prometheus -----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _prometheus_config(target: str, rule_file: Path) -> dict[str, Any]:
+    """The shipped prometheus.yml, scraping `target` every second with the fast rule variant."""
+    config: dict[str, Any] = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    config["global"] = {
+        "scrape_interval": SCRAPE_INTERVAL,
+        "scrape_timeout": SCRAPE_INTERVAL,
+        "evaluation_interval": SCRAPE_INTERVAL,
+    }
+    config["rule_files"] = [str(rule_file)]
+    [job] = config["scrape_configs"]
+    job["static_configs"] = [{"targets": [target]}]
+    return config
+
+
+@dataclass
+class Prometheus:
+    url: str
+    session: aiohttp.ClientSession
+
+    async def _get(self, path: str, params: dict[str, str]) -> Any:
+        async with self.session.get(self.url + path, params=params) as resp:
+            body = await resp.json()
+        assert body["status"] == "success", f"{path} {params}: {body}"
+        return body["data"]
+
+    async def query(self, expr: str) -> list[dict[str, Any]]:
+        data = await self._get("/api/v1/query", {"query": expr})
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    async def query_range(self, expr: str, seconds: float = 30.0) -> list[dict[str, Any]]:
+        end = time.time()
+        params = {"query": expr, "start": str(end - seconds), "end": str(end), "step": "1"}
+        data = await self._get("/api/v1/query_range", params)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    async def label_values(self, label: str, match: str) -> list[str]:
+        values: list[str] = await self._get(f"/api/v1/label/{label}/values", {"match[]": match})
+        return values
+
+    async def wait_for(self, expr: str, deadline_s: float) -> list[dict[str, Any]]:
+        """Poll an instant query until it returns a series; [] when the deadline passes."""
+        stop = time.monotonic() + deadline_s
+        while True:
+            result = await self.query(expr)
+            if result or time.monotonic() > stop:
+                return result
+            await asyncio.sleep(1.0)
+
+
+def _write_config(workdir: Path, target: str) -> Path:
+    rule_file = workdir / "specproxy.rules.yml"
+    rule_file.write_text(yaml.safe_dump(fast_variant(load_rules())), encoding="utf-8")
+    config_file = workdir / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(_prometheus_config(target, rule_file)), encoding="utf-8")
+    return config_file
+
+
+@contextlib.asynccontextmanager
+async def run_prometheus(binary: str, workdir: Path, target: str) -> AsyncIterator[Prometheus]:
+    config_file = await asyncio.to_thread(_write_config, workdir, target)
+    port = _free_port()
+    log_file = workdir / "prometheus.log"
+    with log_file.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            binary,
+            f"--config.file={config_file}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    try:
+        async with aiohttp.ClientSession() as session:
+            prometheus = Prometheus(f"http://127.0.0.1:{port}", session)
+            await _wait_ready(prometheus, process, log_file)
+            yield prometheus
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _wait_ready(
+    prometheus: Prometheus, process: asyncio.subprocess.Process, log: Path
+) -> None:
+    stop = time.monotonic() + 30.0
+    while time.monotonic() < stop and process.returncode is None:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with prometheus.session.get(prometheus.url + "/-/ready") as resp:
+                if resp.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    output = await asyncio.to_thread(log.read_text)
+    pytest.fail(f"prometheus not ready (exit code {process.returncode}):\n{output}")
+
+
+# --- the system under test ------------------------------------------------------------------
+
+
+@dataclass
+class System:
+    proxy_url: str
+    speculative_url: str
+    baseline_url: str
+
+
+def _emulator(*, speculative: bool) -> EmulatorConfig:
+    return EmulatorConfig(
+        speculative=speculative, time_scale=0.25, warmup_requests=0, default_output_tokens=24
+    )
+
+
+@contextlib.asynccontextmanager
+async def run_system(tmp_path: Path) -> AsyncIterator[System]:
+    async with (
+        run_emulator(_emulator(speculative=True)) as speculative_url,
+        run_emulator(_emulator(speculative=False)) as baseline_url,
+    ):
+        cfg = Config(
+            baseline_url=baseline_url,
+            speculative_url=speculative_url,
+            port=0,
+            routing=RoutingConfig(seed=7),
+            store=StoreConfig(url=f"sqlite:///{tmp_path / 'specproxy.db'}", flush_interval_s=0.2),
+            scrape=ScrapeConfig(interval_s=1.0, warmup_requests=0, warmup_seconds=0.0),
+            stats=StatsConfig(
+                interval_s=1.0, windows_s=WINDOWS_S, resamples=200, warmup_requests=0
+            ),
+        )
+        runner = web.AppRunner(create_app(cfg), access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            yield System(f"http://127.0.0.1:{port}", speculative_url, baseline_url)
+        finally:
+            await runner.cleanup()
+
+
+async def _client(session: aiohttp.ClientSession, url: str, stop: asyncio.Event) -> int:
+    sent = 0
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me about speculative decoding."}],
+        "max_tokens": 24,
+        "stream": True,
+    }
+    while not stop.is_set():
+        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+            await resp.read()
+            assert resp.status == 200, await resp.text()
+        sent += 1
+    return sent
+
+
+@contextlib.asynccontextmanager
+async def traffic(proxy_url: str) -> AsyncIterator[None]:
+    """Closed-loop streaming chat traffic for as long as the block runs."""
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        # One request the upstream rejects (unknown model), so the errors panel has a series.
+        async with session.post(
+            proxy_url + "/v1/chat/completions",
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
+        ) as resp:
+            assert resp.status == 404, await resp.text()
+        tasks = [asyncio.create_task(_client(session, proxy_url, stop)) for _ in range(CLIENTS)]
+        try:
+            yield
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+
+
+# --- template variables ---------------------------------------------------------------------
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    """Grafana's `$name` / `${name}` interpolation, for single-valued variables."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in variables, f"no value for ${name} in {expr!r}"
+        return variables[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, expr)
+
+
+def test_substitute_handles_both_forms() -> None:
+    out = substitute('x{a="$model"}[${__rate_interval}]', {"model": "m", "__rate_interval": "9s"})
+    assert out == 'x{a="m"}[9s]'
+
+
+# --- the test -------------------------------------------------------------------------------
+
+
+async def test_dashboard_queries_and_p99_alert_in_real_prometheus(tmp_path: Path) -> None:
+    binary = require_binary("prometheus")
+    async with run_system(tmp_path) as system, traffic(system.proxy_url):
+        target = system.proxy_url.removeprefix("http://")
+        async with run_prometheus(binary, tmp_path, target) as prometheus:
+            # The stats job publishes once it has samples from both arms; its gauges then show
+            # up on the next scrape.
+            verdicts = await prometheus.wait_for(
+                f'{m.SAMPLES}{{model="{MODEL}",arm="speculative"}} > 50', STATS_DEADLINE_S
+            )
+            assert verdicts, (
+                f"no {m.SAMPLES} for {MODEL} in Prometheus after {STATS_DEADLINE_S} s:"
+                " is the stats job (specproxy.stats.job) wired into create_app?"
+            )
+            up = await prometheus.query('up{job="specproxy"}')
+            assert [s["value"][1] for s in up] == ["1"]
+
+            # Template variables resolve the way Grafana's label_values() does.
+            models = await prometheus.label_values("model", m.SPEEDUP)
+            assert MODEL in models
+            windows = await prometheus.label_values("window", f'{m.SPEEDUP}{{model="{MODEL}"}}')
+            assert len(windows) == len(WINDOWS_S), windows
+            await asyncio.sleep(16)  # let every rate() window fill with traffic
+
+            failures = []
+            for window in windows:
+                variables = {
+                    "model": MODEL,
+                    "window": window,
+                    "statistic": "median",
+                    "__rate_interval": RATE_INTERVAL,
+                }
+                for title, expr, instant in panel_queries(build_dashboard()):
+                    query = substitute(expr, variables)
+                    result = await (
+                        prometheus.query(query) if instant else prometheus.query_range(query)
+                    )
+                    if not result:
+                        failures.append(f"{title} [{window}]: no series for {query}")
+            assert not failures, "\n".join(failures)
+
+            # No P99 alarm while speculation is honestly faster on end-to-end latency...
+            alert = f'ALERTS{{alertname="{P99_ALERT}",alertstate="firing",metric="e2e"}}'
+            assert await prometheus.query(alert) == []
+            # ...and one within a bounded time once the speculative arm is made slow.
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    system.speculative_url + "/emulator/config", json={"slowdown": SLOWDOWN}
+                ) as resp,
+            ):
+                assert resp.status == 200, await resp.text()
+            slowed_at = time.monotonic()
+            firing = await prometheus.wait_for(alert, ALERT_DEADLINE_S)
+            assert firing, f"{P99_ALERT} did not fire within {ALERT_DEADLINE_S} s of the slowdown"
+            labels = firing[0]["metric"]
+            assert labels["model"] == MODEL and labels["severity"] == "page"
+            print(f"{P99_ALERT} firing {time.monotonic() - slowed_at:.1f} s after the slowdown")
