@@ -8,15 +8,16 @@ under typed `AppKey`s:
     METRICS    the proxy's `ProxyMetrics` on that registry
     RECORDER   where finished `RequestRecord`s go (default: an in-memory ring)
     SESSIONS   {Arm: ClientSession}, one pooled session per upstream for the app's life
-    FORWARDER  the request path (built at start-up, after every component has started)
+    FORWARDER  the request path (built in on_startup, i.e. after every cleanup_ctx has started)
     STATS      a zero-argument callable returning the latest stats result (GET /api/stats)
 
 Extension points (one small edit each, in `create_app` at the marked spot, or from outside
-before the app starts with `app.cleanup_ctx.append(...)`):
+before the app starts with `app.cleanup_ctx.append(...)`). aiohttp runs every cleanup_ctx
+before the on_startup hook that builds the forwarder, and runs the on_shutdown hook that stops
+it (cancelling shadows, which still write their records) before any cleanup_ctx unwinds, so:
 
 - store (specproxy.store): a cleanup_ctx that starts the store and sets `app[RECORDER] = store`,
-  then on shutdown closes (flushes) it. Contexts run in order and unwind in reverse, so the store
-  starts before the forwarder reads RECORDER and closes after the last record was handed over.
+  then on exit closes (flushes) it, after the last record was handed over.
 - scraper (specproxy.scrape.loop): a cleanup_ctx that runs its polling task using
   `app[SESSIONS]`, `app[CONFIG]`, `app[REGISTRY]` and `app[RECORDER]`, and cancels it on exit.
 - stats job (specproxy.stats.job): a cleanup_ctx that runs the periodic job and sets
@@ -86,8 +87,9 @@ def create_app(
     # app.cleanup_ctx.append(store_context)    # sets app[RECORDER]; closes (flushes) last
     app.cleanup_ctx.append(scrape_ctx)  # polls each arm's /metrics via app[SESSIONS]
     # app.cleanup_ctx.append(stats_context)    # sets app[STATS]
-    # ---- The forwarder comes last: it reads RECORDER once everything above has started. ----
-    app.cleanup_ctx.append(_forwarder)
+    # The forwarder reads RECORDER after every cleanup_ctx has started, and stops first.
+    app.on_startup.append(_start_forwarder)
+    app.on_shutdown.append(_stop_forwarder)
 
     for path in MEASURED_ENDPOINTS:
         app.router.add_post(path, _measured)
@@ -120,14 +122,17 @@ async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
     await asyncio.gather(*(session.close() for session in app[SESSIONS].values()))
 
 
-async def _forwarder(app: web.Application) -> AsyncIterator[None]:
+async def _start_forwarder(app: web.Application) -> None:
     sessions = app[SESSIONS]
-    forwarder = Forwarder(
+    app[FORWARDER] = Forwarder(
         app[CONFIG], sessions=sessions, recorder=app[RECORDER], metrics=app[METRICS]
     )
-    app[FORWARDER] = forwarder
-    yield
-    await forwarder.close()
+
+
+async def _stop_forwarder(app: web.Application) -> None:
+    forwarder = app.get(FORWARDER)
+    if forwarder is not None:
+        await forwarder.close()
 
 
 async def _measured(request: web.Request) -> web.StreamResponse:

@@ -23,32 +23,43 @@ __all__ = ["SSEScanner", "count_token_ids"]
 
 _DATA = b"data:"
 _DONE = b"[DONE]"
-_EMPTY_CHOICES = b'"choices":[]'
-_USAGE = b'"usage":'
-_TOKEN_IDS = b'"token_ids":['
-_FINISHED = b'"finish_reason":"'
+_USAGE = b'"usage"'
+_TOKEN_IDS = b'"token_ids":'
+_FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
 _FINGERPRINT = b'"system_fingerprint":'
 _ERROR = b'{"error"'
 # Byte patterns of an event that may carry no generated text; such events get an exact JSON check.
-_MAYBE_EMPTY = (b'"content":""', b'"text":""', b'"delta":{}', b'"content":null')
+# vLLM writes compact JSON; the spaced forms cover servers that use json.dumps defaults.
+_MAYBE_EMPTY = (
+    b'"content":""',
+    b'"text":""',
+    b'"delta":{}',
+    b'"content":null',
+    b'"content": ""',
+    b'"text": ""',
+    b'"delta": {}',
+    b'"content": null',
+)
 _CONTENT_KEYS = ("content", "text", "reasoning", "reasoning_content", "tool_calls", "token_ids")
 _DECODER = json.JSONDecoder()
 
 
 def count_token_ids(payload: bytes) -> int | None:
-    """Sum of the lengths of every `"token_ids":[...]` list in an event; None if there is none."""
+    """Sum of the lengths of every `"token_ids": [...]` list in an event; None if there is none."""
+    total: int | None = None
     start = payload.find(_TOKEN_IDS)
-    if start < 0:
-        return None
-    total = 0
     while start >= 0:
         begin = start + len(_TOKEN_IDS)
-        end = payload.find(b"]", begin)
-        if end < 0:
-            return None
-        if end > begin:
-            total += payload.count(b",", begin, end) + 1
-        start = payload.find(_TOKEN_IDS, end)
+        while payload[begin : begin + 1] == b" ":
+            begin += 1
+        if payload[begin : begin + 1] == b"[":
+            end = payload.find(b"]", begin)
+            if end < 0:
+                return total
+            inner = payload[begin + 1 : end].strip()
+            total = (total or 0) + (inner.count(b",") + 1 if inner else 0)
+            begin = end
+        start = payload.find(_TOKEN_IDS, begin)
     return total
 
 
@@ -158,8 +169,7 @@ class SSEScanner:
             self.done = True
             self._emit(event)
             return
-        if _EMPTY_CHOICES in payload and _USAGE in payload:
-            self._usage_event(event, payload)
+        if _USAGE in payload and self._usage_event(event, payload):
             return
         if payload.startswith(_ERROR):
             self.error_event = True
@@ -168,9 +178,13 @@ class SSEScanner:
         tokens = count_token_ids(payload)
         if tokens is None:
             self.token_ids_complete = False
-        if tokens or any(p in payload for p in _MAYBE_EMPTY) is False or _has_content(payload):
+        if tokens or not any(p in payload for p in _MAYBE_EMPTY) or _has_content(payload):
             self._content(now, tokens or 0)
-        if self.strip_usage and _FINISHED in payload and _FINGERPRINT not in payload:
+        if (
+            self.strip_usage
+            and (_FINISHED[0] in payload or _FINISHED[1] in payload)
+            and _FINGERPRINT not in payload
+        ):
             self._held.append(event)
         else:
             self._emit(event)
@@ -185,21 +199,22 @@ class SSEScanner:
         self.n_events += 1
         self.token_ids += tokens
 
-    def _usage_event(self, event: bytes, payload: bytes) -> None:
+    def _usage_event(self, event: bytes, payload: bytes) -> bool:
+        """Handle the final usage chunk (`choices: []` plus `usage`); False if it is not one."""
         try:
             doc = json.loads(payload)
         except ValueError:
-            self._emit(event)
-            return
-        usage = doc.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
+            return False
+        usage = doc.get("usage") if isinstance(doc, dict) else None
+        if not isinstance(usage, dict) or doc.get("choices"):
+            return False  # e.g. continuous usage stats on a content event
+        self.usage = usage
         metrics = doc.get("metrics")
         if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
             self.speculative = metrics["speculative_decoding"]
         if not self.strip_usage:
             self._emit(event)
-            return
+            return True
         fingerprint = _raw_value(payload, _FINGERPRINT)
         for held in self._held:
             if fingerprint is not None:
@@ -207,6 +222,7 @@ class SSEScanner:
                 held = held[:brace] + b"," + _FINGERPRINT + fingerprint + held[brace:]
             self._out.append(held)
         self._held.clear()
+        return True
 
     def _emit(self, event: bytes) -> None:
         if self.strip_usage:
@@ -222,6 +238,8 @@ def _raw_value(payload: bytes, key: bytes) -> bytes | None:
     if at < 0:
         return None
     begin = at + len(key)
+    while payload[begin : begin + 1] == b" ":
+        begin += 1
     text = payload.decode("utf-8", "surrogatepass")
     char_begin = len(payload[:begin].decode("utf-8", "surrogatepass"))
     try:

@@ -1,0 +1,122 @@
+"""App wiring: injected registry and recorder, extension points, probes, /api/stats."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import prometheus_client
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from pytest_aiohttp import AiohttpClient
+
+from specproxy.app import (
+    CONFIG,
+    FORWARDER,
+    METRICS,
+    RECORDER,
+    REGISTRY,
+    SESSIONS,
+    STATS,
+    create_app,
+)
+from specproxy.config import Config
+from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.records import Arm
+
+
+def closed_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def config() -> Config:
+    url = closed_url()
+    return Config(baseline_url=url, speculative_url=url)
+
+
+async def test_shared_objects_live_under_typed_keys(aiohttp_client: AiohttpClient) -> None:
+    registry, recorder, cfg = CollectorRegistry(), MemoryRecorder(), config()
+    app = create_app(cfg, registry=registry, recorder=recorder)
+    await aiohttp_client(app)
+    assert app[CONFIG] is cfg and app[REGISTRY] is registry and app[RECORDER] is recorder
+    assert app[METRICS].registry is registry
+    sessions = app[SESSIONS]
+    assert set(sessions) == set(Arm)
+    assert app[FORWARDER] is not None
+
+
+async def test_metrics_come_from_the_injected_registry(aiohttp_client: AiohttpClient) -> None:
+    registry = CollectorRegistry()
+    client = await aiohttp_client(create_app(config(), registry=registry))
+    async with client.post("/v1/completions", json={"model": "m", "prompt": "x"}) as resp:
+        assert resp.status == 502
+    async with client.get("/metrics") as resp:
+        text = await resp.text()
+        assert resp.headers["Content-Type"].startswith("text/plain")
+    assert 'specproxy_requests_total{arm="' in text and 'status="502"' in text
+    assert prometheus_client.REGISTRY.get_sample_value("specproxy_requests_total") is None
+
+
+async def test_a_component_context_can_replace_the_recorder(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    """The store's plug-in pattern: a cleanup_ctx that sets RECORDER, appended from outside."""
+    replacement = MemoryRecorder()
+    events: list[str] = []
+
+    async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[RECORDER] = replacement
+        events.append("started")
+        yield
+        events.append(f"closed with {len(replacement.records)} record(s)")
+
+    app = create_app(config())
+    app.cleanup_ctx.append(store_ctx)
+    client = await aiohttp_client(app)
+    async with client.post("/v1/completions", json={"model": "m", "prompt": "x"}) as resp:
+        assert resp.status == 502
+    await client.close()
+    assert events == ["started", "closed with 1 record(s)"]
+
+
+async def test_stats_endpoint_is_503_until_a_provider_is_registered(
+    aiohttp_client: AiohttpClient,
+) -> None:
+    client = await aiohttp_client(create_app(config()))
+    async with client.get("/api/stats") as resp:
+        assert resp.status == 503
+        assert (await resp.json())["error"]["code"] == 503
+
+    latest: dict[str, Any] | None = None
+
+    async def stats_ctx(app: web.Application) -> AsyncIterator[None]:
+        def provider() -> Mapping[str, Any] | None:
+            return latest
+
+        app[STATS] = provider
+        yield
+
+    app = create_app(config())
+    app.cleanup_ctx.append(stats_ctx)
+    client = await aiohttp_client(app)
+    async with client.get("/api/stats") as resp:
+        assert resp.status == 503  # registered, but nothing computed yet
+    latest = {"speedup": 1.7}
+    async with client.get("/api/stats") as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"speedup": 1.7}
+
+
+async def test_probes_when_the_arms_are_down(aiohttp_client: AiohttpClient) -> None:
+    client = await aiohttp_client(create_app(config()))
+    async with client.get("/healthz") as resp:
+        assert resp.status == 200
+    async with client.get("/readyz") as resp:
+        assert resp.status == 503
+        assert await resp.json() == {
+            "ready": False,
+            "arms": {"speculative": False, "baseline": False},
+        }
