@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specproxy.stats.diagnosis import LOW_ACCEPTANCE
 from tests.conftest import require_binary
 from tests.deploy.rulefiles import PROMETHEUS_DIR, RULES, fast_variant, load_rules
 from tests.promql_names import PROMETHEUS_BUILTINS, exported_names, names_in
@@ -90,6 +91,17 @@ def test_every_alert_says_what_to_check() -> None:
     slowdown = alerts["SpecProxySpeculativeP99Slowdown"]
     assert "specproxy_p99_slowdown" in slowdown["expr"]
     assert 'bound="upper"' in alerts["SpecProxySpeedupLost"]["expr"]
+
+
+def test_low_acceptance_alert_uses_the_diagnosis_threshold() -> None:
+    """The alert and the diagnosis it points to agree on what "low" means."""
+    [rule] = [
+        rule
+        for group in load_rules()["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "SpecProxyLowAcceptance"
+    ]
+    assert rule["expr"].endswith(f"< {LOW_ACCEPTANCE}")
 
 
 def test_fast_variant_changes_only_for() -> None:
