@@ -41,6 +41,7 @@ from specproxy.proxy.forward import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx
+from specproxy.store.context import store_ctx
 
 __all__ = [
     "CONFIG",
@@ -84,7 +85,8 @@ def create_app(
 
     app.cleanup_ctx.append(_upstream_sessions)
     # ---- Extension point: components append their cleanup_ctx here, in start order. ----
-    # app.cleanup_ctx.append(store_context)    # sets app[RECORDER]; closes (flushes) last
+    if recorder is None:  # an injected recorder (tests, benchmarks) stands in for the store
+        app.cleanup_ctx.append(store_ctx)  # sets app[RECORDER]; closes (flushes) last
     app.cleanup_ctx.append(scrape_ctx)  # polls each arm's /metrics via app[SESSIONS]
     # app.cleanup_ctx.append(stats_context)    # sets app[STATS]
     # The forwarder reads RECORDER after every cleanup_ctx has started, and stops first.
