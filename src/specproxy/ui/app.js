@@ -1,0 +1,155 @@
+// specproxy live page: polls /api/stats and renders the whole-run comparison.
+// The choices and number formats mirror specproxy/report/summary.py, so the page, the demo's
+// terminal view and the report print identical numbers. Every number cell also carries the raw
+// JSON value in data-value, which the headless-browser test compares with /api/stats.
+"use strict";
+
+const ARMS = ["speculative", "baseline"];
+const METRICS = { e2e: "E2E", ttft: "TTFT", tpot: "TPOT" };
+const STATISTICS = ["median", "mean", "p90", "p99"];
+const params = new URLSearchParams(window.location.search);
+const INTERVAL_S = Math.max(0.2, Number(params.get("interval") || 2));
+
+function isNum(x) { return typeof x === "number" && Number.isFinite(x); }
+function fmtMs(s) { return isNum(s) ? (s * 1e3).toFixed(1) + " ms" : "-"; }
+function fmtRatio(x) { return isNum(x) ? x.toFixed(3) + "x" : "-"; }
+function fmtPct(x) { return isNum(x) ? (x * 100).toFixed(1) + "%" : "-"; }
+function fmtCi(b) {
+  return isNum(b.lower) && isNum(b.upper)
+    ? "[" + b.lower.toFixed(3) + ", " + b.upper.toFixed(3) + "]" : "-";
+}
+
+function windowSeconds(key) {
+  const v = parseFloat(String(key).replace(/s$/, ""));
+  return Number.isFinite(v) ? v : Infinity;
+}
+
+// Same rule as summary.main_window: the "all" window (else the longest), first model by name.
+function mainWindow(result) {
+  if (!result) return null;
+  const windows = result.windows;
+  if (!windows || typeof windows !== "object" || Object.keys(windows).length === 0) {
+    return result.metrics ? result : null;
+  }
+  let key = "all";
+  if (!("all" in windows)) {
+    key = Object.keys(windows).reduce((a, b) => (windowSeconds(b) > windowSeconds(a) ? b : a));
+  }
+  const perModel = windows[key];
+  if (!perModel || typeof perModel !== "object") return null;
+  if (perModel.metrics) return perModel;
+  const models = Object.keys(perModel).sort();
+  return models.length ? perModel[models[0]] : null;
+}
+
+function el(tag, attrs, text) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function numCell(text, value, attrs) {
+  const td = el("td", attrs || {}, text);
+  td.setAttribute("data-value", value === null || value === undefined ? "" : String(value));
+  return td;
+}
+
+function renderVerdicts(win) {
+  const box = document.getElementById("verdicts");
+  box.replaceChildren();
+  for (const [metric, label] of Object.entries(METRICS)) {
+    const verdict = String(win.metrics[metric].verdict);
+    const div = el("div", { class: "verdict " + verdict, "data-metric": metric }, label);
+    div.appendChild(el("b", { class: "verdict-value" }, verdict));
+    box.appendChild(div);
+  }
+  const diag = win.diagnosis || {};
+  document.getElementById("diagnosis-summary").textContent =
+    "diagnosis: " + (diag.summary || "-");
+  const list = document.getElementById("diagnosis-reasons");
+  list.replaceChildren(...(diag.reasons || []).map((r) => el("li", { "data-code": r.code }, r.message)));
+}
+
+function renderSpeedups(win) {
+  const body = document.querySelector("#speedups tbody");
+  body.replaceChildren();
+  for (const [metric, label] of Object.entries(METRICS)) {
+    const tr = el("tr", { "data-metric": metric });
+    tr.appendChild(el("td", {}, label));
+    for (const stat of STATISTICS) {
+      const s = win.metrics[metric].speedup[stat] || {};
+      const td = el("td", { "data-metric": metric, "data-stat": stat, "data-status": s.status || "" });
+      if (s.status === "ok") {
+        td.appendChild(el("span", { class: "estimate", "data-value": String(s.estimate) }, fmtRatio(s.estimate)));
+        const ci = el("span", { class: "ci", "data-lower": String(s.lower), "data-upper": String(s.upper) }, fmtCi(s));
+        td.appendChild(ci);
+      } else {
+        const needed = Math.max(0, ...Object.values(s.n_needed || {}));
+        td.appendChild(el("span", { class: "ci" }, "needs " + needed + " more per arm"));
+      }
+      tr.appendChild(td);
+    }
+    body.appendChild(tr);
+  }
+}
+
+function renderArms(win) {
+  const body = document.querySelector("#arms tbody");
+  body.replaceChildren();
+  const m = win.metrics;
+  for (const arm of ARMS) {
+    const tr = el("tr", { "data-arm": arm });
+    const e2e = m.e2e.summary[arm] || {};
+    const ttft = (m.ttft.summary[arm] || {}).median;
+    const tpot = (m.tpot.summary[arm] || {}).median;
+    const engine = (win.engine || {})[arm] || {};
+    const n = m.e2e.n[arm] || 0;
+    tr.appendChild(el("td", {}, arm));
+    tr.appendChild(numCell(String(n), n, { "data-field": "n" }));
+    tr.appendChild(numCell(fmtMs(e2e.median), e2e.median, { "data-field": "e2e_median" }));
+    tr.appendChild(numCell(fmtMs(e2e.p99), e2e.p99, { "data-field": "e2e_p99" }));
+    tr.appendChild(numCell(fmtMs(ttft), ttft, { "data-field": "ttft_median" }));
+    tr.appendChild(numCell(fmtMs(tpot), tpot, { "data-field": "tpot_median" }));
+    tr.appendChild(numCell(fmtPct(engine.acceptance_rate), engine.acceptance_rate, { "data-field": "acceptance_rate" }));
+    const length = engine.mean_acceptance_length;
+    tr.appendChild(numCell(isNum(length) ? length.toFixed(2) : "-", length, { "data-field": "mean_acceptance_length" }));
+    body.appendChild(tr);
+  }
+}
+
+function setStatus(text, isError) {
+  const status = document.getElementById("status");
+  status.textContent = text;
+  status.className = isError ? "sub error" : "sub";
+}
+
+async function poll() {
+  try {
+    const resp = await fetch("/api/stats", { cache: "no-store" });
+    if (resp.status === 503) {
+      setStatus("waiting for the first stats run…", false);
+      return;
+    }
+    if (!resp.ok) throw new Error("HTTP " + resp.status);
+    const result = await resp.json();
+    const win = mainWindow(result);
+    if (!win) {
+      setStatus("no comparison yet", false);
+      return;
+    }
+    renderVerdicts(win);
+    renderSpeedups(win);
+    renderArms(win);
+    const when = isNum(result.t) ? new Date(result.t * 1000).toLocaleTimeString() : "?";
+    const run = result.run_id ? "run " + result.run_id + ", " : "";
+    setStatus(run + "stats computed at " + when + ", design " + (win.design || "split"), false);
+    document.body.setAttribute("data-stats-t", String(result.t));
+  } catch (err) {
+    setStatus("cannot read /api/stats: " + err.message, true);
+  }
+}
+
+document.getElementById("interval").textContent = String(INTERVAL_S);
+poll();
+setInterval(poll, INTERVAL_S * 1000);
