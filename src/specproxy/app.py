@@ -42,6 +42,7 @@ from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx
 from specproxy.store.context import store_ctx
+from specproxy.ui import add_ui_routes
 
 __all__ = [
     "CONFIG",
@@ -100,6 +101,7 @@ def create_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/api/stats", _stats)
+    add_ui_routes(app)  # GET /ui: the live page polling /api/stats
     return app
 
 
