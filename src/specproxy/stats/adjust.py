@@ -68,15 +68,18 @@ def adjusted_speedup(
     confidence: float = 0.95,
 ) -> AdjustedSpeedup | None:
     """The adjusted speedup, or None when an arm has fewer than `MIN_ADJUST_N` usable rows."""
-    use_prompt = baseline_prompt_tokens is not None and speculative_prompt_tokens is not None
-    ok_b = _usable(baseline_e2e, baseline_output_tokens, baseline_prompt_tokens)
-    ok_s = _usable(speculative_e2e, speculative_output_tokens, speculative_prompt_tokens)
-    if use_prompt and baseline_prompt_tokens is not None and speculative_prompt_tokens is not None:
-        prompt = np.log(
-            np.concatenate([baseline_prompt_tokens[ok_b], speculative_prompt_tokens[ok_s]])
-        )
-        if float(np.ptp(prompt)) == 0.0:
-            use_prompt = False  # a constant prompt length is collinear with the intercept
+    ok_b = _usable(baseline_e2e, baseline_output_tokens, None)
+    ok_s = _usable(speculative_e2e, speculative_output_tokens, None)
+    prompt: FloatArray | None = None
+    if baseline_prompt_tokens is not None and speculative_prompt_tokens is not None:
+        with_b = _usable(baseline_e2e, baseline_output_tokens, baseline_prompt_tokens)
+        with_s = _usable(speculative_e2e, speculative_output_tokens, speculative_prompt_tokens)
+        if int(with_b.sum()) >= MIN_ADJUST_N and int(with_s.sum()) >= MIN_ADJUST_N:
+            candidate = np.log(
+                np.concatenate([baseline_prompt_tokens[with_b], speculative_prompt_tokens[with_s]])
+            )
+            if float(np.ptp(candidate)) > 0.0:  # a constant would duplicate the intercept
+                prompt, ok_b, ok_s = candidate, with_b, with_s
     if int(ok_b.sum()) < MIN_ADJUST_N or int(ok_s.sum()) < MIN_ADJUST_N:
         return None
     y = np.log(np.concatenate([baseline_e2e[ok_b], speculative_e2e[ok_s]]))
@@ -84,7 +87,7 @@ def adjusted_speedup(
     z_out = np.log(np.concatenate([baseline_output_tokens[ok_b], speculative_output_tokens[ok_s]]))
     covariates = [z_out - z_out.mean()]
     names = ["log_output_tokens"]
-    if use_prompt:
+    if prompt is not None:
         covariates.append(prompt - prompt.mean())
         names.append("log_prompt_tokens")
     columns = [np.ones_like(y), spec, *covariates, *(spec * z for z in covariates)]

@@ -1,0 +1,75 @@
+"""Publishes the stats job's latest result as Prometheus gauges, read at scrape time.
+
+A custom Collector (rather than Gauges set by the job) means a scrape always sees one coherent
+result, and series of a model or window that disappeared vanish instead of going stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from specproxy import metrics as names
+
+__all__ = ["StatsCollector", "register_stats_collector"]
+
+VERDICT_VALUE = {"faster": 1.0, "inconclusive": 0.0, "slower": -1.0}
+
+
+class StatsCollector(Collector):
+    """Turns `latest()` (the job's result dict, or None before the first run) into gauges."""
+
+    def __init__(self, latest: Callable[[], dict[str, Any] | None]) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        speedup = GaugeMetricFamily(
+            names.SPEEDUP,
+            "Speedup = statistic(baseline) / statistic(speculative) with its CI bounds.",
+            labels=["model", "window", "metric", "statistic", "bound"],
+        )
+        samples = GaugeMetricFamily(
+            names.SAMPLES,
+            "Requests used by the comparison, per arm (after warm-up exclusion).",
+            labels=["model", "window", "arm"],
+        )
+        verdict = GaugeMetricFamily(
+            names.VERDICT,
+            "Anytime-valid verdict: 1 faster, 0 inconclusive, -1 slower.",
+            labels=["model", "window", "metric"],
+        )
+        slowdown = GaugeMetricFamily(
+            names.P99_SLOWDOWN,
+            "1 while the anytime-valid test finds speculative P99 > baseline P99 x (1+tol).",
+            labels=["model", "window", "metric"],
+        )
+        last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")
+        result = self._latest()
+        if result is not None:
+            last_run.add_metric([], float(result["computed_at"]))
+            for model, windows in result["results"].items():
+                for window, res in windows.items():
+                    for arm, n in res["samples"].items():
+                        samples.add_metric([model, window, arm], float(n))
+                    for metric, block in res["metrics"].items():
+                        labels = [model, window, metric]
+                        verdict.add_metric(labels, VERDICT_VALUE[block["verdict"]])
+                        seq = block["sequential"] or {}
+                        slowdown.add_metric(labels, 1.0 if seq.get("p99_slower") else 0.0)
+                        for stat, ci in block["speedup"].items():
+                            for bound in ("estimate", "lower", "upper"):
+                                if ci[bound] is not None:
+                                    speedup.add_metric([*labels, stat, bound], ci[bound])
+        yield from (speedup, samples, verdict, slowdown, last_run)
+
+
+def register_stats_collector(
+    registry: CollectorRegistry, latest: Callable[[], dict[str, Any] | None]
+) -> StatsCollector:
+    """Create the collector on the injected registry (never the global one)."""
+    collector = StatsCollector(latest)
+    registry.register(collector)
+    return collector

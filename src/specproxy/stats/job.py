@@ -1,0 +1,354 @@
+"""The periodic comparison job, its JSON result, and `specproxy stats` (compute once).
+
+Every `stats.interval_s` the job reads the run's records and engine samples from the store once,
+then, in a worker thread (numpy releases the GIL; nothing heavy runs on the event loop),
+compares the arms for every window in `stats.windows_s` and for every model plus all models
+together. The latest result is kept in memory (`StatsJob.latest`, served at `GET /api/stats`),
+exposed as Prometheus gauges (`collector.StatsCollector`) and appended to the store's history.
+
+Warm-up exclusion is decided on the whole run, per arm and across models (the engine warms up,
+not the model): the first `stats.warmup_requests` records after the run start, and the first
+`scrape.warmup_requests` records (plus `scrape.warmup_seconds`) after every restart the scraper
+reported. A restart is dated at the previous scrape of that arm, the earliest it can have been.
+
+Result schema (version 1; every float may be null when undefined; arms are "baseline" and
+"speculative"; windows are labelled "5m", "1h", "90s", "all"):
+
+    {
+      "schema_version": 1, "run_id": str, "computed_at": unix_s, "duration_s": float,
+      "window_end": unix_s,            # windows are [window_end - w, window_end]
+      "settings": {"resamples", "confidence", "alpha", "p99_tolerance", "warmup_requests", "seed"},
+      "results": {MODEL or "all": {WINDOW: {
+        "window_s": float | null,
+        "design": "split" | "paired",  # paired when mirrored pairs >= primary requests
+        "pairs": int,
+        "samples": {ARM: int},         # usable requests after warm-up exclusion
+        "excluded_warmup": {ARM: int},
+        "metrics": {"e2e" | "ttft" | "tpot": {
+          "n": {ARM: int},
+          "speedup": {"median" | "mean" | "p90" | "p99": {
+              "status": "ok" | "insufficient", "n_needed": {ARM: int},
+              "estimate", "lower", "upper"}},          # baseline/speculative, > 1 = faster
+          "summary": {ARM: {"median", "mean", "p90", "p99"}},        # seconds
+          "outliers": {ARM: {"count", "fraction", "low_fence", "high_fence"}},
+          "rank_tests": {"mann_whitney_p", "hl_speedup", "hl_lower", "hl_upper"},
+          "samples_for_5pct_median": int | null,      # per arm, 80 % power
+          "adjusted": null | {"estimate", "lower", "upper", "n", "r_squared",
+                              "covariates"},          # e2e only: length-adjusted speedup
+          "sequential": null | {"p99_ratio_lower", "p99_ratio_upper", "median_ratio_lower",
+                                "median_ratio_upper", "p99_slower", "median_faster",
+                                "median_slower", "verdict"},  # ratios are spec/base
+          "verdict": "faster" | "slower" | "inconclusive"}},
+        "engine": {ARM: {"samples", "restarts", "acceptance_rate", "mean_acceptance_length",
+                         "num_speculative_tokens", "requests_running", "kv_cache_usage"}},
+        "diagnosis": {"summary": str, "reasons": [{"code", "message"}],
+                      "implied_draft_cost": float | null}}}}
+    }
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.records import Arm, EngineSample
+from specproxy.stats.clean import warmup_mask
+from specproxy.stats.collector import register_stats_collector
+from specproxy.stats.compare import REQUIRED_COLUMNS, CompareSettings, compare_window
+from specproxy.stats.diagnosis import summarise_engine
+from specproxy.store.base import ArmArrays, Store
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "StatsJob",
+    "compute_from_arrays",
+    "compute_stats",
+    "configure",
+    "run",
+    "stats_job_ctx",
+    "window_label",
+]
+
+log = logging.getLogger(__name__)
+SCHEMA_VERSION = 1
+
+
+def window_label(window_s: float | None) -> str:
+    """ "all" for the whole run, else the largest whole unit: "5m", "1h", "1d", "90s"."""
+    if window_s is None:
+        return "all"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if window_s >= size and window_s % size == 0:
+            return f"{int(window_s // size)}{unit}"
+    return f"{window_s:g}s"
+
+
+def _restart_times(samples: Sequence[EngineSample], arm: Arm) -> list[float]:
+    times: list[float] = []
+    previous: float | None = None
+    for s in samples:
+        if s.arm is not arm:
+            continue
+        if s.restarted:
+            times.append(previous if previous is not None else s.t)
+        previous = s.t
+    return times
+
+
+def _subset(arrays: ArmArrays, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> ArmArrays:
+    return {k: np.asarray(v)[mask] for k, v in arrays.items()}
+
+
+def compute_from_arrays(
+    arrays: dict[Arm, ArmArrays],
+    engine_samples: Sequence[EngineSample],
+    *,
+    run_id: str,
+    stats_cfg: StatsConfig,
+    scrape_cfg: ScrapeConfig | None = None,
+    window_end: float | None = None,
+) -> dict[str, Any]:
+    """The whole result (schema in the module docstring) from a run's arrays; CPU only."""
+    started = time.perf_counter()
+    scrape_cfg = scrape_cfg or ScrapeConfig()
+    kept: dict[Arm, ArmArrays] = {}
+    excluded: dict[Arm, np.ndarray[Any, np.dtype[np.bool_]]] = {}
+    for arm in Arm:
+        cols = arrays.get(arm) or {c: np.array([]) for c in REQUIRED_COLUMNS}
+        t_start = np.asarray(cols["t_start"], dtype=np.float64)
+        order = np.argsort(t_start, kind="stable")
+        cols = {k: np.asarray(v)[order] for k, v in cols.items()}
+        mask = warmup_mask(
+            t_start[order],
+            _restart_times(engine_samples, arm),
+            warmup_requests=stats_cfg.warmup_requests,
+            restart_requests=scrape_cfg.warmup_requests,
+            restart_seconds=scrape_cfg.warmup_seconds,
+        )
+        kept[arm] = _subset(cols, ~mask)
+        excluded[arm] = mask
+        arrays = {**arrays, arm: cols}
+    if window_end is None:
+        ends = [float(a["t_start"].max()) for a in arrays.values() if len(a["t_start"])]
+        window_end = max(ends) if ends else time.time()
+    models = sorted({str(m) for a in kept.values() for m in a["model"] if m is not None})
+    settings = CompareSettings(
+        resamples=stats_cfg.resamples,
+        confidence=stats_cfg.confidence,
+        alpha=stats_cfg.alpha,
+        p99_tolerance=stats_cfg.p99_tolerance,
+    )
+    rng = np.random.default_rng(stats_cfg.seed)
+    results: dict[str, dict[str, Any]] = {}
+    for model in ["all", *models]:
+        per_window: dict[str, Any] = {}
+        for window_s in stats_cfg.windows_s:
+            since = -math.inf if window_s is None else window_end - window_s
+            selected: dict[Arm, ArmArrays] = {}
+            n_excluded: dict[str, int] = {}
+            for arm in Arm:
+                a = kept[arm]
+                mask = np.asarray(a["t_start"], dtype=np.float64) >= since
+                if model != "all":
+                    mask &= np.asarray(a["model"]) == model
+                selected[arm] = _subset(a, mask)
+                t_all = np.asarray(arrays[arm]["t_start"], dtype=np.float64)
+                in_window = t_all >= since
+                if model != "all":
+                    in_window &= np.asarray(arrays[arm]["model"]) == model
+                n_excluded[arm.value] = int(np.sum(excluded[arm] & in_window))
+            engine = {
+                arm: summarise_engine([s for s in engine_samples if s.arm is arm and s.t >= since])
+                for arm in Arm
+            }
+            result = compare_window(selected, engine=engine, settings=settings, rng=rng)
+            per_window[window_label(window_s)] = {
+                "window_s": window_s,
+                **result,
+                "excluded_warmup": n_excluded,
+            }
+        results[model] = per_window
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "computed_at": time.time(),
+        "duration_s": time.perf_counter() - started,
+        "window_end": window_end,
+        "settings": {
+            "resamples": stats_cfg.resamples,
+            "confidence": stats_cfg.confidence,
+            "alpha": stats_cfg.alpha,
+            "p99_tolerance": stats_cfg.p99_tolerance,
+            "warmup_requests": stats_cfg.warmup_requests,
+            "seed": stats_cfg.seed,
+        },
+        "results": results,
+    }
+
+
+async def compute_stats(
+    store: Store,
+    *,
+    run_id: str,
+    stats_cfg: StatsConfig,
+    scrape_cfg: ScrapeConfig | None = None,
+    window_end: float | None = None,
+) -> dict[str, Any]:
+    """Read the run from the store, then compute in a worker thread."""
+    arrays = await store.read_arrays(run_id=run_id, columns=REQUIRED_COLUMNS)
+    samples = await store.read_engine_samples(run_id=run_id)
+    return await asyncio.to_thread(
+        compute_from_arrays,
+        arrays,
+        samples,
+        run_id=run_id,
+        stats_cfg=stats_cfg,
+        scrape_cfg=scrape_cfg,
+        window_end=window_end,
+    )
+
+
+class StatsJob:
+    """Runs `compute_stats` every `stats_cfg.interval_s` and keeps the latest result."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        run_id: str,
+        stats_cfg: StatsConfig,
+        scrape_cfg: ScrapeConfig | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._stats_cfg = stats_cfg
+        self._scrape_cfg = scrape_cfg
+        self._clock = clock
+        self._latest: dict[str, Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        if registry is not None:
+            register_stats_collector(registry, self.latest)
+
+    def latest(self) -> dict[str, Any] | None:
+        """The last result (schema in the module docstring), None before the first run."""
+        return self._latest
+
+    async def run_once(self) -> dict[str, Any]:
+        """Compute now, publish, and append to the store's history."""
+        result = await compute_stats(
+            self._store,
+            run_id=self._run_id,
+            stats_cfg=self._stats_cfg,
+            scrape_cfg=self._scrape_cfg,
+            window_end=self._clock(),
+        )
+        self._latest = result
+        try:
+            await self._store.write_stats(
+                run_id=self._run_id, t=result["computed_at"], result=result
+            )
+        except Exception:  # history is best effort; the live result is already published
+            log.exception("stats: could not write the history row")
+        return result
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("stats: computation failed; retrying next interval")
+            await asyncio.sleep(self._stats_cfg.interval_s)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="specproxy-stats")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+def stats_job_ctx(job: StatsJob) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
+    """An aiohttp `cleanup_ctx` entry that starts `job` with the app and stops it after."""
+
+    @contextlib.asynccontextmanager
+    async def ctx(_app: Any) -> AsyncIterator[None]:
+        await job.start()
+        try:
+            yield
+        finally:
+            await job.close()
+
+    return ctx
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, help="store URL, e.g. sqlite:///specproxy.db")
+    parser.add_argument("--run-id", help="run to analyse (default: the only run, else 'default')")
+    parser.add_argument("--json", action="store_true", help="print the full JSON result")
+    parser.add_argument("--resamples", type=int, default=StatsConfig().resamples)
+    parser.add_argument("--seed", type=int, default=StatsConfig().seed)
+
+
+def _text_report(result: dict[str, Any]) -> str:
+    lines = [f"run {result['run_id']}: windows end at {result['window_end']:.0f}"]
+    for model, windows in result["results"].items():
+        for window, res in windows.items():
+            n = res["samples"]
+            lines.append(
+                f"\n[{model} / {window}] {res['design']}: baseline n={n['baseline']}, "
+                f"speculative n={n['speculative']}"
+            )
+            for metric, block in res["metrics"].items():
+                cells = []
+                for stat, ci in block["speedup"].items():
+                    if ci["status"] != "ok" or ci["estimate"] is None:
+                        cells.append(f"{stat} insufficient")
+                    else:
+                        cells.append(
+                            f"{stat} {ci['estimate']:.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}]"
+                        )
+                lines.append(f"  {metric:<5} {block['verdict']:<12} " + "; ".join(cells))
+            lines.append(f"  diagnosis: {res['diagnosis']['summary']}")
+            lines.extend(f"    - {r['message']}" for r in res["diagnosis"]["reasons"])
+    return "\n".join(lines)
+
+
+async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
+    from specproxy.store import open_store
+
+    store = open_store(StoreConfig(url=args.store))
+    await store.start()
+    try:
+        run_id = args.run_id
+        if run_id is None:
+            runs = await store.run_ids()
+            run_id = runs[0] if len(runs) == 1 else "default"
+        stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)
+        return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg)
+    finally:
+        await store.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    result = asyncio.run(_run_once(args))
+    print(json.dumps(result, indent=2) if args.json else _text_report(result))
+    return 0

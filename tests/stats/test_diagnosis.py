@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import pytest
+
+from specproxy.records import Arm, EngineSample
+from specproxy.stats.diagnosis import (
+    DiagnosisInput,
+    EngineSummary,
+    diagnose,
+    implied_draft_cost,
+    summarise_engine,
+)
+
+
+def _input(speedup: float, lo: float, hi: float, **spec: float | int | None) -> DiagnosisInput:
+    return DiagnosisInput(
+        speedup=speedup,
+        speedup_lower=lo,
+        speedup_upper=hi,
+        enough_samples=True,
+        samples_needed=0,
+        speculative=EngineSummary(samples=10, **spec),  # type: ignore[arg-type]
+        baseline=EngineSummary(samples=10),
+    )
+
+
+def codes(d: DiagnosisInput) -> list[str]:
+    return [r.code for r in diagnose(d).reasons]
+
+
+def test_implied_draft_cost_inverts_the_speedup_model() -> None:
+    assert implied_draft_cost(2.0, 3.0, 4) == pytest.approx(0.125)
+    assert implied_draft_cost(0.0, 3.0, 4) is None
+
+
+def test_low_acceptance_points_at_domain_or_temperature() -> None:
+    d = _input(0.9, 0.85, 0.95, acceptance_rate=0.3, mean_acceptance_length=1.9)
+    assert "low_acceptance" in codes(d)
+    assert "temperature" in diagnose(d).reasons[0].message
+    assert diagnose(d).summary.startswith("speculation hurts")
+
+
+def test_high_load_branch() -> None:
+    d = _input(0.95, 0.9, 1.0, acceptance_rate=0.7, requests_running=64.0, kv_cache_usage=0.5)
+    assert codes(d) == ["high_load"]
+
+
+def test_costly_draft_branch() -> None:
+    d = _input(
+        1.0, 0.97, 1.03, acceptance_rate=0.7, mean_acceptance_length=3.0, num_speculative_tokens=4
+    )
+    assert codes(d) == ["draft_too_costly"]
+    assert diagnose(d).implied_draft_cost == pytest.approx(0.5)
+
+
+def test_working_and_too_few_samples() -> None:
+    ok = _input(1.8, 1.6, 2.0, acceptance_rate=0.8, mean_acceptance_length=3.5)
+    assert codes(ok) == ["working"]
+    few = DiagnosisInput(
+        float("nan"), float("nan"), float("nan"), False, 300, EngineSummary(), EngineSummary()
+    )
+    assert codes(few) == ["too_few_samples", "no_engine_metrics"]
+    assert diagnose(few).summary == "no data yet"
+
+
+def test_summarise_engine_averages_up_samples() -> None:
+    samples = [
+        EngineSample(
+            1.0,
+            "r",
+            Arm.SPECULATIVE,
+            True,
+            acceptance_rate=0.6,
+            requests_running=4,
+            position_acceptance=(0.9, 0.7, 0.5),
+        ),
+        EngineSample(2.0, "r", Arm.SPECULATIVE, True, restarted=True, acceptance_rate=0.8),
+        EngineSample(3.0, "r", Arm.SPECULATIVE, False, acceptance_rate=0.0),
+    ]
+    s = summarise_engine(samples)
+    assert s.acceptance_rate == pytest.approx(0.7)
+    assert (s.restarts, s.num_speculative_tokens, s.requests_running) == (1, 3, 4)

@@ -1,0 +1,181 @@
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from specproxy.cli import main
+from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.stats.job import StatsJob, compute_stats, stats_job_ctx, window_label
+from specproxy.store.memory import MemoryStore
+
+RUN = "r1"
+
+
+def _records(n: int, t0: float, speedup: float, seed: int) -> list[RequestRecord]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
+        tokens = int(rng.integers(20, 200))
+        tpot = rng.lognormal(np.log(0.02), 0.2) / (speedup if arm is Arm.SPECULATIVE else 1.0)
+        ttft = rng.lognormal(np.log(0.1), 0.2)
+        out.append(
+            RequestRecord(
+                request_id=f"q{i}",
+                run_id=RUN,
+                arm=arm,
+                t_start=t0 + i * 0.1,
+                model="m-a" if i % 4 < 2 else "m-b",
+                endpoint="chat.completions",
+                stream=True,
+                status=200,
+                e2e_s=ttft + tpot * (tokens - 1),
+                upstream_s=ttft + tpot * (tokens - 1),
+                ttft_s=ttft,
+                tpot_s=tpot,
+                prompt_tokens=50,
+                output_tokens=tokens,
+            )
+        )
+    return out
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MemoryStore]:
+    s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
+    await s.start()
+    for rec in _records(1600, 1000.0, 1.5, 0):
+        s.record(rec)
+    s.record(
+        RequestRecord(
+            "bad",
+            RUN,
+            Arm.BASELINE,
+            1001.0,
+            "m-a",
+            "completions",
+            False,
+            502,
+            0.1,
+            0.1,
+            error_kind="http_5xx",
+        )
+    )
+    s.record_engine(
+        EngineSample(
+            1000.0,
+            RUN,
+            Arm.SPECULATIVE,
+            True,
+            acceptance_rate=0.8,
+            mean_acceptance_length=3.0,
+            position_acceptance=(0.9, 0.8, 0.7),
+        )
+    )
+    s.record_engine(EngineSample(1040.0, RUN, Arm.SPECULATIVE, True))
+    s.record_engine(EngineSample(1050.0, RUN, Arm.SPECULATIVE, True, restarted=True))
+    await s.flush()
+    yield s
+    await s.close()
+
+
+CFG = StatsConfig(windows_s=(60.0, None), resamples=200, warmup_requests=5)
+SCRAPE = ScrapeConfig(warmup_requests=20, warmup_seconds=0.0)
+
+
+def test_window_labels() -> None:
+    assert [window_label(w) for w in (300.0, 3600.0, None, 90.0, 86400.0)] == [
+        "5m",
+        "1h",
+        "all",
+        "90s",
+        "1d",
+    ]
+
+
+async def test_compute_stats_end_to_end(store: MemoryStore) -> None:
+    result = await compute_stats(
+        store, run_id=RUN, stats_cfg=CFG, scrape_cfg=SCRAPE, window_end=1160.0
+    )
+    assert set(result["results"]) == {"all", "m-a", "m-b"}
+    res = result["results"]["all"]["all"]
+    # 800 per arm minus 5 warm-up after start; the speculative arm loses 20 after the restart,
+    # dated at the scrape before the one that saw it (t=1040); the 502 is not usable
+    assert res["samples"] == {"baseline": 795, "speculative": 775}
+    assert res["excluded_warmup"] == {"baseline": 5, "speculative": 25}
+    tpot = res["metrics"]["tpot"]
+    assert tpot["speedup"]["median"]["lower"] > 1.3
+    assert tpot["speedup"]["median"]["upper"] < 1.7
+    assert tpot["verdict"] == "faster"
+    assert res["metrics"]["e2e"]["adjusted"]["lower"] > 1.3
+    assert res["metrics"]["e2e"]["speedup"]["p99"]["status"] == "ok"
+    assert res["engine"]["speculative"]["restarts"] == 1
+    assert res["diagnosis"]["summary"].startswith("speculation helps")
+    last_minute = result["results"]["m-a"]["1m"]
+    assert 0 < last_minute["samples"]["baseline"] < 200
+    assert last_minute["metrics"]["e2e"]["speedup"]["p99"]["status"] == "insufficient"
+    json.dumps(result, allow_nan=False)  # JSON-able, no NaN
+
+
+async def test_job_publishes_gauges_and_history(store: MemoryStore) -> None:
+    registry = CollectorRegistry()
+    job = StatsJob(
+        store, run_id=RUN, stats_cfg=CFG, scrape_cfg=SCRAPE, registry=registry, clock=lambda: 1160.0
+    )
+    assert job.latest() is None
+    assert b"specproxy_speedup{" not in generate_latest(registry)
+    await job.run_once()
+    text = generate_latest(registry).decode()
+    assert 'specproxy_verdict{metric="tpot",model="all",window="all"} 1.0' in text
+    assert 'specproxy_samples{arm="baseline",model="all",window="all"} 795.0' in text
+    assert 'bound="lower",metric="tpot",model="m-b",statistic="median",window="all"' in text
+    assert 'specproxy_p99_slowdown{metric="e2e",model="all",window="all"} 0.0' in text
+    assert "specproxy_stats_last_run_timestamp_seconds" in text
+    history = await store.read_stats_history(run_id=RUN)
+    assert len(history) == 1 and history[0][1]["run_id"] == RUN
+
+
+async def test_job_runs_periodically_and_stops() -> None:
+    s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
+    await s.start()
+    job = StatsJob(s, run_id=RUN, stats_cfg=StatsConfig(interval_s=0.01, resamples=100))
+    ctx = stats_job_ctx(job)
+    async with ctx(None):
+        for _ in range(200):
+            if len(await s.read_stats_history(run_id=RUN)) >= 2:
+                break
+            await asyncio.sleep(0.01)
+    assert len(await s.read_stats_history(run_id=RUN)) >= 2
+    empty = job.latest()
+    assert empty is not None
+    assert empty["results"]["all"]["all"]["metrics"]["e2e"]["verdict"] == "inconclusive"
+    await s.close()
+
+
+def test_cli_computes_once(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("specproxy.store.sqlite")
+    db = f"{tmp_path}/s.db"
+
+    async def fill() -> None:
+        from specproxy.store import open_store
+
+        s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
+        await s.start()
+        for rec in _records(400, 1000.0, 1.5, 1):
+            s.record(rec)
+        await s.close()
+
+    asyncio.run(fill())
+    assert main(["stats", "--store", f"sqlite:///{db}", "--json", "--resamples", "200"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["run_id"] == RUN
+    assert main(["stats", "--store", f"sqlite:///{db}", "--resamples", "200"]) == 0
+    assert "tpot" in capsys.readouterr().out
+    assert isinstance(argparse.Namespace, type)
