@@ -361,3 +361,18 @@ async def test_metrics_and_probes(make_proxy: MakeProxy) -> None:
     async with proxy.client.get("/readyz") as resp:
         assert resp.status == 200
         assert (await resp.json())["arms"] == {"speculative": True, "baseline": True}
+
+
+def test_usage_of_decodes_only_the_small_objects() -> None:
+    from specproxy.proxy.forward import _usage_of
+
+    payload = fixture_path("chat_nonstream_spec.json").read_bytes()
+    usage, speculative = _usage_of(payload)
+    assert usage is not None and usage["completion_tokens"] == 32
+    assert speculative is not None and speculative["num_spec_tokens"] == 4
+    tricky = b'{"choices":[{"text":"usage"}],"usage":{"completion_tokens":3}}'
+    assert _usage_of(tricky) == ({"completion_tokens": 3}, None)
+    value_only = b'{"choices":[{"text":"x"}],"note":"usage"}'
+    assert _usage_of(value_only) == (None, None)
+    assert _usage_of(b'{"usage": null}') == (None, None)
+    assert _usage_of(b"not json") == (None, None)

@@ -16,6 +16,7 @@ connection, which makes vLLM abort the generation.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_DECODER = json.JSONDecoder()
 
 ARM_HEADER: Final = "x-specproxy-arm"
 REQUEST_ID_HEADER: Final = "x-specproxy-request-id"
@@ -240,6 +242,12 @@ class Forwarder:
         self._id_prefix = os.urandom(5).hex()
         self._id_counter = itertools.count()
         self._children: dict[tuple[Arm, str, bool], tuple[Any, ...]] = {}
+        # In-flight counts are plain ints read at scrape time (no lock on the request path).
+        self._inflight = dict.fromkeys(Arm, 0)
+        for arm in Arm:
+            metrics.inflight.labels(arm.value).set_function(
+                functools.partial(self._inflight_of, arm)
+            )
         self._closing = False
 
     # ----------------------------------------------------------------------- lifecycle
@@ -252,6 +260,9 @@ class Forwarder:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _inflight_of(self, arm: Arm) -> float:
+        return float(self._inflight[arm])
 
     @property
     def active_shadows(self) -> int:
@@ -378,8 +389,7 @@ class Forwarder:
         strip_usage: bool,
     ) -> web.StreamResponse:
         arm = trace.arm
-        inflight = self._metrics.inflight.labels(arm.value)
-        inflight.inc()
+        self._inflight[arm] += 1
         upstream: ClientResponse | None = None
         try:
             trace.upstream_start = time.perf_counter()
@@ -407,7 +417,7 @@ class Forwarder:
                     upstream.release()
                 else:
                     upstream.close()
-            inflight.dec()
+            self._inflight[arm] -= 1
             self._finish(trace)
 
     async def _stream(
@@ -659,22 +669,51 @@ def _with_usage(doc: Mapping[str, Any]) -> bytes:
 
 
 def _usage_of(payload: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """`usage` and `metrics.speculative_decoding` of a non-streaming body, if present."""
-    if b'"usage"' not in payload:
+    """`usage` and `metrics.speculative_decoding` of a non-streaming body, if present.
+
+    Only those two small objects are decoded (the body can be large); a key that is not
+    followed by an object falls back to parsing the whole body.
+    """
+    usage = _object_after(payload, b'"usage"')
+    speculative = _object_after(payload, b'"speculative_decoding"')
+    if usage is _NOT_FOUND and speculative is _NOT_FOUND:
         return None, None
-    try:
-        doc = json.loads(payload)
-    except ValueError:
-        return None, None
-    if not isinstance(doc, dict):
-        return None, None
-    usage = doc.get("usage")
-    metrics = doc.get("metrics")
-    speculative = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if usage is _UNSURE or speculative is _UNSURE:
+        try:
+            doc = json.loads(payload)
+        except ValueError:
+            return None, None
+        if not isinstance(doc, dict):
+            return None, None
+        usage = doc.get("usage")
+        metrics = doc.get("metrics")
+        speculative = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
     return (
         usage if isinstance(usage, dict) else None,
         speculative if isinstance(speculative, dict) else None,
     )
+
+
+_NOT_FOUND: Final = object()
+_UNSURE: Final = object()
+
+
+def _object_after(payload: bytes, key: bytes) -> object:
+    """The JSON object that is the value of the last `key` in `payload`, decoded alone."""
+    at = payload.rfind(key)
+    if at < 0:
+        return _NOT_FOUND
+    tail = payload[at + len(key) :].lstrip()
+    if not tail.startswith(b":"):
+        return _UNSURE
+    tail = tail[1:].lstrip()
+    if not tail.startswith((b"{", b"n")):
+        return _UNSURE
+    try:
+        value, _ = _DECODER.raw_decode(tail.decode("utf-8", "replace"))
+    except ValueError:
+        return _UNSURE
+    return value
 
 
 def _is_event_stream(upstream: ClientResponse) -> bool:
