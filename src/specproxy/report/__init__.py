@@ -1,0 +1,430 @@
+"""`specproxy report --store URL --out DIR`: one self-contained HTML report plus its PNGs.
+
+The headline numbers (speedups, CIs, verdicts, diagnosis) are the stats job's last result for
+the run, read from the store's stats history, so the report says exactly what GET /api/stats said
+at the end; a store without history (e.g. a bench run) gets one stats computation first. The
+figures are drawn from the stored records with the stats job's own selection (successful primary
+requests, warm-up excluded), so their n per arm match the result's. Everything the HTML shows is
+also written to `report.json` for machines and tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.errors import ConfigError
+from specproxy.records import Arm, EngineSample
+from specproxy.report import figures
+from specproxy.report.analysis import (
+    in_flight_at_start,
+    load_at,
+    mean_position_acceptance,
+    speedup_by_load,
+)
+from specproxy.report.html import render_html
+from specproxy.report.summary import main_window
+from specproxy.store import open_store
+from specproxy.store.base import Store
+
+__all__ = ["ReportData", "collect", "configure", "run", "write_report"]
+
+COLUMNS = (
+    "t_start",
+    "model",
+    "status",
+    "error_kind",
+    "disconnected",
+    "shadow",
+    "pair_id",
+    "e2e_s",
+    "ttft_s",
+    "tpot_s",
+    "prompt_tokens",
+    "output_tokens",
+)
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(slots=True)
+class ReportData:
+    """Everything one report shows, gathered from the store (no I/O after this)."""
+
+    run_id: str
+    stats: Mapping[str, Any] | None  # the stats job's last result
+    stats_t: float | None
+    history: list[tuple[float, Mapping[str, Any]]]
+    latency: dict[str, dict[str, FloatArray]]  # metric -> arm -> values used
+    t_start: dict[str, FloatArray]  # arm -> start times of the requests used
+    e2e_aligned: dict[str, FloatArray]  # arm -> E2E of those requests, same order as t_start
+    excluded_warmup: dict[str, int]
+    excluded_failed: dict[str, int]
+    shadows: dict[str, int]
+    engine: list[EngineSample]
+    settings: StatsConfig
+    span: tuple[float, float] | None
+    figures: dict[str, bytes] = field(default_factory=dict)
+    load_source: str = ""
+    load_bins: list[dict[str, float]] = field(default_factory=list)
+    positions: tuple[float, ...] = ()
+    recomputed: bool = False  # True when the stats were computed for the report
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default="sqlite:///specproxy.db", help="store URL")
+    parser.add_argument("--out", default="specproxy-report", help="output directory")
+    parser.add_argument("--run-id", help="default: the run with the latest record")
+    parser.add_argument("--warmup-requests", type=int, default=StatsConfig().warmup_requests)
+    parser.add_argument("--resamples", type=int, default=StatsConfig().resamples)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = StatsConfig(warmup_requests=args.warmup_requests, resamples=args.resamples)
+    out = asyncio.run(
+        write_report(args.store, run_id=args.run_id, out_dir=Path(args.out), settings=settings)
+    )
+    if out is None:
+        print(f"no records in {args.store}" + (f" for run {args.run_id}" if args.run_id else ""))
+        return 1
+    print(f"report: {out / 'index.html'}")
+    return 0
+
+
+async def write_report(
+    store_url: str,
+    *,
+    run_id: str | None,
+    out_dir: Path,
+    settings: StatsConfig | None = None,
+) -> Path | None:
+    """Read the run from the store, draw, write index.html, the PNGs and report.json."""
+    store: Store = open_store(StoreConfig(url=store_url))
+    await store.start()
+    try:
+        data = await collect(store, run_id=run_id, settings=settings or StatsConfig())
+    finally:
+        await store.close()
+    if data is None:
+        return None
+    await asyncio.to_thread(_draw_and_write, data, out_dir)
+    return out_dir
+
+
+async def collect(store: Store, *, run_id: str | None, settings: StatsConfig) -> ReportData | None:
+    """The run's records (with the stats job's selection), engine samples and stats history."""
+    run_id = run_id or await _latest_run(store)
+    if run_id is None:
+        return None
+    arrays = await store.read_arrays(run_id=run_id, columns=COLUMNS)
+    if not any(len(a["t_start"]) for a in arrays.values()):
+        return None
+    engine = await store.read_engine_samples(run_id=run_id)
+    history: list[tuple[float, Mapping[str, Any]]] = list(
+        await store.read_stats_history(run_id=run_id)
+    )
+    last = history[-1][1] if history else None
+    settings = _settings_from(last, settings)
+    until = last.get("window_end") if last is not None else None
+    data = _gather(run_id, arrays, engine, settings, until=until)
+    if last is None or not _consistent(last, data):
+        # No history (a bench run), or records the last stats run did not see: compute afresh.
+        history.append(await _compute_stats(store, run_id, settings))
+        data = _gather(run_id, arrays, engine, settings, until=None)
+        data.recomputed = True
+    data.history = history
+    data.stats_t, data.stats = history[-1]
+    return data
+
+
+def _gather(
+    run_id: str,
+    arrays: Mapping[Arm, Mapping[str, npt.NDArray[Any]]],
+    engine: list[EngineSample],
+    settings: StatsConfig,
+    *,
+    until: float | None,
+) -> ReportData:
+    data = ReportData(
+        run_id=run_id,
+        stats=None,
+        stats_t=None,
+        history=[],
+        latency={"e2e": {}, "ttft": {}, "tpot": {}},
+        t_start={},
+        e2e_aligned={},
+        excluded_warmup={},
+        excluded_failed={},
+        shadows={},
+        engine=engine,
+        settings=settings,
+        span=None,
+    )
+    starts: list[float] = []
+    for arm in Arm:
+        a = arrays.get(arm)
+        if a is None or len(a["t_start"]) == 0:
+            continue
+        keep, warm, failed = _selection(a, arm, engine, settings, until=until)
+        data.excluded_warmup[arm.value] = warm
+        data.excluded_failed[arm.value] = failed
+        data.shadows[arm.value] = int(np.sum(np.asarray(a["shadow"], dtype=bool)))
+        data.t_start[arm.value] = np.asarray(a["t_start"], dtype=np.float64)[keep]
+        data.e2e_aligned[arm.value] = np.asarray(a["e2e_s"], dtype=np.float64)[keep]
+        for metric, column in (("e2e", "e2e_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s")):
+            values = np.asarray(a[column], dtype=np.float64)[keep]
+            data.latency[metric][arm.value] = values[np.isfinite(values) & (values > 0)]
+        starts += [float(a["t_start"][0]), float(a["t_start"][-1])]
+    data.span = (min(starts), max(starts)) if starts else None
+    return data
+
+
+def _consistent(result: Mapping[str, Any], data: ReportData) -> bool:
+    """Does the stats result describe exactly the records the figures are drawn from?"""
+    window = main_window(result)
+    if window is None:
+        return False
+    if window.get("design") != "split":
+        return True  # paired n counts pairs, not records: nothing to compare
+    n = window["metrics"]["e2e"]["n"]
+    return all(
+        n.get(arm.value, 0) == data.latency["e2e"].get(arm.value, np.array([])).size for arm in Arm
+    )
+
+
+def _selection(
+    a: Mapping[str, npt.NDArray[Any]],
+    arm: Arm,
+    engine: Sequence[EngineSample],
+    settings: StatsConfig,
+    *,
+    until: float | None,
+) -> tuple[npt.NDArray[np.bool_], int, int]:
+    """The stats job's sample: successful primary requests, warm-up excluded exactly as the job
+    does (first requests of the run, and after each restart the scraper reported)."""
+    from specproxy.stats.clean import warmup_mask
+    from specproxy.stats.compare import usable_mask
+
+    scrape = ScrapeConfig()
+    t = np.asarray(a["t_start"], dtype=np.float64)
+    warm = warmup_mask(
+        t,
+        restart_times(engine, arm),
+        warmup_requests=settings.warmup_requests,
+        restart_requests=scrape.warmup_requests,
+        restart_seconds=scrape.warmup_seconds,
+    )
+    usable = usable_mask(dict(a))
+    primary = ~np.asarray(a["shadow"], dtype=bool)
+    in_time = t <= until if until is not None else np.ones(t.size, dtype=bool)
+    keep = usable & ~warm & primary & in_time
+    return keep, int(np.sum(warm & in_time)), int(np.sum(~usable & ~warm & in_time))
+
+
+def restart_times(samples: Sequence[EngineSample], arm: Arm) -> list[float]:
+    """Restarts of `arm`, dated at the previous scrape (the stats job's rule)."""
+    times: list[float] = []
+    previous: float | None = None
+    for s in samples:
+        if s.arm is not arm:
+            continue
+        if s.restarted:
+            times.append(previous if previous is not None else s.t)
+        previous = s.t
+    return times
+
+
+async def _latest_run(store: Store) -> str | None:
+    best: tuple[float, str] | None = None
+    for run_id in await store.run_ids():
+        arrays = await store.read_arrays(run_id=run_id, columns=["t_start"])
+        last = max(
+            (float(a["t_start"][-1]) for a in arrays.values() if len(a["t_start"])), default=None
+        )
+        if last is not None and (best is None or last > best[0]):
+            best = (last, run_id)
+    return best[1] if best else None
+
+
+async def _compute_stats(
+    store: Store, run_id: str, settings: StatsConfig
+) -> tuple[float, Mapping[str, Any]]:
+    """A store without stats history (a bench run): compute the comparison once."""
+    from specproxy.stats.job import compute_stats
+
+    result = await compute_stats(store, run_id=run_id, stats_cfg=settings)
+    return float(result["computed_at"]), result
+
+
+def _settings_from(stats: Mapping[str, Any] | None, fallback: StatsConfig) -> StatsConfig:
+    raw = (stats or {}).get("settings")
+    if not isinstance(raw, Mapping):
+        return fallback
+    known = {
+        k: raw[k]
+        for k in ("resamples", "confidence", "alpha", "p99_tolerance", "warmup_requests", "seed")
+        if k in raw
+    }
+    try:
+        return StatsConfig(**{**_config_dict(fallback), **known})
+    except (ConfigError, TypeError):
+        return fallback
+
+
+def _config_dict(cfg: StatsConfig) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _draw_and_write(data: ReportData, out_dir: Path) -> None:
+    """Draw every figure, then write the PNGs, report.json and index.html (worker thread)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _draw(data)
+    for name, png in data.figures.items():
+        (out_dir / f"{name}.png").write_bytes(png)
+    (out_dir / "report.json").write_text(json.dumps(report_json(data), indent=2))
+    (out_dir / "index.html").write_text(render_html(data), encoding="utf-8")
+
+
+def _draw(data: ReportData) -> None:
+    data.figures["cdf_e2e"] = figures.latency_cdf_png(
+        data.latency["e2e"], title="End-to-end latency per arm", xlabel="E2E"
+    )
+    data.figures["cdf_tpot"] = figures.latency_cdf_png(
+        data.latency["tpot"], title="Time per output token per arm", xlabel="TPOT"
+    )
+    data.figures["cdf_ttft"] = figures.latency_cdf_png(
+        data.latency["ttft"], title="Time to first token per arm", xlabel="TTFT"
+    )
+    for stat, label in (("median", "median"), ("p99", "P99")):
+        t, est, lo, hi = speedup_series(data.history, "e2e", stat)
+        data.figures[f"speedup_time_{stat}"] = figures.speedup_over_time_png(
+            t, est, lo, hi, title=f"E2E {label} speedup over time (band: CI)"
+        )
+    data.positions = mean_position_acceptance(data.engine)
+    window = main_window(data.stats) or {}
+    spec_engine = (window.get("engine") or {}).get(Arm.SPECULATIVE.value) or {}
+    data.figures["acceptance"] = figures.acceptance_png(
+        data.positions,
+        overall=spec_engine.get("acceptance_rate"),
+        title="Draft acceptance per position (speculative arm)",
+    )
+    _load_figure(data)
+
+
+def _load_figure(data: ReportData) -> None:
+    spec_t = data.t_start.get(Arm.SPECULATIVE.value, np.array([]))
+    base_t = data.t_start.get(Arm.BASELINE.value, np.array([]))
+    spec_e2e_all = _aligned_e2e(data, Arm.SPECULATIVE.value)
+    base_e2e_all = _aligned_e2e(data, Arm.BASELINE.value)
+    has_running = any(s.requests_running is not None for s in data.engine)
+    if has_running:
+        spec_load, base_load = load_at(spec_t, data.engine), load_at(base_t, data.engine)
+        data.load_source = "vLLM requests running (mean over arms, last scrape before arrival)"
+    else:
+        all_t = np.concatenate([spec_t, base_t])
+        all_e = np.concatenate([spec_e2e_all, base_e2e_all])
+        inflight = in_flight_at_start(all_t, all_e)
+        spec_load, base_load = inflight[: spec_t.size], inflight[spec_t.size :]
+        data.load_source = "requests in flight through the proxy at arrival (both arms)"
+    bins = speedup_by_load(
+        spec_load,
+        spec_e2e_all,
+        base_load,
+        base_e2e_all,
+        rng=np.random.default_rng(data.settings.seed),
+        confidence=data.settings.confidence,
+    )
+    data.load_bins = [
+        {
+            "load": b.load,
+            "estimate": b.estimate,
+            "lower": b.lower,
+            "upper": b.upper,
+            "n_speculative": b.n_speculative,
+            "n_baseline": b.n_baseline,
+        }
+        for b in bins
+    ]
+    data.figures["speedup_load"] = figures.speedup_vs_load_png(
+        [b.load for b in bins],
+        [b.estimate for b in bins],
+        [b.lower for b in bins],
+        [b.upper for b in bins],
+        [b.n_speculative + b.n_baseline for b in bins],
+        xlabel=f"load: {data.load_source}",
+        title="Median E2E speedup against load",
+    )
+
+
+def _aligned_e2e(data: ReportData, arm: str) -> FloatArray:
+    return data.e2e_aligned.get(arm, np.array([], dtype=np.float64))
+
+
+def speedup_series(
+    history: Sequence[tuple[float, Mapping[str, Any]]], metric: str, statistic: str
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(t, estimate, lower, upper) of one speedup over the stats history (whole-run window)."""
+    t: list[float] = []
+    est: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+    for when, result in history:
+        window = main_window(result)
+        if window is None:
+            continue
+        s = window["metrics"][metric]["speedup"].get(statistic) or {}
+        if s.get("status") != "ok" or s.get("lower") is None or s.get("upper") is None:
+            continue
+        t.append(when)
+        est.append(float(s["estimate"]))
+        lo.append(float(s["lower"]))
+        hi.append(float(s["upper"]))
+    return t, est, lo, hi
+
+
+def report_json(data: ReportData) -> dict[str, Any]:
+    """The numbers the report shows, for machines (and the tests that compare them)."""
+    quantiles: dict[str, Any] = {}
+    for metric, per_arm in data.latency.items():
+        quantiles[metric] = {
+            arm: {
+                "n": int(v.size),
+                "median": float(np.median(v)) if v.size else None,
+                "p99": float(np.quantile(v, 0.99)) if v.size else None,
+            }
+            for arm, v in per_arm.items()
+        }
+    return {
+        "run_id": data.run_id,
+        "stats_t": data.stats_t,
+        "stats": data.stats,
+        "figures": sorted(f"{name}.png" for name in data.figures),
+        "figure_data": {
+            "latency": quantiles,
+            "excluded_warmup": data.excluded_warmup,
+            "excluded_failed": data.excluded_failed,
+            "load_source": data.load_source,
+            "load_bins": data.load_bins,
+            "position_acceptance": list(data.positions),
+            "speedup_over_time": {
+                stat: dict(
+                    zip(
+                        ("t", "estimate", "lower", "upper"),
+                        speedup_series(data.history, "e2e", stat),
+                        strict=True,
+                    )
+                )
+                for stat in ("median", "p99")
+            },
+        },
+    }

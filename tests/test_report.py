@@ -1,0 +1,189 @@
+"""The report: files, self-containment, and every figure's numbers checked against the store."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specproxy.config import StatsConfig, StoreConfig
+from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.report import write_report
+from specproxy.report.summary import fmt_ratio, main_window
+from specproxy.stats.job import compute_stats
+from specproxy.store import open_store
+
+RUN = "r1"
+T0 = 1_700_000_000.0
+WARMUP = 20
+
+
+def _records(rng: np.random.Generator, n: int = 400) -> list[RequestRecord]:
+    rows = []
+    for i in range(n):
+        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
+        scale = 0.1 if arm is Arm.SPECULATIVE else 0.2
+        e2e = float(rng.lognormal(np.log(scale), 0.3))
+        if i < 2 * WARMUP:
+            e2e *= 5  # cold start: must not show in any figure
+        ttft = e2e * 0.1
+        failed = i % 97 == 0
+        rows.append(
+            RequestRecord(
+                request_id=uuid.uuid4().hex,
+                run_id=RUN,
+                arm=arm,
+                t_start=T0 + i * 0.1,
+                model="tiny-llama",
+                endpoint="chat.completions",
+                stream=True,
+                status=500 if failed else 200,
+                e2e_s=e2e,
+                upstream_s=e2e,
+                ttft_s=ttft,
+                tpot_s=(e2e - ttft) / 63,
+                prompt_tokens=20,
+                output_tokens=64,
+                error_kind="http_5xx" if failed else None,
+            )
+        )
+    return rows
+
+
+def _samples() -> list[EngineSample]:
+    out = []
+    for j in range(10):
+        for arm in Arm:
+            spec = arm is Arm.SPECULATIVE
+            out.append(
+                EngineSample(
+                    t=T0 + j * 4.0,
+                    run_id=RUN,
+                    arm=arm,
+                    up=True,
+                    acceptance_rate=0.6 if spec else None,
+                    position_acceptance=(0.8, 0.6 + 0.01 * j, 0.4, 0.2) if spec else None,
+                    requests_running=float(j % 4),
+                )
+            )
+    return out
+
+
+async def _fill(url: str, *, history: bool) -> list[tuple[float, dict[str, object]]]:
+    store = open_store(StoreConfig(url=url))
+    await store.start()
+    try:
+        records = _records(np.random.default_rng(7))
+        written = []
+        for cut in (200, 400) if history else (400,):
+            for rec in records[cut - 200 if history else 0 : cut]:
+                store.record(rec)
+            for s in _samples():
+                store.record_engine(s)
+            await store.flush()
+            if history:
+                cfg = StatsConfig(warmup_requests=WARMUP, resamples=500)
+                result = await compute_stats(store, run_id=RUN, stats_cfg=cfg, window_end=T0 + 100)
+                await store.write_stats(run_id=RUN, t=result["computed_at"], result=result)
+                written.append((result["computed_at"], result))
+        return written
+    finally:
+        await store.close()
+
+
+async def _store_values(url: str) -> dict[str, dict[str, np.ndarray]]:
+    """Independently: usable requests per arm minus the first WARMUP of each arm."""
+    store = open_store(StoreConfig(url=url))
+    await store.start()
+    try:
+        arrays = await store.read_arrays(
+            run_id=RUN, columns=["t_start", "status", "e2e_s", "tpot_s", "ttft_s"]
+        )
+    finally:
+        await store.close()
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for arm, a in arrays.items():
+        keep = np.arange(len(a["t_start"])) >= WARMUP
+        keep &= a["status"] == 200
+        out[arm.value] = {c: a[c][keep] for c in ("e2e_s", "tpot_s", "ttft_s")}
+    return out
+
+
+async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    history = await _fill(url, history=True)
+    out = tmp_path / "report"
+    settings = StatsConfig(warmup_requests=WARMUP, resamples=500)
+    assert await write_report(url, run_id=None, out_dir=out, settings=settings) == out
+
+    report = json.loads((out / "report.json").read_text())
+    final = history[-1][1]
+    assert report["run_id"] == RUN
+    assert report["stats"] == json.loads(json.dumps(final))  # the last stats run, verbatim
+    window = main_window(final)
+    assert window is not None
+
+    expected = await _store_values(url)
+    figure = report["figure_data"]
+    for metric, column in (("e2e", "e2e_s"), ("tpot", "tpot_s"), ("ttft", "ttft_s")):
+        for arm in ("speculative", "baseline"):
+            shown = figure["latency"][metric][arm]
+            values = expected[arm][column]
+            assert shown["n"] == values.size == window["metrics"][metric]["n"][arm]
+            assert shown["median"] == pytest.approx(float(np.median(values)))
+            assert shown["p99"] == pytest.approx(float(np.quantile(values, 0.99)))
+            summary = window["metrics"][metric]["summary"][arm]
+            assert shown["median"] == pytest.approx(summary["median"])
+    assert figure["excluded_warmup"] == {"speculative": WARMUP, "baseline": WARMUP}
+
+    # Speedup over time: one point per stats run, straight from the history.
+    series = figure["speedup_over_time"]["median"]
+    assert series["t"] == [t for t, _ in history]
+    for (_, result), est in zip(history, series["estimate"], strict=True):
+        block = main_window(result)["metrics"]["e2e"]["speedup"]["median"]  # type: ignore[index]
+        assert est == block["estimate"]
+
+    # Acceptance per position: the mean over the stored scrapes.
+    assert figure["position_acceptance"] == pytest.approx([0.8, 0.645, 0.4, 0.2])
+
+    # Speedup by load: every bin's n adds up to the requests used.
+    bins = figure["load_bins"]
+    assert sum(b["n_speculative"] for b in bins) == expected["speculative"]["e2e_s"].size
+    assert all(b["lower"] <= b["estimate"] <= b["upper"] for b in bins)
+    assert all(b["estimate"] > 1.5 for b in bins)  # the synthetic arm is 2x faster
+
+    html = (out / "index.html").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert report["figures"] == pngs and len(pngs) == 7
+    embedded = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
+    assert len(embedded) == len(pngs)
+    assert all(base64.b64decode(b).startswith(b"\x89PNG") for b in embedded)
+    assert "http://" not in html and "https://" not in html  # self-contained
+    speedup = window["metrics"]["e2e"]["speedup"]["median"]["estimate"]
+    assert fmt_ratio(speedup) in html
+    for section in ("Verdicts", "Speedups", "Per arm", "Diagnosis", "Methodology"):
+        assert f"<h2>{section}" in html
+    assert "500 resamples" in html and f"first {WARMUP} requests per arm" in html
+
+
+async def test_report_without_history_computes_stats(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    await _fill(url, history=False)
+    out = tmp_path / "bench-report"
+    settings = StatsConfig(warmup_requests=WARMUP, resamples=300)
+    assert await write_report(url, run_id=RUN, out_dir=out, settings=settings) == out
+    report = json.loads((out / "report.json").read_text())
+    window = main_window(report["stats"])
+    assert window is not None and window["metrics"]["e2e"]["n"]["baseline"] > 100
+    assert report["stats"]["settings"]["resamples"] == 300
+
+
+async def test_empty_store_gives_no_report(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    assert await write_report(url, run_id=None, out_dir=tmp_path / "x") is None
+    assert not (tmp_path / "x").exists()
