@@ -97,13 +97,15 @@ def run_bare(port: int, upstream: str) -> None:
     _run(main())
 
 
-def run_proxy(port: int, upstream: str) -> None:
+def run_proxy(port: int, upstream: str, ring: int | None) -> None:
     from specproxy.app import create_app
     from specproxy.config import Config
+    from specproxy.proxy.recorder import MemoryRecorder
 
     async def main() -> None:
         cfg = Config(baseline_url=upstream, speculative_url=upstream)
-        await _serve(create_app(cfg), port)
+        recorder = MemoryRecorder(ring) if ring is not None else None
+        await _serve(create_app(cfg, recorder=recorder), port)
 
     _run(main())
 
@@ -245,6 +247,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--ring", type=int, help="size of the proxy's in-memory record ring")
     parser.add_argument(
         "--pin",
         metavar="CPUS",
@@ -256,7 +259,7 @@ def main() -> None:
     if args.role == "bare":
         return run_bare(0, args.upstream_url)
     if args.role == "proxy":
-        return run_proxy(0, args.upstream_url)
+        return run_proxy(0, args.upstream_url, args.ring)
 
     cpus: tuple[int | None, ...] = (None,) * 4
     if args.pin:
@@ -270,7 +273,8 @@ def main() -> None:
         url = f"http://127.0.0.1:{up_port}"
         bare, bare_port = spawn("bare", cpus[1], "--upstream-url", url)
         procs.append(bare)
-        proxy, proxy_port = spawn("proxy", cpus[2], "--upstream-url", url)
+        ring = ["--ring", str(args.ring)] if args.ring is not None else []
+        proxy, proxy_port = spawn("proxy", cpus[2], "--upstream-url", url, *ring)
         procs.append(proxy)
         if cpus[3] is not None:
             os.sched_setaffinity(0, {cpus[3]})
