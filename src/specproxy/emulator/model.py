@@ -265,14 +265,14 @@ class Engine:
 
     def plan(self, now: float) -> StepPlan | None:
         """Admit waiting sequences up to `max_num_seqs` and price the step; None when idle."""
-        prefill: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting.popleft()
             seq.scheduled_at = max(now, seq.arrival)
             self.running.append(seq)
-            prefill.append(seq)
         if not self.running:
             return None
+        # Derived from state, not from "admitted just now": a plan never completed strands nobody.
+        prefill = [s for s in self.running if s.generated == 0]
         decode = tuple(s for s in self.running if s.generated > 0)
         prompt = sum(s.prompt_tokens for s in prefill)
         duration = self.physics.step_s(len(decode), prompt, self.warm_fraction)

@@ -493,7 +493,6 @@ def chat_content_chunk(
     token_ids: tuple[int, ...],
     finish_reason: str | None,
     return_token_ids: bool,
-    fingerprint: str,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {
         "index": index,
@@ -504,16 +503,13 @@ def chat_content_chunk(
     if finish_reason is not None:
         choice["stop_reason"] = None
     choice["token_ids"] = list(token_ids) if return_token_ids else None
-    chunk: dict[str, Any] = {
+    return {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "choices": [choice],
     }
-    if finish_reason is not None:
-        chunk["system_fingerprint"] = fingerprint
-    return chunk
 
 
 def usage_chunk(

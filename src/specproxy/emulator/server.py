@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 VLLM_VERSION = "0.32.0"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-MAX_LAG_S = 0.05  # a step later than this is not caught up on: the engine clock restarts at now
+MAX_LAG_S = 0.5  # a step later than this is not caught up on: the engine clock restarts at now
 
 
 class _Restarted:
@@ -376,7 +376,6 @@ async def _stream(
                         token_ids=out.token_ids,
                         finish_reason=out.finish_reason,
                         return_token_ids=req.return_token_ids,
-                        fingerprint=emu.fingerprint,
                     )
                 else:
                     chunk = protocol.completion_chunk(
@@ -390,6 +389,8 @@ async def _stream(
                         prompt_token_ids=None if index in started else req.prompts[index // req.n],
                     )
                 started.add(index)
+                if not pending and not req.include_usage and out is outputs[-1]:
+                    chunk["system_fingerprint"] = emu.fingerprint  # the stream's last chunk
                 events.append(_event(chunk))
             if not pending and req.include_usage:
                 usage = protocol.usage_chunk(

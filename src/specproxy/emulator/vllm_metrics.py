@@ -37,6 +37,46 @@ PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 V0_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 V0_E2E_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+# vllm:cache_config_info labels as the fixtures' CPU server reported them (an info-style gauge).
+CACHE_CONFIG = {
+    "_block_size_resolved": "True",
+    "block_size": "128",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "effective_attention_block_size": "128",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "enable_prefix_caching": "True",
+    "engine": "0",
+    "gpu_memory_utilization": "0.92",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_cache_max_concurrency": "256.0",
+    "kv_cache_memory_bytes": "1073741824",
+    "kv_cache_size_tokens": "262144",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "float32",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks": "2048",
+    "num_gpu_blocks_override": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "False",
+}
 
 
 def token_buckets(max_model_len: int) -> tuple[int, ...]:
@@ -160,7 +200,7 @@ class EngineMetrics:
         reason = seq.finish_reason or "abort"
         end = seq.finished_at if seq.finished_at is not None else seq.arrival
         if self.version == "v0":
-            self._v0.success.labels(finished_reason=reason).inc()
+            self._v0.success.labels(finished_reason=reason, model_name=self._v0.model).inc()
             if seq.first_token_at is not None:
                 self._v0.ttft.observe(seq.first_token_at - seq.arrival)
             self._v0.e2e.observe(end - seq.arrival)
@@ -381,22 +421,17 @@ class _V1:
         info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            ["block_size", "cache_dtype", "enable_prefix_caching", "engine", "num_gpu_blocks"],
+            sorted(CACHE_CONFIG),
             registry=reg,
         )
-        info.labels(
-            block_size="128",
-            cache_dtype="auto",
-            enable_prefix_caching="True",
-            engine="0",
-            num_gpu_blocks="2048",
-        ).set(1)
+        info.labels(**CACHE_CONFIG).set(1)
 
 
 class _V0:
     """vLLM 0.5-0.8 (V0 engine) names: model_name label only, spec-decode gauges."""
 
     def __init__(self, reg: CollectorRegistry, model: str, speculative: bool) -> None:
+        self.model = model
         base = {"model_name": model}
         labels = ["model_name"]
 
