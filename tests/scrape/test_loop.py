@@ -41,6 +41,8 @@ class Rig:
     recorder: ListRecorder
     clock: FakeClock
     registry: CollectorRegistry
+    config: Config
+    sessions: dict[Arm, aiohttp.ClientSession]
 
     def value(self, name: str, arm: Arm) -> float | None:
         return self.registry.get_sample_value(name, {"arm": arm.value})
@@ -70,7 +72,7 @@ async def rig(aiohttp_server: AiohttpServer) -> AsyncIterator[Rig]:
     scraper = EngineScraper(config, sessions, recorder, clock=clock)
     registry = CollectorRegistry()
     register_engine_collector(registry, scraper.states)
-    yield Rig(spec, base, scraper, recorder, clock, registry)
+    yield Rig(spec, base, scraper, recorder, clock, registry, config, sessions)
     await scraper.close()
     for session in sessions.values():
         await session.close()
@@ -263,13 +265,6 @@ async def test_a_failing_recorder_does_not_stop_the_loop(rig: Rig) -> None:
         def record_engine(self, sample: EngineSample) -> None:
             raise RuntimeError("disk full")
 
-    scraper = EngineScraper(
-        Config(
-            speculative_url=rig.scraper._config.speculative_url,
-            baseline_url=rig.scraper._config.baseline_url,
-        ),
-        rig.scraper._sessions,
-        Broken(),
-    )
+    scraper = EngineScraper(rig.config, rig.sessions, Broken())
     samples = await scraper.scrape_once()
     assert samples[Arm.SPECULATIVE].up and samples[Arm.BASELINE].up
