@@ -84,10 +84,8 @@ async def emulator_pair(version: MetricsVersion) -> AsyncIterator[Pair]:
         yield Pair(scraper, recorder, {Arm.SPECULATIVE: spec_url, Arm.BASELINE: base_url}, session)
 
 
-# "v0" belongs here too; the emulator's V0 mode currently dies at the first finished request
-# (vllm_metrics.observe_finished calls vllm:request_success.labels() without model_name). V0
-# parsing and derivation are covered by tests/fixtures/vllm-v0 meanwhile.
-EMULATOR_METRICS_VERSIONS = ["v1"]
+# Both engine generations: the emulator serves V0 names with `--metrics-version v0`.
+EMULATOR_METRICS_VERSIONS = ["v1", "v0"]
 
 
 @pytest.fixture(params=EMULATOR_METRICS_VERSIONS)
