@@ -1,0 +1,118 @@
+"""The demo's terminal view: rich tables when there is a terminal, one plain line when not.
+
+Rendering is pure (a stats result and the client's tally in, a renderable or a string out), so it
+can be tested without a terminal. Per-arm latency comes from the client's own results while the
+stats job has not run yet, then from the stats result, which is what /api/stats and the report
+show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from specproxy.loadgen import ClientResult
+from specproxy.records import Arm
+
+__all__ = ["ClientTally", "plain_line", "render"]
+
+
+@dataclass(slots=True)
+class ClientTally:
+    """Latencies the load generator saw, per arm (from the proxy's `x-specproxy-arm` header)."""
+
+    e2e: dict[str, list[float]] = field(default_factory=dict)
+    ttft: dict[str, list[float]] = field(default_factory=dict)
+    tpot: dict[str, list[float]] = field(default_factory=dict)
+    errors: int = 0
+    sent: int = 0
+
+    def add(self, result: ClientResult) -> None:
+        self.sent += 1
+        if not result.ok:
+            self.errors += 1
+            return
+        arm = result.arm.value if result.arm is not None else "unknown"
+        self.e2e.setdefault(arm, []).append(result.e2e_ns / 1e9)
+        if result.ttft_ns is not None:
+            self.ttft.setdefault(arm, []).append(result.ttft_ns / 1e9)
+            if result.output_tokens and result.output_tokens > 1:
+                decode = (result.e2e_ns - result.ttft_ns) / 1e9
+                self.tpot.setdefault(arm, []).append(decode / (result.output_tokens - 1))
+
+    def quantile(self, column: str, arm: str, q: float) -> float | None:
+        values = getattr(self, column).get(arm)
+        return float(np.quantile(values, q)) if values else None
+
+
+def render(
+    stats: Mapping[str, Any] | None, tally: ClientTally, *, title: str = "live"
+) -> RenderableType:
+    """The whole view: per-arm latency, then speedups, acceptance, verdicts and diagnosis."""
+    from specproxy.report.summary import arm_rows, diagnosis_lines, speedup_rows, verdict_rows
+
+    parts: list[RenderableType] = []
+    arms = Table(title=f"specproxy demo ({title}): per arm", expand=False)
+    for column in ("arm", "n", "E2E p50", "E2E p99", "TTFT p50", "TPOT p50", "acceptance"):
+        arms.add_column(column, justify="right")
+    rows = arm_rows(stats) if stats is not None else []
+    if rows:
+        for row in rows:
+            arms.add_row(*row)
+    else:
+        for arm in (Arm.SPECULATIVE.value, Arm.BASELINE.value):
+            arms.add_row(
+                arm,
+                str(len(tally.e2e.get(arm, []))),
+                _ms(tally.quantile("e2e", arm, 0.5)),
+                _ms(tally.quantile("e2e", arm, 0.99)),
+                _ms(tally.quantile("ttft", arm, 0.5)),
+                _ms(tally.quantile("tpot", arm, 0.5)),
+                "-",
+            )
+        arms.caption = "client-side figures until the first stats run"
+    parts.append(arms)
+    if stats is None:
+        parts.append(
+            Text(f"requests sent: {tally.sent}, errors: {tally.errors}; waiting for stats")
+        )
+        return Group(*parts)
+    speed = Table(title="speedup = baseline / speculative (> 1: speculation is faster)")
+    for column in ("metric", "statistic", "estimate", "CI"):
+        speed.add_column(column, justify="right")
+    for row in speedup_rows(stats):
+        speed.add_row(*row)
+    parts.append(speed)
+    verdicts = Table(title="verdicts")
+    verdicts.add_column("metric")
+    verdicts.add_column("verdict")
+    for row in verdict_rows(stats):
+        verdicts.add_row(*row)
+    parts.append(verdicts)
+    for line in diagnosis_lines(stats):
+        parts.append(Text(line))
+    parts.append(Text(f"requests sent: {tally.sent}, client errors: {tally.errors}"))
+    return Group(*parts)
+
+
+def plain_line(stats: Mapping[str, Any] | None, tally: ClientTally) -> str:
+    """One status line for logs and CI (no terminal)."""
+    head = f"sent {tally.sent}, errors {tally.errors}"
+    if stats is None:
+        spec, base = (tally.quantile("e2e", a.value, 0.5) for a in Arm)
+        return f"{head}; client E2E p50 speculative {_ms(spec)}, baseline {_ms(base)}; no stats yet"
+    from specproxy.report.summary import speedup_rows, verdict_rows
+
+    speed = "; ".join(" ".join(r) for r in speedup_rows(stats)[:2])
+    verdict = ", ".join(f"{m}: {v}" for m, v in verdict_rows(stats))
+    return f"{head}; {speed}; {verdict}"
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds is not None else "-"
