@@ -107,12 +107,19 @@ async def write_report(
     run_id: str | None,
     out_dir: Path,
     settings: StatsConfig | None = None,
+    stats_at: float | None = None,
 ) -> Path | None:
-    """Read the run from the store, draw, write index.html, the PNGs and report.json."""
+    """Read the run from the store, draw, write index.html, the PNGs and report.json.
+
+    `stats_at` names the stats result to report (its `computed_at`), e.g. the final result a
+    live proxy served; by default the run's last one.
+    """
     store: Store = open_store(StoreConfig(url=store_url))
     await store.start()
     try:
-        data = await collect(store, run_id=run_id, settings=settings or StatsConfig())
+        data = await collect(
+            store, run_id=run_id, settings=settings or StatsConfig(), stats_at=stats_at
+        )
     finally:
         await store.close()
     if data is None:
@@ -121,7 +128,9 @@ async def write_report(
     return out_dir
 
 
-async def collect(store: Store, *, run_id: str | None, settings: StatsConfig) -> ReportData | None:
+async def collect(
+    store: Store, *, run_id: str | None, settings: StatsConfig, stats_at: float | None = None
+) -> ReportData | None:
     """The run's records (with the stats job's selection), engine samples and stats history."""
     run_id = run_id or await _latest_run(store)
     if run_id is None:
@@ -133,6 +142,10 @@ async def collect(store: Store, *, run_id: str | None, settings: StatsConfig) ->
     history: list[tuple[float, Mapping[str, Any]]] = list(
         await store.read_stats_history(run_id=run_id)
     )
+    if stats_at is not None:
+        chosen = [i for i, (_, r) in enumerate(history) if r.get("computed_at") == stats_at]
+        if chosen:
+            history = history[: chosen[-1] + 1]
     last = history[-1][1] if history else None
     settings = _settings_from(last, settings)
     until = last.get("window_end") if last is not None else None

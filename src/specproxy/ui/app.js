@@ -19,27 +19,17 @@ function fmtCi(b) {
     ? "[" + b.lower.toFixed(3) + ", " + b.upper.toFixed(3) + "]" : "-";
 }
 
-function windowSeconds(key) {
-  const v = parseFloat(String(key).replace(/s$/, ""));
-  return Number.isFinite(v) ? v : Infinity;
-}
-
-// Same rule as summary.main_window: the "all" window (else the longest), first model by name.
+// Same rule as summary.main_window: all models over the whole run (results.all.all), else the
+// longest window.
 function mainWindow(result) {
-  if (!result) return null;
-  const windows = result.windows;
-  if (!windows || typeof windows !== "object" || Object.keys(windows).length === 0) {
-    return result.metrics ? result : null;
-  }
-  let key = "all";
-  if (!("all" in windows)) {
-    key = Object.keys(windows).reduce((a, b) => (windowSeconds(b) > windowSeconds(a) ? b : a));
-  }
-  const perModel = windows[key];
-  if (!perModel || typeof perModel !== "object") return null;
-  if (perModel.metrics) return perModel;
-  const models = Object.keys(perModel).sort();
-  return models.length ? perModel[models[0]] : null;
+  const results = result && result.results;
+  if (!results || typeof results !== "object" || Object.keys(results).length === 0) return null;
+  const perWindow = results.all || results[Object.keys(results).sort()[0]];
+  if (!perWindow || typeof perWindow !== "object" || Object.keys(perWindow).length === 0) return null;
+  const seconds = (k) => (isNum((perWindow[k] || {}).window_s) ? perWindow[k].window_s : Infinity);
+  const key = "all" in perWindow ? "all"
+    : Object.keys(perWindow).reduce((a, b) => (seconds(b) > seconds(a) ? b : a));
+  return perWindow[key] || null;
 }
 
 function el(tag, attrs, text) {
@@ -141,10 +131,11 @@ async function poll() {
     renderVerdicts(win);
     renderSpeedups(win);
     renderArms(win);
-    const when = isNum(result.t) ? new Date(result.t * 1000).toLocaleTimeString() : "?";
+    const when = isNum(result.computed_at)
+      ? new Date(result.computed_at * 1000).toLocaleTimeString() : "?";
     const run = result.run_id ? "run " + result.run_id + ", " : "";
     setStatus(run + "stats computed at " + when + ", design " + (win.design || "split"), false);
-    document.body.setAttribute("data-stats-t", String(result.t));
+    document.body.setAttribute("data-computed-at", String(result.computed_at));
   } catch (err) {
     setStatus("cannot read /api/stats: " + err.message, true);
   }
