@@ -192,7 +192,7 @@ def histogram_replicates(
     """Poisson-bootstrap replicates over histogram bins (error bounds in the module docstring).
 
     A quantile replicate only depends on the bins near that quantile: the Poisson weights of all
-    bins left (right) of a window of +-10 sd of rank around it sum to one Poisson draw, so each
+    bins left (right) of a window of +-12 sd of rank around it sum to one Poisson draw, so each
     replicate costs a few dozen draws. The mean needs every bin, so it uses coarser bins.
     """
     out: dict[str, FloatArray] = {}
@@ -215,7 +215,9 @@ def _windowed_quantile(
     """Replicates of the lower order statistic at rank floor((T-1)p) of a Poisson reweighting."""
     n = int(hist.counts.sum())
     cum = np.cumsum(hist.counts)
-    margin = 10.0 * math.sqrt(n) + 10.0
+    # the replicate's rank target minus the reweighted count at the quantile has sd about
+    # sqrt(n p (1-p)); 12 sd either side leaves a miss probability below 1e-30
+    margin = 12.0 * math.sqrt(n * p * (1.0 - p)) + 10.0
     first = int(np.searchsorted(cum, p * n - margin, side="left"))
     last = int(np.searchsorted(cum - hist.counts, p * n + margin, side="right"))
     first, last = min(first, hist.counts.size - 1), max(last, first + 1)
@@ -228,7 +230,7 @@ def _windowed_quantile(
     rank = np.floor((total - 1) * p)
     cum_window = w_before[:, None] + np.cumsum(w_window, axis=1)
     index = (cum_window <= rank[:, None]).sum(axis=1)
-    inside = (rank >= w_before) & (index < last - first)  # fails with probability < 1e-20
+    inside = (rank >= w_before) & (index < last - first)  # fails with probability < 1e-30
     reps = hist.centres[first + np.minimum(index, last - first - 1)]
     return np.where(inside & (total > 0), reps, np.nan)
 
