@@ -400,15 +400,22 @@ def run(args: argparse.Namespace) -> int:
         baseline_port=args.baseline_port,
         startup_timeout_s=args.startup_timeout,
     )
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # stop the servers on SIGTERM too
-    print(f"starting vLLM servers (logs in {args.log_dir}/); this takes 1-3 minutes on 2 cores")
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # stop servers on TERM
+    try:
+        return _serve_until_interrupted(pair, args.log_dir)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_until_interrupted(pair: VllmPair, log_dir: str) -> int:
+    print(f"starting vLLM servers (logs in {log_dir}/); this takes 1-3 minutes on 2 cores")
+    sys.stdout.flush()
     with pair:
         print(f"speculative: {pair.speculative_url}  (model {SERVED_MODEL_NAME})")
         print(f"baseline:    {pair.baseline_url}")
         print(f"ready after {pair.startup_s:.0f} s; proxy them with:")
         print(
-            f"  specproxy serve --speculative-url {pair.speculative_url} "
-            f"--baseline-url {pair.baseline_url}"
+            f"  specproxy serve --speculative {pair.speculative_url} --baseline {pair.baseline_url}"
         )
         print("Ctrl-C stops both servers.")
         sys.stdout.flush()

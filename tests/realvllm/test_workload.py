@@ -1,0 +1,36 @@
+"""The tier's workload and the direct measurement, against fake servers (no vLLM)."""
+
+from __future__ import annotations
+
+import aiohttp
+from pytest_aiohttp import AiohttpServer
+
+from specproxy.realvllm.workload import completion_body, measure_direct, prompts
+from specproxy.records import Arm
+from tests.fake_openai import FakeOpenAI
+
+
+def test_prompts_are_deterministic_and_bounded() -> None:
+    first = prompts(30, seed=3)
+    assert first == prompts(30, seed=3) and first != prompts(30, seed=4)
+    assert all(5 <= len(p.split()) <= 60 for p in first)
+
+
+def test_completion_body_is_greedy_and_runs_to_max_tokens() -> None:
+    body = completion_body("hi", max_tokens=8, stream=True)
+    assert body["temperature"] == 0.0 and body["ignore_eos"] is True
+    assert body["max_tokens"] == 8 and body["stream"] is True and body["model"] == "tiny-llama"
+
+
+async def test_measure_direct_interleaves_and_drops_warmup(aiohttp_server: AiohttpServer) -> None:
+    fakes = {arm: FakeOpenAI(model="tiny-llama") for arm in Arm}
+    urls = {}
+    for arm, fake in fakes.items():
+        urls[arm] = str((await aiohttp_server(fake.app())).make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as session:
+        result = await measure_direct(session, urls, prompts(6), max_tokens=4, warmup=2)
+    assert all(len(result.latencies[arm]) == 4 for arm in Arm)
+    assert all(len(fake.bodies) == 6 for fake in fakes.values())
+    assert [b["prompt"] for b in fakes[Arm.BASELINE].bodies] == prompts(6)
+    assert len(result.acceptance_rates) == 4  # speculative arm only
+    assert result.speedup > 0
