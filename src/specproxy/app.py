@@ -41,6 +41,7 @@ from specproxy.proxy.forward import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx
+from specproxy.stats.context import stats_ctx
 from specproxy.store.context import store_ctx
 from specproxy.ui import add_ui_routes
 
@@ -89,7 +90,7 @@ def create_app(
     if recorder is None:  # an injected recorder (tests, benchmarks) stands in for the store
         app.cleanup_ctx.append(store_ctx)  # sets app[RECORDER]; closes (flushes) last
     app.cleanup_ctx.append(scrape_ctx)  # polls each arm's /metrics via app[SESSIONS]
-    # app.cleanup_ctx.append(stats_context)    # sets app[STATS]
+    app.cleanup_ctx.append(stats_ctx)  # periodic comparison on the store; sets app[STATS]
     # The forwarder reads RECORDER after every cleanup_ctx has started, and stops first.
     app.on_startup.append(_start_forwarder)
     app.on_shutdown.append(_stop_forwarder)
