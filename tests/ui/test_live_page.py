@@ -1,0 +1,236 @@
+"""The live page in headless Chromium while demo traffic flows: it shows what /api/stats says.
+
+Chromium loads GET /ui, runs the page's script (`--virtual-time-budget`) and dumps the DOM; the
+test parses the numbers shown and compares them, value by value and as formatted text, with the
+/api/stats result the page rendered (matched by `computed_at`). A screenshot is saved under
+artifacts/ui/ for people to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from rich.console import Console
+
+from specproxy import demo
+from specproxy.report.summary import (
+    ARMS,
+    METRICS,
+    STATISTICS,
+    fmt_ci,
+    fmt_ms,
+    fmt_ratio,
+    main_window,
+)
+from tests.conftest import require_binary
+
+pytestmark = pytest.mark.slow
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "ui"
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+class _Dom(HTMLParser):
+    """Every element's attributes and its own text, in document order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str], list[str]]] = []
+        self._open: list[int] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, {k: v or "" for k, v in attrs}, []))
+        if tag not in ("meta", "link", "br", "img", "input"):
+            self._open.append(len(self.elements) - 1)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._open:
+            if self.elements[self._open.pop()][0] == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        for index in self._open:
+            self.elements[index][2].append(data)
+
+    def find(self, **attrs: str) -> list[tuple[dict[str, str], str]]:
+        return [
+            (a, "".join(text).strip())
+            for _, a, text in self.elements
+            if all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())
+        ]
+
+
+async def _chromium(binary: str, profile: Path, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        *CHROMIUM_FLAGS,
+        f"--user-data-dir={profile}",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
+    assert proc.returncode == 0
+    return out.decode()
+
+
+async def _stats(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+    async with session.get(url + "/api/stats") as resp:
+        return await resp.json() if resp.status == 200 else None
+
+
+def _has_data(result: dict[str, Any] | None) -> bool:
+    window = main_window(result)
+    return window is not None and all(window["metrics"]["e2e"]["n"][a] > 5 for a in ARMS)
+
+
+def _same(shown: str, value: Any) -> bool:
+    if value is None:
+        return shown == ""
+    return math.isclose(float(shown), float(value), rel_tol=0, abs_tol=0)
+
+
+def _check(dom: _Dom, result: dict[str, Any]) -> None:
+    window = main_window(result)
+    assert window is not None
+    metrics = window["metrics"]
+    for arm in ARMS:
+        row = {a["data-field"]: (a["data-value"], text) for a, text in _row_cells(dom, arm)}
+        e2e = metrics["e2e"]["summary"][arm]
+        expected = {
+            "n": (metrics["e2e"]["n"][arm], str(metrics["e2e"]["n"][arm])),
+            "e2e_median": (e2e["median"], fmt_ms(e2e["median"])),
+            "e2e_p99": (e2e["p99"], fmt_ms(e2e["p99"])),
+            "ttft_median": (
+                metrics["ttft"]["summary"][arm]["median"],
+                fmt_ms(metrics["ttft"]["summary"][arm]["median"]),
+            ),
+            "tpot_median": (
+                metrics["tpot"]["summary"][arm]["median"],
+                fmt_ms(metrics["tpot"]["summary"][arm]["median"]),
+            ),
+        }
+        rate = (window["engine"].get(arm) or {}).get("acceptance_rate")
+        expected["acceptance_rate"] = (rate, f"{rate:.1%}" if rate is not None else "-")
+        for field, (value, text) in expected.items():
+            shown_value, shown_text = row[field]
+            assert _same(shown_value, value), (arm, field, shown_value, value)
+            assert shown_text == text, (arm, field, shown_text, text)
+    for metric in METRICS:
+        (box,) = [t for a, t in dom.find(data_metric=metric) if "verdict" in a.get("class", "")]
+        assert box.endswith(metrics[metric]["verdict"])
+        for stat in STATISTICS:
+            block = metrics[metric]["speedup"][stat]
+            (cell,) = dom.find(data_metric=metric, data_stat=stat)
+            assert cell[0]["data-status"] == block["status"]
+            if block["status"] == "ok":
+                (est,) = _inside(dom, metric, stat, "estimate")
+                assert _same(est[0]["data-value"], block["estimate"])
+                assert est[1] == fmt_ratio(block["estimate"])
+                (ci,) = _inside(dom, metric, stat, "ci")
+                assert _same(ci[0]["data-lower"], block["lower"])
+                assert _same(ci[0]["data-upper"], block["upper"])
+                assert ci[1] == fmt_ci(block)
+    (summary,) = [t for a, t in dom.find(id="diagnosis-summary")]
+    assert summary == f"diagnosis: {window['diagnosis']['summary']}"
+
+
+def _row_cells(dom: _Dom, arm: str) -> list[tuple[dict[str, str], str]]:
+    """The data cells of the per-arm row of `arm` (elements after its <tr> until the next)."""
+    out: list[tuple[dict[str, str], str]] = []
+    inside = False
+    for tag, attrs, text in dom.elements:
+        if tag == "tr":
+            inside = attrs.get("data-arm") == arm
+        elif inside and tag == "td" and "data-field" in attrs:
+            out.append((attrs, "".join(text).strip()))
+    return out
+
+
+def _inside(dom: _Dom, metric: str, stat: str, cls: str) -> list[tuple[dict[str, str], str]]:
+    out: list[tuple[dict[str, str], str]] = []
+    inside = False
+    for tag, attrs, text in dom.elements:
+        if tag == "td":
+            inside = attrs.get("data-metric") == metric and attrs.get("data-stat") == stat
+        elif inside and tag == "span" and attrs.get("class") == cls:
+            out.append((attrs, "".join(text).strip()))
+    return out
+
+
+async def test_live_page_shows_api_stats(tmp_path: Path) -> None:
+    chromium = require_binary("chromium", "chromium-browser", "google-chrome")
+    opts = demo.DemoOptions(
+        rate=10.0,
+        duration_s=40.0,
+        port=0,
+        store=f"sqlite:///{tmp_path / 'ui.db'}",
+        out=str(tmp_path / "report"),
+        max_tokens=48,
+        stats_interval_s=4.0,
+        scrape_interval_s=1.0,
+        resamples=300,
+        time_scale=0.5,
+    )
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    run = asyncio.create_task(demo.run_demo(opts, console=Console(quiet=True), started=started))
+    url = await asyncio.wait_for(started, 60)
+    checked = False
+    async with aiohttp.ClientSession() as session:
+        for _ in range(60):  # until the stats job has compared enough requests
+            if _has_data(await _stats(session, url)):
+                break
+            await asyncio.sleep(0.5)
+        for attempt in range(6):
+            before = await _stats(session, url)
+            dom_text = await _chromium(
+                chromium,
+                tmp_path / f"profile-{attempt}",
+                "--virtual-time-budget=3000",
+                "--dump-dom",
+                f"{url}/ui?interval=30",
+            )
+            after = await _stats(session, url)
+            dom = _Dom()
+            dom.feed(dom_text)
+            (body,) = [a for tag, a, _ in dom.elements if tag == "body"]
+            shown_at = body.get("data-computed-at")
+            for result in (before, after):
+                if result is not None and shown_at == repr(result["computed_at"]):
+                    _check(dom, result)
+                    checked = True
+                    break
+            if checked:
+                break
+        assert checked, "the page never showed a stats result that /api/stats also returned"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "live_page.png"
+        await _chromium(
+            chromium,
+            tmp_path / "profile-shot",
+            "--virtual-time-budget=3000",
+            "--window-size=1100,1250",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            f"{url}/ui?interval=30",
+        )
+        assert shot.read_bytes().startswith(b"\x89PNG")
+        (ARTIFACTS / "live_page_stats.json").write_text(json.dumps(after, indent=2))
+    outcome = await run
+    assert outcome.final_stats is not None
