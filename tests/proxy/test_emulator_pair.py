@@ -1,0 +1,304 @@
+"""The proxy in front of the emulator pair: byte-identical streams and TTFT/TPOT on known timings.
+
+Byte identity: the emulator is deterministic at temperature 0 except for two things, its response
+id (`secrets.token_hex`) and `created` (`time.time()`). Both are pinned in the emulator module
+(a counter reset before every request, a fixed clock), so direct and proxied bodies are compared
+byte for byte with nothing normalised.
+
+Timing: with warm-up off and one request at a time, the emulator's step durations are exact
+functions of its knobs (`Physics.step_s`): the first (prefill) step takes
+`base + prefill_per_token * P * (1 + c)` and emits the first token, every later step takes
+`base` on the baseline arm and `base * (1 + k*c)` on the speculative arm. Steps are scheduled on
+an absolute clock, so event-loop jitter delays single events but never accumulates; see
+`_TTFT_SLACK_S` and `_DECODE_SLACK_S` for the tolerances.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+from pytest_aiohttp import AiohttpClient
+
+from specproxy.app import create_app
+from specproxy.config import Config, RoutingConfig
+from specproxy.emulator import EmulatorConfig, run_emulator
+from specproxy.emulator import server as emulator_server
+from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.records import Arm, RequestRecord
+
+BASE_STEP_S = 0.02
+PREFILL_PER_TOKEN_S = 0.0005
+K = 4
+DRAFT_COST = 0.1
+SPEC = EmulatorConfig(
+    speculative=True,
+    num_speculative_tokens=K,
+    draft_cost_ratio=DRAFT_COST,
+    base_step_s=BASE_STEP_S,
+    prefill_per_token_s=PREFILL_PER_TOKEN_S,
+    warmup_requests=0,
+    seed=7,
+)
+BASE = dataclasses.replace(SPEC, speculative=False)
+# Timing runs also ask for vLLM's per-request metrics: the emulator's own view of the request.
+SPEC_TIMED = dataclasses.replace(SPEC, per_request_metrics=True, per_request_spec_metrics="summary")
+BASE_TIMED = dataclasses.replace(BASE, per_request_metrics=True)
+
+# TTFT seen by the proxy = the emulator's TTFT + what happens around it: the proxy forwarding the
+# request, the emulator parsing it and waking its engine loop, the first event travelling back.
+# Lower bound: the engine cannot emit before the prefill step's duration (minus a 1 ms timer
+# resolution). Upper bound: a few loop iterations on a loaded 2-core machine; 30 ms is 1.5 steps.
+_TTFT_SLACK_S = 0.030
+# Decode time (E2E - TTFT) = number of decode steps x step duration, up to the lateness of the
+# last event minus that of the first (absolute-clock scheduling: no accumulation). 30 ms covers
+# two late wake-ups on the loaded machine; it is under 10% of every decode time below.
+_DECODE_SLACK_S = 0.030
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+_IDS = {"issued": 0}
+
+
+def _token_hex(nbytes: int = 8) -> str:
+    _IDS["issued"] += 1
+    return f"{_IDS['issued']:0{2 * nbytes}x}"
+
+
+def _reset() -> None:
+    """Restart the pinned id sequence, so a direct and a proxied request get the same ids."""
+    _IDS["issued"] = 0
+
+
+@pytest.fixture
+def pinned_emulator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pin the emulator's only sources of variation: its ids and its `created` clock."""
+    monkeypatch.setattr(emulator_server, "secrets", types.SimpleNamespace(token_hex=_token_hex))
+    monkeypatch.setattr(emulator_server, "time", types.SimpleNamespace(time=lambda: 1.75e9))
+
+
+@dataclasses.dataclass
+class Rig:
+    client: TestClient[web.Request, web.Application]
+    recorder: MemoryRecorder
+    urls: dict[Arm, str]
+
+
+MakeRig = Callable[..., Awaitable[Rig]]
+
+
+@pytest.fixture
+async def rig_factory(
+    aiohttp_client: AiohttpClient,
+) -> AsyncIterator[MakeRig]:
+    """Builds emulator pairs with a proxy in front; the emulators stop when the test ends."""
+    stack = contextlib.AsyncExitStack()
+
+    async def make(spec: EmulatorConfig, base: EmulatorConfig, *, inject_usage: bool = True) -> Rig:
+        spec_url = await stack.enter_async_context(run_emulator(spec))
+        base_url = await stack.enter_async_context(run_emulator(base))
+        cfg = Config(
+            baseline_url=base_url,
+            speculative_url=spec_url,
+            inject_usage=inject_usage,
+            routing=RoutingConfig(allow_forced_arm=True),
+        )
+        recorder = MemoryRecorder()
+        app = create_app(cfg, registry=CollectorRegistry(), recorder=recorder)
+        client: TestClient[web.Request, web.Application] = await aiohttp_client(app)
+        return Rig(client, recorder, {Arm.SPECULATIVE: spec_url, Arm.BASELINE: base_url})
+
+    async with stack:
+        yield make
+
+
+def _body(path: str, *, stream: bool, usage: bool | None, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "tiny-llama", "max_tokens": max_tokens, "temperature": 0}
+    if path == CHAT_PATH:
+        body["messages"] = [{"role": "user", "content": "Say ord: a few times, please."}]
+    else:
+        body["prompt"] = "Repeat after me: ld ld ld"
+    if stream:
+        body["stream"] = True
+    if usage is not None:
+        body["stream_options"] = {"include_usage": usage}
+    return body
+
+
+async def _direct(url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    _reset()
+    async with aiohttp.ClientSession() as session, session.post(url + path, json=body) as resp:
+        return resp.status, await resp.read()
+
+
+async def _proxied(rig: Rig, arm: Arm, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    _reset()
+    async with rig.client.post(path, json=body, headers={"x-specproxy-arm": arm.value}) as resp:
+        assert resp.headers["x-specproxy-arm"] == arm.value
+        return resp.status, await resp.read()
+
+
+def _last(rig: Rig) -> RequestRecord:
+    return rig.recorder.records[-1]
+
+
+# --------------------------------------------------------------------------- byte identity
+
+
+@pytest.mark.usefixtures("pinned_emulator")
+async def test_emulator_is_deterministic_once_ids_and_clock_are_pinned() -> None:
+    """The premise of the identity tests: two direct runs are byte-identical (else they prove
+    nothing), and without pinning they are not (else the pinning would be pointless)."""
+    body = _body(CHAT_PATH, stream=True, usage=True, max_tokens=12)
+    async with run_emulator(SPEC) as url:
+        first = await _direct(url, CHAT_PATH, body)
+        second = await _direct(url, CHAT_PATH, body)
+    assert first == second
+    assert first[0] == 200 and first[1].endswith(b"data: [DONE]\n\n")
+
+
+async def test_emulator_ids_differ_without_pinning() -> None:
+    body = _body(CHAT_PATH, stream=True, usage=True, max_tokens=4)
+    async with run_emulator(SPEC) as url:
+        first = await _direct(url, CHAT_PATH, body)
+        second = await _direct(url, CHAT_PATH, body)
+    assert first[1] != second[1]
+
+
+@pytest.mark.usefixtures("pinned_emulator")
+@pytest.mark.parametrize("arm", list(Arm))
+@pytest.mark.parametrize("path", [CHAT_PATH, COMPLETIONS_PATH])
+@pytest.mark.parametrize(
+    ("usage", "inject"),
+    [
+        (None, True),  # the proxy injects include_usage and strips the usage chunk again
+        (False, True),  # explicit false: injected and stripped as well
+        (True, True),  # the client asked: nothing injected, the usage chunk passes through
+        (None, False),  # injection off: the request goes through untouched
+    ],
+)
+async def test_stream_is_byte_identical_to_direct(
+    rig_factory: MakeRig, arm: Arm, path: str, usage: bool | None, inject: bool
+) -> None:
+    rig: Rig = await rig_factory(SPEC, BASE, inject_usage=inject)
+    body = _body(path, stream=True, usage=usage, max_tokens=20)
+    direct = await _direct(rig.urls[arm], path, body)
+    proxied = await _proxied(rig, arm, path, body)
+    assert direct[0] == proxied[0] == 200
+    assert proxied[1] == direct[1]
+    rec = _last(rig)
+    assert (rec.arm, rec.stream, rec.status, rec.error_kind) == (arm, True, 200, None)
+    # With usage (asked for or injected) the record has the exact token count.
+    if usage is True or inject:
+        assert rec.output_tokens == 20
+        assert b'"usage"' in direct[1] if usage else b'"usage"' not in proxied[1]
+    else:
+        assert rec.output_tokens is None
+
+
+@pytest.mark.usefixtures("pinned_emulator")
+@pytest.mark.parametrize("arm", list(Arm))
+@pytest.mark.parametrize("path", [CHAT_PATH, COMPLETIONS_PATH])
+async def test_non_stream_body_is_byte_identical_to_direct(
+    rig_factory: MakeRig, arm: Arm, path: str
+) -> None:
+    rig: Rig = await rig_factory(SPEC, BASE)
+    body = _body(path, stream=False, usage=None, max_tokens=16)
+    direct = await _direct(rig.urls[arm], path, body)
+    proxied = await _proxied(rig, arm, path, body)
+    assert direct[0] == 200
+    assert proxied == direct
+    rec = _last(rig)
+    assert (rec.arm, rec.stream, rec.output_tokens, rec.error_kind) == (arm, False, 16, None)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _step_s(arm: Arm) -> float:
+    return BASE_STEP_S * (1 + K * DRAFT_COST) if arm is Arm.SPECULATIVE else BASE_STEP_S
+
+
+async def _warm_up(rig: Rig, arm: Arm) -> None:
+    """One short request first: a fresh proxy's first call pays one-off costs (client and
+    upstream connections, lazy initialisation; ~40 ms measured here) that are not step timing."""
+    status, _ = await _proxied(
+        rig, arm, CHAT_PATH, _body(CHAT_PATH, stream=True, usage=None, max_tokens=2)
+    )
+    assert status == 200
+
+
+def _sse_usage_chunk(raw: bytes) -> dict[str, Any]:
+    for event in raw.split(b"\n\n"):
+        if event.startswith(b"data: {") and b'"usage"' in event:
+            doc = json.loads(event[6:])
+            if not doc["choices"]:
+                return doc  # type: ignore[no-any-return]
+    raise AssertionError("no usage chunk")
+
+
+@pytest.mark.parametrize("arm", list(Arm))
+@pytest.mark.parametrize("path", [CHAT_PATH, COMPLETIONS_PATH])
+async def test_ttft_and_tpot_match_the_emulator_step_timing(
+    rig_factory: MakeRig, arm: Arm, path: str
+) -> None:
+    rig: Rig = await rig_factory(SPEC_TIMED, BASE_TIMED)
+    max_tokens = 24
+    body = _body(path, stream=True, usage=True, max_tokens=max_tokens)
+    await _warm_up(rig, arm)
+    status, raw = await _proxied(rig, arm, path, body)
+    assert status == 200
+    rec = _last(rig)
+    usage = _sse_usage_chunk(raw)
+    prompt_tokens = usage["usage"]["prompt_tokens"]
+    assert (rec.prompt_tokens, rec.output_tokens) == (prompt_tokens, max_tokens)
+    assert rec.ttft_s is not None and rec.tpot_s is not None
+
+    c = DRAFT_COST if arm is Arm.SPECULATIVE else 0.0
+    expected_ttft = BASE_STEP_S + PREFILL_PER_TOKEN_S * prompt_tokens * (1 + c)
+    assert expected_ttft - 0.001 <= rec.ttft_s <= expected_ttft + _TTFT_SLACK_S
+
+    # Decode steps after the prefill step: one per token on the baseline arm; on the speculative
+    # arm the emulator reports them (num_spec_steps), each emitting 1 + accepted drafts tokens.
+    if arm is Arm.SPECULATIVE:
+        decode_steps = usage["metrics"]["speculative_decoding"]["num_spec_steps"]
+        assert decode_steps < max_tokens - 1  # speculation did emit several tokens per step
+        assert rec.tokens_per_event is not None and rec.tokens_per_event > 1.0
+    else:
+        decode_steps = max_tokens - 1
+        assert rec.tokens_per_event == 1.0
+    expected_decode = decode_steps * _step_s(arm)
+    decode = rec.tpot_s * (max_tokens - 1)  # = E2E - TTFT
+    assert abs(decode - expected_decode) <= _DECODE_SLACK_S
+    expected_tpot = expected_decode / (max_tokens - 1)
+    assert rec.tpot_s == pytest.approx(expected_tpot, abs=_DECODE_SLACK_S / (max_tokens - 1))
+
+    # The emulator's own view of the same request: the proxy's TTFT contains it.
+    emulator_ttft = usage["metrics"]["time_to_first_token_ms"] / 1000.0
+    assert emulator_ttft - 0.001 <= rec.ttft_s <= emulator_ttft + _TTFT_SLACK_S
+    assert rec.n_events == decode_steps + 1
+    assert rec.mean_gap_s == pytest.approx(_step_s(arm), abs=_DECODE_SLACK_S / decode_steps)
+
+
+async def test_injected_usage_gives_tpot_without_the_client_seeing_usage(
+    rig_factory: MakeRig,
+) -> None:
+    rig: Rig = await rig_factory(SPEC_TIMED, BASE_TIMED)
+    body = _body(CHAT_PATH, stream=True, usage=None, max_tokens=16)
+    await _warm_up(rig, Arm.BASELINE)
+    status, raw = await _proxied(rig, Arm.BASELINE, CHAT_PATH, body)
+    assert status == 200 and b'"usage"' not in raw
+    rec = _last(rig)
+    assert rec.output_tokens == 16 and rec.tpot_s is not None
+    assert rec.tpot_s == pytest.approx(BASE_STEP_S, abs=_DECODE_SLACK_S / 15)
