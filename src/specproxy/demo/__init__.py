@@ -43,7 +43,7 @@ DEFAULT_STORE = "sqlite:///specproxy-demo.db"
 class DemoOptions:
     """Everything the demo can be told; the CLI flags map onto these one to one."""
 
-    rate: float = 4.0
+    rate: float = 8.0
     duration_s: float = 60.0
     acceptance: float = 0.8  # per-position draft acceptance alpha: k=4 gives a ~59 % rate
     speculative_tokens: int = 4
@@ -52,7 +52,7 @@ class DemoOptions:
     vllm_python: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    out: str = "specproxy-report"
+    out: str = "out/demo-report"
     run_id: str | None = None
     prompts: str | None = None
     max_tokens: int | None = None
@@ -274,7 +274,8 @@ async def _listen(runner: web.AppRunner, host: str, port: int) -> str:
 
 def _print_urls(console: Console, proxy: str, spec: str, base: str, opts: DemoOptions) -> None:
     kind = "real vLLM" if opts.vllm_urls or opts.vllm_python else "emulated"
-    console.print(f"arms ({kind}): speculative {spec}  baseline {base}")
+    console.print(f"speculative arm ({kind}): {spec}")
+    console.print(f"baseline arm ({kind}):    {base}")
     console.print(f"proxy:  {proxy}/v1  (OpenAI-compatible)")
     console.print(f"live page:  {proxy}/ui")
     console.print(f"metrics:    {proxy}/metrics")

@@ -75,7 +75,7 @@ def speedup_over_time_png(
         ax.axhline(1.0, color="#777777", lw=0.9, linestyle="--")
         ax.set_xlabel("minutes since the first stats run")
     else:
-        _empty(ax)
+        _empty(ax, "no stats run had enough samples for this CI yet")
     ax.set_ylabel("speedup (baseline / speculative)")
     ax.set_title(title)
     return _png(fig)

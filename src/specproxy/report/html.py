@@ -35,7 +35,9 @@ h1 { font-size: 1.6em; margin-bottom: 0.2em; }
 h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 .sub { color: #667; }
 table { border-collapse: collapse; margin: 0.6em 0; }
-th, td { padding: 0.3em 0.8em; border-bottom: 1px solid #e4e6eb; text-align: right; }
+th, td { padding: 0.3em 0.8em; border-bottom: 1px solid #e4e6eb; text-align: right;
+         white-space: nowrap; }
+#methodology td { white-space: normal; }
 th:first-child, td:first-child { text-align: left; }
 .verdicts { display: flex; gap: 1em; flex-wrap: wrap; }
 .verdict { padding: 0.6em 1em; border-radius: 6px; min-width: 9em; }
