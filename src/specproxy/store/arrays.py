@@ -1,7 +1,9 @@
-"""Turning fetched rows into the column arrays of `ArmArrays`, shared by every backend.
+"""Turning fetched rows (or an Arrow table) into the column arrays of `ArmArrays`.
 
-The conversion is the hot part of a 1M-row read, so it stays in numpy's C loops: the rows become
-one 2-D object array, and each column is cast from there (None becomes NaN in float columns).
+The conversion is the hot part of a 1M-row read, so it stays in C loops: fetched rows become one
+2-D object array and each column is cast from there; an Arrow table (SQLite read through ADBC) is
+cast column by column in Arrow. Either way None becomes NaN in float columns, booleans come back as
+bool arrays and strings as object arrays, so callers cannot tell the two paths apart.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from specproxy.errors import StoreError
 from specproxy.records import RECORD_FIELDS
 from specproxy.store.base import ArmArrays
 
-__all__ = ["BOOL_COLUMNS", "TEXT_COLUMNS", "check_columns", "empty_arrays", "rows_to_arrays"]
+__all__ = [
+    "BOOL_COLUMNS",
+    "TEXT_COLUMNS",
+    "arrow_to_arrays",
+    "check_columns",
+    "empty_arrays",
+    "rows_to_arrays",
+]
 
 BOOL_COLUMNS = frozenset({"stream", "shadow", "disconnected"})
 TEXT_COLUMNS = frozenset(
@@ -61,4 +70,31 @@ def rows_to_arrays(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Arm
             out[column] = values.astype(np.bool_)
         else:
             out[column] = values.astype(np.float64)
+    return out
+
+
+def arrow_to_arrays(columns: Sequence[str], table: Any) -> ArmArrays:
+    """A `pyarrow.Table` whose columns are `columns`, in order -> one array per column.
+
+    Column types are whatever the reader inferred (SQLite through ADBC types an all-NULL column as
+    int64), so every column is cast to the type the contract promises before leaving Arrow.
+    Arrays are always writable, like those of `rows_to_arrays` (Arrow hands out read-only views).
+    """
+    import pyarrow as pa  # a runtime dependency, imported here so the sqlite3 path never needs it
+
+    if table.num_rows == 0:
+        return empty_arrays(columns)
+    out: ArmArrays = {}
+    for i, column in enumerate(columns):
+        values = table.column(i)
+        dtype = _dtype(column)
+        if dtype is object:
+            array = values.cast(pa.string()).to_numpy(zero_copy_only=False)
+        elif dtype is np.bool_:
+            array = values.cast(pa.bool_()).fill_null(False).to_numpy(zero_copy_only=False)
+        else:
+            array = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        if not array.flags.writeable:
+            array = array.copy()
+        out[column] = array
     return out
