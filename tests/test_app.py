@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -21,7 +23,7 @@ from specproxy.app import (
     STATS,
     create_app,
 )
-from specproxy.config import Config
+from specproxy.config import Config, StoreConfig
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm
 
@@ -33,8 +35,11 @@ def closed_url() -> str:
 
 
 def config() -> Config:
+    """Both arms closed; the default SQLite store, but in a temp dir, never in the cwd."""
     url = closed_url()
-    return Config(baseline_url=url, speculative_url=url)
+    tmp = os.path.join(tempfile.gettempdir(), f"specproxy-test-app-{os.getpid()}")
+    store = StoreConfig(url=f"sqlite:///{tmp}/store.db", spill_path=f"{tmp}/spill.jsonl")
+    return Config(baseline_url=url, speculative_url=url, store=store)
 
 
 async def test_shared_objects_live_under_typed_keys(aiohttp_client: AiohttpClient) -> None:
