@@ -128,9 +128,14 @@ def test_bad_options(argv: tuple[str, ...], message: str) -> None:
         demo.options_from_args(_args(*argv))
 
 
-def test_vllm_urls_are_split() -> None:
-    opts = demo.options_from_args(_args("--vllm", "http://s:1, http://b:2", "--rate", "2"))
-    assert opts.vllm_urls == ("http://s:1", "http://b:2") and opts.rate == 2.0
+def test_vllm_urls_are_split_and_real_servers_get_gentler_defaults() -> None:
+    opts = demo.options_from_args(_args("--vllm", "http://s:1, http://b:2"))
+    assert opts.vllm_urls == ("http://s:1", "http://b:2")
+    assert (opts.rate, opts.max_tokens) == (demo.REAL_RATE, demo.REAL_MAX_TOKENS)
+    opts = demo.options_from_args(_args("--vllm-python", "/py", "--rate", "3", "--max-tokens", "9"))
+    assert (opts.vllm_python, opts.rate, opts.max_tokens) == ("/py", 3.0, 9)
+    emulated = demo.options_from_args(_args())
+    assert (emulated.rate, emulated.max_tokens) == (demo.DemoOptions().rate, None)
 
 
 def test_cli_without_terminal_stops_on_ctrl_c(tmp_path: Path) -> None:

@@ -37,6 +37,9 @@ from specproxy.prompts import load_prompts
 __all__ = ["DemoOptions", "DemoOutcome", "configure", "run", "run_demo"]
 
 DEFAULT_STORE = "sqlite:///specproxy-demo.db"
+# Real vLLM CPU servers share two cores: a gentler load keeps them out of saturation.
+REAL_RATE = 2.0
+REAL_MAX_TOKENS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,11 @@ class DemoOutcome:
 def configure(parser: argparse.ArgumentParser) -> None:
     d = DemoOptions()
     add = parser.add_argument
-    add("--rate", type=float, default=d.rate, help="Poisson arrivals per second")
+    add(
+        "--rate",
+        type=float,
+        help=f"Poisson arrivals per second (default {d.rate:g}; {REAL_RATE:g} with real vLLM)",
+    )
     add("--duration", type=float, default=d.duration_s, help="seconds of load before the report")
     add(
         "--acceptance",
@@ -98,7 +105,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--out", default=d.out, help="report directory")
     add("--run-id", help="default: demo-<unix time>")
     add("--prompts", help="JSONL prompts (default: the packaged set)")
-    add("--max-tokens", type=int, help="cap on each prompt's output budget")
+    add(
+        "--max-tokens",
+        type=int,
+        help=f"cap on each prompt's output budget (default none; {REAL_MAX_TOKENS} on real vLLM)",
+    )
     add("--stats-interval", type=float, default=d.stats_interval_s, help="seconds between stats")
     add("--resamples", type=int, default=d.resamples, help="bootstrap resamples")
     add("--seed", type=int, default=d.seed)
@@ -124,7 +135,12 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         urls = (parts[0], parts[1])
     if urls is not None and args.vllm_python:
         raise ConfigError("--vllm and --vllm-python exclude each other")
-    if args.rate <= 0:
+    real = urls is not None or args.vllm_python is not None
+    rate = args.rate if args.rate is not None else (REAL_RATE if real else DemoOptions().rate)
+    max_tokens = (
+        args.max_tokens if args.max_tokens is not None else (REAL_MAX_TOKENS if real else None)
+    )
+    if rate <= 0:
         raise ConfigError("--rate must be > 0")
     if args.duration <= 0:
         raise ConfigError("--duration must be > 0")
@@ -133,7 +149,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     if args.speculative_tokens < 1:
         raise ConfigError("--speculative-tokens must be >= 1")
     return DemoOptions(
-        rate=args.rate,
+        rate=rate,
         duration_s=args.duration,
         acceptance=args.acceptance,
         speculative_tokens=args.speculative_tokens,
@@ -145,7 +161,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         out=args.out,
         run_id=args.run_id,
         prompts=args.prompts,
-        max_tokens=args.max_tokens,
+        max_tokens=max_tokens,
         stats_interval_s=args.stats_interval,
         resamples=args.resamples,
         seed=args.seed,
