@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import statistics
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -63,6 +64,7 @@ _TTFT_SLACK_S = 0.030
 # last event minus that of the first (absolute-clock scheduling: no accumulation). 30 ms covers
 # two late wake-ups on the loaded machine; it is under 10% of every decode time below.
 _DECODE_SLACK_S = 0.030
+_TIMED_REQUESTS = 3
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -253,42 +255,50 @@ def _sse_usage_chunk(raw: bytes) -> dict[str, Any]:
 async def test_ttft_and_tpot_match_the_emulator_step_timing(
     rig_factory: MakeRig, arm: Arm, path: str
 ) -> None:
+    """Exact facts hold for every request; the timing errors are checked on the median of
+    `_TIMED_REQUESTS` requests, so one scheduler hiccup on the shared machine is not a failure."""
     rig: Rig = await rig_factory(SPEC_TIMED, BASE_TIMED)
     max_tokens = 24
     body = _body(path, stream=True, usage=True, max_tokens=max_tokens)
     await _warm_up(rig, arm)
-    status, raw = await _proxied(rig, arm, path, body)
-    assert status == 200
-    rec = _last(rig)
-    usage = _sse_usage_chunk(raw)
-    prompt_tokens = usage["usage"]["prompt_tokens"]
-    assert (rec.prompt_tokens, rec.output_tokens) == (prompt_tokens, max_tokens)
-    assert rec.ttft_s is not None and rec.tpot_s is not None
-
     c = DRAFT_COST if arm is Arm.SPECULATIVE else 0.0
-    expected_ttft = BASE_STEP_S + PREFILL_PER_TOKEN_S * prompt_tokens * (1 + c)
-    assert expected_ttft - 0.001 <= rec.ttft_s <= expected_ttft + _TTFT_SLACK_S
+    ttft_vs_model, ttft_vs_emulator, decode_errors, gap_errors = [], [], [], []
+    for _ in range(_TIMED_REQUESTS):
+        status, raw = await _proxied(rig, arm, path, body)
+        assert status == 200
+        rec = _last(rig)
+        usage = _sse_usage_chunk(raw)
+        prompt_tokens = usage["usage"]["prompt_tokens"]
+        assert (rec.prompt_tokens, rec.output_tokens) == (prompt_tokens, max_tokens)
+        assert rec.ttft_s is not None and rec.tpot_s is not None and rec.mean_gap_s is not None
 
-    # Decode steps after the prefill step: one per token on the baseline arm; on the speculative
-    # arm the emulator reports them (num_spec_steps), each emitting 1 + accepted drafts tokens.
-    if arm is Arm.SPECULATIVE:
-        decode_steps = usage["metrics"]["speculative_decoding"]["num_spec_steps"]
-        assert decode_steps < max_tokens - 1  # speculation did emit several tokens per step
-        assert rec.tokens_per_event is not None and rec.tokens_per_event > 1.0
-    else:
-        decode_steps = max_tokens - 1
-        assert rec.tokens_per_event == 1.0
-    expected_decode = decode_steps * _step_s(arm)
-    decode = rec.tpot_s * (max_tokens - 1)  # = E2E - TTFT
-    assert abs(decode - expected_decode) <= _DECODE_SLACK_S
-    expected_tpot = expected_decode / (max_tokens - 1)
-    assert rec.tpot_s == pytest.approx(expected_tpot, abs=_DECODE_SLACK_S / (max_tokens - 1))
+        # Lower bounds are exact: no step ends before its modelled duration.
+        expected_ttft = BASE_STEP_S + PREFILL_PER_TOKEN_S * prompt_tokens * (1 + c)
+        emulator_ttft = usage["metrics"]["time_to_first_token_ms"] / 1000.0
+        assert emulator_ttft >= expected_ttft - 0.001  # 1 ms: timer granularity
+        assert rec.ttft_s >= emulator_ttft - 0.001  # the proxy's span contains the emulator's
+        ttft_vs_model.append(rec.ttft_s - expected_ttft)
+        ttft_vs_emulator.append(rec.ttft_s - emulator_ttft)
 
-    # The emulator's own view of the same request: the proxy's TTFT contains it.
-    emulator_ttft = usage["metrics"]["time_to_first_token_ms"] / 1000.0
-    assert emulator_ttft - 0.001 <= rec.ttft_s <= emulator_ttft + _TTFT_SLACK_S
-    assert rec.n_events == decode_steps + 1
-    assert rec.mean_gap_s == pytest.approx(_step_s(arm), abs=_DECODE_SLACK_S / decode_steps)
+        # Decode steps after the prefill step: one per token on the baseline arm; on the
+        # speculative arm the emulator reports them (num_spec_steps), each emitting
+        # 1 + accepted drafts tokens, one SSE event per step.
+        if arm is Arm.SPECULATIVE:
+            decode_steps = usage["metrics"]["speculative_decoding"]["num_spec_steps"]
+            assert decode_steps < max_tokens - 1  # speculation did emit several tokens per step
+            assert rec.tokens_per_event is not None and rec.tokens_per_event > 1.0
+        else:
+            decode_steps = max_tokens - 1
+            assert rec.tokens_per_event == 1.0
+        assert rec.n_events == decode_steps + 1
+        decode = rec.tpot_s * (max_tokens - 1)  # TPOT = (E2E - TTFT) / (tokens - 1)
+        decode_errors.append(abs(decode - decode_steps * _step_s(arm)))
+        gap_errors.append(abs(rec.mean_gap_s - _step_s(arm)) * decode_steps)
+
+    assert 0.0 <= statistics.median(ttft_vs_model) <= _TTFT_SLACK_S
+    assert statistics.median(ttft_vs_emulator) <= _TTFT_SLACK_S
+    assert statistics.median(decode_errors) <= _DECODE_SLACK_S  # TPOT within slack/(tokens-1)
+    assert statistics.median(gap_errors) <= _DECODE_SLACK_S
 
 
 async def test_injected_usage_gives_tpot_without_the_client_seeing_usage(

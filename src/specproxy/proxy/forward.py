@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from aiohttp import ClientError, ClientResponse, ClientSession, web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -34,6 +34,7 @@ from specproxy.errors import error_body
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
 from specproxy.proxy.sse import SSEScanner
+from specproxy.proxy.upstream import UpstreamError, UpstreamPool
 from specproxy.records import Arm, Recorder, RequestRecord
 
 __all__ = [
@@ -71,6 +72,32 @@ _DROP_REQUEST: Final = _HOP_BY_HOP | {"host", "content-length", "expect", FORCED
 _DROP_RESPONSE: Final = _HOP_BY_HOP | {"content-length"}
 _STATUS_CLIENT_GONE: Final = 499  # nginx's "client closed request"
 _BUFFER_LIMIT: Final = 8 * 1024 * 1024  # non-stream bodies up to this size are sent in one write
+
+
+class _Body(Protocol):
+    async def readany(self) -> bytes: ...
+
+
+class _Reply(Protocol):
+    """What the request path reads from an upstream response: aiohttp's or the lean client's."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def content_length(self) -> int | None: ...
+    @property
+    def content(self) -> _Body: ...
+    async def read(self) -> bytes: ...
+    def release(self) -> Any: ...
+    def close(self) -> None: ...
+
+
+# Failures of an upstream call, from either client.
+_UPSTREAM_ERRORS: Final = (ClientError, UpstreamError, TimeoutError)
 
 
 class _Failure(Exception):
@@ -239,6 +266,20 @@ class Forwarder:
             }
             for arm in Arm
         }
+        # Non-streaming calls to plain-http arms go through the lean client (see `upstream`).
+        self._pools: dict[Arm, UpstreamPool] = {}
+        self._pool_paths: dict[Arm, dict[str, str]] = {}
+        for arm in Arm:
+            base = URL(cfg.upstream_url(arm))
+            if base.scheme == "http" and base.host is not None and not base.query_string:
+                self._pools[arm] = UpstreamPool(
+                    base.host,
+                    base.port or 80,
+                    connect_timeout=cfg.timeouts.connect_s,
+                    read_timeout=cfg.timeouts.read_s,
+                )
+                prefix = base.raw_path.rstrip("/")
+                self._pool_paths[arm] = {path: prefix + path for path in MEASURED_ENDPOINTS}
         self._id_prefix = os.urandom(5).hex()
         self._id_counter = itertools.count()
         self._children: dict[tuple[Arm, str, bool], tuple[Any, ...]] = {}
@@ -260,6 +301,8 @@ class Forwarder:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        for pool in self._pools.values():
+            await pool.close()
 
     def _inflight_of(self, arm: Arm) -> float:
         return float(self._inflight[arm])
@@ -390,14 +433,21 @@ class Forwarder:
     ) -> web.StreamResponse:
         arm = trace.arm
         self._inflight[arm] += 1
-        upstream: ClientResponse | None = None
+        upstream: _Reply | None = None
         try:
             trace.upstream_start = time.perf_counter()
+            pool = None if trace.stream else self._pools.get(arm)
             try:
-                upstream = await self._sessions[arm].post(
-                    self._urls[arm][request.path], data=body, headers=headers, allow_redirects=False
-                )
-            except (ClientError, TimeoutError) as exc:
+                if pool is not None:
+                    upstream = await pool.post(self._pool_paths[arm][request.path], body, headers)
+                else:
+                    upstream = await self._sessions[arm].post(
+                        self._urls[arm][request.path],
+                        data=body,
+                        headers=headers,
+                        allow_redirects=False,
+                    )
+            except _UPSTREAM_ERRORS as exc:
                 failure = _classify(exc, arm)
                 trace.fail(failure.kind, failure.status)
                 return await self._send_error(request, trace, failure)
@@ -421,7 +471,7 @@ class Forwarder:
             self._finish(trace)
 
     async def _stream(
-        self, request: web.Request, trace: _Trace, upstream: ClientResponse, strip_usage: bool
+        self, request: web.Request, trace: _Trace, upstream: _Reply, strip_usage: bool
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             status=upstream.status,
@@ -440,7 +490,7 @@ class Forwarder:
         while True:
             try:
                 chunk = await content.readany()
-            except (ClientError, TimeoutError) as exc:
+            except _UPSTREAM_ERRORS as exc:
                 trace.upstream_end = perf_counter()
                 trace.fail("timeout" if isinstance(exc, TimeoutError) else "broken")
                 await self._flush(resp, scanner.finish())
@@ -465,17 +515,18 @@ class Forwarder:
         return resp
 
     async def _buffered(
-        self, request: web.Request, trace: _Trace, upstream: ClientResponse
+        self, request: web.Request, trace: _Trace, upstream: _Reply
     ) -> web.StreamResponse:
         length = upstream.content_length
         if length is None or length > _BUFFER_LIMIT:
             return await self._stream(request, trace, upstream, strip_usage=False)
         try:
             payload = await upstream.read()
-        except (ClientError, TimeoutError) as exc:
+        except _UPSTREAM_ERRORS as exc:
             failure = _classify(exc, trace.arm)
             kind = "timeout" if failure.kind == "timeout" else "broken"
             trace.fail(kind)
+            trace.status = failure.status  # what the client gets: nothing was sent yet
             return await self._send_error(request, trace, failure)
         trace.upstream_end = time.perf_counter()
         if upstream.status == 200:
@@ -716,7 +767,7 @@ def _object_after(payload: bytes, key: bytes) -> object:
     return value
 
 
-def _is_event_stream(upstream: ClientResponse) -> bool:
+def _is_event_stream(upstream: _Reply) -> bool:
     return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
 
 
@@ -728,9 +779,7 @@ def _request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
 
 
-def _response_headers(
-    headers: CIMultiDictProxy[str], arm: Arm, request_id: str
-) -> CIMultiDict[str]:
+def _response_headers(headers: Mapping[str, str], arm: Arm, request_id: str) -> CIMultiDict[str]:
     out = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _DROP_RESPONSE)
     out[ARM_HEADER] = arm.value
     out[REQUEST_ID_HEADER] = request_id
@@ -740,6 +789,10 @@ def _response_headers(
 def _classify(exc: BaseException, arm: Arm) -> _Failure:
     if isinstance(exc, TimeoutError):
         return _Failure("timeout", 504, "GatewayTimeout", f"the {arm.value} arm timed out")
+    if isinstance(exc, UpstreamError) and exc.kind != "connect":
+        return _Failure(
+            exc.kind, 502, "BadGateway", f"the {arm.value} arm sent a broken response: {exc}"
+        )
     return _Failure(
         "connect", 502, "BadGateway", f"the {arm.value} arm could not be reached: {exc}"
     )

@@ -1,0 +1,426 @@
+"""A lean HTTP/1.1 client for the proxy's non-streaming upstream calls.
+
+Why it exists: for a small non-streaming request, aiohttp's `ClientSession` request path (request
+object, payload registry, connector bookkeeping, response parser, stream reader) was about a
+quarter of the proxy's CPU time (py-spy, see benchmarks/bench_proxy.py). The proxy needs much
+less: send one POST with the client's headers on a pooled keep-alive connection, and read back
+status, headers and a body framed by Content-Length, chunked encoding or connection close. That
+is all this module does. Streaming requests, shadows, pass-through and probes keep aiohttp.
+
+Semantics kept from the aiohttp session it replaces on that path:
+- keep-alive pool without a cap; a connection goes back to the pool only after a complete
+  response that allows reuse (no `Connection: close`, HTTP/1.1 or explicit keep-alive);
+- connect timeout -> `TimeoutError` (504), refused/unreachable -> `ConnectFailed` (502),
+  read timeout = the longest silence while a response is awaited -> `TimeoutError`;
+- an upstream that closes, or sends garbage or a truncated response, after the request was
+  written raises `UpstreamBroken`. Nothing is retried once a request byte was written, because
+  the upstream may have started generating (a POST is not idempotent). Connections the upstream
+  closed while idle are dropped as soon as the loop sees the close, and connections idle longer
+  than `idle_timeout_s` (below uvicorn's 5 s keep-alive) are not reused, which makes the race of
+  writing into a connection the server is just closing rare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from multidict import CIMultiDict
+
+__all__ = [
+    "ConnectFailed",
+    "UpstreamBroken",
+    "UpstreamError",
+    "UpstreamPool",
+    "UpstreamResponse",
+]
+
+_MAX_HEAD: Final = 64 * 1024  # status line + headers
+_MAX_CHUNK_LINE: Final = 4096
+_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
+
+
+class UpstreamError(Exception):
+    """The upstream could not be used; `kind` names the failure for records and metrics."""
+
+    kind = "broken"
+
+
+class ConnectFailed(UpstreamError):
+    """No connection: refused, unreachable, reset during connect."""
+
+    kind = "connect"
+
+
+class UpstreamBroken(UpstreamError):
+    """The connection closed, or the upstream sent something that is not HTTP/1.1, mid-response."""
+
+    kind = "broken"
+
+
+class _Connection(asyncio.Protocol):
+    """One upstream socket: buffers what arrives and wakes the single reader waiting on it."""
+
+    __slots__ = ("buf", "closed", "idle_since", "pool", "transport", "waiter")
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        self._wake()
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool._forget(self)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, limit_s: float | None) -> None:
+        """Until more bytes arrive or the connection closes; `TimeoutError` after `limit_s`."""
+        loop = self.pool.loop
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(limit_s, _expire, waiter) if limit_s is not None else None
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("upstream read timed out"))
+
+
+class UpstreamResponse:
+    """Status, headers and body of one upstream response; release or close it when done."""
+
+    __slots__ = (
+        "_chunk_left",
+        "_conn",
+        "_done",
+        "_left",
+        "_mode",
+        "_reusable",
+        "content_length",
+        "headers",
+        "reason",
+        "status",
+    )
+
+    def __init__(
+        self,
+        conn: _Connection,
+        status: int,
+        reason: str,
+        headers: CIMultiDict[str],
+        mode: str,
+        length: int,
+        reusable: bool,
+    ) -> None:
+        self._conn = conn
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.content_length = length if mode == "length" else None
+        self._mode = mode  # "length" | "chunked" | "close"
+        self._left = length  # body bytes still to come ("length")
+        self._chunk_left = -1  # bytes left in the current chunk, -1 before a size line
+        self._done = mode == "length" and length == 0
+        self._reusable = reusable
+
+    @property
+    def content(self) -> UpstreamResponse:
+        """The body reader (this object), named like aiohttp's so both fit one code path."""
+        return self
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        parts = []
+        while chunk := await self.readany():
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def readany(self) -> bytes:
+        """The next piece of the body as it arrives; b"" at its end."""
+        conn = self._conn
+        while not self._done:
+            piece = self._take(conn.buf)
+            if piece:
+                return piece
+            if self._ended(conn):
+                break
+            await conn.wait(conn.pool.read_timeout)
+        return b""
+
+    def _ended(self, conn: _Connection) -> bool:
+        """Whether the body is complete now that no bytes are buffered; raises if it was cut."""
+        if self._done:
+            return True
+        if not conn.closed:
+            return False
+        if self._mode == "close":
+            self._done = True
+            return True
+        raise UpstreamBroken("the upstream closed the connection mid-body")
+
+    def _take(self, buf: bytearray) -> bytes:
+        """Consume decoded body bytes available in `buf` (possibly none)."""
+        mode = self._mode
+        if mode == "length":
+            n = min(self._left, len(buf))
+            if not n:
+                return b""
+            piece = bytes(buf[:n]) if n < len(buf) else bytes(buf)
+            del buf[:n]
+            self._left -= n
+            self._done = self._left == 0
+            return piece
+        if mode == "close":
+            piece = bytes(buf)
+            buf.clear()
+            return piece
+        return self._take_chunked(buf)
+
+    def _take_chunked(self, buf: bytearray) -> bytes:
+        out = []
+        while True:
+            if self._chunk_left == -1:  # expecting a size line
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) > _MAX_CHUNK_LINE:
+                        raise UpstreamBroken("chunk size line too long")
+                    break
+                size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
+                if not size_text or size_text.strip(_HEX_DIGITS):
+                    raise UpstreamBroken(f"bad chunk size {size_text[:20]!r}")
+                size = int(size_text, 16)
+                del buf[: end + 2]
+                if size == 0:
+                    self._chunk_left = -2  # trailers follow
+                else:
+                    self._chunk_left = size
+            if self._chunk_left == -2:  # trailers, up to an empty line
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    break
+                del buf[: end + 2]
+                if end == 0:
+                    self._done = True
+                    break
+                continue
+            if self._chunk_left > 0:
+                n = min(self._chunk_left, len(buf))
+                if not n:
+                    break
+                out.append(bytes(buf[:n]))
+                del buf[:n]
+                self._chunk_left -= n
+                if self._chunk_left:
+                    break
+            # chunk data complete: its CRLF
+            if len(buf) < 2:
+                self._chunk_left = 0
+                break
+            if buf[:2] != b"\r\n":
+                raise UpstreamBroken("chunk not followed by CRLF")
+            del buf[:2]
+            self._chunk_left = -1
+        return b"".join(out)
+
+    def release(self) -> None:
+        """Done with a completely read response: pool the connection if it may be reused."""
+        conn = self._conn
+        if self._done and self._reusable and not conn.closed and not conn.buf:
+            conn.pool._put(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        """Drop the connection (an incomplete body, an error, a client that went away)."""
+        self._conn.close()
+
+
+class UpstreamPool:
+    """Keep-alive connections to one upstream `host:port`, without a cap."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout: float | None,
+        read_timeout: float | None,
+        idle_timeout_s: float = 4.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.idle_timeout_s = idle_timeout_s
+        self.loop = asyncio.get_running_loop()
+        self._host_header = f"{host}:{port}" if port != 80 else host
+        self._idle: dict[_Connection, None] = {}  # insertion-ordered: popitem() takes the newest
+        self._closed = False
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    async def post(
+        self, path: str, body: bytes, headers: CIMultiDict[str] | list[tuple[str, str]]
+    ) -> UpstreamResponse:
+        """Send `POST path` with `headers` (no Host/Content-Length: they are set here) and
+        return once the response's status line and headers arrived."""
+        items = headers.items() if isinstance(headers, CIMultiDict) else headers
+        head = "".join([f"{k}: {v}\r\n" for k, v in items])
+        request = (
+            f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\n{head}"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1") + body
+        conn = await self._acquire()
+        try:
+            assert conn.transport is not None
+            conn.transport.write(request)
+            return await self._read_head(conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    async def close(self) -> None:
+        """Close idle connections; responses still being read close theirs when released."""
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for conn in idle:
+            conn.close()
+
+    # ----------------------------------------------------------------------- pool
+
+    async def _acquire(self) -> _Connection:
+        if self._idle:
+            expired = self.loop.time() - self.idle_timeout_s
+            while self._idle:
+                conn, _ = self._idle.popitem()
+                transport = conn.transport
+                if conn.closed or transport is None or transport.is_closing():
+                    continue
+                if conn.idle_since < expired:
+                    conn.close()
+                    continue
+                return conn
+        return await self._connect()
+
+    async def _connect(self) -> _Connection:
+        try:
+            _, conn = await asyncio.wait_for(
+                self.loop.create_connection(lambda: _Connection(self), self.host, self.port),
+                self.connect_timeout,
+            )
+        except TimeoutError:
+            raise TimeoutError(f"connecting to {self.host}:{self.port} timed out") from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        return conn
+
+    def _put(self, conn: _Connection) -> None:
+        if self._closed:
+            conn.close()
+            return
+        conn.idle_since = self.loop.time()
+        self._idle[conn] = None
+
+    def _forget(self, conn: _Connection) -> None:
+        self._idle.pop(conn, None)
+
+    # ----------------------------------------------------------------------- parsing
+
+    async def _read_head(self, conn: _Connection) -> UpstreamResponse:
+        buf = conn.buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                raw = bytes(buf[:end])
+                del buf[: end + 4]
+                response = _parse_head(conn, raw)
+                if response is not None:
+                    return response
+                continue  # an interim 1xx response: the real one follows
+            if len(buf) > _MAX_HEAD:
+                raise UpstreamBroken("response headers too large")
+            if conn.closed:
+                if buf:
+                    raise UpstreamBroken("the upstream closed the connection inside the headers")
+                raise UpstreamBroken("the upstream closed the connection without a response")
+            await conn.wait(self.read_timeout)
+
+
+def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
+    """Parse a status line and headers; None for an interim (1xx) response."""
+    lines = raw.split(b"\r\n")
+    status_line = lines[0]
+    if not status_line.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) or len(status_line) < 12:
+        raise UpstreamBroken(f"not an HTTP/1.x status line: {status_line[:40]!r}")
+    code = status_line[9:12]
+    if not code.isdigit() or (len(status_line) > 12 and status_line[12:13] != b" "):
+        raise UpstreamBroken(f"bad status line: {status_line[:40]!r}")
+    status = int(code)
+    if status < 100:
+        raise UpstreamBroken(f"bad status code {status}")
+    if status < 200:
+        return None
+    headers: CIMultiDict[str] = CIMultiDict()
+    add = headers.add
+    for line in lines[1:]:
+        colon = line.find(b":")
+        if colon <= 0 or line[colon - 1 : colon] in (b" ", b"\t") or line[:1] in (b" ", b"\t"):
+            raise UpstreamBroken(f"bad header line: {line[:40]!r}")
+        add(line[:colon].decode("latin-1"), line[colon + 1 :].strip().decode("latin-1"))
+    http10 = status_line[7:8] == b"0"
+    connection = headers.get("Connection", "").lower()
+    reusable = "keep-alive" in connection if http10 else "close" not in connection
+    mode, length = "length", 0
+    encoding = headers.get("Transfer-Encoding")
+    if status in (204, 304):
+        pass
+    elif encoding is not None:
+        if encoding.rsplit(",", 1)[-1].strip().lower() == "chunked":
+            mode = "chunked"
+        else:
+            mode, reusable = "close", False
+    else:
+        lengths = headers.getall("Content-Length", [])
+        if lengths:
+            values = {value.strip() for value in lengths}
+            text = values.pop()
+            if values or not text.isdigit():
+                raise UpstreamBroken(f"bad Content-Length {lengths!r}")
+            length = int(text)
+        else:
+            mode, reusable = "close", False
+    reason = status_line[13:].decode("latin-1")
+    return UpstreamResponse(conn, status, reason, headers, mode, length, reusable)
