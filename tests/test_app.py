@@ -90,7 +90,8 @@ async def test_a_component_context_can_replace_the_recorder(
 async def test_stats_endpoint_is_503_until_a_provider_is_registered(
     aiohttp_client: AiohttpClient,
 ) -> None:
-    client = await aiohttp_client(create_app(config()))
+    # An injected recorder replaces the store, so the built-in stats job has nothing to run on.
+    client = await aiohttp_client(create_app(config(), recorder=MemoryRecorder()))
     async with client.get("/api/stats") as resp:
         assert resp.status == 503
         assert (await resp.json())["error"]["code"] == 503
@@ -104,7 +105,7 @@ async def test_stats_endpoint_is_503_until_a_provider_is_registered(
         app[STATS] = provider
         yield
 
-    app = create_app(config())
+    app = create_app(config(), recorder=MemoryRecorder())
     app.cleanup_ctx.append(stats_ctx)
     client = await aiohttp_client(app)
     async with client.get("/api/stats") as resp:
