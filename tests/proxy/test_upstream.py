@@ -361,3 +361,21 @@ async def test_proxy_chunked_non_stream_response_is_forwarded(make_proxy: MakePr
         ]
         assert len(posts) == 2 and len(set(posts)) == 1
     assert [r.status for r in proxy.recorder.records] == [200, 200]
+
+
+def test_runs_on_uvloop_like_serve() -> None:
+    """`specproxy serve` runs on uvloop, whose transports are not `asyncio.Transport`
+    subclasses; the pool must work there too (a fresh connection, then reused ones)."""
+    import uvloop
+
+    async def main() -> int:
+        async with serve(replying(OK)) as server:
+            pool = pool_for(server)
+            for _ in range(3):
+                resp = await pool.post("/x", b"{}", HEADERS)
+                assert await resp.read() == OK_BODY
+                resp.release()
+            await pool.close()
+            return server.connections
+
+    assert uvloop.run(main()) == 1

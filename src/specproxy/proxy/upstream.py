@@ -23,7 +23,7 @@ Semantics kept from the aiohttp session it replaces on that path:
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from typing import Final, cast
 
 from multidict import CIMultiDict
 
@@ -72,8 +72,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, hence no isinstance check.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
