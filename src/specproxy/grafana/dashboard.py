@@ -190,8 +190,9 @@ def _verdict_panels() -> list[_Panel]:
     verdict = _Panel(
         "stat",
         "Verdict (speculative vs baseline)",
-        "Bootstrap verdict per compared metric in the selected window: faster when the whole CI"
-        " of the speedup is above 1, slower when it is below 1, otherwise inconclusive.",
+        "Anytime-valid verdict per compared metric in the selected window: faster when the"
+        " speculative median is confidently lower, slower when its median or its P99 (beyond"
+        " the tolerance) is confidently higher, otherwise inconclusive.",
         [_Query(f"{m.VERDICT}{{{STATS_SELECTOR}}}", "{{metric}}")],
         width=8,
         height=5,
