@@ -68,6 +68,21 @@ async def store() -> AsyncIterator[MemoryStore]:
             error_kind="http_5xx",
         )
     )
+    # A request for a model nobody serves: recorded (404), but no model of the result.
+    s.record(
+        RequestRecord(
+            "typo",
+            RUN,
+            Arm.BASELINE,
+            1002.0,
+            "no-such-model",
+            "completions",
+            False,
+            404,
+            0.01,
+            0.01,
+        )
+    )
     s.record_engine(
         EngineSample(
             1000.0,

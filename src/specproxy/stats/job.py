@@ -65,7 +65,12 @@ from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.records import Arm, EngineSample
 from specproxy.stats.clean import warmup_mask
 from specproxy.stats.collector import register_stats_collector
-from specproxy.stats.compare import REQUIRED_COLUMNS, CompareSettings, compare_window
+from specproxy.stats.compare import (
+    REQUIRED_COLUMNS,
+    CompareSettings,
+    compare_window,
+    usable_mask,
+)
 from specproxy.stats.diagnosis import summarise_engine
 from specproxy.store.base import ArmArrays, Store
 
@@ -142,7 +147,11 @@ def compute_from_arrays(
     if window_end is None:
         ends = [float(a["t_start"].max()) for a in arrays.values() if len(a["t_start"])]
         window_end = max(ends) if ends else time.time()
-    models = sorted({str(m) for a in kept.values() for m in a["model"] if m is not None})
+    # Only models that served at least one usable request: a 404 for a misspelt model name must
+    # not become a dashboard option with no data.
+    models = sorted(
+        {str(m) for a in kept.values() for m in a["model"][usable_mask(a)] if m is not None}
+    )
     settings = CompareSettings(
         resamples=stats_cfg.resamples,
         confidence=stats_cfg.confidence,
