@@ -325,8 +325,9 @@ async def test_bad_bodies_get_openai_style_errors(make_proxy: MakeProxy) -> None
     assert not proxy.recorder.records
 
 
+@pytest.mark.parametrize("stream", [False, True])  # the lean client and aiohttp's
 async def test_headers_hop_by_hop_stripped_authorization_forwarded_never_logged(
-    arms: Arms, make_proxy: MakeProxy, caplog: pytest.LogCaptureFixture
+    arms: Arms, make_proxy: MakeProxy, caplog: pytest.LogCaptureFixture, stream: bool
 ) -> None:
     caplog.set_level(logging.DEBUG)
     proxy = await make_proxy(routing=SPEC_ONLY)
@@ -338,7 +339,7 @@ async def test_headers_hop_by_hop_stripped_authorization_forwarded_never_logged(
         "X-Keep-Me": "2",
         "User-Agent": "my-client/1.0",
     }
-    async with proxy.client.post(CHAT, json=chat(), headers=headers) as resp:
+    async with proxy.client.post(CHAT, json=chat(stream=stream), headers=headers) as resp:
         await resp.read()
     seen = {k.lower(): v for k, v in arms.speculative.seen[-1]["headers"].items()}
     assert seen["authorization"] == "Bearer sk-secret-123"

@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from multidict import CIMultiDict
 
 from specproxy.proxy.upstream import ConnectFailed, UpstreamBroken, UpstreamPool
 from tests.proxy.conftest import MakeProxy
@@ -100,7 +99,7 @@ def _pieces(response: bytes) -> list[bytes]:
     return response.split(b"|") if b"|" in response else [response]
 
 
-HEADERS = CIMultiDict([("Content-Type", "application/json"), ("Authorization", "Bearer k")])
+HEADERS = [("Content-Type", "application/json"), ("Authorization", "Bearer k")]
 
 
 # --------------------------------------------------------------------------- framing

@@ -69,6 +69,7 @@ _HOP_BY_HOP: Final = frozenset(
 )
 # Request headers the proxy never forwards: hop-by-hop ones, those aiohttp recomputes, its own.
 _DROP_REQUEST: Final = _HOP_BY_HOP | {"host", "content-length", "expect", FORCED_ARM_HEADER}
+_DROP_REQUEST_BYTES: Final = frozenset(name.encode() for name in _DROP_REQUEST)
 _DROP_RESPONSE: Final = _HOP_BY_HOP | {"content-length"}
 _STATUS_CLIENT_GONE: Final = 499  # nginx's "client closed request"
 _BUFFER_LIMIT: Final = 8 * 1024 * 1024  # non-stream bodies up to this size are sent in one write
@@ -282,7 +283,9 @@ class Forwarder:
                 self._pool_paths[arm] = {path: prefix + path for path in MEASURED_ENDPOINTS}
         self._id_prefix = os.urandom(5).hex()
         self._id_counter = itertools.count()
+        # Labelled children cached per label set: .labels() takes a lock and builds a tuple.
         self._children: dict[tuple[Arm, str, bool], tuple[Any, ...]] = {}
+        self._request_counters: dict[tuple[Arm, int], Any] = {}
         # In-flight counts are plain ints read at scrape time (no lock on the request path).
         self._inflight = dict.fromkeys(Arm, 0)
         for arm in Arm:
@@ -341,7 +344,6 @@ class Forwarder:
         stream = doc.get("stream") is True
         strip_usage = stream and self._inject_usage and _should_inject(doc)
         upstream_body = _with_usage(doc) if strip_usage else body
-        headers = _request_headers(request.headers)
         pair_id = None
         if self._mirror_enabled and self._router.mirror():
             pair_id = request_id
@@ -352,7 +354,7 @@ class Forwarder:
                 body,
                 strip_usage,
                 upstream_body,
-                headers,
+                _request_headers(request.headers),
                 model,
                 stream,
                 pair_id,
@@ -368,7 +370,7 @@ class Forwarder:
             received=received,
             t_start=t_start,
         )
-        return await self._primary(request, trace, upstream_body, headers, strip_usage)
+        return await self._primary(request, trace, upstream_body, strip_usage)
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         """Any other /v1/* request: forwarded to the baseline arm, streamed, not measured."""
@@ -428,7 +430,6 @@ class Forwarder:
         request: web.Request,
         trace: _Trace,
         body: bytes,
-        headers: CIMultiDict[str],
         strip_usage: bool,
     ) -> web.StreamResponse:
         arm = trace.arm
@@ -439,12 +440,14 @@ class Forwarder:
             pool = None if trace.stream else self._pools.get(arm)
             try:
                 if pool is not None:
-                    upstream = await pool.post(self._pool_paths[arm][request.path], body, headers)
+                    upstream = await pool.post(
+                        self._pool_paths[arm][request.path], body, _raw_request_headers(request)
+                    )
                 else:
                     upstream = await self._sessions[arm].post(
                         self._urls[arm][request.path],
                         data=body,
-                        headers=headers,
+                        headers=_request_headers(request.headers),
                         allow_redirects=False,
                     )
             except _UPSTREAM_ERRORS as exc:
@@ -661,7 +664,12 @@ class Forwarder:
     def _observe(self, rec: RequestRecord, gaps: Sequence[float]) -> None:
         m = self._metrics
         arm = rec.arm.value
-        m.requests.labels(arm, str(rec.status)).inc()
+        counter = self._request_counters.get((rec.arm, rec.status))
+        if counter is None:
+            counter = self._request_counters[(rec.arm, rec.status)] = m.requests.labels(
+                arm, str(rec.status)
+            )
+        counter.inc()
         kind = rec.error_kind
         if kind is not None:
             if kind != "disconnected":
@@ -777,6 +785,22 @@ def _request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     if connection:
         drop = drop | {token.strip().lower() for token in connection.split(",")}
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def _raw_request_headers(request: web.BaseRequest) -> bytes:
+    """`_request_headers` for the lean client: the client's raw header lines, minus the same
+    dropped ones, joined without decoding (aiohttp's parser already rejected CR/LF in them)."""
+    drop = _DROP_REQUEST_BYTES
+    connection = request.headers.get("Connection")
+    if connection:
+        drop = drop | {t.strip().lower().encode("latin-1") for t in connection.split(",")}
+    return b"".join(
+        [
+            name + b": " + value + b"\r\n"
+            for name, value in request.raw_headers
+            if name.lower() not in drop
+        ]
+    )
 
 
 def _response_headers(headers: Mapping[str, str], arm: Arm, request_id: str) -> CIMultiDict[str]:

@@ -23,6 +23,7 @@ Semantics kept from the aiohttp session it replaces on that path:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Final, cast
 
 from multidict import CIMultiDict
@@ -293,16 +294,21 @@ class UpstreamPool:
         return len(self._idle)
 
     async def post(
-        self, path: str, body: bytes, headers: CIMultiDict[str] | list[tuple[str, str]]
+        self, path: str, body: bytes, headers: bytes | Iterable[tuple[str, str]]
     ) -> UpstreamResponse:
-        """Send `POST path` with `headers` (no Host/Content-Length: they are set here) and
-        return once the response's status line and headers arrived."""
-        items = headers.items() if isinstance(headers, CIMultiDict) else headers
-        head = "".join([f"{k}: {v}\r\n" for k, v in items])
-        request = (
-            f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\n{head}"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode("latin-1") + body
+        """Send `POST path` with `headers` and return once the response's status line and
+        headers arrived. `headers` are name/value pairs or ready `name: value\\r\\n` lines, without
+        Host and Content-Length (set here) or hop-by-hop headers (the caller's business)."""
+        if not isinstance(headers, bytes):
+            headers = "".join([f"{k}: {v}\r\n" for k, v in headers]).encode("latin-1")
+        request = b"".join(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\n".encode("latin-1"),
+                headers,
+                b"Content-Length: %d\r\n\r\n" % len(body),
+                body,
+            )
+        )
         conn = await self._acquire()
         try:
             assert conn.transport is not None
