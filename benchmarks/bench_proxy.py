@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +79,77 @@ def run_upstream(port: int) -> None:
     _run(main())
 
 
+def run_sse_upstream(port: int, events: int, gap_s: float) -> None:
+    """A paced SSE mock: `events` chat chunks, one every `gap_s` on an absolute schedule from the
+    request's arrival (so a late write never shifts the later ones), chunked like uvicorn, then
+    the usage chunk when the request asked for it, then [DONE]."""
+    head = (
+        b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+    prefix = b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+    lines = [
+        prefix + b'"choices":[{"index":0,"delta":{"content":"tok%d"},"logprobs":null,'
+        b'"finish_reason":null}]}\n\n' % i
+        for i in range(events - 1)
+    ]
+    lines.append(
+        prefix + b'"choices":[{"index":0,"delta":{"content":"end"},"logprobs":null,'
+        b'"finish_reason":"length","stop_reason":null}]}\n\n'
+    )
+    usage = prefix + b'"choices":[],"usage":{"prompt_tokens":5,"total_tokens":%d,' % (5 + events)
+    usage += b'"completion_tokens":%d}}\n\n' % events
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                request_head = (await reader.readuntil(b"\r\n\r\n")).lower()
+                at = request_head.find(b"content-length:")
+                end = request_head.find(b"\r\n", at)
+                body = await reader.readexactly(int(request_head[at + 15 : end]) if at >= 0 else 0)
+                start = loop.time()
+                writer.write(head)
+                for i, line in enumerate(lines):
+                    await asyncio.sleep(max(0.0, start + (i + 1) * gap_s - loop.time()))
+                    if i < len(lines) - 1:
+                        writer.write(chunk(line))
+                        continue
+                    tail = usage if b'"include_usage":true' in body else b""
+                    writer.write(chunk(line + tail + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    _run(main())
+
+
 def run_bare(port: int, upstream: str) -> None:
     from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
     async def main() -> None:
         session = ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=None))
 
-        async def handle(request: web.Request) -> web.Response:
+        async def handle(request: web.Request) -> web.StreamResponse:
             body = await request.read()
             async with session.post(
                 upstream + request.path, data=body, headers=request.headers
             ) as r:
+                if r.content_type == "text/event-stream":  # streamed through as it arrives
+                    resp = web.StreamResponse(status=r.status)
+                    resp.content_type = r.content_type
+                    await resp.prepare(request)
+                    async for data in r.content.iter_any():
+                        await resp.write(data)
+                    await resp.write_eof()
+                    return resp
                 payload = await r.read()
                 return web.Response(body=payload, status=r.status, content_type=r.content_type)
 
@@ -97,15 +160,23 @@ def run_bare(port: int, upstream: str) -> None:
     _run(main())
 
 
-def run_proxy(port: int, upstream: str, ring: int | None) -> None:
+def run_proxy(port: int, upstream: str, ring: int | None, store: str | None) -> None:
+    """specproxy with the in-memory ring (default) or, with `store`, a real store as recorder."""
     from specproxy.app import create_app
-    from specproxy.config import Config
+    from specproxy.config import Config, StoreConfig
     from specproxy.proxy.recorder import MemoryRecorder
+    from specproxy.serve import freeze_startup_objects
 
     async def main() -> None:
-        cfg = Config(baseline_url=upstream, speculative_url=upstream)
-        recorder = MemoryRecorder(ring) if ring is not None else None
-        await _serve(create_app(cfg, recorder=recorder), port)
+        if store:
+            cfg = Config(baseline_url=upstream, speculative_url=upstream, store=StoreConfig(store))
+            app = create_app(cfg)
+        else:
+            cfg = Config(baseline_url=upstream, speculative_url=upstream)
+            recorder = MemoryRecorder(ring) if ring is not None else MemoryRecorder()
+            app = create_app(cfg, recorder=recorder)
+        app.on_startup.append(freeze_startup_objects)  # as `specproxy serve` does
+        await _serve(app, port)
 
     _run(main())
 
@@ -199,27 +270,130 @@ async def latency(ports: dict[str, int], rounds: int) -> dict[str, list[float]]:
     return samples
 
 
-async def throughput(port: int, connections: int, seconds: float) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(port: int, connections: int, seconds: float, pid: int) -> tuple[float, float]:
+    """Closed-loop req/s, and req per CPU-second of the target process (its own capacity, less
+    sensitive than req/s to other load on a shared machine)."""
     clients = [await connect(port) for _ in range(connections)]
     done = 0
     stop = time.perf_counter() + seconds
     warm_until = time.perf_counter() + min(1.0, seconds / 4)
     started_at: float | None = None
 
+    cpu_at_start = 0.0
+
     async def loop(client: Client) -> None:
-        nonlocal done, started_at
+        nonlocal done, started_at, cpu_at_start
         while (now := time.perf_counter()) < stop:
             await client.request()
             if now >= warm_until:
                 if started_at is None:
                     started_at = now
+                    cpu_at_start = cpu_seconds(pid)
                 done += 1
 
     await asyncio.gather(*(loop(c) for c in clients))
+    cpu = cpu_seconds(pid) - cpu_at_start
     for client in clients:
         client.transport.close()
     assert started_at is not None
-    return done / (time.perf_counter() - started_at)
+    return done / (time.perf_counter() - started_at), done / cpu
+
+
+STREAM_BODY = (
+    b'{"model":"m","stream":true,"max_tokens":64,'
+    b'"messages":[{"role":"user","content":"Hello there"}]}'
+)
+
+
+async def one_stream(pool: Any) -> tuple[float, list[float]]:
+    """One streamed request: (TTFT, [inter-event gaps]) as the client sees them, in ms."""
+    headers = [("Content-Type", "application/json")]
+    t0 = time.perf_counter()
+    resp = await pool.post(PATH, STREAM_BODY, headers)
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}")
+    stamps: list[float] = []
+    tail = b""
+    while data := await resp.readany():
+        now = time.perf_counter()
+        tail += data
+        events = tail.count(b"\n\n")
+        if events:
+            stamps.extend([now] * events)
+            tail = tail[tail.rfind(b"\n\n") + 2 :]
+    resp.release()
+    gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
+    return (stamps[0] - t0) * 1e3, gaps
+
+
+async def stream_latency(
+    ports: dict[str, int], streams: int
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Sequential streams, interleaved across targets round by round (3 warm-up rounds).
+
+    The client is specproxy's lean HTTP/1.1 client: cheap, and the same for every target."""
+    from specproxy.proxy.upstream import UpstreamPool
+
+    pools = {
+        name: UpstreamPool("127.0.0.1", port, connect_timeout=5.0, read_timeout=60.0)
+        for name, port in ports.items()
+    }
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in ports}
+    names = list(ports)
+    for i in range(streams + 3):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            ttft, gaps = await one_stream(pools[name])
+            if i >= 3:
+                out[name][0].append(ttft)
+                out[name][1].extend(gaps)
+    for pool in pools.values():
+        await pool.close()
+    return out
+
+
+def report_stream(ports: dict[str, int], args: argparse.Namespace) -> None:
+    import uvloop
+
+    print(
+        f"streaming against a paced SSE mock ({args.events} events, {args.gap_ms:g} ms apart),"
+        f" {args.trials} trials x {args.streams} sequential streams per target, interleaved;"
+        " added = target - direct at the same percentile (ms):"
+    )
+    print(
+        f"  {'target':8} {'TTFT p50':>9} {'TTFT p99':>9} {'+TTFT p50':>9} {'+TTFT p99':>9}"
+        f" {'gap p50':>9} {'gap p99':>9} {'+gap p50':>9} {'+gap p99':>9}"
+    )
+    added: dict[str, list[tuple[float, ...]]] = {"bare": [], "proxy": []}
+    for _ in range(args.trials):
+        result = uvloop.run(stream_latency(ports, args.streams))
+        d_ttft, d_gaps = result["direct"]
+        for name, (ttft, gaps) in result.items():
+            row = (
+                pct(ttft, 0.5),
+                pct(ttft, 0.99),
+                pct(ttft, 0.5) - pct(d_ttft, 0.5),
+                pct(ttft, 0.99) - pct(d_ttft, 0.99),
+                pct(gaps, 0.5),
+                pct(gaps, 0.99),
+                pct(gaps, 0.5) - pct(d_gaps, 0.5),
+                pct(gaps, 0.99) - pct(d_gaps, 0.99),
+            )
+            print(f"  {name:8} " + " ".join(f"{v:9.3f}" for v in row))
+            if name in added:
+                added[name].append(row[2:4] + row[6:8])
+    for name, rows in added.items():
+        med = [statistics.median(r[i] for r in rows) for i in range(4)]
+        print(
+            f"  median over trials, {name:5}: added TTFT p50 {med[0]:.3f} p99 {med[1]:.3f};"
+            f" added gap p50 {med[2]:.3f} p99 {med[3]:.3f}"
+        )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -241,78 +415,140 @@ def spawn(role: str, cpu: int | None, *extra: str) -> tuple[subprocess.Popen[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--role", choices=["upstream", "bare", "proxy"])
+    parser.add_argument("--role", choices=["upstream", "sse-upstream", "bare", "proxy"])
     parser.add_argument("--upstream-url")
-    parser.add_argument("--rounds", type=int, default=3000)
+    parser.add_argument(
+        "--mode",
+        choices=["nonstream", "stream", "all"],
+        default="nonstream",
+        help="non-streaming latency + throughput, streaming TTFT/gaps, or both",
+    )
+    parser.add_argument("--rounds", type=int, default=3000, help="latency rounds per trial")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--ring", type=int, help="size of the proxy's in-memory record ring")
+    parser.add_argument("--store", metavar="URL", help="proxy records into this store instead")
+    parser.add_argument("--streams", type=int, default=40, help="streams per target per trial")
+    parser.add_argument("--events", type=int, default=64, help="SSE events per stream")
+    parser.add_argument("--gap-ms", type=float, default=20.0, help="pacing of the SSE mock")
     parser.add_argument(
         "--pin",
         metavar="CPUS",
-        help="pin upstream,bare,proxy,loadgen to these 4 CPUs, e.g. 2,4,6,8 (Linux taskset)",
+        help="pin upstream,bare,proxy,loadgen to these 4 CPUs, e.g. 0,1,1,0 (Linux taskset)",
     )
     args = parser.parse_args()
     if args.role == "upstream":
         return run_upstream(0)
+    if args.role == "sse-upstream":
+        return run_sse_upstream(0, args.events, args.gap_ms / 1000.0)
     if args.role == "bare":
         return run_bare(0, args.upstream_url)
     if args.role == "proxy":
-        return run_proxy(0, args.upstream_url, args.ring)
+        return run_proxy(0, args.upstream_url, args.ring, args.store)
 
     cpus: tuple[int | None, ...] = (None,) * 4
     if args.pin:
         cpus = tuple(int(c) for c in args.pin.split(","))
         if len(cpus) != 4:
             parser.error("--pin needs 4 CPUs")
-    procs = []
+    if cpus[3] is not None:
+        os.sched_setaffinity(0, {cpus[3]})
+    print(f"CPUs: {os.cpu_count()}  pinned (upstream,bare,proxy,loadgen): {args.pin}")
+    print(f"load average at start: {_loadavg()}")
+    if args.mode in ("nonstream", "all"):
+        with _targets(args, "upstream", cpus) as (ports, pids):
+            report_latency(ports, args.rounds, args.trials)
+            report_throughput(ports, pids, args)
+    if args.mode in ("stream", "all"):
+        sse = ["--events", str(args.events), "--gap-ms", str(args.gap_ms)]
+        with _targets(args, "sse-upstream", cpus, sse) as (ports, _):
+            report_stream(ports, args)
+    print(f"load average at end: {_loadavg()}")
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+@contextlib.contextmanager
+def _targets(
+    args: argparse.Namespace,
+    upstream_role: str,
+    cpus: tuple[int | None, ...],
+    upstream_args: list[str] | None = None,
+) -> Iterator[tuple[dict[str, int], dict[str, int]]]:
+    """Start upstream, bare and proxy processes; yield their ports and pids; stop them."""
+    procs: list[subprocess.Popen[str]] = []
     try:
-        up, up_port = spawn("upstream", cpus[0])
+        up, up_port = spawn(upstream_role, cpus[0], *(upstream_args or []))
         procs.append(up)
         url = f"http://127.0.0.1:{up_port}"
         bare, bare_port = spawn("bare", cpus[1], "--upstream-url", url)
         procs.append(bare)
-        ring = ["--ring", str(args.ring)] if args.ring is not None else []
-        proxy, proxy_port = spawn("proxy", cpus[2], "--upstream-url", url, *ring)
+        extra = ["--ring", str(args.ring)] if args.ring is not None else []
+        extra += ["--store", args.store] if args.store else []
+        proxy, proxy_port = spawn("proxy", cpus[2], "--upstream-url", url, *extra)
         procs.append(proxy)
-        if cpus[3] is not None:
-            os.sched_setaffinity(0, {cpus[3]})
         ports = {"direct": up_port, "bare": bare_port, "proxy": proxy_port}
-        import uvloop
-
-        samples = uvloop.run(latency(ports, args.rounds))
-        print(f"CPUs: {os.cpu_count()}  pinned: {args.pin}  rounds: {args.rounds}")
-        print("sequential keep-alive latency (ms), interleaved:")
-        print(
-            f"  {'target':8} {'p50':>8} {'p99':>8} {'mean':>8} {'added p50':>10} {'added p99':>10}"
-        )
-        d50, d99 = pct(samples["direct"], 0.5), pct(samples["direct"], 0.99)
-        for name, values in samples.items():
-            p50, p99 = pct(values, 0.5), pct(values, 0.99)
-            print(
-                f"  {name:8} {p50:8.3f} {p99:8.3f} {statistics.fmean(values):8.3f}"
-                f" {p50 - d50:10.3f} {p99 - d99:10.3f}"
-            )
-        bare_added = pct(samples["bare"], 0.5) - d50
-        proxy_added = pct(samples["proxy"], 0.5) - d50
-        ratio = proxy_added / bare_added
-        print(f"  proxy/bare added-latency ratio at p50: {ratio:.2f} (target <= 1.3)")
-        print(
-            f"non-streaming throughput ({args.connections} connections, {args.seconds:.0f} s"
-            f" per trial, {args.trials} alternating trials): median / max"
-        )
-        rates: dict[str, list[float]] = {"bare": [], "proxy": []}
-        for _ in range(args.trials):
-            for name, port in (("bare", bare_port), ("proxy", proxy_port)):
-                rates[name].append(uvloop.run(throughput(port, args.connections, args.seconds)))
-        for name, values in rates.items():
-            print(f"  {name:8} {statistics.median(values):9.0f} {max(values):9.0f} req/s")
+        yield ports, {"direct": up.pid, "bare": bare.pid, "proxy": proxy.pid}
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait()
+
+
+def report_latency(ports: dict[str, int], rounds: int, trials: int) -> None:
+    import uvloop
+
+    print(f"sequential keep-alive latency (ms), interleaved, {trials} trials x {rounds} rounds:")
+    print(f"  {'trial':5} {'target':8} {'p50':>8} {'p99':>8} {'added p50':>10} {'added p99':>10}")
+    ratios = []
+    added: dict[str, list[tuple[float, float]]] = {"bare": [], "proxy": []}
+    for trial in range(trials):
+        samples = uvloop.run(latency(ports, rounds))
+        d50, d99 = pct(samples["direct"], 0.5), pct(samples["direct"], 0.99)
+        for name, values in samples.items():
+            p50, p99 = pct(values, 0.5), pct(values, 0.99)
+            print(f"  {trial:5} {name:8} {p50:8.3f} {p99:8.3f} {p50 - d50:10.3f} {p99 - d99:10.3f}")
+            if name in added:
+                added[name].append((p50 - d50, p99 - d99))
+        ratios.append(added["proxy"][-1][0] / added["bare"][-1][0])
+    for name, pairs in added.items():
+        p50 = statistics.median(v[0] for v in pairs)
+        p99 = statistics.median(v[1] for v in pairs)
+        print(f"  median added latency {name:5}: p50 {p50:.3f} ms, p99 {p99:.3f} ms")
+    print(
+        f"  proxy/bare added-latency ratio at p50: median {statistics.median(ratios):.2f}"
+        f" (trials: {', '.join(f'{r:.2f}' for r in ratios)}; target <= 1.3)"
+    )
+
+
+def report_throughput(
+    ports: dict[str, int], pids: dict[str, int], args: argparse.Namespace
+) -> None:
+    import uvloop
+
+    print(
+        f"non-streaming throughput ({args.connections} connections, {args.seconds:.0f} s per"
+        f" trial, {args.trials} alternating trials); req/CPU-s = requests per CPU-second of"
+        " the target process:"
+    )
+    rates: dict[str, list[tuple[float, float]]] = {"bare": [], "proxy": []}
+    for _ in range(args.trials):
+        for name in rates:
+            rates[name].append(
+                uvloop.run(throughput(ports[name], args.connections, args.seconds, pids[name]))
+            )
+    for name, values in rates.items():
+        wall = [v[0] for v in values]
+        per_cpu = [v[1] for v in values]
+        print(
+            f"  {name:8} req/s median {statistics.median(wall):6.0f} max {max(wall):6.0f}"
+            f"   req/CPU-s median {statistics.median(per_cpu):6.0f}"
+            f"   (trials: {', '.join(f'{w:.0f}' for w in wall)})"
+        )
 
 
 if __name__ == "__main__":

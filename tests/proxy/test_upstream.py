@@ -229,6 +229,7 @@ async def test_close_after_the_request_was_written_is_broken_and_never_retried()
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad header line"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "Content-Length"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "Content-Length"),
+        ("HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"), "Content-Length"),
     ],
 )
 async def test_garbage_heads_are_broken(response: bytes, message: str) -> None:

@@ -387,26 +387,27 @@ class UpstreamPool:
 
 def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
     """Parse a status line and headers; None for an interim (1xx) response."""
-    lines = raw.split(b"\r\n")
-    status_line = lines[0]
-    if not status_line.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) or len(status_line) < 12:
+    text = raw.decode("latin-1")  # one decode for the whole head; HTTP headers are latin-1
+    status_line, _, rest = text.partition("\r\n")
+    if not status_line.startswith(("HTTP/1.1 ", "HTTP/1.0 ")) or len(status_line) < 12:
         raise UpstreamBroken(f"not an HTTP/1.x status line: {status_line[:40]!r}")
     code = status_line[9:12]
-    if not code.isdigit() or (len(status_line) > 12 and status_line[12:13] != b" "):
+    if not (code.isascii() and code.isdigit()) or status_line[12:13] not in ("", " "):
         raise UpstreamBroken(f"bad status line: {status_line[:40]!r}")
     status = int(code)
     if status < 100:
         raise UpstreamBroken(f"bad status code {status}")
     if status < 200:
         return None
-    headers: CIMultiDict[str] = CIMultiDict()
-    add = headers.add
-    for line in lines[1:]:
-        colon = line.find(b":")
-        if colon <= 0 or line[colon - 1 : colon] in (b" ", b"\t") or line[:1] in (b" ", b"\t"):
-            raise UpstreamBroken(f"bad header line: {line[:40]!r}")
-        add(line[:colon].decode("latin-1"), line[colon + 1 :].strip().decode("latin-1"))
-    http10 = status_line[7:8] == b"0"
+    pairs = []
+    if rest:
+        for line in rest.split("\r\n"):
+            name, colon, value = line.partition(":")
+            if not colon or not name or name[-1] in " \t" or name[0] in " \t":
+                raise UpstreamBroken(f"bad header line: {line[:40]!r}")
+            pairs.append((name, value.strip()))
+    headers = CIMultiDict(pairs)
+    http10 = status_line[7] == "0"
     connection = headers.get("Connection", "").lower()
     reusable = "keep-alive" in connection if http10 else "close" not in connection
     mode, length = "length", 0
@@ -419,14 +420,12 @@ def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
         else:
             mode, reusable = "close", False
     else:
-        lengths = headers.getall("Content-Length", [])
+        lengths = headers.getall("Content-Length", ())
         if lengths:
-            values = {value.strip() for value in lengths}
-            text = values.pop()
-            if values or not text.isdigit():
-                raise UpstreamBroken(f"bad Content-Length {lengths!r}")
-            length = int(text)
+            first = lengths[0]
+            if not (first.isascii() and first.isdigit()) or any(v != first for v in lengths):
+                raise UpstreamBroken(f"bad Content-Length {list(lengths)!r}")
+            length = int(first)
         else:
             mode, reusable = "close", False
-    reason = status_line[13:].decode("latin-1")
-    return UpstreamResponse(conn, status, reason, headers, mode, length, reusable)
+    return UpstreamResponse(conn, status, status_line[13:], headers, mode, length, reusable)
