@@ -27,12 +27,14 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.live import Live
 
-from specproxy.app import CONFIG, RECORDER, REGISTRY, STATS, create_app
+from specproxy.app import STATS, create_app
 from specproxy.config import Config, ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.demo.view import ClientTally, plain_line, render
 from specproxy.errors import ConfigError
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
 from specproxy.prompts import load_prompts
+from specproxy.stats.context import STATS_JOB
+from specproxy.store.context import STORE
 
 __all__ = ["DemoOptions", "DemoOutcome", "configure", "run", "run_demo"]
 
@@ -182,7 +184,6 @@ async def run_demo(
         spec_url, base_url = await stack.enter_async_context(_arms(opts, console))
         cfg = _config(opts, run_id, spec_url, base_url)
         app = create_app(cfg, registry=CollectorRegistry())  # opens the store, scraper, stats
-        app.cleanup_ctx.append(_stats_if_missing)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         proxy_url = await _listen(runner, opts.host, opts.port)
@@ -210,7 +211,7 @@ async def run_demo(
             await _show(console, app, tally, load, opts)
             results = await load
         interrupted = stop.is_set()
-        final = await _final_stats(app, opts)
+        final = await _final_stats(app)
         if final is not None:  # exactly what a client of GET /api/stats sees at the end
             async with session.get(proxy_url + "/api/stats") as resp:
                 final = await resp.json()
@@ -329,30 +330,6 @@ async def _model(session: aiohttp.ClientSession, proxy_url: str) -> str:
         raise ConfigError(f"the arms list no model at {proxy_url}/v1/models") from exc
 
 
-async def _stats_if_missing(app: web.Application) -> AsyncIterator[None]:
-    """Run the stats job on the proxy's store unless the app already runs one."""
-    if app.get(STATS) is not None:
-        yield
-        return
-    from specproxy.stats.job import StatsJob
-    from specproxy.store.context import STORE
-
-    cfg = app[CONFIG]
-    job = StatsJob(
-        app[STORE],
-        run_id=cfg.run_id,
-        stats_cfg=cfg.stats,
-        scrape_cfg=cfg.scrape,
-        registry=app[REGISTRY],
-    )
-    app[STATS] = job.latest
-    await job.start()
-    try:
-        yield
-    finally:
-        await job.close()
-
-
 def _latest(app: web.Application) -> Mapping[str, Any] | None:
     provider = app.get(STATS)
     return provider() if provider is not None else None
@@ -380,28 +357,19 @@ async def _show(
             console.print(plain_line(_latest(app), tally), soft_wrap=True)
 
 
-async def _final_stats(app: web.Application, opts: DemoOptions) -> Mapping[str, Any] | None:
-    """Wait for a stats run that saw every record, so the report and /api/stats agree.
+async def _final_stats(app: web.Application) -> Mapping[str, Any] | None:
+    """One last stats run over every record, so the report and /api/stats agree.
 
-    The load has stopped; once the store has flushed, the next periodic run covers everything
-    recorded, and the job appends that same result to the store's history for the report.
+    The load has stopped: the store is flushed, the periodic job stopped (no later run can
+    replace the result), and the job runs once more; it publishes the result at /api/stats and
+    appends it to the store's history, where the report finds it.
     """
-    if app.get(STATS) is None:
-        return None
-    recorder = app[RECORDER]
-    flush = getattr(recorder, "flush", None)
-    if flush is not None:
-        await flush()
-    flushed_at = time.time()
-    deadline = time.monotonic() + 3 * opts.stats_interval_s + 60
-    while time.monotonic() < deadline:
-        latest = _latest(app)
-        # window_end is taken before the job reads the store: later means it saw every row.
-        if latest is not None and float(latest.get("window_end", 0)) >= flushed_at:
-            await asyncio.sleep(0.5)  # the job writes the history row right after publishing
-            return latest
-        await asyncio.sleep(0.2)
-    return _latest(app)
+    job = app.get(STATS_JOB)
+    if job is None:
+        return _latest(app)
+    await app[STORE].flush()
+    await job.close()
+    return await job.run_once()
 
 
 async def _write_report(
