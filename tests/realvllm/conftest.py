@@ -1,4 +1,4 @@
-"""Fixtures of the real-engine tier: two real vLLM CPU servers, started once per session.
+"""Fixtures of the real-engine tier: two real vLLM CPU servers, started once for the package.
 
 `$SPECPROXY_VLLM_PYTHON` names the vLLM venv's python (`make vllm-env` builds it). Without it
 the tier fails in CI (CI set) and skips elsewhere. For iterating on the tier by hand,
@@ -64,8 +64,13 @@ MakeProxy = Callable[..., Awaitable[Proxy]]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Move the tests that restart an engine to the end of the session (a stable sort)."""
-    items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(RESTART_FILES))
+    """Move the tests that restart an engine to the end of this package's tests."""
+    slots = [i for i, item in enumerate(items) if "realvllm/" in item.nodeid.split("::")[0]]
+    group = sorted(
+        (items[i] for i in slots), key=lambda it: it.nodeid.split("::")[0].endswith(RESTART_FILES)
+    )
+    for slot, item in zip(slots, group, strict=True):
+        items[slot] = item
 
 
 def _post(url: str, body: dict[str, Any]) -> None:
@@ -90,7 +95,7 @@ def warm_up(urls: dict[Arm, str], rounds: int = 3) -> None:
             _post(f"{url}/v1/chat/completions", chat)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     attach = os.environ.get("SPECPROXY_VLLM_ATTACH")
     if attach:

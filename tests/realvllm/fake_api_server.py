@@ -35,6 +35,7 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     mode = os.environ.get("FAKE_VLLM_MODE", "ok")
     print("fake api_server", " ".join(sys.argv[1:]), flush=True)
+    print(f"bind={os.environ.get('VLLM_CPU_OMP_THREADS_BIND')}", flush=True)
     if mode == "crash":
         print("boom: cannot start", flush=True)
         sys.exit(3)

@@ -20,6 +20,7 @@ from specproxy.realvllm.launcher import (
     LaunchError,
     VllmPair,
     VllmServer,
+    core_split,
     free_port,
     resolve_vllm_python,
     server_args,
@@ -115,7 +116,17 @@ def test_pair_starts_restarts_one_arm_and_stops(tmp_path: Path) -> None:
     assert not any(s.running for s in pair.servers.values())
     log = (tmp_path / "logs" / "vllm-speculative.log").read_text()
     assert log.count("=== ") == 2 and "--speculative-config" in log  # appended on restart
-    assert "--speculative-config" not in (tmp_path / "logs" / "vllm-baseline.log").read_text()
+    base_log = (tmp_path / "logs" / "vllm-baseline.log").read_text()
+    assert "--speculative-config" not in base_log
+    split = core_split(sorted(os.sched_getaffinity(0)))
+    assert f"bind={split.get(Arm.SPECULATIVE)}" in log  # the binding survives a restart
+    assert f"bind={split.get(Arm.BASELINE)}" in base_log
+
+
+def test_core_split_gives_each_worker_its_own_cores() -> None:
+    assert core_split([1, 0]) == {Arm.SPECULATIVE: "0", Arm.BASELINE: "1"}
+    assert core_split([0, 1, 2, 3, 4]) == {Arm.SPECULATIVE: "0,1", Arm.BASELINE: "2,3,4"}
+    assert core_split([0]) == {}
 
 
 async def test_pair_is_an_async_context_manager(tmp_path: Path) -> None:
