@@ -83,7 +83,7 @@ class ReportData:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default="sqlite:///specproxy.db", help="store URL")
-    parser.add_argument("--out", default="specproxy-report", help="output directory")
+    parser.add_argument("--out", default="out/report", help="output directory")
     parser.add_argument("--run-id", help="default: the run with the latest record")
     parser.add_argument("--warmup-requests", type=int, default=StatsConfig().warmup_requests)
     parser.add_argument("--resamples", type=int, default=StatsConfig().resamples)
