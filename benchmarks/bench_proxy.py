@@ -43,6 +43,7 @@ PATH = "/v1/chat/completions"
 
 def run_upstream(port: int) -> None:
     body = BODY.read_bytes()
+    not_found = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"  # GETs (the scraper)
     response = (
         b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: application/json\r\n"
         b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -67,8 +68,9 @@ def run_upstream(port: int) -> None:
                 end = head_end + 4 + length
                 if len(self.buf) < end:
                     return
+                get = self.buf.startswith(b"GET")
                 self.buf = self.buf[end:]
-                self.transport.write(response)
+                self.transport.write(not_found if get else response)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -108,6 +110,9 @@ def run_sse_upstream(port: int, events: int, gap_s: float) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
                 request_head = (await reader.readuntil(b"\r\n\r\n")).lower()
+                if request_head.startswith(b"get"):  # the proxy's scraper: nothing to scrape
+                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    continue
                 at = request_head.find(b"content-length:")
                 end = request_head.find(b"\r\n", at)
                 body = await reader.readexactly(int(request_head[at + 15 : end]) if at >= 0 else 0)
@@ -429,7 +434,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--ring", type=int, help="size of the proxy's in-memory record ring")
     parser.add_argument("--store", metavar="URL", help="proxy records into this store instead")
-    parser.add_argument("--streams", type=int, default=40, help="streams per target per trial")
+    parser.add_argument("--streams", type=int, default=20, help="streams per target per trial")
     parser.add_argument("--events", type=int, default=64, help="SSE events per stream")
     parser.add_argument("--gap-ms", type=float, default=20.0, help="pacing of the SSE mock")
     parser.add_argument(
