@@ -1,0 +1,131 @@
+"""Restarting the real speculative engine under the proxy (runs last: it leaves a cold engine).
+
+While the engine is down the proxy answers 502 with an OpenAI-style body and /readyz says which
+arm is missing; once it is back, the scraper sees the new process start time, the warm-up window
+opens at the restart, and requests are recorded again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from specproxy.app import CONFIG
+from specproxy.config import StatsConfig
+from specproxy.proxy.forward import ARM_HEADER
+from specproxy.realvllm.workload import completion_body, prompts
+from specproxy.records import Arm
+from specproxy.scrape.context import SCRAPER
+from specproxy.scrape.warmup import restart_times_from_samples, warmup_mask
+from specproxy.stats.compare import REQUIRED_COLUMNS
+from specproxy.stats.job import compute_from_arrays
+from specproxy.store.arrays import rows_to_arrays
+from tests.realvllm.conftest import Engines, MakeProxy, Proxy
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+WARMUP_REQUESTS = 3
+
+
+async def post(proxy: Proxy, arm: Arm, prompt: str) -> tuple[int, dict[str, Any]]:
+    body = completion_body(prompt, max_tokens=16)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{proxy.url}/v1/completions", json=body, headers={ARM_HEADER: arm.value}
+        ) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+async def readyz(proxy: Proxy) -> tuple[int, dict[str, Any]]:
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/readyz") as resp:
+        return resp.status, await resp.json()
+
+
+async def eventually(condition: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.2)
+
+
+async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: MakeProxy) -> None:
+    if engines.pair is None:
+        pytest.skip("attached to servers this session did not start: cannot restart them")
+    proxy = await make_proxy(
+        scrape_interval_s=0.5,
+        scrape={"warmup_requests": WARMUP_REQUESTS, "warmup_seconds": 0.0},
+    )
+    scraper = proxy.app[SCRAPER]
+    spec_state = scraper.states[Arm.SPECULATIVE]
+    texts = prompts(12, seed=5)
+    for prompt in texts[:2]:
+        assert (await post(proxy, Arm.SPECULATIVE, prompt))[0] == 200
+    await eventually(lambda: spec_state.up is True and spec_state.snapshot is not None)
+
+    await asyncio.to_thread(engines.pair.stop_arm, Arm.SPECULATIVE)
+    status, body = await post(proxy, Arm.SPECULATIVE, texts[2])
+    assert status == 502 and body["error"]["code"] == 502 and body["error"]["message"]
+    status, ready = await readyz(proxy)
+    assert status == 503 and ready == {
+        "ready": False,
+        "arms": {"speculative": False, "baseline": True},
+    }
+    assert (await post(proxy, Arm.BASELINE, texts[3]))[0] == 200  # the other arm still serves
+    await eventually(lambda: spec_state.up is False)
+    # `process_start_time_seconds` (whole-second boot time plus ticks) runs up to ~1 s early
+    # against time.time() on these machines; a pause keeps every old request before it.
+    await asyncio.sleep(1.5)
+
+    restarted_at = time.time()
+    await asyncio.to_thread(engines.pair.start_arm, Arm.SPECULATIVE)
+    assert (await readyz(proxy))[0] == 200
+    await eventually(lambda: len(scraper.restart_times(Arm.SPECULATIVE)) == 1)
+    [restart] = scraper.restart_times(Arm.SPECULATIVE)
+    assert restarted_at - 1.5 <= restart <= time.time()
+
+    for prompt in texts[4:10]:  # recording resumes
+        assert (await post(proxy, Arm.SPECULATIVE, prompt))[0] == 200
+    spec_records = [r for r in proxy.recorder.records if r.arm is Arm.SPECULATIVE]
+    assert [r.status for r in spec_records] == [200, 200, 502] + [200] * 6
+    assert spec_records[2].error_kind == "connect"
+    assert all(r.acceptance_rate is not None for r in spec_records[3:])
+
+    # The warm-up window covers exactly the first requests after the restart, whether it is
+    # dated from the scraper's live state or from the stored engine samples.
+    t_start = np.array([r.t_start for r in spec_records])
+    samples = [s for s in proxy.recorder.engine_samples if s.arm is Arm.SPECULATIVE]
+    assert any(s.restarted for s in samples) and any(not s.up for s in samples)
+    expected = [False] * 3 + [True] * WARMUP_REQUESTS + [False] * 3
+    for restarts in (scraper.restart_times(Arm.SPECULATIVE), restart_times_from_samples(samples)):
+        mask = warmup_mask(t_start, restarts, warmup_requests=WARMUP_REQUESTS, warmup_seconds=0)
+        assert mask.tolist() == expected, ([t - restarts[0] for t in t_start], restarts)
+
+    # The stats job drops those same requests from the comparison.
+    arrays = {
+        arm: rows_to_arrays(
+            REQUIRED_COLUMNS,
+            [
+                [r.to_dict()[c] for c in REQUIRED_COLUMNS]
+                for r in proxy.recorder.records
+                if r.arm is arm
+            ],
+        )
+        for arm in Arm
+    }
+    result = compute_from_arrays(
+        arrays,
+        list(proxy.recorder.engine_samples),
+        run_id="default",
+        stats_cfg=StatsConfig(warmup_requests=0, windows_s=(None,), resamples=200),
+        scrape_cfg=proxy.app[CONFIG].scrape,
+    )["results"]["all"]["all"]
+    # The job dates a restart at the scrape before it (a failed one here, after the 502).
+    assert result["excluded_warmup"]["speculative"] == WARMUP_REQUESTS
+    assert result["samples"]["speculative"] == 2 + 3  # 200s before the stop + after the window
