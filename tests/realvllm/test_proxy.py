@@ -112,7 +112,9 @@ async def test_baseline_records_have_no_acceptance(proxy: Proxy) -> None:
     [record] = proxy.recorder.records
     assert record.arm is Arm.BASELINE and record.output_tokens == 24
     assert record.acceptance_rate is None and record.mean_acceptance_length is None
-    assert record.tokens_per_event is not None and record.tokens_per_event <= 1.5
+    # No tokens-per-event bound here: vLLM merges steps whenever its API server lags, and
+    # chat skips steps whose bytes do not yet decode to text (byte-level BPE, random weights).
+    assert record.n_events >= 1 and record.ttft_s is not None
 
 
 @pytest.fixture
