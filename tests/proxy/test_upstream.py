@@ -197,6 +197,34 @@ async def test_upstream_closing_an_idle_connection_is_noticed_and_a_new_one_used
         assert server.connections == 2 and len(server.requests) == 2
 
 
+async def test_an_idle_connection_that_received_stray_bytes_is_not_reused() -> None:
+    """Bytes that arrive on an idle connection (say a 408 before the server closes) would be
+    read as the next request's response; such a connection is dropped instead."""
+
+    def script(server: Server) -> Script:
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.read_request(reader)
+            writer.write(OK)
+            await writer.drain()
+            await asyncio.sleep(0.02)  # the client has pooled the connection by now
+            writer.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            while await server.read_request(reader) is not None:
+                writer.write(OK)
+
+        return run
+
+    async with serve(script) as server:
+        pool = pool_for(server)
+        resp = await pool.post("/x", b"", HEADERS)
+        assert await resp.read() == OK_BODY
+        resp.release()
+        await asyncio.sleep(0.1)  # the 408 arrives while the connection is idle in the pool
+        resp = await pool.post("/x", b"", HEADERS)
+        assert resp.status == 200 and await resp.read() == OK_BODY
+        assert server.connections == 2
+
+
 async def test_connections_idle_too_long_are_not_reused() -> None:
     async with serve(replying(OK)) as server:
         pool = pool_for(server, idle=0.0)

@@ -335,6 +335,9 @@ class UpstreamPool:
                 transport = conn.transport
                 if conn.closed or transport is None or transport.is_closing():
                     continue
+                if conn.buf:  # bytes nobody asked for (e.g. a 408 before a close): unusable
+                    conn.close()
+                    continue
                 if conn.idle_since < expired:
                     conn.close()
                     continue
