@@ -3,17 +3,24 @@
 Processes (each its own interpreter, uvloop everywhere):
   upstream  a raw-asyncio HTTP/1.1 server answering every POST with the real vLLM non-streaming
             body (`chat_nonstream_spec.json`): as cheap as possible, so it is not the bottleneck;
-  bare      the few-line aiohttp pass-through (one ClientSession, read body, post, return);
-  proxy     specproxy's app (routing, JSON body parse, usage parse, record, Prometheus);
-  loadgen   this process: a raw-asyncio keep-alive client (no HTTP library on the hot path).
+  sse-upstream  (streaming mode) a paced SSE mock: `--events` chunks `--gap-ms` apart;
+  bare      the few-line aiohttp pass-through (one ClientSession, read body, post, return or
+            stream through);
+  proxy     specproxy's app (routing, JSON body parse, usage parse, record, Prometheus), with the
+            in-memory ring (or `--store URL`), GC frozen after start-up as `specproxy serve` does;
+  loadgen   this process: raw-asyncio keep-alive clients (no HTTP library on the hot path).
 
 Added latency: sequential keep-alive requests, interleaved direct / bare / proxy round by round
-so that drift and noise hit all three alike; added = percentile(target) - percentile(direct).
-Throughput: closed loop, `--connections` keep-alive connections for `--seconds` per target.
-With `--pin`, processes are pinned to CPUs (upstream, target, loadgen on different cores).
+so that drift and noise hit all three alike; added = percentile(target) - percentile(direct),
+per trial, then the median over trials. Throughput: closed loop, `--connections` keep-alive
+connections for `--seconds` per target, trials alternating bare / proxy; beside req/s it prints
+requests per CPU-second of the target process, which is what one process could serve with a
+core to itself (req/s on a shared machine mostly measures the other tenants). Streaming:
+sequential streams, interleaved; added TTFT and added inter-event gap at p50/p99. The load
+average is printed at start and end. With `--pin`, processes are pinned (Linux taskset).
 
-    .venv/bin/python benchmarks/bench_proxy.py [--rounds 3000] [--seconds 5] [--connections 64]
-        [--trials 3] [--pin 2,4,6,8]
+    .venv/bin/python benchmarks/bench_proxy.py --mode all --pin 0,1,1,0 [--rounds 3000]
+        [--seconds 5] [--connections 64] [--trials 3] [--streams 20] [--events 64] [--gap-ms 20]
 """
 
 from __future__ import annotations
