@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: venv demo demo-vllm test test-fast lint typecheck sysdeps vllm-env bench clean
+.PHONY: venv demo demo-vllm test test-fast test-vllm vllm-up lint typecheck sysdeps vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,14 @@ test: venv sysdeps vllm-env lint typecheck
 ## test-fast: the tiers that need no system service and no real vLLM
 test-fast: venv
 	$(BIN)/pytest -m "not vllm"
+
+## test-vllm: only the real-engine tier (starts two real vLLM CPU servers once)
+test-vllm: venv vllm-env
+	SPECPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest tests/realvllm -m vllm
+
+## vllm-up: start the real speculative + baseline vLLM CPU servers and print their URLs
+vllm-up: venv vllm-env
+	$(BIN)/specproxy vllm --vllm-python $(VLLM_VENV)/bin/python
 
 lint: venv
 	$(BIN)/ruff format --check .
