@@ -50,7 +50,12 @@ def test_costly_draft_branch() -> None:
         1.0, 0.97, 1.03, acceptance_rate=0.7, mean_acceptance_length=3.0, num_speculative_tokens=4
     )
     assert codes(d) == ["draft_too_costly"]
-    assert diagnose(d).implied_draft_cost == pytest.approx(0.5)
+    result = diagnose(d)
+    assert result.implied_draft_cost == pytest.approx(0.5)
+    # The scraper cannot see the drafting method: the advice must not assume it is not n-gram.
+    [reason] = result.reasons
+    assert "c = 0.50" in reason.message
+    assert "if you are not already" in reason.message and "consider n-gram" not in reason.message
 
 
 def test_working_and_too_few_samples() -> None:

@@ -14,7 +14,9 @@ checked in order, each add a reason in words:
    mismatch);
 3. high load (many running requests, or a nearly full KV cache) -> speculation hurts at large
    batch, where the target is compute bound and drafts steal its throughput;
-4. implied draft cost c > 0.2 -> the draft is too large; an n-gram or EAGLE head costs ~0;
+4. implied draft cost c > 0.2 -> the draft costs too much per step: a smaller draft, fewer
+   speculative tokens, or prompt-lookup (n-gram) drafting, which costs ~0 (the scraper cannot
+   tell which method runs, so the advice must hold either way);
 5. TTFT is most of E2E -> requests are prefill dominated; speculation only speeds decode;
 6. otherwise, speculation works (or the verdict is simply not in yet).
 """
@@ -196,7 +198,8 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
             Reason(
                 "draft_too_costly",
                 f"implied draft cost c = {cost:.2f} of a target pass (> {HIGH_DRAFT_COST}): the "
-                "draft is too large; consider n-gram or EAGLE speculation",
+                "draft costs too much per step; use a smaller draft model, fewer speculative "
+                "tokens, or prompt-lookup (n-gram) drafting if you are not already",
             )
         )
     if d.ttft_share is not None and d.ttft_share > PREFILL_DOMINATED and not helps:
