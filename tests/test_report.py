@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import uuid
@@ -11,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specproxy.config import StatsConfig, StoreConfig
+from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.report import write_report
+from specproxy.report import collect, write_report
 from specproxy.report.summary import fmt_ratio, main_window
 from specproxy.stats.job import compute_stats
 from specproxy.store import open_store
@@ -97,7 +98,8 @@ async def _fill(url: str, *, history: bool) -> list[tuple[float, dict[str, objec
 
 
 async def _store_values(url: str) -> dict[str, dict[str, np.ndarray]]:
-    """Independently: usable requests per arm minus the first WARMUP of each arm."""
+    """Independently: usable requests per arm minus the first WARMUP usable ones of each arm
+    (a failed request fills no warm-up slot: record 0, a 500, is baseline's)."""
     store = open_store(StoreConfig(url=url))
     await store.start()
     try:
@@ -108,8 +110,8 @@ async def _store_values(url: str) -> dict[str, dict[str, np.ndarray]]:
         await store.close()
     out: dict[str, dict[str, np.ndarray]] = {}
     for arm, a in arrays.items():
-        keep = np.arange(len(a["t_start"])) >= WARMUP
-        keep &= a["status"] == 200
+        usable = a["status"] == 200
+        keep = usable & (np.cumsum(usable) > WARMUP)
         out[arm.value] = {c: a[c][keep] for c in ("e2e_s", "tpot_s", "ttft_s")}
     return out
 
@@ -187,3 +189,53 @@ async def test_empty_store_gives_no_report(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'e.db'}"
     assert await write_report(url, run_id=None, out_dir=tmp_path / "x") is None
     assert not (tmp_path / "x").exists()
+
+
+async def test_report_selects_what_the_job_selected_across_a_restart() -> None:
+    """The report applies the job's warm-up rule with the job's restart settings, not defaults."""
+    store = open_store(StoreConfig(url="memory://"))
+    await store.start()
+    try:
+        for rec in _records(np.random.default_rng(3)):
+            store.record(rec)
+        for i in range(5):  # 502s while the speculative arm is down: no warm-up slot
+            store.record(
+                dataclasses.replace(
+                    _records(np.random.default_rng(i), n=2)[1],
+                    t_start=T0 + 12.05 + 0.4 * i,
+                    status=502,
+                    error_kind="connect",
+                )
+            )
+        spec = Arm.SPECULATIVE
+        for sample in (
+            EngineSample(T0 + 10.0, RUN, spec, True, process_start_time=T0 - 100),
+            EngineSample(T0 + 12.0, RUN, spec, False),
+            EngineSample(T0 + 14.0, RUN, spec, False),
+            # The new process start reads early (11.5 < 12.0): the window opens at 12.0.
+            EngineSample(T0 + 15.0, RUN, spec, True, restarted=True, process_start_time=T0 + 11.5),
+        ):
+            store.record_engine(sample)
+        await store.flush()
+        scrape = ScrapeConfig(warmup_requests=7, warmup_seconds=0.0)
+        job_settings = StatsConfig(warmup_requests=WARMUP, resamples=300)
+        result = await compute_stats(
+            store, run_id=RUN, stats_cfg=job_settings, scrape_cfg=scrape, window_end=T0 + 100
+        )
+        await store.write_stats(run_id=RUN, t=result["computed_at"], result=result)
+        data = await collect(store, run_id=RUN, settings=StatsConfig(resamples=100))
+    finally:
+        await store.close()
+    assert data is not None and not data.recomputed  # the job's own result is reported
+    window = main_window(result)
+    assert window is not None
+    assert window["excluded_warmup"] == {"baseline": WARMUP, "speculative": WARMUP + 7}
+    assert data.excluded_warmup == window["excluded_warmup"]
+    assert data.excluded_failed["speculative"] == 5 + sum(i % 97 == 0 for i in range(1, 400, 2))
+    for metric in ("e2e", "ttft", "tpot"):
+        for arm in Arm:
+            assert data.latency[metric][arm.value].size == window["metrics"][metric]["n"][arm.value]
+    # The first request after the restart window opened (12.0), not the last one before it, is
+    # the first excluded: spec records sit at odd tenths, 11.9 stays, 12.1 .. 13.3 go.
+    kept = data.t_start["speculative"] - T0
+    assert np.any(np.isclose(kept, 11.9)) and not np.any((kept > 12.0) & (kept < 13.4))

@@ -21,7 +21,7 @@ from specproxy.proxy.forward import ARM_HEADER
 from specproxy.realvllm.workload import completion_body, prompts
 from specproxy.records import Arm
 from specproxy.scrape.context import SCRAPER
-from specproxy.scrape.warmup import restart_times_from_samples, warmup_mask
+from specproxy.stats.clean import restart_times, warmup_mask
 from specproxy.stats.compare import REQUIRED_COLUMNS
 from specproxy.stats.job import compute_from_arrays
 from specproxy.store.arrays import rows_to_arrays
@@ -97,14 +97,21 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
     assert spec_records[2].error_kind == "connect"
     assert all(r.acceptance_rate is not None for r in spec_records[3:])
 
-    # The warm-up window covers exactly the first requests after the restart, whether it is
-    # dated from the scraper's live state or from the stored engine samples.
+    # The warm-up window covers exactly the first usable requests after the restart, whether it
+    # is dated from the scraper's live state or from the stored engine samples (where it opens
+    # no earlier than the first failed scrape); the 502 fills no slot.
     t_start = np.array([r.t_start for r in spec_records])
-    samples = [s for s in proxy.recorder.engine_samples if s.arm is Arm.SPECULATIVE]
+    usable = np.array([r.status == 200 for r in spec_records])
+    samples = list(proxy.recorder.engine_samples)
     assert any(s.restarted for s in samples) and any(not s.up for s in samples)
+    [stored] = restart_times(samples, Arm.SPECULATIVE)
+    first_down = min(s.t for s in samples if s.arm is Arm.SPECULATIVE and not s.up)
+    assert first_down <= stored <= time.time()
     expected = [False] * 3 + [True] * WARMUP_REQUESTS + [False] * 3
-    for restarts in (scraper.restart_times(Arm.SPECULATIVE), restart_times_from_samples(samples)):
-        mask = warmup_mask(t_start, restarts, warmup_requests=WARMUP_REQUESTS, warmup_seconds=0)
+    for restarts in (scraper.restart_times(Arm.SPECULATIVE), [stored]):
+        mask = warmup_mask(
+            t_start, restarts, usable=usable, warmup_requests=0, restart_requests=WARMUP_REQUESTS
+        )
         assert mask.tolist() == expected, ([t - restarts[0] for t in t_start], restarts)
 
     # The stats job drops those same requests from the comparison.
@@ -126,6 +133,6 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
         stats_cfg=StatsConfig(warmup_requests=0, windows_s=(None,), resamples=200),
         scrape_cfg=proxy.app[CONFIG].scrape,
     )["results"]["all"]["all"]
-    # The job dates a restart at the scrape before it (a failed one here, after the 502).
+    # The job dates the restart by the same rule (`clean.restart_times`) and drops those requests.
     assert result["excluded_warmup"]["speculative"] == WARMUP_REQUESTS
     assert result["samples"]["speculative"] == 2 + 3  # 200s before the stop + after the window

@@ -37,7 +37,7 @@ from specproxy.report.summary import main_window
 from specproxy.store import open_store
 from specproxy.store.base import Store
 
-__all__ = ["ReportData", "collect", "configure", "run", "write_report"]
+__all__ = ["ReportData", "collect", "configure", "report_from_store", "run", "write_report"]
 
 COLUMNS = (
     "t_start",
@@ -109,19 +109,34 @@ async def write_report(
     settings: StatsConfig | None = None,
     stats_at: float | None = None,
 ) -> Path | None:
-    """Read the run from the store, draw, write index.html, the PNGs and report.json.
-
-    `stats_at` names the stats result to report (its `computed_at`), e.g. the final result a
-    live proxy served; by default the run's last one.
-    """
+    """Open the store at `store_url`, then `report_from_store`; None when nothing was recorded."""
     store: Store = open_store(StoreConfig(url=store_url))
     await store.start()
     try:
-        data = await collect(
-            store, run_id=run_id, settings=settings or StatsConfig(), stats_at=stats_at
+        return await report_from_store(
+            store, run_id=run_id, out_dir=out_dir, settings=settings, stats_at=stats_at
         )
     finally:
         await store.close()
+
+
+async def report_from_store(
+    store: Store,
+    *,
+    run_id: str | None,
+    out_dir: Path,
+    settings: StatsConfig | None = None,
+    stats_at: float | None = None,
+) -> Path | None:
+    """Read the run from an open store, draw, write index.html, the PNGs and report.json.
+
+    `stats_at` names the stats result to report (its `computed_at`), e.g. the final result a
+    live proxy served; by default the run's last one. The caller keeps the store open (a live
+    proxy's `memory://` store holds the only copy of the run).
+    """
+    data = await collect(
+        store, run_id=run_id, settings=settings or StatsConfig(), stats_at=stats_at
+    )
     if data is None:
         return None
     await asyncio.to_thread(_draw_and_write, data, out_dir)
@@ -148,12 +163,13 @@ async def collect(
             history = history[: chosen[-1] + 1]
     last = history[-1][1] if history else None
     settings = _settings_from(last, settings)
+    scrape = _scrape_from(last)
     until = last.get("window_end") if last is not None else None
-    data = _gather(run_id, arrays, engine, settings, until=until)
+    data = _gather(run_id, arrays, engine, settings, scrape, until=until)
     if last is None or not _consistent(last, data):
         # No history (a bench run), or records the last stats run did not see: compute afresh.
-        history.append(await _compute_stats(store, run_id, settings))
-        data = _gather(run_id, arrays, engine, settings, until=None)
+        history.append(await _compute_stats(store, run_id, settings, scrape))
+        data = _gather(run_id, arrays, engine, settings, scrape, until=None)
         data.recomputed = True
     data.history = history
     data.stats_t, data.stats = history[-1]
@@ -165,6 +181,7 @@ def _gather(
     arrays: Mapping[Arm, Mapping[str, npt.NDArray[Any]]],
     engine: list[EngineSample],
     settings: StatsConfig,
+    scrape: ScrapeConfig,
     *,
     until: float | None,
 ) -> ReportData:
@@ -188,7 +205,7 @@ def _gather(
         a = arrays.get(arm)
         if a is None or len(a["t_start"]) == 0:
             continue
-        keep, warm, failed = _selection(a, arm, engine, settings, until=until)
+        keep, warm, failed = _selection(a, arm, engine, settings, scrape, until=until)
         data.excluded_warmup[arm.value] = warm
         data.excluded_failed[arm.value] = failed
         data.shadows[arm.value] = int(np.sum(np.asarray(a["shadow"], dtype=bool)))
@@ -220,41 +237,23 @@ def _selection(
     arm: Arm,
     engine: Sequence[EngineSample],
     settings: StatsConfig,
+    scrape: ScrapeConfig,
     *,
     until: float | None,
 ) -> tuple[npt.NDArray[np.bool_], int, int]:
-    """The stats job's sample: successful primary requests, warm-up excluded exactly as the job
-    does (first requests of the run, and after each restart the scraper reported)."""
-    from specproxy.stats.clean import warmup_mask
+    """The stats job's sample: usable primary requests outside the warm-up windows, by the very
+    rule the job applies (`clean.warmup_exclusion`); also the warm-up and failed counts."""
+    from specproxy.stats.clean import warmup_exclusion
     from specproxy.stats.compare import usable_mask
 
-    scrape = ScrapeConfig()
+    arrays = dict(a)
     t = np.asarray(a["t_start"], dtype=np.float64)
-    warm = warmup_mask(
-        t,
-        restart_times(engine, arm),
-        warmup_requests=settings.warmup_requests,
-        restart_requests=scrape.warmup_requests,
-        restart_seconds=scrape.warmup_seconds,
-    )
-    usable = usable_mask(dict(a))
+    warm = warmup_exclusion(arrays, engine, arm, stats_cfg=settings, scrape_cfg=scrape)
+    usable = usable_mask(arrays)
     primary = ~np.asarray(a["shadow"], dtype=bool)
     in_time = t <= until if until is not None else np.ones(t.size, dtype=bool)
     keep = usable & ~warm & primary & in_time
-    return keep, int(np.sum(warm & in_time)), int(np.sum(~usable & ~warm & in_time))
-
-
-def restart_times(samples: Sequence[EngineSample], arm: Arm) -> list[float]:
-    """Restarts of `arm`, dated at the previous scrape (the stats job's rule)."""
-    times: list[float] = []
-    previous: float | None = None
-    for s in samples:
-        if s.arm is not arm:
-            continue
-        if s.restarted:
-            times.append(previous if previous is not None else s.t)
-        previous = s.t
-    return times
+    return keep, int(np.sum(warm & in_time)), int(np.sum(~usable & in_time))
 
 
 async def _latest_run(store: Store) -> str | None:
@@ -270,13 +269,28 @@ async def _latest_run(store: Store) -> str | None:
 
 
 async def _compute_stats(
-    store: Store, run_id: str, settings: StatsConfig
+    store: Store, run_id: str, settings: StatsConfig, scrape: ScrapeConfig
 ) -> tuple[float, Mapping[str, Any]]:
     """A store without stats history (a bench run): compute the comparison once."""
     from specproxy.stats.job import compute_stats
 
-    result = await compute_stats(store, run_id=run_id, stats_cfg=settings)
+    result = await compute_stats(store, run_id=run_id, stats_cfg=settings, scrape_cfg=scrape)
     return float(result["computed_at"]), result
+
+
+def _scrape_from(stats: Mapping[str, Any] | None) -> ScrapeConfig:
+    """The restart warm-up the stats result was computed with (the defaults before it was kept)."""
+    default = ScrapeConfig()
+    raw = (stats or {}).get("settings")
+    if not isinstance(raw, Mapping):
+        return default
+    requests = raw.get("restart_warmup_requests", default.warmup_requests)
+    seconds = raw.get("restart_warmup_seconds", default.warmup_seconds)
+    if not isinstance(requests, int) or isinstance(requests, bool) or requests < 0:
+        return default
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+        return default
+    return dataclasses.replace(default, warmup_requests=requests, warmup_seconds=float(seconds))
 
 
 def _settings_from(stats: Mapping[str, Any] | None, fallback: StatsConfig) -> StatsConfig:

@@ -1,51 +1,145 @@
-"""Warm-up exclusion and outlier flagging, per arm.
+"""Which records count: warm-up exclusion (the one rule the stats job and the report share) and
+outlier flagging, per arm.
 
 After a start or an engine restart the first requests pay for cold caches, CUDA graph capture and
-JIT, so they say nothing about steady-state speed: the first W requests of each arm after the run
-start and after every restart (and, optionally, those within a few seconds of a restart) are
-excluded. Outliers are different: they are real latency that users saw, so they are only counted
-and flagged (1.5 IQR fences on log latency, because latency is multiplicative), never removed.
+JIT, so they say nothing about steady-state speed. Per arm, across models (the engine warms up,
+not the model), `warmup_exclusion` drops the first `stats.warmup_requests` usable requests of the
+run, and after every restart the scraper reported the first `scrape.warmup_requests` usable
+requests plus every usable request starting within `scrape.warmup_seconds`. Only usable requests
+(HTTP 200, no error, client connected) fill warm-up slots: the 502s an arm answers while it is
+down never warmed anything, and counting them would let cold requests through.
+
+A restart is dated by `restart_times`, as early as the evidence allows but never before the old
+engine's last requests: vLLM's `process_start_time_seconds` can read up to ~1 s before the wall
+clock, so when scrapes failed in between (the arm was down), the window cannot open before the
+first failed scrape, since the new engine served nothing before a scrape that found the arm down.
+
+Outliers are different: they are real latency that users saw, so they are only counted and
+flagged (1.5 IQR fences on log latency, because latency is multiplicative), never removed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["OutlierSummary", "count_outliers", "warmup_mask"]
+from specproxy.config import ScrapeConfig, StatsConfig
+from specproxy.records import Arm, EngineSample
+from specproxy.store.base import ArmArrays
+
+__all__ = [
+    "OutlierSummary",
+    "count_outliers",
+    "restart_times",
+    "warmup_exclusion",
+    "warmup_mask",
+]
 
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def restart_times(samples: Iterable[EngineSample], arm: Arm) -> list[float]:
+    """When each restart of `arm` that its stored samples (time order) mark happened.
+
+    After failed scrapes (up=False) since the last good sample: the new process start time, but
+    not before the first failed scrape (nor after the sample that saw the restart). Otherwise:
+    the new process start time when it lies between the previous sample and this one, else the
+    previous sample's time (the earliest moment the restart can have happened).
+    """
+    times: list[float] = []
+    previous: float | None = None  # time of the last good sample
+    first_failed: float | None = None  # first failed scrape since then
+    for sample in samples:
+        if sample.arm is not arm:
+            continue
+        if not sample.up:
+            if first_failed is None:
+                first_failed = sample.t
+            continue
+        if sample.restarted:
+            times.append(_restart_time(sample, previous, first_failed))
+        previous, first_failed = sample.t, None
+    return times
+
+
+def _restart_time(
+    sample: EngineSample, previous: float | None, first_failed: float | None
+) -> float:
+    start = sample.process_start_time
+    if first_failed is not None:
+        return min(max(start, first_failed) if start is not None else first_failed, sample.t)
+    low = previous if previous is not None else -math.inf
+    if start is not None and low <= start <= sample.t:
+        return start
+    return previous if previous is not None else sample.t
+
+
+def warmup_exclusion(
+    arrays: ArmArrays,
+    samples: Iterable[EngineSample],
+    arm: Arm,
+    *,
+    stats_cfg: StatsConfig,
+    scrape_cfg: ScrapeConfig,
+) -> BoolArray:
+    """The warm-up rule: True for each record of `arm` (its whole run, any order) to exclude.
+
+    `arrays` needs `t_start` and the columns of `compare.usable_mask`; `samples` are the run's
+    engine samples (any arm, time order). Unusable records are never marked: they are dropped as
+    failed, so "failed" and "warm-up" partition the records left out.
+    """
+    # Imported here: compare imports this module (for count_outliers).
+    from specproxy.stats.compare import usable_mask
+
+    return warmup_mask(
+        np.asarray(arrays["t_start"], dtype=np.float64),
+        restart_times(samples, arm),
+        usable=usable_mask(arrays),
+        warmup_requests=stats_cfg.warmup_requests,
+        restart_requests=scrape_cfg.warmup_requests,
+        restart_seconds=scrape_cfg.warmup_seconds,
+    )
 
 
 def warmup_mask(
     t_start: FloatArray,
-    restart_times: Sequence[float],
+    restarts: Sequence[float],
     *,
+    usable: BoolArray | None = None,
     warmup_requests: int,
     restart_requests: int | None = None,
     restart_seconds: float = 0.0,
-) -> npt.NDArray[np.bool_]:
-    """True for the records to exclude; `t_start` must cover the arm's whole run in time order.
+) -> BoolArray:
+    """The mechanics of `warmup_exclusion`, for given restart times; `t_start` in any order.
 
-    The first `warmup_requests` records are excluded, and after each restart time the first
-    `restart_requests` (default: `warmup_requests`) records that started at or after it, plus any
-    record that started within `restart_seconds` of it.
+    Marks the first `warmup_requests` usable records, and after each restart time the first
+    `restart_requests` (default: `warmup_requests`) usable records that started at or after it,
+    plus every usable record that started within `restart_seconds` of it (the union of the two
+    limits). `usable` defaults to every record.
     """
-    n = t_start.size
-    excluded = np.zeros(n, dtype=bool)
-    excluded[: min(warmup_requests, n)] = True
+    t = np.asarray(t_start, dtype=np.float64)
+    ok = np.ones(t.shape, dtype=bool) if usable is None else np.asarray(usable, dtype=bool)
+    order = np.argsort(t, kind="stable")
+    sorted_t = t[order]
+    usable_at = np.flatnonzero(ok[order])  # positions, in start order, of the usable records
+    sorted_mask = np.zeros(t.shape, dtype=bool)
+    sorted_mask[usable_at[:warmup_requests]] = True
     per_restart = warmup_requests if restart_requests is None else restart_requests
-    for restart in restart_times:
-        first = int(np.searchsorted(t_start, restart, side="left"))
-        excluded[first : first + per_restart] = True
+    for restart in restarts:
+        first = int(np.searchsorted(sorted_t, restart, side="left"))
+        k = int(np.searchsorted(usable_at, first, side="left"))
+        sorted_mask[usable_at[k : k + per_restart]] = True
         if restart_seconds > 0:
-            last = int(np.searchsorted(t_start, restart + restart_seconds, side="left"))
-            excluded[first:last] = True
-    return excluded
+            last = int(np.searchsorted(sorted_t, restart + restart_seconds, side="left"))
+            sorted_mask[usable_at[k : int(np.searchsorted(usable_at, last, side="left"))]] = True
+    mask = np.zeros(t.shape, dtype=bool)
+    mask[order] = sorted_mask
+    return mask
 
 
 @dataclass(frozen=True, slots=True)

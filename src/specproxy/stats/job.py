@@ -6,10 +6,10 @@ compares the arms for every window in `stats.windows_s` and for every model plus
 together. The latest result is kept in memory (`StatsJob.latest`, served at `GET /api/stats`),
 exposed as Prometheus gauges (`collector.StatsCollector`) and appended to the store's history.
 
-Warm-up exclusion is decided on the whole run, per arm and across models (the engine warms up,
-not the model): the first `stats.warmup_requests` records after the run start, and the first
-`scrape.warmup_requests` records (plus `scrape.warmup_seconds`) after every restart the scraper
-reported. A restart is dated at the previous scrape of that arm, the earliest it can have been.
+Warm-up exclusion is decided on the whole run, per arm and across models, by
+`clean.warmup_exclusion` (the rule the report shares): the first `stats.warmup_requests` usable
+requests of the run, and the first `scrape.warmup_requests` usable requests (plus those within
+`scrape.warmup_seconds`) after every restart the scraper reported, dated by `clean.restart_times`.
 
 Result schema (version 1; every float may be null when undefined; arms are "baseline" and
 "speculative"; windows are labelled "5m", "1h", "90s", "all"):
@@ -17,13 +17,14 @@ Result schema (version 1; every float may be null when undefined; arms are "base
     {
       "schema_version": 1, "run_id": str, "computed_at": unix_s, "duration_s": float,
       "window_end": unix_s,            # windows are [window_end - w, window_end]
-      "settings": {"resamples", "confidence", "alpha", "p99_tolerance", "warmup_requests", "seed"},
+      "settings": {"resamples", "confidence", "alpha", "p99_tolerance", "warmup_requests", "seed",
+                   "restart_warmup_requests", "restart_warmup_seconds"},  # the last two: scrape.*
       "results": {MODEL or "all": {WINDOW: {
         "window_s": float | null,
         "design": "split" | "paired",  # paired when mirrored pairs >= primary requests
         "pairs": int,
         "samples": {ARM: int},         # usable requests after warm-up exclusion
-        "excluded_warmup": {ARM: int},
+        "excluded_warmup": {ARM: int},  # usable requests left out as warm-up
         "metrics": {"e2e" | "ttft" | "tpot": {
           "n": {ARM: int},
           "speedup": {"median" | "mean" | "p90" | "p99": {
@@ -63,7 +64,7 @@ from prometheus_client import CollectorRegistry
 
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.records import Arm, EngineSample
-from specproxy.stats.clean import warmup_mask
+from specproxy.stats.clean import warmup_exclusion
 from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.compare import (
     REQUIRED_COLUMNS,
@@ -99,18 +100,6 @@ def window_label(window_s: float | None) -> str:
     return f"{window_s:g}s"
 
 
-def _restart_times(samples: Sequence[EngineSample], arm: Arm) -> list[float]:
-    times: list[float] = []
-    previous: float | None = None
-    for s in samples:
-        if s.arm is not arm:
-            continue
-        if s.restarted:
-            times.append(previous if previous is not None else s.t)
-        previous = s.t
-    return times
-
-
 def _subset(arrays: ArmArrays, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> ArmArrays:
     return {k: np.asarray(v)[mask] for k, v in arrays.items()}
 
@@ -134,12 +123,8 @@ def compute_from_arrays(
         t_start = np.asarray(cols["t_start"], dtype=np.float64)
         order = np.argsort(t_start, kind="stable")
         cols = {k: np.asarray(v)[order] for k, v in cols.items()}
-        mask = warmup_mask(
-            t_start[order],
-            _restart_times(engine_samples, arm),
-            warmup_requests=stats_cfg.warmup_requests,
-            restart_requests=scrape_cfg.warmup_requests,
-            restart_seconds=scrape_cfg.warmup_seconds,
+        mask = warmup_exclusion(
+            cols, engine_samples, arm, stats_cfg=stats_cfg, scrape_cfg=scrape_cfg
         )
         kept[arm] = _subset(cols, ~mask)
         excluded[arm] = mask
@@ -201,6 +186,8 @@ def compute_from_arrays(
             "p99_tolerance": stats_cfg.p99_tolerance,
             "warmup_requests": stats_cfg.warmup_requests,
             "seed": stats_cfg.seed,
+            "restart_warmup_requests": scrape_cfg.warmup_requests,
+            "restart_warmup_seconds": scrape_cfg.warmup_seconds,
         },
         "results": results,
     }
