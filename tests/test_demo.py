@@ -138,6 +138,29 @@ def test_vllm_urls_are_split_and_real_servers_get_gentler_defaults() -> None:
     assert (emulated.rate, emulated.max_tokens) == (demo.DemoOptions().rate, None)
 
 
+def test_memory_store_still_gets_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--store memory://` keeps the run only while the proxy lives: the report is written first."""
+    out = tmp_path / "mem"
+    argv = (
+        "--store", "memory://", "--duration", "4", "--rate", "20", "--max-tokens", "16",
+        "--port", "0", "--out", str(out), "--stats-interval", "1", "--resamples", "100",
+    )  # fmt: skip
+    assert demo.run(_args(*argv)) == 0
+    printed = capsys.readouterr().out.replace("\n", "")  # rich wraps the long path
+    assert f"report: {out / 'index.html'}" in printed and "no report" not in printed
+    report = json.loads((out / "report.json").read_text())
+    final = main_window(report["stats"])
+    assert final is not None and not report["stats"]["run_id"].startswith("default")
+    recorded = sum(final["samples"].values()) + sum(final["excluded_warmup"].values())
+    assert recorded > 40  # ~80 requests were sent; every one went through the store
+    for arm in ("speculative", "baseline"):
+        assert (
+            report["figure_data"]["latency"]["e2e"][arm]["n"] == final["metrics"]["e2e"]["n"][arm]
+        )
+
+
 def test_cli_without_terminal_stops_on_ctrl_c(tmp_path: Path) -> None:
     """`specproxy demo` with plain stdout; SIGINT part-way still leaves a report."""
     cmd = [

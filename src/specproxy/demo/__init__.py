@@ -6,7 +6,8 @@ the proxy in front with the SQLite store, the scraper and the stats job, and sen
 traffic with prompts of varied lengths from the packaged prompt set. While it runs it shows a live
 terminal view and serves /ui, /metrics and /api/stats; after `--duration` (or Ctrl-C) it stops the
 load, lets the stats job run once more over everything recorded, and writes the report from the
-store. Without a terminal (CI) the live view becomes a periodic plain-text line.
+proxy's store while it is still open (so `--store memory://` works too). Without a terminal (CI)
+the live view becomes a periodic plain-text line.
 """
 
 from __future__ import annotations
@@ -215,9 +216,10 @@ async def run_demo(
         if final is not None:  # exactly what a client of GET /api/stats sees at the end
             async with session.get(proxy_url + "/api/stats") as resp:
                 final = await resp.json()
-        # Leaving the stack stops the proxy (the store flushes everything) and the arms.
-    stats_at = float(final["computed_at"]) if final is not None else None
-    report_dir = await _write_report(opts, run_id, console, stats_at)
+        stats_at = float(final["computed_at"]) if final is not None else None
+        # From the proxy's own store, still open: a memory:// store dies with the proxy.
+        report_dir = await _write_report(app, opts, run_id, console, stats_at)
+        # Leaving the stack stops the proxy (the store closes) and the arms.
     if final is not None:
         console.print(render(final, tally, title="final"))
     return DemoOutcome(
@@ -373,10 +375,12 @@ async def _final_stats(app: web.Application) -> Mapping[str, Any] | None:
 
 
 async def _write_report(
-    opts: DemoOptions, run_id: str, console: Console, stats_at: float | None
+    app: web.Application, opts: DemoOptions, run_id: str, console: Console, stats_at: float | None
 ) -> Path | None:
-    from specproxy.report import write_report
+    from specproxy.report import report_from_store
 
+    store = app[STORE]
+    await store.flush()
     out = Path(opts.out)
     console.print(f"writing the report to {out}/ ...")
-    return await write_report(opts.store, run_id=run_id, out_dir=out, stats_at=stats_at)
+    return await report_from_store(store, run_id=run_id, out_dir=out, stats_at=stats_at)
