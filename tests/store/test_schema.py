@@ -112,3 +112,17 @@ async def test_two_stores_migrating_at_once_apply_each_version_once(
         await conn.close()
     assert sorted(versions) == [1, 2]
     await asyncio.gather(*(s.close() for s in stores))
+
+
+def test_row_builders_follow_the_column_order() -> None:
+    from specproxy.records import Arm, EngineSample, RequestRecord
+    from specproxy.store.schema import ENGINE_COLUMNS, REQUEST_COLUMNS, engine_row, request_row
+
+    rec = RequestRecord("q", "r", Arm.SPECULATIVE, 1.0, "m", "completions", True, 200, 0.5, 0.4)
+    row = dict(zip(REQUEST_COLUMNS, request_row(rec), strict=True))
+    assert row == {c: getattr(rec, c) if c != "arm" else "speculative" for c in REQUEST_COLUMNS}
+    sample = EngineSample(2.0, "r", Arm.BASELINE, True, position_acceptance=(0.9, 0.5))
+    lite = dict(zip(ENGINE_COLUMNS, engine_row(sample, "sqlite"), strict=True))
+    pg = dict(zip(ENGINE_COLUMNS, engine_row(sample, "postgresql"), strict=True))
+    assert lite["position_acceptance"] == "[0.9, 0.5]" and pg["position_acceptance"] == [0.9, 0.5]
+    assert lite["arm"] == pg["arm"] == "baseline" and lite["t"] == 2.0

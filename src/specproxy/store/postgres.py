@@ -21,7 +21,14 @@ from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.store.arrays import check_columns, rows_to_arrays
 from specproxy.store.base import ArmArrays
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.schema import ENGINE_COLUMNS, MIGRATIONS, REQUEST_COLUMNS, SCHEMA_VERSION
+from specproxy.store.schema import (
+    ENGINE_COLUMNS,
+    MIGRATIONS,
+    REQUEST_COLUMNS,
+    SCHEMA_VERSION,
+    engine_row,
+    request_row,
+)
 
 if TYPE_CHECKING:
     import asyncpg
@@ -55,53 +62,6 @@ def _asyncpg() -> Any:
             "postgresql:// stores need asyncpg: pip install 'specproxy[postgres]'"
         ) from exc
     return asyncpg
-
-
-def _request_row(rec: RequestRecord) -> tuple[Any, ...]:
-    return (
-        rec.request_id,
-        rec.run_id,
-        rec.arm.value,
-        rec.t_start,
-        rec.model,
-        rec.endpoint,
-        rec.stream,
-        rec.status,
-        rec.e2e_s,
-        rec.upstream_s,
-        rec.ttft_s,
-        rec.tpot_s,
-        rec.prompt_tokens,
-        rec.output_tokens,
-        rec.n_events,
-        rec.tokens_per_event,
-        rec.mean_gap_s,
-        rec.max_gap_s,
-        rec.acceptance_rate,
-        rec.mean_acceptance_length,
-        rec.pair_id,
-        rec.shadow,
-        rec.error_kind,
-        rec.disconnected,
-    )
-
-
-def _engine_row(s: EngineSample) -> tuple[Any, ...]:
-    return (
-        s.t,
-        s.run_id,
-        s.arm.value,
-        s.up,
-        s.restarted,
-        s.acceptance_rate,
-        s.mean_acceptance_length,
-        list(s.position_acceptance) if s.position_acceptance is not None else None,
-        s.requests_running,
-        s.requests_waiting,
-        s.kv_cache_usage,
-        s.generation_tokens_per_s,
-        s.process_start_time,
-    )
 
 
 async def migrate_postgres(conn: asyncpg.Connection) -> int:
@@ -167,14 +127,14 @@ class PostgresStore(BufferedStore):
             if requests:
                 await conn.copy_records_to_table(
                     "incoming_requests",
-                    records=[_request_row(r) for r in requests],
+                    records=[request_row(r) for r in requests],
                     columns=REQUEST_COLUMNS,
                 )
                 await conn.execute(_MOVE_REQUESTS)
             if engine:
                 await conn.copy_records_to_table(
                     "incoming_engine",
-                    records=[_engine_row(s) for s in engine],
+                    records=[engine_row(s, "postgresql") for s in engine],
                     columns=ENGINE_COLUMNS,
                 )
                 await conn.execute(_MOVE_ENGINE)

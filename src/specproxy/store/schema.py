@@ -11,8 +11,11 @@ DOUBLE PRECISION[] and JSONB.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from specproxy.records import EngineSample, RequestRecord
 
 __all__ = [
     "ENGINE_COLUMNS",
@@ -21,6 +24,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "Dialect",
     "Migration",
+    "engine_row",
+    "request_row",
 ]
 
 Dialect = Literal["sqlite", "postgresql"]
@@ -213,3 +218,58 @@ ENGINE_COLUMNS: tuple[str, ...] = (
     "generation_tokens_per_s",
     "process_start_time",
 )
+
+
+def request_row(rec: RequestRecord) -> tuple[Any, ...]:
+    """A record as a row in `REQUEST_COLUMNS` order (both dialects take the same values)."""
+    return (
+        rec.request_id,
+        rec.run_id,
+        rec.arm.value,
+        rec.t_start,
+        rec.model,
+        rec.endpoint,
+        rec.stream,
+        rec.status,
+        rec.e2e_s,
+        rec.upstream_s,
+        rec.ttft_s,
+        rec.tpot_s,
+        rec.prompt_tokens,
+        rec.output_tokens,
+        rec.n_events,
+        rec.tokens_per_event,
+        rec.mean_gap_s,
+        rec.max_gap_s,
+        rec.acceptance_rate,
+        rec.mean_acceptance_length,
+        rec.pair_id,
+        rec.shadow,
+        rec.error_kind,
+        rec.disconnected,
+    )
+
+
+def engine_row(s: EngineSample, dialect: Dialect) -> tuple[Any, ...]:
+    """A sample as a row in `ENGINE_COLUMNS` order; positions are JSON text in SQLite, an array
+    in PostgreSQL."""
+    positions: Any = None
+    if s.position_acceptance is not None:
+        positions = list(s.position_acceptance)
+        if dialect == "sqlite":
+            positions = json.dumps(positions)
+    return (
+        s.t,
+        s.run_id,
+        s.arm.value,
+        s.up,
+        s.restarted,
+        s.acceptance_rate,
+        s.mean_acceptance_length,
+        positions,
+        s.requests_running,
+        s.requests_waiting,
+        s.kv_cache_usage,
+        s.generation_tokens_per_s,
+        s.process_start_time,
+    )

@@ -33,7 +33,14 @@ from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.store.arrays import arrow_to_arrays, check_columns, rows_to_arrays
 from specproxy.store.base import ArmArrays
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.schema import ENGINE_COLUMNS, MIGRATIONS, REQUEST_COLUMNS, SCHEMA_VERSION
+from specproxy.store.schema import (
+    ENGINE_COLUMNS,
+    MIGRATIONS,
+    REQUEST_COLUMNS,
+    SCHEMA_VERSION,
+    engine_row,
+    request_row,
+)
 
 __all__ = [
     "ArmQuery",
@@ -80,54 +87,6 @@ def sqlite_path(url: str) -> tuple[str, float]:
         except ValueError as exc:
             raise StoreError(f"sqlite URL timeout must be a number: {url!r}") from exc
     return path, timeout
-
-
-def _request_row(rec: RequestRecord) -> tuple[Any, ...]:
-    return (
-        rec.request_id,
-        rec.run_id,
-        rec.arm.value,
-        rec.t_start,
-        rec.model,
-        rec.endpoint,
-        rec.stream,
-        rec.status,
-        rec.e2e_s,
-        rec.upstream_s,
-        rec.ttft_s,
-        rec.tpot_s,
-        rec.prompt_tokens,
-        rec.output_tokens,
-        rec.n_events,
-        rec.tokens_per_event,
-        rec.mean_gap_s,
-        rec.max_gap_s,
-        rec.acceptance_rate,
-        rec.mean_acceptance_length,
-        rec.pair_id,
-        rec.shadow,
-        rec.error_kind,
-        rec.disconnected,
-    )
-
-
-def _engine_row(s: EngineSample) -> tuple[Any, ...]:
-    pos = json.dumps(list(s.position_acceptance)) if s.position_acceptance is not None else None
-    return (
-        s.t,
-        s.run_id,
-        s.arm.value,
-        s.up,
-        s.restarted,
-        s.acceptance_rate,
-        s.mean_acceptance_length,
-        pos,
-        s.requests_running,
-        s.requests_waiting,
-        s.kv_cache_usage,
-        s.generation_tokens_per_s,
-        s.process_start_time,
-    )
 
 
 def migrate_sqlite(conn: sqlite3.Connection) -> int:
@@ -214,9 +173,9 @@ class SqliteStore(BufferedStore):
     def _write_sync(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
         def insert(conn: sqlite3.Connection) -> None:
             if requests:
-                conn.executemany(_INSERT_REQUEST, [_request_row(r) for r in requests])
+                conn.executemany(_INSERT_REQUEST, [request_row(r) for r in requests])
             if engine:
-                conn.executemany(_INSERT_ENGINE, [_engine_row(s) for s in engine])
+                conn.executemany(_INSERT_ENGINE, [engine_row(s, "sqlite") for s in engine])
 
         self._in_transaction(insert)
 
