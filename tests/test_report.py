@@ -170,7 +170,7 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     assert fmt_ratio(speedup) in html
     for section in ("Verdicts", "Speedups", "Per arm", "Diagnosis", "Methodology"):
         assert f"<h2>{section}" in html
-    assert "500 resamples" in html and f"first {WARMUP} requests per arm" in html
+    assert "500 resamples" in html and f"first {WARMUP} successful requests per arm" in html
 
 
 async def test_report_without_history_computes_stats(tmp_path: Path) -> None:

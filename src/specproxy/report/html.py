@@ -195,8 +195,9 @@ def _methodology(data: ReportData, window: Any) -> list[str]:
         ("Requests used (n per arm)", ", ".join(f"{a}: {n.get(a, 0)}" for a in ARMS)),
         (
             "Warm-up excluded",
-            f"the first {s.warmup_requests} requests per arm after the start and "
-            "after every engine restart; excluded here: "
+            f"the first {s.warmup_requests} successful requests per arm after the start, and "
+            "after every engine restart the scraper detected the restart window of the stats "
+            "job's scrape settings; excluded here: "
             + ", ".join(f"{a}: {data.excluded_warmup.get(a, 0)}" for a in ARMS),
         ),
         (
