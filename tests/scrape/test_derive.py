@@ -200,3 +200,11 @@ def test_steady_engine_is_not_a_restart() -> None:
     prev = v1(10, num_drafts=5.0, accepted_per_position=(5.0,))
     cur = v1(20, num_drafts=5.0, accepted_per_position=(5.0, 1.0))
     assert not is_restart(prev, cur)
+
+
+def test_restart_after_failed_scrapes_is_not_dated_before_the_first_failure() -> None:
+    prev = v1(10, process_start_time=1.0)
+    cur = v1(30, process_start_time=19.4)  # reads ~1 s early against the wall clock
+    assert restart_time(prev, cur) == 19.4
+    assert restart_time(prev, cur, first_failed=20.0) == 20.0
+    assert restart_time(prev, v1(30, process_start_time=25.0), first_failed=20.0) == 25.0

@@ -231,13 +231,17 @@ async def test_restart_while_down_is_detected_on_recovery(rig: Rig) -> None:
     rig.spec.body = v1_text([EngineCounts(10, 40, 20, (8, 7, 3, 2), 100)], start_time=START)
     await rig.scraper.scrape_once()
     rig.spec.status = 502
+    rig.clock.now += 5
+    await rig.scraper.scrape_once()
+    rig.clock.now += 5
     await rig.scraper.scrape_once()
     rig.spec.status = 200  # same start time, but the counters went back (engine core restart)
     rig.spec.body = v1_text([EngineCounts(2, 8, 4, (2, 1, 1, 0), 12)], start_time=START)
     rig.clock.now += 30
     samples = await rig.scraper.scrape_once()
     assert samples[Arm.SPECULATIVE].restarted
-    assert rig.scraper.restart_times(Arm.SPECULATIVE) == (1000.0,)  # last good scrape
+    # Dated at the first failed scrape: nothing new was served while the arm was down.
+    assert rig.scraper.restart_times(Arm.SPECULATIVE) == (1005.0,)
 
 
 async def test_periodic_loop_survives_failures_and_recovers(rig: Rig) -> None:

@@ -16,10 +16,12 @@ interval: the sample is marked `restarted` and carries no rates.
 
 from __future__ import annotations
 
+import math
+
 from specproxy.records import Arm, EngineSample
 from specproxy.scrape.parse import EngineSnapshot, SpecFormat
 
-__all__ = ["derive_sample", "is_restart", "restart_time"]
+__all__ = ["date_restart", "derive_sample", "is_restart", "restart_time"]
 
 
 def is_restart(prev: EngineSnapshot, cur: EngineSnapshot) -> bool:
@@ -34,16 +36,33 @@ def is_restart(prev: EngineSnapshot, cur: EngineSnapshot) -> bool:
     return any(value < before[name] for name, value in cur.counters().items() if name in before)
 
 
-def restart_time(prev: EngineSnapshot, cur: EngineSnapshot) -> float:
-    """Best estimate of when a detected restart happened (the start of its warm-up window).
+def date_restart(
+    seen_at: float, start: float | None, previous: float | None, first_failed: float | None
+) -> float:
+    """When a restart seen at `seen_at` happened: the start of its warm-up window.
 
-    The new process start time when it is known and plausible, else the previous scrape's time:
-    the earliest moment the restart can have happened, so a warm-up window never starts late.
+    `start` is the new process start time (None if unknown), `previous` the last good scrape,
+    `first_failed` the first failed scrape since then (None if none failed). vLLM's start time
+    can read ~1 s early against the wall clock, so after failed scrapes the restart is dated no
+    earlier than the first of them: the new engine served nothing while the arm was down, and the
+    old one served nothing after it. Otherwise the start time when it is plausible, else the
+    previous scrape: the earliest moment it can have happened, so a window never starts late.
     """
-    start = cur.process_start_time
-    if start is not None and start != prev.process_start_time and prev.t <= start <= cur.t:
+    if first_failed is not None:
+        return min(max(start, first_failed) if start is not None else first_failed, seen_at)
+    low = previous if previous is not None else -math.inf
+    if start is not None and low <= start <= seen_at:
         return start
-    return prev.t
+    return previous if previous is not None else seen_at
+
+
+def restart_time(
+    prev: EngineSnapshot, cur: EngineSnapshot, first_failed: float | None = None
+) -> float:
+    """`date_restart` for two consecutive good snapshots (and the failed scrapes between)."""
+    start = cur.process_start_time
+    new_start = start if start is not None and start != prev.process_start_time else None
+    return date_restart(cur.t, new_start, prev.t, first_failed)
 
 
 def derive_sample(

@@ -49,6 +49,7 @@ class ArmState:
     mean_acceptance_length: float | None = None
     position_acceptance: tuple[float, ...] | None = None
     restart_times: list[float] = field(default_factory=list)
+    first_failed: float | None = None  # first failed scrape since the last good one
 
     @property
     def restarts(self) -> int:
@@ -139,6 +140,8 @@ class EngineScraper:
         if state.up is not False:
             logger.warning("engine %s: /metrics scrape failed, marking down: %s", state.arm, reason)
         state.up, state.error = False, reason
+        if state.first_failed is None:
+            state.first_failed = t
         sample = EngineSample(t=t, run_id=self._config.run_id, arm=state.arm, up=False)
         self._record(sample)
         return sample
@@ -147,7 +150,7 @@ class EngineScraper:
         prev = state.snapshot
         sample = derive_sample(prev, snapshot, run_id=self._config.run_id, arm=state.arm)
         if prev is not None and is_restart(prev, snapshot):
-            state.restart_times.append(restart_time(prev, snapshot))
+            state.restart_times.append(restart_time(prev, snapshot, state.first_failed))
             warmup = self._config.scrape
             logger.warning(
                 "engine %s restarted (restart %d); excluding the next %d requests / %.0f s",
@@ -165,6 +168,7 @@ class EngineScraper:
                 snapshot.engines,
             )
         state.up, state.error, state.snapshot, state.sample = True, None, snapshot, sample
+        state.first_failed = None
         if snapshot.spec_format is None:
             state.acceptance_rate = state.mean_acceptance_length = None
             state.position_acceptance = None

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.records import Arm, EngineSample
+from specproxy.scrape.derive import date_restart
 from specproxy.store.base import ArmArrays
 
 __all__ = [
@@ -62,21 +63,9 @@ def restart_times(samples: Iterable[EngineSample], arm: Arm) -> list[float]:
                 first_failed = sample.t
             continue
         if sample.restarted:
-            times.append(_restart_time(sample, previous, first_failed))
+            times.append(date_restart(sample.t, sample.process_start_time, previous, first_failed))
         previous, first_failed = sample.t, None
     return times
-
-
-def _restart_time(
-    sample: EngineSample, previous: float | None, first_failed: float | None
-) -> float:
-    start = sample.process_start_time
-    if first_failed is not None:
-        return min(max(start, first_failed) if start is not None else first_failed, sample.t)
-    low = previous if previous is not None else -math.inf
-    if start is not None and low <= start <= sample.t:
-        return start
-    return previous if previous is not None else sample.t
 
 
 def warmup_exclusion(
