@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from aiohttp import ClientError, ClientResponse, ClientSession, web
@@ -31,7 +31,7 @@ from yarl import URL
 
 from specproxy.config import Config
 from specproxy.errors import error_body
-from specproxy.metrics import ProxyMetrics
+from specproxy.metrics import ProxyMetrics, fast_increment, fast_observe
 from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
 from specproxy.proxy.sse import SSEScanner
 from specproxy.proxy.upstream import UpstreamError, UpstreamPool
@@ -284,8 +284,8 @@ class Forwarder:
         self._id_prefix = os.urandom(5).hex()
         self._id_counter = itertools.count()
         # Labelled children cached per label set: .labels() takes a lock and builds a tuple.
-        self._children: dict[tuple[Arm, str, bool], tuple[Any, ...]] = {}
-        self._request_counters: dict[tuple[Arm, int], Any] = {}
+        self._children: dict[tuple[Arm, str, bool], tuple[Callable[[float], None], ...]] = {}
+        self._request_counters: dict[tuple[Arm, int], Callable[[], None]] = {}
         # In-flight counts are plain ints read at scrape time (no lock on the request path).
         self._inflight = dict.fromkeys(Arm, 0)
         for arm in Arm:
@@ -662,47 +662,56 @@ class Forwarder:
             self._metrics.upstream_errors.labels(rec.arm.value, rec.error_kind).inc()
 
     def _observe(self, rec: RequestRecord, gaps: Sequence[float]) -> None:
-        m = self._metrics
-        arm = rec.arm.value
-        counter = self._request_counters.get((rec.arm, rec.status))
-        if counter is None:
-            counter = self._request_counters[(rec.arm, rec.status)] = m.requests.labels(
-                arm, str(rec.status)
+        arm = rec.arm
+        count = self._request_counters.get((arm, rec.status))
+        if count is None:
+            count = self._request_counters[(arm, rec.status)] = fast_increment(
+                self._metrics.requests.labels(arm.value, str(rec.status))
             )
-        counter.inc()
+        count()
         kind = rec.error_kind
         if kind is not None:
             if kind != "disconnected":
-                m.upstream_errors.labels(arm, kind).inc()
+                self._metrics.upstream_errors.labels(arm.value, kind).inc()
             return
-        key = (rec.arm, rec.endpoint, rec.stream)
+        key = (arm, rec.endpoint, rec.stream)
         children = self._children.get(key)
         if children is None:
-            children = self._children[key] = (
-                m.request_duration.labels(arm, rec.endpoint, "true" if rec.stream else "false"),
-                m.ttft.labels(arm, rec.endpoint),
-                m.tpot.labels(arm, rec.endpoint),
+            children = self._children[key] = self._observers(key)
+        duration, ttft, tpot, gap, per_event, out, overhead, acceptance = children
+        e2e = rec.e2e_s
+        duration(e2e)
+        overhead(e2e - rec.upstream_s if e2e > rec.upstream_s else 0.0)
+        if rec.ttft_s is not None:
+            ttft(rec.ttft_s)
+        if rec.tpot_s is not None:
+            tpot(rec.tpot_s)
+        if rec.tokens_per_event is not None:
+            per_event(rec.tokens_per_event)
+        if rec.output_tokens is not None:
+            out(rec.output_tokens)
+        if rec.mean_acceptance_length is not None:
+            acceptance(rec.mean_acceptance_length)
+        for value in gaps:
+            gap(value)
+
+    def _observers(self, key: tuple[Arm, str, bool]) -> tuple[Callable[[float], None], ...]:
+        """The histogram children of one (arm, endpoint, stream), as fast observe callables."""
+        m = self._metrics
+        arm, endpoint, stream = key[0].value, key[1], key[2]
+        return tuple(
+            fast_observe(child)
+            for child in (
+                m.request_duration.labels(arm, endpoint, "true" if stream else "false"),
+                m.ttft.labels(arm, endpoint),
+                m.tpot.labels(arm, endpoint),
                 m.event_gap.labels(arm),
                 m.tokens_per_event.labels(arm),
                 m.output_tokens.labels(arm),
                 m.proxy_overhead.labels(arm),
                 m.request_acceptance_length.labels(arm),
             )
-        duration, ttft, tpot, gap, per_event, out, overhead, acceptance = children
-        duration.observe(rec.e2e_s)
-        overhead.observe(max(rec.e2e_s - rec.upstream_s, 0.0))
-        if rec.ttft_s is not None:
-            ttft.observe(rec.ttft_s)
-        if rec.tpot_s is not None:
-            tpot.observe(rec.tpot_s)
-        if rec.tokens_per_event is not None:
-            per_event.observe(rec.tokens_per_event)
-        if rec.output_tokens is not None:
-            out.observe(rec.output_tokens)
-        if rec.mean_acceptance_length is not None:
-            acceptance.observe(rec.mean_acceptance_length)
-        for value in gaps:
-            gap.observe(value)
+        )
 
 
 # --------------------------------------------------------------------------- helpers

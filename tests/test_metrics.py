@@ -1,0 +1,73 @@
+"""The request path's fast observe/increment give exactly the samples prometheus_client gives."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from specproxy.metrics import LATENCY_BUCKETS, fast_increment, fast_observe, log_buckets
+
+
+def _samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, s.labels, s.value)
+        for metric in registry.collect()
+        for s in metric.samples
+        if not s.name.endswith("_created")
+    ]
+
+
+def test_fast_observe_matches_the_library_on_every_bucket_edge() -> None:
+    values = [0.0, -1.0, 1e-9, math.inf, 1e9, 0.5, 0.0005, 3]
+    values += list(LATENCY_BUCKETS)  # exactly on a bound: counted in that bucket (le)
+    values += [b * 1.0000001 for b in LATENCY_BUCKETS]  # just above a bound: the next one
+    values += [b * 0.9999999 for b in LATENCY_BUCKETS]
+    reference, fast = CollectorRegistry(), CollectorRegistry()
+    ref_h = Histogram("h", "h", ["arm"], buckets=LATENCY_BUCKETS, registry=reference)
+    fast_h = Histogram("h", "h", ["arm"], buckets=LATENCY_BUCKETS, registry=fast)
+    observe = fast_observe(fast_h.labels("a"))
+    assert observe != fast_h.labels("a").observe  # the fast path is the one under test
+    for value in values:
+        ref_h.labels("a").observe(value)
+        observe(value)
+    assert _samples(fast) == _samples(reference)
+    assert fast.get_sample_value("h_count", {"arm": "a"}) == len(values)
+
+
+def test_fast_observe_puts_nan_in_no_bucket_like_the_library() -> None:
+    reference, fast = CollectorRegistry(), CollectorRegistry()
+    buckets = log_buckets(0.001, 1.0, 2.0)
+    ref_h = Histogram("h", "h", buckets=buckets, registry=reference)
+    fast_h = Histogram("h", "h", ["arm"], buckets=buckets, registry=fast)
+    ref_h.observe(math.nan)
+    fast_observe(fast_h.labels("a"))(math.nan)
+    ref = {(n, s.get("le")): v for n, s, v in _samples(reference)}
+    got = {(n, s.get("le")): v for n, s, v in _samples(fast)}
+    assert ref.keys() == got.keys()
+    for key, value in ref.items():
+        assert value == got[key] or (math.isnan(value) and math.isnan(got[key])), key
+    assert got[("h_count", None)] == 0.0
+
+
+def test_fast_increment_counts_like_the_library() -> None:
+    registry = CollectorRegistry()
+    counter = Counter("c", "c", ["arm", "status"], registry=registry)
+    inc = fast_increment(counter.labels("a", "200"))
+    for _ in range(5):
+        inc()
+    counter.labels("a", "200").inc()
+    assert registry.get_sample_value("c_total", {"arm": "a", "status": "200"}) == 6.0
+
+
+def test_unknown_value_classes_fall_back_to_the_library_method() -> None:
+    class Other:
+        def observe(self, amount: float) -> None:
+            self.seen = amount
+
+        def inc(self) -> None:
+            self.seen = 1.0
+
+    other = Other()
+    assert fast_observe(other) == other.observe  # type: ignore[arg-type]
+    assert fast_increment(other) == other.inc  # type: ignore[arg-type]
