@@ -75,12 +75,12 @@ class FakeUpstream:
             kind = "chat" if request.path.endswith("chat/completions") else "completion"
             payload = fixture_path(f"{kind}_nonstream_{_arm_file(self.arm)}.json").read_bytes()
             return web.Response(
-                body=payload, content_type="application/json", headers={"x-fake-arm": self.arm}
+                body=payload, content_type="application/json", headers=self._headers(request)
             )
         if mode == "timed":
             return await self._timed(request)
         data = self._stream_bytes(request.path, body)
-        resp = web.StreamResponse(headers={"Content-Type": SSE_TYPE, "x-fake-arm": self.arm})
+        resp = web.StreamResponse(headers={"Content-Type": SSE_TYPE, **self._headers(request)})
         await resp.prepare(request)
         try:
             if mode == "break":
@@ -105,6 +105,15 @@ class FakeUpstream:
             raise
         self.completed += 1
         return resp
+
+    def _headers(self, request: web.Request) -> dict[str, str]:
+        """x-fake-arm, and with `x-fake-own-headers` the proxy's own headers, as if the upstream
+        were itself a proxy (the proxy must override them)."""
+        headers = {"x-fake-arm": self.arm}
+        if "x-fake-own-headers" in request.headers:
+            headers["x-specproxy-arm"] = "upstream-arm"
+            headers["x-specproxy-request-id"] = "upstream-id"
+        return headers
 
     def _stream_bytes(self, path: str, body: dict[str, Any]) -> bytes:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

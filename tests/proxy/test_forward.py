@@ -363,6 +363,20 @@ async def test_headers_hop_by_hop_stripped_authorization_forwarded_never_logged(
     assert "sk-secret-123" not in caplog.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_proxy_overrides_its_own_headers_sent_by_the_upstream(
+    make_proxy: MakeProxy, stream: bool
+) -> None:
+    proxy = await make_proxy(routing=SPEC_ONLY)
+    headers = {"x-fake-own-headers": "1"}
+    async with proxy.client.post(CHAT, json=chat(stream=stream), headers=headers) as resp:
+        await resp.read()
+    assert resp.headers.getall("x-specproxy-arm") == ["speculative"]
+    (request_id,) = resp.headers.getall("x-specproxy-request-id")
+    assert request_id == proxy.recorder.records[-1].request_id
+    assert resp.headers["x-fake-arm"] == "speculative"
+
+
 async def test_metrics_and_probes(make_proxy: MakeProxy) -> None:
     proxy = await make_proxy(routing=SPEC_ONLY)
     async with proxy.client.post(CHAT, json=chat(stream=True)) as resp:
