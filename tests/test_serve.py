@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from specproxy import serve
 from specproxy.errors import ConfigError
@@ -63,3 +65,15 @@ def test_bad_settings_are_clear_errors(
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         serve.build_config(parse("--config", str(tmp_path / "nope.toml")))
+
+
+async def test_startup_hook_freezes_and_collects_the_young_generation_less_often() -> None:
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        await serve.freeze_startup_objects(web.Application())
+        assert gc.get_threshold() == (3000, 10, 10)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*saved)
