@@ -405,3 +405,40 @@ def test_usage_of_decodes_only_the_small_objects() -> None:
     assert _usage_of(value_only) == (None, None)
     assert _usage_of(b'{"usage": null}') == (None, None)
     assert _usage_of(b"not json") == (None, None)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "chat_nonstream_spec.json",
+        "chat_nonstream_baseline.json",
+        "completion_nonstream_spec.json",
+        "completion_nonstream_baseline.json",
+        "error_unknown_model.json",
+        "models.json",
+    ],
+)
+def test_usage_of_agrees_with_a_full_parse_on_the_real_bodies(name: str) -> None:
+    from specproxy.proxy.forward import _usage_of
+
+    payload = fixture_path(name).read_bytes()
+    doc = json.loads(payload)
+    metrics = doc.get("metrics") or {}
+    expected = (doc.get("usage"), metrics.get("speculative_decoding"))
+    assert _usage_of(payload) == expected
+    spaced = json.dumps(doc, indent=2).encode()  # whitespace around every ':' and value
+    assert _usage_of(spaced) == expected
+
+
+def test_usage_of_takes_the_top_level_usage_after_nested_lookalikes() -> None:
+    from specproxy.proxy.forward import _usage_of
+
+    body = {
+        "choices": [{"message": {"content": '"usage": {"completion_tokens": 99}'}}],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 5, "details": {"cached": 1}},
+        "metrics": {"speculative_decoding": {"mean_acceptance_length": 2.5, "h": [1, 2]}},
+    }
+    usage, speculative = _usage_of(json.dumps(body).encode())
+    assert usage == body["usage"]
+    assert speculative == {"mean_acceptance_length": 2.5, "h": [1, 2]}
+    assert _usage_of(b'{"usage": 5}') == (None, None)  # not an object: full parse, no usage
