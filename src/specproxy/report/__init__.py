@@ -34,25 +34,14 @@ from specproxy.report.analysis import (
 )
 from specproxy.report.html import render_html
 from specproxy.report.summary import main_window
+from specproxy.stats.compare import REQUIRED_COLUMNS
 from specproxy.store import open_store
 from specproxy.store.base import Store
 
 __all__ = ["ReportData", "collect", "configure", "report_from_store", "run", "write_report"]
 
-COLUMNS = (
-    "t_start",
-    "model",
-    "status",
-    "error_kind",
-    "disconnected",
-    "shadow",
-    "pair_id",
-    "e2e_s",
-    "ttft_s",
-    "tpot_s",
-    "prompt_tokens",
-    "output_tokens",
-)
+# The report reads exactly what the stats job reads, so its selection can match the job's.
+COLUMNS = REQUIRED_COLUMNS
 
 FloatArray = npt.NDArray[np.float64]
 
