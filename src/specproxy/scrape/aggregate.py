@@ -1,0 +1,186 @@
+"""An arm's scrapes, one per endpoint, -> one arm-level `EngineSample`.
+
+Each endpoint is its own engine: its counters are only ever compared with its own previous
+scrape, so a load-balanced fleet never reads as one engine whose counters jump. Per endpoint the
+round computes deltas and detects restarts (`derive.is_restart`); the arm's V1 rates are then
+ratios of the summed deltas (acceptance = ΣΔaccepted / ΣΔdraft tokens over the endpoints that
+have a usable previous scrape), never an average of per-endpoint ratios.
+
+Endpoints come and go (discovery, scale-up, a pod replaced): an endpoint seen for the first time
+has no previous scrape, so it contributes no delta and is no restart; an endpoint that left the
+list is forgotten, and the arm's totals are not touched, so neither is a counter reset of the
+arm. Only an endpoint whose own start time changed, or whose own counter went down, is a
+restart. An endpoint that fails a scrape keeps its last good snapshot, and the failure streak
+dates a restart seen when it comes back (`derive.restart_time`).
+
+Pure: no I/O, the scrapes and their times are handed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from specproxy.records import Arm, EngineSample
+from specproxy.scrape.derive import derive_sample, is_restart, restart_time
+from specproxy.scrape.parse import EngineSnapshot, SpecFormat
+
+__all__ = ["ArmAggregate", "EndpointState"]
+
+
+@dataclass(slots=True)
+class EndpointState:
+    """What the scraper knows about one endpoint of an arm."""
+
+    url: str
+    up: bool | None = None  # None until its first scrape finished
+    error: str | None = None  # why its last scrape failed
+    snapshot: EngineSnapshot | None = None  # its last good scrape
+    sample: EngineSample | None = None  # derived from its last good scrape
+    first_failed: float | None = None  # first failed scrape since its last good one
+    restarts: int = 0
+
+
+@dataclass(slots=True)
+class _Sums:
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    drafts: float = 0.0
+    positions: list[float] = field(default_factory=list)
+    tokens_per_s: float | None = None
+    v0_weight: float = 0.0
+    v0_rate: float = 0.0
+    v0_length_weight: float = 0.0
+    v0_length: float = 0.0
+
+
+class ArmAggregate:
+    """Per-endpoint scrape state of one arm, and the arm's sample each round."""
+
+    def __init__(self, arm: Arm, run_id: str) -> None:
+        self.arm = arm
+        self._run_id = run_id
+        self._endpoints: dict[str, EndpointState] = {}
+        self.restart_times: list[float] = []  # one per endpoint restart, dated per endpoint
+
+    @property
+    def endpoints(self) -> Mapping[str, EndpointState]:
+        return self._endpoints
+
+    def update(self, t: float, results: Mapping[str, EngineSnapshot | str]) -> EngineSample:
+        """One round at time `t`: each endpoint's snapshot, or why its scrape failed.
+
+        `results` names every endpoint of the arm now; endpoints missing from it are dropped.
+        """
+        for url in [u for u in self._endpoints if u not in results]:
+            del self._endpoints[url]
+        sums = _Sums()
+        restarted_starts: list[float | None] = []
+        up_snapshots: list[EngineSnapshot] = []
+        spec = False
+        for url, result in results.items():
+            state = self._endpoints.setdefault(url, EndpointState(url))
+            if isinstance(result, str):
+                state.up, state.error = False, result
+                if state.first_failed is None:
+                    state.first_failed = t
+                continue
+            prev = state.snapshot
+            sample = derive_sample(prev, result, run_id=self._run_id, arm=self.arm)
+            if prev is not None and is_restart(prev, result):
+                self.restart_times.append(restart_time(prev, result, state.first_failed))
+                state.restarts += 1
+                restarted_starts.append(result.process_start_time)
+            elif prev is not None:
+                _add_deltas(sums, prev, result)
+            _add_v0(sums, result, sample)
+            spec = spec or result.spec_format is not None
+            state.up, state.error, state.snapshot, state.sample = True, None, result, sample
+            state.first_failed = None
+            up_snapshots.append(result)
+        if not up_snapshots:
+            return EngineSample(t=t, run_id=self._run_id, arm=self.arm, up=False)
+        acceptance, length, positions = _rates(sums) if spec else (None, None, None)
+        starts = [s for s in restarted_starts if s is not None] or [
+            s.process_start_time for s in up_snapshots if s.process_start_time is not None
+        ]
+        return EngineSample(
+            t=t,
+            run_id=self._run_id,
+            arm=self.arm,
+            up=True,
+            restarted=bool(restarted_starts),
+            acceptance_rate=acceptance,
+            mean_acceptance_length=length,
+            position_acceptance=positions,
+            requests_running=_sum(s.requests_running for s in up_snapshots),
+            requests_waiting=_sum(s.requests_waiting for s in up_snapshots),
+            kv_cache_usage=_mean(s.kv_cache_usage for s in up_snapshots),
+            generation_tokens_per_s=sums.tokens_per_s,
+            process_start_time=max(starts) if starts else None,
+        )
+
+
+def _add_deltas(sums: _Sums, prev: EngineSnapshot, cur: EngineSnapshot) -> None:
+    """Add one endpoint's counter deltas since its previous scrape (no restart between)."""
+    if cur.t > prev.t and prev.generation_tokens is not None and cur.generation_tokens is not None:
+        rate = (cur.generation_tokens - prev.generation_tokens) / (cur.t - prev.t)
+        sums.tokens_per_s = (sums.tokens_per_s or 0.0) + rate
+    if cur.spec_format is not SpecFormat.V1:
+        return
+    d_tokens = _delta(prev.num_draft_tokens, cur.num_draft_tokens)
+    d_accepted = _delta(prev.num_accepted_tokens, cur.num_accepted_tokens)
+    d_drafts = _delta(prev.num_drafts, cur.num_drafts)
+    if d_tokens is not None and d_accepted is not None:
+        sums.draft_tokens += d_tokens
+        sums.accepted += d_accepted
+    if d_drafts is not None and d_accepted is not None:
+        sums.drafts += d_drafts
+        old = prev.accepted_per_position or ()
+        for pos, value in enumerate(cur.accepted_per_position or ()):
+            if pos == len(sums.positions):
+                sums.positions.append(0.0)
+            sums.positions[pos] += value - (old[pos] if pos < len(old) else 0.0)
+
+
+def _add_v0(sums: _Sums, snap: EngineSnapshot, sample: EngineSample) -> None:
+    """V0 figures are cumulative gauges: weight each endpoint's by its drafted tokens."""
+    if snap.spec_format is not SpecFormat.V0:
+        return
+    weight = snap.num_draft_tokens or 0.0
+    if sample.acceptance_rate is not None and weight > 0:
+        sums.v0_weight += weight
+        sums.v0_rate += weight * sample.acceptance_rate
+    if sample.mean_acceptance_length is not None and weight > 0:
+        sums.v0_length_weight += weight
+        sums.v0_length += weight * sample.mean_acceptance_length
+
+
+def _rates(sums: _Sums) -> tuple[float | None, float | None, tuple[float, ...] | None]:
+    acceptance = sums.accepted / sums.draft_tokens if sums.draft_tokens > 0 else None
+    length = 1.0 + sums.accepted / sums.drafts if sums.drafts > 0 else None
+    positions = (
+        tuple(v / sums.drafts for v in sums.positions)
+        if sums.drafts > 0 and sums.positions
+        else None
+    )
+    if acceptance is None and sums.v0_weight > 0:
+        acceptance = sums.v0_rate / sums.v0_weight
+    if length is None and sums.v0_length_weight > 0:
+        length = sums.v0_length / sums.v0_length_weight
+    return acceptance, length, positions
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    return after - before if before is not None and after is not None else None
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return math.fsum(present) if present else None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return math.fsum(present) / len(present) if present else None

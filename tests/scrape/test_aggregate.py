@@ -1,0 +1,189 @@
+"""Per-endpoint scrapes -> one arm: deltas per endpoint, summed; churn is no restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from specproxy.records import Arm
+from specproxy.scrape.aggregate import ArmAggregate
+from specproxy.scrape.parse import EngineSnapshot, SpecFormat, parse_metrics
+from tests.scrape.fakes import EngineCounts, v1_text
+
+A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
+
+
+def v1(
+    t: float,
+    drafts: float,
+    tokens: float,
+    accepted: float,
+    gen: float = 0.0,
+    start: float = 100.0,
+    **extra: Any,
+) -> EngineSnapshot:
+    return EngineSnapshot(
+        t=t,
+        spec_format=SpecFormat.V1,
+        engines=1,
+        process_start_time=start,
+        num_drafts=drafts,
+        num_draft_tokens=tokens,
+        num_accepted_tokens=accepted,
+        generation_tokens=gen,
+        **extra,
+    )
+
+
+def agg() -> ArmAggregate:
+    return ArmAggregate(Arm.SPECULATIVE, "r")
+
+
+def test_acceptance_is_the_ratio_of_summed_deltas() -> None:
+    a = agg()
+    first = a.update(0.0, {A: v1(0, 1000, 4000, 3000, 5000), B: v1(0, 10, 40, 5, 50)})
+    assert first.up and not first.restarted and first.acceptance_rate is None
+    # A drafted 100 tokens, 80 accepted; B drafted 300, 60 accepted -> 140/400, not mean(.8,.2)
+    s = a.update(10.0, {A: v1(10, 1025, 4100, 3080, 5200), B: v1(10, 85, 340, 65, 150)})
+    assert s.acceptance_rate == pytest.approx(140 / 400)
+    assert s.mean_acceptance_length == pytest.approx(1 + 140 / 100)
+    assert s.generation_tokens_per_s == pytest.approx(200 / 10 + 100 / 10)
+    assert not s.restarted and a.restart_times == []
+
+
+def test_endpoints_with_very_different_totals_do_not_read_as_a_restart() -> None:
+    # What a load-balanced Service does to one scrape target: counters jump between pods.
+    a = agg()
+    a.update(0.0, {A: v1(0, 5000, 20000, 15000), B: v1(0, 10, 40, 30, start=200.0)})
+    s = a.update(5.0, {A: v1(5, 5010, 20040, 15030), B: v1(5, 20, 80, 60, start=200.0)})
+    assert not s.restarted
+    assert s.acceptance_rate == pytest.approx(60 / 80)
+
+
+def test_a_new_endpoint_is_no_restart_and_adds_no_delta() -> None:
+    a = agg()
+    a.update(0.0, {A: v1(0, 10, 40, 20)})
+    s = a.update(5.0, {A: v1(5, 20, 80, 40), C: v1(5, 9000, 36000, 1000, start=50.0)})
+    assert not s.restarted and a.restart_times == []
+    assert s.acceptance_rate == pytest.approx(20 / 40)  # C's totals are not a delta
+    assert set(a.endpoints) == {A, C}
+
+
+def test_a_vanished_endpoint_is_no_counter_reset() -> None:
+    a = agg()
+    a.update(0.0, {A: v1(0, 10, 40, 20), B: v1(0, 9000, 36000, 30000)})
+    s = a.update(5.0, {A: v1(5, 20, 80, 40)})
+    assert not s.restarted and a.restart_times == []
+    assert s.acceptance_rate == pytest.approx(0.5)
+    assert set(a.endpoints) == {A}
+    # and when it comes back later, it is new again: no delta, no restart
+    s = a.update(10.0, {A: v1(10, 30, 120, 60), B: v1(10, 1, 4, 1, start=999.0)})
+    assert not s.restarted and s.acceptance_rate == pytest.approx(0.5)
+
+
+def test_a_real_restart_of_one_endpoint_is_one_restart_and_its_delta_is_void() -> None:
+    a = agg()
+    a.update(0.0, {A: v1(0, 100, 400, 300), B: v1(0, 100, 400, 100)})
+    s = a.update(10.0, {A: v1(10, 110, 440, 330), B: v1(10, 2, 8, 1, start=7.0)})
+    assert s.restarted
+    assert a.restart_times == [7.0]
+    assert a.endpoints[B].restarts == 1 and a.endpoints[A].restarts == 0
+    assert s.acceptance_rate == pytest.approx(30 / 40)  # only A's delta
+    assert s.process_start_time == 7.0
+    s = a.update(20.0, {A: v1(20, 120, 480, 360), B: v1(20, 12, 48, 11, start=7.0)})
+    assert not s.restarted and s.acceptance_rate == pytest.approx(40 / 80)
+
+
+def test_a_down_endpoint_keeps_the_arm_up_and_dates_its_restart_by_its_failures() -> None:
+    a = agg()
+    a.update(0.0, {A: v1(0, 10, 40, 20), B: v1(0, 10, 40, 20)})
+    s = a.update(10.0, {A: v1(10, 20, 80, 40), B: "refused"})
+    assert s.up and s.acceptance_rate == pytest.approx(0.5)
+    assert a.endpoints[B].up is False and a.endpoints[B].error == "refused"
+    a.update(20.0, {A: v1(20, 30, 120, 60), B: "refused"})
+    # B comes back with a start time one second before it first failed: dated at the failure
+    s = a.update(30.0, {A: v1(30, 40, 160, 80), B: v1(30, 1, 4, 2, start=9.0)})
+    assert s.restarted and a.restart_times == [10.0]
+    s = a.update(40.0, {A: v1(40, 40, 160, 80), B: v1(40, 1, 4, 2, start=9.0)})
+    assert not s.restarted
+
+
+def test_every_endpoint_down_is_an_arm_down() -> None:
+    a = agg()
+    s = a.update(0.0, {A: "timed out", B: "refused"})
+    assert not s.up and s.acceptance_rate is None
+
+
+def test_positions_and_gauges_combine() -> None:
+    a = agg()
+    a.update(
+        0.0,
+        {
+            A: v1(
+                0,
+                10,
+                20,
+                10,
+                accepted_per_position=(6.0, 4.0),
+                requests_running=2.0,
+                kv_cache_usage=0.2,
+            ),
+            B: v1(
+                0,
+                10,
+                20,
+                10,
+                accepted_per_position=(5.0,),
+                requests_running=3.0,
+                kv_cache_usage=0.4,
+            ),
+        },
+    )
+    s = a.update(
+        5.0,
+        {
+            A: v1(
+                5,
+                20,
+                40,
+                20,
+                accepted_per_position=(12.0, 8.0),
+                requests_running=1.0,
+                kv_cache_usage=0.1,
+            ),
+            B: v1(
+                5,
+                30,
+                60,
+                30,
+                accepted_per_position=(15.0, 10.0),
+                requests_running=4.0,
+                kv_cache_usage=0.3,
+            ),
+        },
+    )
+    # drafts: 10 + 20 = 30; position 0: 6 + 10, position 1: 4 + 10 (B exported it late: from 0)
+    assert s.position_acceptance == pytest.approx((16 / 30, 14 / 30))
+    assert s.requests_running == 5.0
+    assert s.kv_cache_usage == pytest.approx(0.2)
+
+
+def test_baseline_arm_has_no_acceptance() -> None:
+    a = ArmAggregate(Arm.BASELINE, "r")
+    snap = EngineSnapshot(t=0, spec_format=None, engines=1, generation_tokens=10.0)
+    a.update(0.0, {A: snap})
+    s = a.update(1.0, {A: EngineSnapshot(t=1, spec_format=None, engines=1, generation_tokens=30.0)})
+    assert s.acceptance_rate is None and s.mean_acceptance_length is None
+    assert s.generation_tokens_per_s == pytest.approx(20.0)
+
+
+def test_real_text_through_the_parser() -> None:
+    a = agg()
+    before = v1_text([EngineCounts(10, 40, 30, (10, 9, 7, 4), 100)], start_time=100.0)
+    after = v1_text([EngineCounts(20, 80, 50, (15, 12, 9, 4), 200)], start_time=100.0)
+    other = v1_text([EngineCounts(1000, 4000, 100, (50, 30, 15, 5), 9000)], start_time=300.0)
+    a.update(0.0, {A: parse_metrics(before, t=0.0), B: parse_metrics(other, t=0.0)})
+    s = a.update(5.0, {A: parse_metrics(after, t=5.0), B: parse_metrics(other, t=5.0)})
+    assert s.acceptance_rate == pytest.approx(20 / 40)
+    assert s.position_acceptance == pytest.approx((5 / 10, 3 / 10, 2 / 10, 0.0))
