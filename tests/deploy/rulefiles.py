@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["PROMETHEUS_DIR", "RULES", "fast_variant", "load_rules"]
+__all__ = ["PROMETHEUS_DIR", "REPO", "RULES", "fast_variant", "load_rules"]
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"

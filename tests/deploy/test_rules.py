@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from specproxy.grafana.dashboard import DASHBOARD_UID
 from specproxy.stats.diagnosis import LOW_ACCEPTANCE
 from tests.conftest import require_binary
-from tests.deploy.rulefiles import PROMETHEUS_DIR, RULES, fast_variant, load_rules
+from tests.deploy.rulefiles import PROMETHEUS_DIR, REPO, RULES, fast_variant, load_rules
 from tests.promql_names import PROMETHEUS_BUILTINS, exported_names, names_in
 
 REQUIRED_ALERTS = {
@@ -21,6 +25,11 @@ REQUIRED_ALERTS = {
     "SpecProxyArmDown",
     "SpecProxyStoreDroppingRecords",
 }
+# kube-prometheus mixin conventions (kubernetes-mixin's alerts): these severities and annotations.
+SEVERITIES = ("critical", "warning", "info")
+ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+RUNBOOK_BASE = "https://github.com/specproxy/specproxy/blob/main/docs/runbooks.md"
 
 
 def _promtool(*args: str, cwd: Path = PROMETHEUS_DIR) -> subprocess.CompletedProcess[str]:
@@ -75,22 +84,88 @@ def test_rules_name_only_exported_or_recorded_series() -> None:
         assert names <= allowed, f"{rule.get('alert') or rule['record']}: {names - allowed}"
 
 
-def test_every_alert_says_what_to_check() -> None:
-    alerts = {
+def _alerts() -> dict[str, dict[str, Any]]:
+    return {
         rule["alert"]: rule
         for group in load_rules()["groups"]
         for rule in group["rules"]
         if "alert" in rule
     }
-    assert set(alerts) >= REQUIRED_ALERTS
+
+
+def _runbook_sections() -> dict[str, str]:
+    """docs/runbooks.md's `## Heading` sections by GitHub anchor (the heading in lower case)."""
+    sections: dict[str, str] = {}
+    anchor = None
+    for line in RUNBOOKS.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            anchor = line[3:].strip().lower()
+            sections[anchor] = ""
+        elif anchor is not None:
+            sections[anchor] += line + "\n"
+    return sections
+
+
+def alert_convention_problems(
+    alerts: dict[str, dict[str, Any]], runbooks: dict[str, str]
+) -> list[str]:
+    """Every way an alert breaks the kube-prometheus conventions: severity critical, warning or
+    info; annotations summary, description, runbook_url (into docs/runbooks.md, whose section
+    for the alert says what to check) and dashboard_url (the specproxy dashboard)."""
+    problems = []
     for name, rule in alerts.items():
-        assert rule["labels"]["severity"] in ("page", "warning"), name
-        annotations = rule["annotations"]
-        assert {"summary", "description", "runbook", "dashboard"} <= set(annotations), name
-        assert len(annotations["runbook"].split()) >= 25, f"{name}: runbook too thin"
+        severity = rule.get("labels", {}).get("severity")
+        if severity not in SEVERITIES:
+            problems.append(f"{name}: severity {severity!r} is not one of {SEVERITIES}")
+        annotations = rule.get("annotations", {})
+        if set(annotations) != ANNOTATIONS:
+            problems.append(f"{name}: annotations {sorted(annotations)} != {sorted(ANNOTATIONS)}")
+        url = str(annotations.get("runbook_url", ""))
+        base, _, anchor = url.partition("#")
+        if base != RUNBOOK_BASE or anchor != name.lower():
+            problems.append(f"{name}: runbook_url {url!r} != {RUNBOOK_BASE}#{name.lower()}")
+        elif len(runbooks.get(anchor, "").split()) < 40:
+            problems.append(f"{name}: no runbook section of 40+ words in {RUNBOOKS.name}")
+        if annotations.get("dashboard_url") != f"/d/{DASHBOARD_UID}":
+            problems.append(f"{name}: dashboard_url is not /d/{DASHBOARD_UID}")
+        for key in ("summary", "description"):
+            if len(str(annotations.get(key, "")).split()) < 4:
+                problems.append(f"{name}: {key} too thin")
+    return problems
+
+
+def test_every_alert_follows_the_conventions() -> None:
+    alerts = _alerts()
+    assert set(alerts) >= REQUIRED_ALERTS
+    assert alert_convention_problems(alerts, _runbook_sections()) == []
     slowdown = alerts["SpecProxySpeculativeP99Slowdown"]
     assert "specproxy_p99_slowdown" in slowdown["expr"]
     assert 'bound="upper"' in alerts["SpecProxySpeedupLost"]["expr"]
+
+
+def test_alert_conventions_catch_each_breach() -> None:
+    """The convention check is not vacuous: each kind of breach is reported."""
+    runbooks = _runbook_sections()
+    name, rule = next(iter(_alerts().items()))
+    breaches: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
+        ("severity", lambda r: r["labels"].update(severity="page")),
+        ("annotations", lambda r: r["annotations"].update(runbook="see docs")),
+        ("runbook_url", lambda r: r["annotations"].update(runbook_url=RUNBOOK_BASE + "#other")),
+        ("dashboard_url", lambda r: r["annotations"].update(dashboard_url="/d/elsewhere")),
+        ("summary", lambda r: r["annotations"].update(summary="Down")),
+    ]
+    for expected, breach in breaches:
+        broken = copy.deepcopy(rule)
+        breach(broken)
+        [problem] = alert_convention_problems({name: broken}, runbooks)
+        assert expected in problem
+    missing_section = {k: v for k, v in runbooks.items() if k != name.lower()}
+    [problem] = alert_convention_problems({name: rule}, missing_section)
+    assert "runbook section" in problem
+
+
+def test_every_runbook_section_belongs_to_an_alert() -> None:
+    assert set(_runbook_sections()) == {name.lower() for name in _alerts()}
 
 
 def test_low_acceptance_alert_uses_the_diagnosis_threshold() -> None:
