@@ -58,3 +58,65 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
     bad.write_text("baseline_url = ")
     with pytest.raises(ConfigError, match="not valid TOML"):
         Config.from_toml(bad)
+
+
+def test_one_url_is_shorthand_for_a_one_endpoint_arm() -> None:
+    cfg = Config.from_mapping(ARMS)
+    assert cfg.arm_config("baseline").urls == ("http://127.0.0.1:9001",)
+    assert cfg.arm_config("speculative").dns is None
+
+
+def test_arm_as_a_list_of_urls_and_as_a_dns_name(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        "[speculative]\n"
+        'urls = ["http://10.0.0.1:8000/", "http://10.0.0.2:8000"]\n'
+        "[baseline]\n"
+        'dns = "vllm-base.llm.svc.cluster.local"\nport = 8001\nrefresh_s = 10\n'
+        "[outlier]\neject_after_failures = 3\n"
+    )
+    cfg = Config.from_toml(path, model_allow=["m"])
+    spec, base = cfg.arm_config("speculative"), cfg.arm_config("baseline")
+    assert spec.urls == ("http://10.0.0.1:8000/", "http://10.0.0.2:8000")
+    assert cfg.upstream_url("speculative") == "http://10.0.0.1:8000"
+    assert (base.dns, base.port, base.refresh_s, base.urls) == (
+        "vllm-base.llm.svc.cluster.local",
+        8001,
+        10,
+        (),
+    )
+    assert cfg.upstream_url("baseline") == "http://vllm-base.llm.svc.cluster.local:8001"
+    assert cfg.outlier.eject_after_failures == 3
+    assert cfg.model_allow == ("m",)
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"speculative_url": "http://a:1"}, "baseline_url is required"),
+        ({**ARMS, "baseline": {"urls": ["http://x:1"]}}, "cannot both be given"),
+        (
+            {"speculative_url": "http://a:1", "baseline": {"urls": ["ftp://x"]}},
+            "baseline.urls must be absolute",
+        ),
+        ({"speculative_url": "http://a:1", "baseline": {}}, "baseline needs exactly one"),
+        (
+            {"speculative_url": "http://a:1", "baseline": {"urls": ["http://x:1"], "dns": "h"}},
+            "baseline needs exactly one",
+        ),
+        ({"speculative_url": "http://a:1", "baseline": {"urls": "http://x:1"}}, "must be a list"),
+        ({"speculative_url": "http://a:1", "baseline": {"dns": "h", "port": 0}}, "baseline.port"),
+        (
+            {"speculative_url": "http://a:1", "baseline": {"dns": "h", "refresh_s": 0}},
+            "baseline.refresh_s",
+        ),
+        ({"speculative_url": "http://a:1", "baseline": {"dns": "a/b"}}, "baseline.dns"),
+        ({"speculative_url": "http://a:1", "baseline": {"bogus": 1}}, "baseline.bogus"),
+        ({**ARMS, "outlier": {"max_ejection_s": 1}}, "outlier.max_ejection_s"),
+        ({**ARMS, "model_allow": "m"}, "model_allow must be a list"),
+        ({**ARMS, "model_allow": [""]}, "model_allow"),
+    ],
+)
+def test_bad_arm_config_names_the_setting(data: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        Config.from_mapping(data)

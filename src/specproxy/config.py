@@ -4,7 +4,17 @@
 (`Config.from_mapping`, which the CLI uses after merging its flags), or keyword arguments in tests.
 Every problem is a `ConfigError` that names the setting, so a bad config fails before the proxy
 accepts its first request. The TOML file mirrors the dataclasses: top-level keys plus the tables
-`[routing]`, `[timeouts]`, `[store]`, `[scrape]` and `[stats]`.
+`[routing]`, `[timeouts]`, `[store]`, `[scrape]`, `[stats]` and `[outlier]`.
+
+Each arm is a pool of engine endpoints. `baseline_url = "http://host:8000"` is the shorthand for
+one endpoint; the table of the arm's name says more:
+
+    [speculative]
+    urls = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]   # a fixed list, or
+    [baseline]
+    dns = "vllm-base.llm.svc.cluster.local"   # a name resolved every refresh_s (headless Service)
+    port = 8000
+    refresh_s = 30
 """
 
 from __future__ import annotations
@@ -20,7 +30,9 @@ from urllib.parse import urlsplit
 from specproxy.errors import ConfigError
 
 __all__ = [
+    "ArmConfig",
     "Config",
+    "OutlierConfig",
     "RoutingConfig",
     "ScrapeConfig",
     "StatsConfig",
@@ -145,11 +157,75 @@ class StatsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ArmConfig:
+    """The engine endpoints of one arm: a fixed list of base URLs, or a DNS name to resolve."""
+
+    urls: tuple[str, ...] = ()
+    dns: str | None = None  # resolved to every address behind it (a headless Service's pods)
+    port: int = 8000  # with `dns`
+    scheme: str = "http"  # with `dns`
+    refresh_s: float = 30.0  # with `dns`: how often the name is resolved again
+    name: str = "arm"  # the arm, for error messages (set by Config)
+
+    def __post_init__(self) -> None:
+        prefix = self.name
+        _check(
+            isinstance(self.urls, (list, tuple)), f"{prefix}.urls", "must be a list of base URLs"
+        )
+        object.__setattr__(self, "urls", tuple(self.urls))
+        _check(
+            bool(self.urls) != (self.dns is not None),
+            prefix,
+            "needs exactly one of urls (a list of base URLs) or dns (a name to resolve)",
+        )
+        for url in self.urls:
+            _check(
+                _is_str(url) and _is_http_url(url),
+                f"{prefix}.urls",
+                f"must be absolute http(s) URLs, got {url!r}",
+            )
+        if self.dns is not None:
+            _check(
+                _is_str(self.dns) and bool(self.dns.strip()) and "/" not in self.dns,
+                f"{prefix}.dns",
+                "must be a host name",
+            )
+        _check(0 < self.port <= 65535, f"{prefix}.port", "must be in [1, 65535]")
+        _check(self.scheme in ("http", "https"), f"{prefix}.scheme", "must be http or https")
+        _check(self.refresh_s > 0, f"{prefix}.refresh_s", "must be > 0")
+
+    @property
+    def first_url(self) -> str:
+        """One base URL of the arm (without a trailing slash): the first one, or the DNS name."""
+        if self.urls:
+            return self.urls[0].rstrip("/")
+        return f"{self.scheme}://{self.dns}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierConfig:
+    """Passive health of an arm's endpoints (Envoy-style consecutive-failure ejection)."""
+
+    eject_after_failures: int = 5  # consecutive failed requests; 0 disables ejection
+    base_ejection_s: float = 30.0  # the n-th ejection lasts n times this ...
+    max_ejection_s: float = 300.0  # ... at most this
+
+    def __post_init__(self) -> None:
+        _check(self.eject_after_failures >= 0, "outlier.eject_after_failures", "must be >= 0")
+        _check(self.base_ejection_s > 0, "outlier.base_ejection_s", "must be > 0")
+        _check(
+            self.max_ejection_s >= self.base_ejection_s,
+            "outlier.max_ejection_s",
+            "must be >= outlier.base_ejection_s",
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything the proxy needs. Upstreams come only from here: the proxy is never open."""
 
-    baseline_url: str
-    speculative_url: str
+    baseline_url: str = ""  # shorthand for [baseline] urls = [baseline_url]
+    speculative_url: str = ""  # shorthand for [speculative] urls = [speculative_url]
     host: str = "127.0.0.1"
     port: int = 8000
     run_id: str = "default"
@@ -160,15 +236,36 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    baseline: ArmConfig | None = None  # the arm's endpoints; None: from baseline_url
+    speculative: ArmConfig | None = None  # the arm's endpoints; None: from speculative_url
+    outlier: OutlierConfig = field(default_factory=OutlierConfig)
+    model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
 
     def __post_init__(self) -> None:
-        for name in ("baseline_url", "speculative_url"):
-            parts = urlsplit(getattr(self, name))
-            _check(
-                parts.scheme in ("http", "https") and bool(parts.netloc),
-                name,
-                f"must be an absolute http(s) URL, got {getattr(self, name)!r}",
-            )
+        for arm in ("baseline", "speculative"):
+            name = f"{arm}_url"
+            url, pool = getattr(self, name), getattr(self, arm)
+            _check(url == "" or pool is None, name, f"and [{arm}] cannot both be given")
+            if pool is None:
+                _check(
+                    _is_http_url(url),
+                    name,
+                    f"must be an absolute http(s) URL, got {url!r}"
+                    if url
+                    else f"is required (or a [{arm}] table with urls or dns)",
+                )
+                pool = ArmConfig(urls=(url,), name=arm)
+            elif pool.name != arm:
+                pool = dataclasses.replace(pool, name=arm)
+            object.__setattr__(self, arm, pool)
+            object.__setattr__(self, name, pool.first_url)
+        _check(isinstance(self.model_allow, (list, tuple)), "model_allow", "must be a list")
+        object.__setattr__(self, "model_allow", tuple(self.model_allow))
+        _check(
+            all(_is_str(m) and m for m in self.model_allow),
+            "model_allow",
+            "must be a list of non-empty strings",
+        )
         _check(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         _check(bool(self.run_id.strip()), "run_id", "must not be empty")
         _check(self.max_body_bytes > 0, "max_body_bytes", "must be > 0")
@@ -176,9 +273,15 @@ class Config:
             section.validate()
 
     def upstream_url(self, arm: str) -> str:
-        """The base URL of an arm, without a trailing slash."""
+        """The (first) base URL of an arm, without a trailing slash."""
         url = self.speculative_url if arm == "speculative" else self.baseline_url
         return url.rstrip("/")
+
+    def arm_config(self, arm: str) -> ArmConfig:
+        """The endpoints of an arm (the shorthand URL as a one-endpoint list)."""
+        pool = self.speculative if arm == "speculative" else self.baseline
+        assert pool is not None  # set by __post_init__
+        return pool
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Config:
@@ -189,12 +292,17 @@ class Config:
             "store": StoreConfig,
             "scrape": ScrapeConfig,
             "stats": StatsConfig,
+            "baseline": ArmConfig,
+            "speculative": ArmConfig,
+            "outlier": OutlierConfig,
         }
         top: dict[str, Any] = {}
         for key, value in data.items():
             if key in sections:
                 if not isinstance(value, Mapping):
                     raise ConfigError(f"[{key}] must be a table")
+                if sections[key] is ArmConfig:
+                    value = {**value, "name": key}
                 top[key] = _build(sections[key], value, prefix=f"{key}.")
             else:
                 top[key] = value
@@ -242,6 +350,16 @@ def _build(cls: type[_T], data: Mapping[str, Any], *, prefix: str) -> _T:
         return cls(**values)
     except TypeError as exc:
         raise ConfigError(f"missing setting(s) in {prefix or 'config'}: {exc}") from exc
+
+
+def _is_str(value: object) -> bool:
+    """Runtime check of data parsed from TOML, whose static type cannot be trusted."""
+    return isinstance(value, str)
+
+
+def _is_http_url(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def _check(ok: bool, name: str, message: str) -> None:

@@ -55,6 +55,7 @@ class RequestRecord:
         None  # None on success; e.g. "connect", "timeout", "http_4xx", "broken"
     )
     disconnected: bool = False  # the client went away before the response finished
+    engine_url: str | None = None  # the arm's endpoint that served it (None: never sent)
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)

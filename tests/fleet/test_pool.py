@@ -4,7 +4,8 @@ from collections import Counter
 
 import pytest
 
-from specproxy.fleet.pool import Endpoint, EndpointPool, OutlierPolicy
+from specproxy.config import OutlierConfig
+from specproxy.fleet.pool import Endpoint, EndpointPool
 
 
 class Clock:
@@ -52,7 +53,7 @@ def test_balances_many_concurrent_requests_evenly() -> None:
 
 def test_consecutive_failures_eject_and_traffic_moves() -> None:
     clock = Clock()
-    pool = EndpointPool([A, B], OutlierPolicy(eject_after_failures=3), clock=clock)
+    pool = EndpointPool([A, B], OutlierConfig(eject_after_failures=3), clock=clock)
     for _ in range(3):
         a, b = pool.acquire(), pool.acquire()
         assert (a.url, b.url) == (A, B)
@@ -64,7 +65,7 @@ def test_consecutive_failures_eject_and_traffic_moves() -> None:
 
 
 def test_a_success_resets_the_failure_streak() -> None:
-    pool = EndpointPool([A], OutlierPolicy(eject_after_failures=3))
+    pool = EndpointPool([A], OutlierConfig(eject_after_failures=3))
     for ok in (False, False, True, False, False):
         pool.release(pool.acquire(), ok=ok)
     assert not pool.endpoints[0].ejected
@@ -74,7 +75,7 @@ def test_a_success_resets_the_failure_streak() -> None:
 
 def test_ejected_endpoint_returns_only_after_a_successful_probe() -> None:
     clock = Clock()
-    policy = OutlierPolicy(eject_after_failures=1, base_ejection_s=30, max_ejection_s=70)
+    policy = OutlierConfig(eject_after_failures=1, base_ejection_s=30, max_ejection_s=70)
     pool = EndpointPool([A, B], policy, clock=clock)
     a = pool.acquire()
     assert a.url == A
@@ -98,7 +99,7 @@ def test_ejected_endpoint_returns_only_after_a_successful_probe() -> None:
 
 
 def test_all_ejected_routes_to_all_panic_mode() -> None:
-    pool = EndpointPool([A, B], OutlierPolicy(eject_after_failures=1))
+    pool = EndpointPool([A, B], OutlierConfig(eject_after_failures=1))
     for _ in range(2):
         pool.release(pool.acquire(), ok=False)
     assert all(ep.ejected for ep in pool.endpoints)
@@ -107,14 +108,14 @@ def test_all_ejected_routes_to_all_panic_mode() -> None:
 
 
 def test_ejection_disabled_with_zero() -> None:
-    pool = EndpointPool([A], OutlierPolicy(eject_after_failures=0))
+    pool = EndpointPool([A], OutlierConfig(eject_after_failures=0))
     for _ in range(100):
         pool.release(pool.acquire(), ok=False)
     assert not pool.endpoints[0].ejected
 
 
 def test_update_keeps_state_of_survivors_and_in_flight_release_works() -> None:
-    pool = EndpointPool([A, B], OutlierPolicy(eject_after_failures=1))
+    pool = EndpointPool([A, B], OutlierConfig(eject_after_failures=1))
     a = pool.acquire()
     b = pool.acquire()
     pool.release(b, ok=False)

@@ -29,6 +29,7 @@ async def test_every_field_round_trips(store: BufferedStore) -> None:
         shadow=True,
         error_kind="broken",
         disconnected=True,
+        engine_url="http://10.0.0.1:8000",
     )
     store.record(rec)
     await store.flush()

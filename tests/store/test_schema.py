@@ -48,9 +48,10 @@ async def _check_upgraded(url: str, tmp_path: Path) -> None:
     assert list(old[Arm.BASELINE]["request_id"]) == ["old-1"]
     assert old[Arm.BASELINE]["ttft_s"][0] == 0.3
     assert not old[Arm.BASELINE]["disconnected"][0]  # column added by v2, default false
-    acc = await store.read_arrays(run_id="run", columns=["acceptance_rate"])
+    acc = await store.read_arrays(run_id="run", columns=["acceptance_rate", "engine_url"])
     assert np.isnan(acc[Arm.BASELINE]["acceptance_rate"][0])
-    store.record(make_record(1, acceptance_rate=0.5, disconnected=True))
+    assert acc[Arm.BASELINE]["engine_url"][0] is None  # column added by v3
+    store.record(make_record(1, acceptance_rate=0.5, disconnected=True, engine_url="http://e:1"))
     store.record_engine(
         EngineSample(t=6.0, run_id="run", arm=Arm.SPECULATIVE, up=True, position_acceptance=(0.5,))
     )
@@ -58,6 +59,7 @@ async def _check_upgraded(url: str, tmp_path: Path) -> None:
     await store.write_stats(run_id="run", t=1.0, result={"ok": 1})  # table added by v2
     new = await store.read_arrays(run_id="run", columns=REQUEST_COLUMNS)
     assert new[Arm.SPECULATIVE]["acceptance_rate"][0] == 0.5
+    assert new[Arm.SPECULATIVE]["engine_url"][0] == "http://e:1"
     samples = await store.read_engine_samples(run_id="run")
     assert [s.position_acceptance for s in samples] == [None, (0.5,)]
     await store.close()
@@ -71,7 +73,7 @@ async def test_sqlite_v1_store_is_upgraded(tmp_path: Path) -> None:
     await _check_upgraded(f"sqlite:///{db}", tmp_path)
     with sqlite3.connect(db) as conn:
         versions = [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
-    assert versions == [1, 2]
+    assert versions == [1, 2, 3]
 
 
 async def test_postgres_v1_store_is_upgraded(pg_url: str, tmp_path: Path) -> None:
@@ -95,7 +97,7 @@ async def test_postgres_v1_store_is_upgraded(pg_url: str, tmp_path: Path) -> Non
         versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version")]
     finally:
         await conn.close()
-    assert sorted(versions) == [1, 2]
+    assert sorted(versions) == [1, 2, 3]
 
 
 async def test_two_stores_migrating_at_once_apply_each_version_once(
@@ -110,7 +112,7 @@ async def test_two_stores_migrating_at_once_apply_each_version_once(
         versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version")]
     finally:
         await conn.close()
-    assert sorted(versions) == [1, 2]
+    assert sorted(versions) == [1, 2, 3]
     await asyncio.gather(*(s.close() for s in stores))
 
 

@@ -21,18 +21,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
-__all__ = ["Endpoint", "EndpointPool", "OutlierPolicy"]
+from specproxy.config import OutlierConfig
 
-
-@dataclass(frozen=True, slots=True)
-class OutlierPolicy:
-    """When an endpoint is ejected and for how long."""
-
-    eject_after_failures: int = 5  # consecutive failed requests; 0 disables ejection
-    base_ejection_s: float = 30.0
-    max_ejection_s: float = 300.0
+__all__ = ["Endpoint", "EndpointPool"]
 
 
 class Endpoint:
@@ -62,11 +54,11 @@ class EndpointPool:
     def __init__(
         self,
         urls: Iterable[str],
-        policy: OutlierPolicy | None = None,
+        policy: OutlierConfig | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._policy = policy if policy is not None else OutlierPolicy()
+        self._policy = policy if policy is not None else OutlierConfig()
         self._clock = clock
         self._endpoints: list[Endpoint] = []
         self._cursor = 0

@@ -28,7 +28,7 @@ __all__ = [
 
 BOOL_COLUMNS = frozenset({"stream", "shadow", "disconnected"})
 TEXT_COLUMNS = frozenset(
-    {"request_id", "run_id", "arm", "model", "endpoint", "pair_id", "error_kind"}
+    {"request_id", "run_id", "arm", "model", "endpoint", "pair_id", "error_kind", "engine_url"}
 )
 
 

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from specproxy.config import StoreConfig
 from specproxy.errors import ConfigError, StoreError
+from specproxy.store.arrays import TEXT_COLUMNS
 from specproxy.store.factory import open_store
 from specproxy.store.schema import REQUEST_COLUMNS
 from specproxy.store.sqlite import sqlite_path
@@ -128,9 +129,11 @@ class _ParquetWriter(_Writer):
             "output_tokens": pa.int64(),
             "n_events": pa.int64(),
         }
-        text = {"request_id", "run_id", "arm", "model", "endpoint", "pair_id", "error_kind"}
         self.schema = pa.schema(
-            [(c, types.get(c, pa.string() if c in text else pa.float64())) for c in REQUEST_COLUMNS]
+            [
+                (c, types.get(c, pa.string() if c in TEXT_COLUMNS else pa.float64()))
+                for c in REQUEST_COLUMNS
+            ]
         )
         self.writer = pq.ParquetWriter(out, self.schema)
 

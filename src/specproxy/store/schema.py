@@ -170,9 +170,14 @@ _V2_POSTGRESQL = (
     "CREATE INDEX IF NOT EXISTS stats_history_run_t ON stats_history (run_id, t)",
 )
 
+# Version 3: an arm is a pool of engine endpoints; each request names the one that served it.
+_V3_SQLITE = ("ALTER TABLE requests ADD COLUMN engine_url TEXT",)
+_V3_POSTGRESQL = ("ALTER TABLE requests ADD COLUMN IF NOT EXISTS engine_url TEXT",)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
     Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
+    Migration(3, "engine endpoint of each request", _V3_SQLITE, _V3_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -202,6 +207,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "shadow",
     "error_kind",
     "disconnected",
+    "engine_url",
 )
 ENGINE_COLUMNS: tuple[str, ...] = (
     "t",
@@ -247,6 +253,7 @@ def request_row(rec: RequestRecord) -> tuple[Any, ...]:
         rec.shadow,
         rec.error_kind,
         rec.disconnected,
+        rec.engine_url,
     )
 
 
