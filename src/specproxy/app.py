@@ -37,7 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from specproxy.config import Config
 from specproxy.errors import error_body
 from specproxy.metrics import ProxyMetrics
-from specproxy.proxy.forward import MEASURED_ENDPOINTS, Forwarder
+from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -16,6 +17,22 @@ from specproxy.app import create_app
 from specproxy.config import Config, RoutingConfig, TimeoutConfig
 from specproxy.proxy.recorder import MemoryRecorder
 from tests.proxy.fake_upstream import FakeUpstream
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+SPEC_ONLY = {"speculative_share": 1.0}
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+async def direct(url: str, path: str, body: object, headers: dict[str, str] | None = None) -> bytes:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url.rstrip("/") + path, json=body, headers=headers) as resp,
+    ):
+        return await resp.read()
 
 
 @dataclass

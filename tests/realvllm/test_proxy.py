@@ -20,7 +20,7 @@ import aiohttp
 import openai
 import pytest
 
-from specproxy.proxy.forward import ARM_HEADER
+from specproxy.proxy.headers import ARM_HEADER
 from specproxy.records import Arm
 from tests.realvllm.conftest import MODEL, Engines, MakeProxy, Proxy
 from tests.realvllm.tap import (

@@ -17,7 +17,7 @@ import pytest
 
 from specproxy.app import CONFIG
 from specproxy.config import StatsConfig
-from specproxy.proxy.forward import ARM_HEADER
+from specproxy.proxy.headers import ARM_HEADER
 from specproxy.realvllm.workload import completion_body, prompts
 from specproxy.records import Arm
 from specproxy.scrape.context import SCRAPER

@@ -21,7 +21,7 @@ from pytest_aiohttp import AiohttpServer
 
 from specproxy.app import create_app
 from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
-from specproxy.proxy.forward import ARM_HEADER
+from specproxy.proxy.headers import ARM_HEADER
 from specproxy.realvllm.workload import completion_body, prompts
 from specproxy.records import Arm
 from specproxy.stats.context import STATS_JOB

@@ -1,0 +1,297 @@
+"""The request lifecycle: pick an arm, forward, stream the answer back, time it, record it.
+
+Timing is taken on the side: request received -> upstream headers -> first content event ->
+every event -> last byte written. Every call to an arm, primary or shadow, ends in exactly one
+`RequestRecord`, whatever happens (success, upstream error, client disconnect, shutdown): the
+record is built in a `finally` block.
+
+Failure mapping: refused/unreachable -> 502, connect or read timeout before the headers -> 504
+(OpenAI-style JSON); upstream 4xx/5xx pass through; a stream that breaks mid-way is cut off the
+same way for the client (no synthetic end); a client that goes away closes the upstream
+connection, which makes vLLM abort the generation.
+
+The concerns live beside this module: `relay` (answer to the client), `shadow` (mirrored calls),
+`headers`, `usage` (usage injection and reading), `observe` (Prometheus), `trace` (the record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Final
+
+from aiohttp import ClientError, ClientSession, web
+from yarl import URL
+
+from specproxy.config import Config
+from specproxy.metrics import ProxyMetrics
+from specproxy.proxy.headers import (
+    raw_request_headers,
+    request_headers,
+    response_headers,
+    safe_path,
+)
+from specproxy.proxy.observe import Observer
+from specproxy.proxy.relay import (
+    UPSTREAM_ERRORS,
+    Reply,
+    bad_request,
+    classify,
+    cut_off,
+    json_error,
+    relay,
+    send_error,
+    too_large,
+)
+from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
+from specproxy.proxy.shadow import Shadows
+from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
+from specproxy.proxy.upstream import UpstreamPool
+from specproxy.proxy.usage import should_inject, with_usage
+from specproxy.records import Arm, Recorder
+
+__all__ = ["MEASURED_ENDPOINTS", "Forwarder"]
+
+log = logging.getLogger(__name__)
+
+# URL path -> the `endpoint` value of the record.
+MEASURED_ENDPOINTS: Final = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat.completions",
+}
+
+
+class Forwarder:
+    """Serves the proxied routes for one app; owns the routing RNG and the shadow tasks."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        sessions: Mapping[Arm, ClientSession],
+        recorder: Recorder,
+        metrics: ProxyMetrics,
+    ) -> None:
+        self._cfg = cfg
+        self._run_id = cfg.run_id
+        self._sessions = dict(sessions)
+        self._recorder = recorder
+        self._observer = Observer(metrics)
+        self._router = Router(cfg.routing)
+        self._mirror_enabled = cfg.routing.mirror_fraction > 0
+        self._inject_usage = cfg.inject_usage
+        self._max_body = cfg.max_body_bytes
+        self._urls = {
+            arm: {
+                path: URL(cfg.upstream_url(arm) + path, encoded=True) for path in MEASURED_ENDPOINTS
+            }
+            for arm in Arm
+        }
+        # Non-streaming calls to plain-http arms go through the lean client (see `upstream`).
+        self._pools: dict[Arm, UpstreamPool] = {}
+        self._pool_paths: dict[Arm, dict[str, str]] = {}
+        for arm in Arm:
+            base = URL(cfg.upstream_url(arm))
+            if base.scheme == "http" and base.host is not None and not base.query_string:
+                self._pools[arm] = UpstreamPool(
+                    base.host,
+                    base.port or 80,
+                    connect_timeout=cfg.timeouts.connect_s,
+                    read_timeout=cfg.timeouts.read_s,
+                )
+                prefix = base.raw_path.rstrip("/")
+                self._pool_paths[arm] = {path: prefix + path for path in MEASURED_ENDPOINTS}
+        self._new_id = RequestIds()
+        self._shadows = Shadows(
+            sessions=self._sessions,
+            urls=self._urls,
+            new_id=self._new_id,
+            finish=self._finish,
+            skipped=self._observer.shadow_skipped,
+            cap=cfg.routing.max_concurrent_shadows,
+            inject_usage=self._inject_usage,
+        )
+
+    # ----------------------------------------------------------------------- lifecycle
+
+    async def close(self) -> None:
+        """Cancel shadows still running; each still writes its record."""
+        await self._shadows.close()
+        for pool in self._pools.values():
+            await pool.close()
+
+    @property
+    def active_shadows(self) -> int:
+        return self._shadows.active
+
+    # ----------------------------------------------------------------------- handlers
+
+    async def measured(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/completions and /v1/chat/completions: routed, timed and recorded."""
+        received = time.perf_counter()
+        t_start = time.time()
+        request_id = self._new_id()
+        endpoint = MEASURED_ENDPOINTS[request.path]
+        length = request.content_length
+        if length is not None and length > self._max_body:
+            return too_large(request_id, self._max_body)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return too_large(request_id, self._max_body)
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            return bad_request(request_id, f"request body is not valid JSON: {exc}")
+        if not isinstance(doc, dict):
+            return bad_request(request_id, "request body must be a JSON object")
+        try:
+            arm = self._router.choose(request.headers, doc.get("user"))
+        except ForcedArmError as exc:
+            return bad_request(request_id, str(exc), param=FORCED_ARM_HEADER)
+        model = doc.get("model")
+        model = model if isinstance(model, str) else ""
+        stream = doc.get("stream") is True
+        strip_usage = stream and self._inject_usage and should_inject(doc)
+        upstream_body = with_usage(doc) if strip_usage else body
+        pair_id = None
+        if self._mirror_enabled and self._router.mirror():
+            pair_id = request_id
+            self._shadows.start(
+                arm.other,
+                request.path,
+                endpoint,
+                doc,
+                body,
+                strip_usage,
+                upstream_body,
+                request_headers(request.headers),
+                model,
+                stream,
+                pair_id,
+            )
+        trace = Trace(
+            request_id=request_id,
+            arm=arm,
+            endpoint=endpoint,
+            model=model,
+            stream=stream,
+            pair_id=pair_id,
+            shadow=False,
+            received=received,
+            t_start=t_start,
+        )
+        return await self._primary(request, trace, upstream_body, strip_usage)
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        """Any other /v1/* request: forwarded to the baseline arm, streamed, not measured."""
+        request_id = self._new_id()
+        arm = Arm.BASELINE
+        raw = request.raw_path
+        if not safe_path(raw):
+            return json_error(400, "BadRequestError", f"refusing to proxy path {raw!r}", request_id)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return too_large(request_id, self._max_body)
+        url = URL(self._cfg.upstream_url(arm) + raw, encoded=True)
+        session = self._sessions[arm]
+        try:
+            upstream = await session.request(
+                request.method,
+                url,
+                data=body or None,
+                headers=request_headers(request.headers),
+                allow_redirects=False,
+            )
+        except (ClientError, TimeoutError) as exc:
+            failure = classify(exc, arm)
+            return json_error(failure.status, failure.error_type, str(failure), request_id, arm)
+        resp = web.StreamResponse(
+            status=upstream.status,
+            reason=upstream.reason,
+            headers=response_headers(upstream.headers, arm, request_id),
+        )
+        if upstream.content_length is not None:
+            resp.content_length = upstream.content_length
+        complete = False
+        try:
+            await resp.prepare(request)
+            while chunk := await upstream.content.readany():
+                await resp.write(chunk)
+            await resp.write_eof()
+            complete = True
+        except (ClientError, TimeoutError):
+            cut_off(request)
+        except ConnectionError:
+            pass  # the client went away
+        finally:
+            if complete:
+                upstream.release()
+            else:
+                upstream.close()
+        return resp
+
+    # ----------------------------------------------------------------------- primary path
+
+    async def _primary(
+        self,
+        request: web.Request,
+        trace: Trace,
+        body: bytes,
+        strip_usage: bool,
+    ) -> web.StreamResponse:
+        arm = trace.arm
+        inflight = self._observer.inflight
+        inflight[arm] += 1
+        upstream: Reply | None = None
+        try:
+            trace.upstream_start = time.perf_counter()
+            pool = None if trace.stream else self._pools.get(arm)
+            try:
+                if pool is not None:
+                    upstream = await pool.post(
+                        self._pool_paths[arm][request.path], body, raw_request_headers(request)
+                    )
+                else:
+                    upstream = await self._sessions[arm].post(
+                        self._urls[arm][request.path],
+                        data=body,
+                        headers=request_headers(request.headers),
+                        allow_redirects=False,
+                    )
+            except UPSTREAM_ERRORS as exc:
+                failure = classify(exc, arm)
+                trace.fail(failure.kind, failure.status)
+                return await send_error(request, trace, failure)
+            trace.status = upstream.status
+            if upstream.status >= 400:
+                trace.fail("http_4xx" if upstream.status < 500 else "http_5xx")
+            return await relay(request, trace, upstream, strip_usage)
+        except asyncio.CancelledError:
+            trace.disconnected = True
+            trace.fail("disconnected", STATUS_CLIENT_GONE)
+            raise
+        finally:
+            if upstream is not None:
+                if trace.error_kind is None:
+                    upstream.release()
+                else:
+                    upstream.close()
+            inflight[arm] -= 1
+            self._finish(trace)
+
+    # ----------------------------------------------------------------------- recording
+
+    def _finish(self, trace: Trace) -> None:
+        """Hand the record to the recorder and the Prometheus collectors; never raises."""
+        try:
+            rec = trace.to_record(self._run_id)
+        except Exception:  # a bug here must not lose the response; log it loudly
+            log.exception("could not build the record of request %s", trace.request_id)
+            return
+        self._recorder.record(rec)
+        self._observer.observe(rec, trace.scanner.gaps if trace.scanner is not None else ())

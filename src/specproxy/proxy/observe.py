@@ -1,0 +1,93 @@
+"""The proxy's live Prometheus observations of finished records, and its in-flight gauges.
+
+Labelled children are cached per label set (`.labels()` takes a lock and builds a tuple) and
+observed through `metrics.fast_observe`/`fast_increment`; in-flight counts are plain ints read at
+scrape time, so the request path takes no lock.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+from specproxy.metrics import ProxyMetrics, fast_increment, fast_observe
+from specproxy.records import Arm, RequestRecord
+
+__all__ = ["Observer"]
+
+
+class Observer:
+    """Turns records into samples of the proxy's metrics; counts requests in flight per arm."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._metrics = metrics
+        self._children: dict[tuple[Arm, str, bool], tuple[Callable[[float], None], ...]] = {}
+        self._request_counters: dict[tuple[Arm, int], Callable[[], None]] = {}
+        self.inflight = dict.fromkeys(Arm, 0)
+        for arm in Arm:
+            metrics.inflight.labels(arm.value).set_function(
+                functools.partial(self._inflight_of, arm)
+            )
+
+    def _inflight_of(self, arm: Arm) -> float:
+        return float(self.inflight[arm])
+
+    def shadow_skipped(self) -> None:
+        self._metrics.shadow_skipped.inc()
+
+    def observe(self, rec: RequestRecord, gaps: Sequence[float]) -> None:
+        """One finished record: shadows count only their errors, primaries everything."""
+        if rec.shadow:
+            if rec.error_kind is not None and rec.error_kind != "cancelled":
+                self._metrics.upstream_errors.labels(rec.arm.value, rec.error_kind).inc()
+            return
+        arm = rec.arm
+        count = self._request_counters.get((arm, rec.status))
+        if count is None:
+            count = self._request_counters[(arm, rec.status)] = fast_increment(
+                self._metrics.requests.labels(arm.value, str(rec.status))
+            )
+        count()
+        kind = rec.error_kind
+        if kind is not None:
+            if kind != "disconnected":
+                self._metrics.upstream_errors.labels(arm.value, kind).inc()
+            return
+        key = (arm, rec.endpoint, rec.stream)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = self._observers(key)
+        duration, ttft, tpot, gap, per_event, out, overhead, acceptance = children
+        e2e = rec.e2e_s
+        duration(e2e)
+        overhead(e2e - rec.upstream_s if e2e > rec.upstream_s else 0.0)
+        if rec.ttft_s is not None:
+            ttft(rec.ttft_s)
+        if rec.tpot_s is not None:
+            tpot(rec.tpot_s)
+        if rec.tokens_per_event is not None:
+            per_event(rec.tokens_per_event)
+        if rec.output_tokens is not None:
+            out(rec.output_tokens)
+        if rec.mean_acceptance_length is not None:
+            acceptance(rec.mean_acceptance_length)
+        for value in gaps:
+            gap(value)
+
+    def _observers(self, key: tuple[Arm, str, bool]) -> tuple[Callable[[float], None], ...]:
+        """The histogram children of one (arm, endpoint, stream), as fast observe callables."""
+        m = self._metrics
+        arm, endpoint, stream = key[0].value, key[1], key[2]
+        return tuple(
+            fast_observe(child)
+            for child in (
+                m.request_duration.labels(arm, endpoint, "true" if stream else "false"),
+                m.ttft.labels(arm, endpoint),
+                m.tpot.labels(arm, endpoint),
+                m.event_gap.labels(arm),
+                m.tokens_per_event.labels(arm),
+                m.output_tokens.labels(arm),
+                m.proxy_overhead.labels(arm),
+                m.request_acceptance_length.labels(arm),
+            )
+        )

@@ -1,0 +1,139 @@
+"""Mirrored ("shadow") calls: the same request sent to the other arm, read fully, never returned.
+
+A shadow runs as its own task, capped at `max_concurrent_shadows` (over the cap it is skipped and
+counted, never queued), and ends in one record with `shadow=True` and the primary's `pair_id`.
+Shutdown cancels the shadows still running; each still writes its record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiohttp import ClientError, ClientResponse, ClientSession
+from multidict import CIMultiDict
+from yarl import URL
+
+from specproxy.proxy.headers import is_event_stream
+from specproxy.proxy.relay import classify
+from specproxy.proxy.sse import SSEScanner
+from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
+from specproxy.proxy.usage import should_inject, usage_of, with_usage
+from specproxy.records import Arm
+
+__all__ = ["Shadows"]
+
+
+class Shadows:
+    """Starts, tracks and cancels the shadow tasks of one forwarder."""
+
+    def __init__(
+        self,
+        *,
+        sessions: Mapping[Arm, ClientSession],
+        urls: Mapping[Arm, Mapping[str, URL]],
+        new_id: RequestIds,
+        finish: Callable[[Trace], None],
+        skipped: Callable[[], None],
+        cap: int,
+        inject_usage: bool,
+    ) -> None:
+        self._sessions = sessions
+        self._urls = urls
+        self._new_id = new_id
+        self._finish = finish
+        self._skipped = skipped
+        self._cap = cap
+        self._inject_usage = inject_usage
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    @property
+    def active(self) -> int:
+        return len(self._tasks)
+
+    async def close(self) -> None:
+        """Cancel shadows still running; each still writes its record."""
+        self._closing = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def start(
+        self,
+        arm: Arm,
+        path: str,
+        endpoint: str,
+        doc: dict[str, Any],
+        body: bytes,
+        injected: bool,
+        injected_body: bytes,
+        headers: CIMultiDict[str],
+        model: str,
+        stream: bool,
+        pair_id: str,
+    ) -> None:
+        if self._closing or len(self._tasks) >= self._cap:
+            self._skipped()
+            return
+        if injected:
+            shadow_body = injected_body
+        elif stream and self._inject_usage and should_inject(doc):
+            shadow_body = with_usage(doc)
+        else:
+            shadow_body = body
+        trace = Trace(
+            request_id=self._new_id(),
+            arm=arm,
+            endpoint=endpoint,
+            model=model,
+            stream=stream,
+            pair_id=pair_id,
+            shadow=True,
+            received=time.perf_counter(),
+            t_start=time.time(),
+        )
+        task = asyncio.create_task(self._run(trace, self._urls[arm][path], shadow_body, headers))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, trace: Trace, url: URL, body: bytes, headers: CIMultiDict[str]) -> None:
+        """Send the mirrored request, read the answer fully with timestamps, return nothing."""
+        perf_counter = time.perf_counter
+        upstream: ClientResponse | None = None
+        try:
+            trace.upstream_start = perf_counter()
+            upstream = await self._sessions[trace.arm].post(
+                url, data=body, headers=headers, allow_redirects=False
+            )
+            trace.status = upstream.status
+            if upstream.status >= 400:
+                trace.fail("http_4xx" if upstream.status < 500 else "http_5xx")
+            if is_event_stream(upstream.headers):
+                scanner = trace.scanner = SSEScanner()
+                while chunk := await upstream.content.readany():
+                    now = trace.upstream_end = perf_counter()
+                    scanner.feed(chunk, now)
+            else:
+                payload = await upstream.read()
+                trace.upstream_end = perf_counter()
+                if upstream.status == 200:
+                    trace.non_stream_usage, trace.speculative = usage_of(payload)
+            trace.e2e_end = trace.upstream_end
+        except (ClientError, TimeoutError) as exc:
+            failure = classify(exc, trace.arm)
+            if upstream is not None:
+                trace.fail("timeout" if failure.kind == "timeout" else "broken")
+            else:
+                trace.fail(failure.kind, failure.status)
+        except asyncio.CancelledError:
+            trace.fail("cancelled", STATUS_CLIENT_GONE)
+            raise
+        finally:
+            if upstream is not None:
+                upstream.close()
+            self._finish(trace)
