@@ -1,4 +1,4 @@
-"""The `specproxy` command line: a thin table of subcommands, each in the module of its concern.
+"""The `specproxy` command line: a thin table of subcommands, each in its package's `cli` module.
 
 Each command module exposes `configure(parser)` to add its arguments and `run(args) -> int`.
 Modules are imported lazily, so `specproxy --help` stays fast and one broken optional dependency
@@ -20,14 +20,17 @@ __all__ = ["COMMANDS", "main"]
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("specproxy.serve", "run the A/B proxy in front of two vLLM servers"),
-    "emulate": ("specproxy.emulator.server", "run an emulated vLLM server (timing physics model)"),
-    "demo": ("specproxy.demo", "emulated arms + proxy + load + live view + report"),
-    "bench": ("specproxy.bench", "offline harness: drive endpoints directly or through the proxy"),
-    "stats": ("specproxy.stats.job", "compute the comparison once from a store"),
-    "report": ("specproxy.report", "write the HTML report with plots from a store"),
-    "export": ("specproxy.store.export", "export records as csv, parquet or jsonl"),
-    "dashboards": ("specproxy.grafana", "export or push the Grafana dashboards"),
-    "vllm": ("specproxy.realvllm.launcher", "build the tiny model and start real vLLM CPU servers"),
+    "emulate": ("specproxy.emulator.cli", "run an emulated vLLM server (timing physics model)"),
+    "demo": ("specproxy.demo.cli", "emulated arms + proxy + load + live view + report"),
+    "bench": (
+        "specproxy.bench.cli",
+        "offline harness: drive endpoints directly or through the proxy",
+    ),
+    "stats": ("specproxy.stats.cli", "compute the comparison once from a store"),
+    "report": ("specproxy.report.cli", "write the HTML report with plots from a store"),
+    "export": ("specproxy.store.cli", "export records as csv, parquet or jsonl"),
+    "dashboards": ("specproxy.grafana.cli", "export or push the Grafana dashboards"),
+    "vllm": ("specproxy.realvllm.cli", "build the tiny model and start real vLLM CPU servers"),
 }
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specproxy.cli import build_parser
+from specproxy.emulator.cli import config_from_args, run
 from specproxy.emulator.config import EmulatorConfig
-from specproxy.emulator.server import config_from_args, run
 from specproxy.errors import ConfigError
 
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 from collections.abc import AsyncIterator
@@ -9,7 +8,6 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from specproxy.cli import main
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.stats.job import StatsJob, compute_stats, stats_job_ctx, window_label
@@ -172,25 +170,3 @@ async def test_job_runs_periodically_and_stops() -> None:
     assert empty is not None
     assert empty["results"]["all"]["all"]["metrics"]["e2e"]["verdict"] == "inconclusive"
     await s.close()
-
-
-def test_cli_computes_once(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("specproxy.store.sqlite")
-    db = f"{tmp_path}/s.db"
-
-    async def fill() -> None:
-        from specproxy.store import open_store
-
-        s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
-        await s.start()
-        for rec in _records(400, 1000.0, 1.5, 1):
-            s.record(rec)
-        await s.close()
-
-    asyncio.run(fill())
-    assert main(["stats", "--store", f"sqlite:///{db}", "--json", "--resamples", "200"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["run_id"] == RUN
-    assert main(["stats", "--store", f"sqlite:///{db}", "--resamples", "200"]) == 0
-    assert "tpot" in capsys.readouterr().out
-    assert isinstance(argparse.Namespace, type)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from specproxy.report.data import ReportData
 from specproxy.report.summary import (
     ARMS,
     METRICS,
@@ -22,9 +23,6 @@ from specproxy.report.summary import (
     fmt_ratio,
     main_window,
 )
-
-if TYPE_CHECKING:
-    from specproxy.report import ReportData
 
 __all__ = ["render_html"]
 

@@ -1,4 +1,4 @@
-"""The periodic comparison job, its JSON result, and `specproxy stats` (compute once).
+"""The periodic comparison job and its JSON result (`specproxy stats`, in `cli`, computes once).
 
 Every `stats.interval_s` the job reads the run's records and engine samples from the store once,
 then, in a worker thread (numpy releases the GIL; nothing heavy runs on the event loop),
@@ -49,10 +49,8 @@ Result schema (version 1; every float may be null when undefined; arms are "base
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -62,7 +60,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.records import Arm, EngineSample
 from specproxy.stats.clean import warmup_exclusion
 from specproxy.stats.collector import register_stats_collector
@@ -80,8 +78,6 @@ __all__ = [
     "StatsJob",
     "compute_from_arrays",
     "compute_stats",
-    "configure",
-    "run",
     "stats_job_ctx",
     "window_label",
 ]
@@ -294,57 +290,3 @@ def stats_job_ctx(job: StatsJob) -> Callable[[Any], contextlib.AbstractAsyncCont
             await job.close()
 
     return ctx
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, help="store URL, e.g. sqlite:///specproxy.db")
-    parser.add_argument("--run-id", help="run to analyse (default: the only run, else 'default')")
-    parser.add_argument("--json", action="store_true", help="print the full JSON result")
-    parser.add_argument("--resamples", type=int, default=StatsConfig().resamples)
-    parser.add_argument("--seed", type=int, default=StatsConfig().seed)
-
-
-def _text_report(result: dict[str, Any]) -> str:
-    lines = [f"run {result['run_id']}: windows end at {result['window_end']:.0f}"]
-    for model, windows in result["results"].items():
-        for window, res in windows.items():
-            n = res["samples"]
-            lines.append(
-                f"\n[{model} / {window}] {res['design']}: baseline n={n['baseline']}, "
-                f"speculative n={n['speculative']}"
-            )
-            for metric, block in res["metrics"].items():
-                cells = []
-                for stat, ci in block["speedup"].items():
-                    if ci["status"] != "ok" or ci["estimate"] is None:
-                        cells.append(f"{stat} insufficient")
-                    else:
-                        cells.append(
-                            f"{stat} {ci['estimate']:.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}]"
-                        )
-                lines.append(f"  {metric:<5} {block['verdict']:<12} " + "; ".join(cells))
-            lines.append(f"  diagnosis: {res['diagnosis']['summary']}")
-            lines.extend(f"    - {r['message']}" for r in res["diagnosis"]["reasons"])
-    return "\n".join(lines)
-
-
-async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
-    from specproxy.store import open_store
-
-    store = open_store(StoreConfig(url=args.store))
-    await store.start()
-    try:
-        run_id = args.run_id
-        if run_id is None:
-            runs = await store.run_ids()
-            run_id = runs[0] if len(runs) == 1 else "default"
-        stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)
-        return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg)
-    finally:
-        await store.close()
-
-
-def run(args: argparse.Namespace) -> int:
-    result = asyncio.run(_run_once(args))
-    print(json.dumps(result, indent=2) if args.json else _text_report(result))
-    return 0

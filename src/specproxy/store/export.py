@@ -1,4 +1,4 @@
-"""`specproxy export`: every stored request record as CSV, Parquet or JSON lines.
+"""Every stored request record as CSV, Parquet or JSON lines (`specproxy export`, in `cli`).
 
 For analysis elsewhere (pandas, R, DuckDB): one row per record, the columns of the current schema
 in `RequestRecord` order. Rows stream from the store in chunks, so a large store never has to fit
@@ -7,7 +7,6 @@ in memory.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import csv
 import json
@@ -23,25 +22,10 @@ from specproxy.store.factory import open_store
 from specproxy.store.schema import REQUEST_COLUMNS
 from specproxy.store.sqlite import sqlite_path
 
-__all__ = ["configure", "export", "run"]
+__all__ = ["FORMATS", "Format", "export"]
 
 Format = Literal["csv", "parquet", "jsonl"]
 FORMATS: tuple[Format, ...] = ("csv", "parquet", "jsonl")
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--store", default=StoreConfig().url, help="store URL (default: %(default)s)"
-    )
-    parser.add_argument("--format", choices=FORMATS, default="csv", help="output format")
-    parser.add_argument("--run-id", default=None, help="only this run (default: every run)")
-    parser.add_argument("--out", default="-", help="output file; '-' is stdout (not for parquet)")
-
-
-def run(args: argparse.Namespace) -> int:
-    count = asyncio.run(export(args.store, args.format, out=args.out, run_id=args.run_id))
-    print(f"exported {count} records", file=sys.stderr)
-    return 0
 
 
 async def export(url: str, fmt: Format, *, out: str, run_id: str | None = None) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.report import collect, write_report
+from specproxy.report.build import collect, write_report
 from specproxy.report.summary import fmt_ratio, main_window
 from specproxy.stats.job import compute_stats
 from specproxy.store import open_store

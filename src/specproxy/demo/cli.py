@@ -1,0 +1,108 @@
+"""`specproxy demo`: flags -> `DemoOptions` -> `runner.run_demo`, then where the report went.
+
+With real vLLM (`--vllm` or `--vllm-python`) the defaults change to a gentler load, since real
+CPU servers share two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from rich.console import Console
+
+from specproxy.demo.runner import DemoOptions, run_demo
+from specproxy.errors import ConfigError
+
+__all__ = ["REAL_MAX_TOKENS", "REAL_RATE", "configure", "options_from_args", "run"]
+
+# Real vLLM CPU servers share two cores: a gentler load keeps them out of saturation.
+REAL_RATE = 2.0
+REAL_MAX_TOKENS = 128
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = DemoOptions()
+    add = parser.add_argument
+    add(
+        "--rate",
+        type=float,
+        help=f"Poisson arrivals per second (default {d.rate:g}; {REAL_RATE:g} with real vLLM)",
+    )
+    add("--duration", type=float, default=d.duration_s, help="seconds of load before the report")
+    add(
+        "--acceptance",
+        type=float,
+        default=d.acceptance,
+        help="emulated per-position draft acceptance (alpha)",
+    )
+    add("--speculative-tokens", type=int, default=d.speculative_tokens, help="emulated k")
+    add("--store", default=d.store, help="store URL (sqlite:///..., postgresql://..., memory://)")
+    add("--vllm", metavar="URL,URL", help="real servers instead of emulators: speculative,baseline")
+    add("--vllm-python", metavar="PATH", help="start real vLLM CPU servers with this python")
+    add("--host", default=d.host, help="proxy listen address")
+    add("--port", type=int, default=d.port, help="proxy port (busy: a free one is used)")
+    add("--out", default=d.out, help="report directory")
+    add("--run-id", help="default: demo-<unix time>")
+    add("--prompts", help="JSONL prompts (default: the packaged set)")
+    add(
+        "--max-tokens",
+        type=int,
+        help=f"cap on each prompt's output budget (default none; {REAL_MAX_TOKENS} on real vLLM)",
+    )
+    add("--stats-interval", type=float, default=d.stats_interval_s, help="seconds between stats")
+    add("--resamples", type=int, default=d.resamples, help="bootstrap resamples")
+    add("--seed", type=int, default=d.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = options_from_args(args)
+    console = Console()
+    outcome = asyncio.run(run_demo(opts, console=console))
+    if outcome.report_dir is None:
+        console.print("no report: nothing was recorded")
+        return 1
+    console.print(f"report: {outcome.report_dir / 'index.html'}")
+    return 0
+
+
+def options_from_args(args: argparse.Namespace) -> DemoOptions:
+    urls: tuple[str, str] | None = None
+    if args.vllm:
+        parts = [u.strip() for u in args.vllm.split(",") if u.strip()]
+        if len(parts) != 2:
+            raise ConfigError("--vllm takes two URLs: speculative,baseline")
+        urls = (parts[0], parts[1])
+    if urls is not None and args.vllm_python:
+        raise ConfigError("--vllm and --vllm-python exclude each other")
+    real = urls is not None or args.vllm_python is not None
+    rate = args.rate if args.rate is not None else (REAL_RATE if real else DemoOptions().rate)
+    max_tokens = (
+        args.max_tokens if args.max_tokens is not None else (REAL_MAX_TOKENS if real else None)
+    )
+    if rate <= 0:
+        raise ConfigError("--rate must be > 0")
+    if args.duration <= 0:
+        raise ConfigError("--duration must be > 0")
+    if not 0.0 <= args.acceptance <= 1.0:
+        raise ConfigError("--acceptance must be in [0, 1]")
+    if args.speculative_tokens < 1:
+        raise ConfigError("--speculative-tokens must be >= 1")
+    return DemoOptions(
+        rate=rate,
+        duration_s=args.duration,
+        acceptance=args.acceptance,
+        speculative_tokens=args.speculative_tokens,
+        store=args.store,
+        vllm_urls=urls,
+        vllm_python=args.vllm_python,
+        host=args.host,
+        port=args.port,
+        out=args.out,
+        run_id=args.run_id,
+        prompts=args.prompts,
+        max_tokens=max_tokens,
+        stats_interval_s=args.stats_interval,
+        resamples=args.resamples,
+        seed=args.seed,
+    )

@@ -1,0 +1,295 @@
+"""The demo run (`specproxy demo`, what `make demo` runs): the whole system on one machine.
+
+It starts two emulated vLLM servers (speculative and baseline; no GPU, no vLLM needed), or uses
+real ones (`--vllm URL,URL`, or `--vllm-python` to start them with the realvllm launcher), puts
+the proxy in front with the SQLite store, the scraper and the stats job, and sends Poisson
+traffic with prompts of varied lengths from the packaged prompt set. While it runs it shows a live
+terminal view and serves /ui, /metrics and /api/stats; after `--duration` (or Ctrl-C) it stops the
+load, lets the stats job run once more over everything recorded, and writes the report from the
+proxy's store while it is still open (so `--store memory://` works too). Without a terminal (CI)
+the live view becomes a periodic plain-text line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from rich.console import Console
+from rich.live import Live
+
+from specproxy.app import STATS, create_app
+from specproxy.config import Config, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.demo.view import ClientTally, plain_line, render
+from specproxy.errors import ConfigError
+from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
+from specproxy.prompts import load_prompts
+from specproxy.stats.context import STATS_JOB
+from specproxy.store.context import STORE
+
+__all__ = ["DEFAULT_STORE", "DemoOptions", "DemoOutcome", "run_demo"]
+
+DEFAULT_STORE = "sqlite:///specproxy-demo.db"
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """Everything the demo can be told; the CLI flags (`demo.cli`) map onto these one to one."""
+
+    rate: float = 16.0  # enough in the default minute for a distribution-free P99 CI per arm
+    duration_s: float = 60.0
+    acceptance: float = 0.8  # per-position draft acceptance alpha: k=4 gives a ~59 % rate
+    speculative_tokens: int = 4
+    store: str = DEFAULT_STORE
+    vllm_urls: tuple[str, str] | None = None  # (speculative, baseline)
+    vllm_python: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    out: str = "out/demo-report"
+    run_id: str | None = None
+    prompts: str | None = None
+    max_tokens: int | None = None
+    stats_interval_s: float = 5.0
+    scrape_interval_s: float = 2.0
+    resamples: int = 2000
+    seed: int = 0
+    time_scale: float = 1.0  # emulators only: < 1 runs the physics faster (tests)
+    refresh_s: float = 1.0  # live view refresh
+    plain_every_s: float = 10.0  # without a terminal: one status line this often
+
+
+@dataclass(slots=True)
+class DemoOutcome:
+    """What a demo run left behind."""
+
+    run_id: str
+    store: str
+    proxy_url: str
+    report_dir: Path | None
+    final_stats: Mapping[str, Any] | None
+    results: list[ClientResult] = field(default_factory=list)
+    interrupted: bool = False
+
+
+async def run_demo(
+    opts: DemoOptions, *, console: Console, started: asyncio.Future[str] | None = None
+) -> DemoOutcome:
+    """Run the demo to the end (duration or SIGINT) and write the report.
+
+    `started`, when given, receives the proxy's URL as soon as it listens (tests, embedding).
+    """
+    prompts = load_prompts(opts.prompts)
+    run_id = opts.run_id or f"demo-{int(time.time())}"
+    stop = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        spec_url, base_url = await stack.enter_async_context(_arms(opts, console))
+        cfg = _config(opts, run_id, spec_url, base_url)
+        app = create_app(cfg, registry=CollectorRegistry())  # opens the store, scraper, stats
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        proxy_url = await _listen(runner, opts.host, opts.port)
+        stack.push_async_callback(runner.cleanup)
+        _print_urls(console, proxy_url, spec_url, base_url, opts)
+        if started is not None and not started.done():
+            started.set_result(proxy_url)
+        with _sigint_sets(stop):
+            session = await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=0),
+                    cookie_jar=aiohttp.DummyCookieJar(),
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600),
+                )
+            )
+            model = await _model(session, proxy_url)
+            options = RequestOptions(model=model, max_tokens_cap=opts.max_tokens)
+            gen = LoadGenerator(session, [Target(proxy_url)], prompts, options, seed=opts.seed)
+            tally = ClientTally()
+            load = asyncio.create_task(
+                gen.run_open_loop(
+                    opts.rate, duration_s=opts.duration_s, stop=stop, on_result=tally.add
+                )
+            )
+            await _show(console, app, tally, load, opts)
+            results = await load
+        interrupted = stop.is_set()
+        final = await _final_stats(app)
+        if final is not None:  # exactly what a client of GET /api/stats sees at the end
+            async with session.get(proxy_url + "/api/stats") as resp:
+                final = await resp.json()
+        stats_at = float(final["computed_at"]) if final is not None else None
+        # From the proxy's own store, still open: a memory:// store dies with the proxy.
+        report_dir = await _write_report(app, opts, run_id, console, stats_at)
+        # Leaving the stack stops the proxy (the store closes) and the arms.
+    if final is not None:
+        console.print(render(final, tally, title="final"))
+    return DemoOutcome(
+        run_id=run_id,
+        store=opts.store,
+        proxy_url=proxy_url,
+        report_dir=report_dir,
+        final_stats=final,
+        results=results,
+        interrupted=interrupted,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _arms(opts: DemoOptions, console: Console) -> AsyncIterator[tuple[str, str]]:
+    """(speculative URL, baseline URL): given, launched real vLLM, or in-process emulators."""
+    if opts.vllm_urls is not None:
+        yield opts.vllm_urls
+        return
+    if opts.vllm_python is not None:
+        from specproxy.realvllm.launcher import VllmPair, resolve_vllm_python
+
+        pair = VllmPair(resolve_vllm_python(opts.vllm_python), log_dir=Path(opts.out) / "vllm-logs")
+        console.print("starting real vLLM CPU servers (1-3 minutes on 2 cores)...")
+        async with pair:
+            yield pair.speculative_url, pair.baseline_url
+        return
+    from specproxy.emulator.config import EmulatorConfig
+    from specproxy.emulator.server import run_emulator
+
+    common: dict[str, Any] = {
+        "num_speculative_tokens": opts.speculative_tokens,
+        "acceptance": opts.acceptance,
+        "per_request_metrics": True,
+        "time_scale": opts.time_scale,
+    }
+    spec_cfg = EmulatorConfig(
+        speculative=True, per_request_spec_metrics="summary", seed=opts.seed + 1, **common
+    )
+    base_cfg = EmulatorConfig(speculative=False, seed=opts.seed + 2, **common)
+    async with run_emulator(spec_cfg) as spec_url, run_emulator(base_cfg) as base_url:
+        yield spec_url, base_url
+
+
+def _config(opts: DemoOptions, run_id: str, spec_url: str, base_url: str) -> Config:
+    return Config(
+        baseline_url=base_url,
+        speculative_url=spec_url,
+        host=opts.host,
+        port=opts.port,
+        run_id=run_id,
+        store=StoreConfig(url=opts.store, flush_interval_s=0.5),
+        scrape=ScrapeConfig(interval_s=opts.scrape_interval_s),
+        stats=StatsConfig(
+            interval_s=opts.stats_interval_s, resamples=opts.resamples, seed=opts.seed
+        ),
+    )
+
+
+async def _listen(runner: web.AppRunner, host: str, port: int) -> str:
+    """Listen on `port`, or on a free port when it is taken (a demo must not fail on that)."""
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+    except OSError:
+        site = web.TCPSite(runner, host, 0)
+        await site.start()
+    bound = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    return f"http://{host}:{bound}"
+
+
+def _print_urls(console: Console, proxy: str, spec: str, base: str, opts: DemoOptions) -> None:
+    kind = "real vLLM" if opts.vllm_urls or opts.vllm_python else "emulated"
+    console.print(f"speculative arm ({kind}): {spec}")
+    console.print(f"baseline arm ({kind}):    {base}")
+    console.print(f"proxy:  {proxy}/v1  (OpenAI-compatible)")
+    console.print(f"live page:  {proxy}/ui")
+    console.print(f"metrics:    {proxy}/metrics")
+    console.print(f"stats JSON: {proxy}/api/stats")
+    console.print(
+        f"load: Poisson {opts.rate:g} req/s for {opts.duration_s:g} s; Ctrl-C stops early "
+        "and still writes the report"
+    )
+
+
+@contextlib.contextmanager
+def _sigint_sets(stop: asyncio.Event) -> Any:
+    """Ctrl-C (and SIGTERM) set `stop` instead of killing the run, so the report is written."""
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+async def _model(session: aiohttp.ClientSession, proxy_url: str) -> str:
+    async with session.get(proxy_url + "/v1/models") as resp:
+        body = await resp.json(content_type=None)
+    try:
+        return str(body["data"][0]["id"])
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ConfigError(f"the arms list no model at {proxy_url}/v1/models") from exc
+
+
+def _latest(app: web.Application) -> Mapping[str, Any] | None:
+    provider = app.get(STATS)
+    return provider() if provider is not None else None
+
+
+async def _show(
+    console: Console,
+    app: web.Application,
+    tally: ClientTally,
+    load: asyncio.Task[list[ClientResult]],
+    opts: DemoOptions,
+) -> None:
+    """Refresh the live view until the load task ends."""
+    if console.is_terminal:
+        with Live(render(_latest(app), tally), console=console, auto_refresh=False) as live:
+            while not load.done():
+                await asyncio.wait({load}, timeout=opts.refresh_s)
+                live.update(render(_latest(app), tally), refresh=True)
+        return
+    last = time.monotonic()
+    while not load.done():
+        await asyncio.wait({load}, timeout=opts.refresh_s)
+        if time.monotonic() - last >= opts.plain_every_s:
+            last = time.monotonic()
+            console.print(plain_line(_latest(app), tally), soft_wrap=True)
+
+
+async def _final_stats(app: web.Application) -> Mapping[str, Any] | None:
+    """One last stats run over every record, so the report and /api/stats agree.
+
+    The load has stopped: the store is flushed, the periodic job stopped (no later run can
+    replace the result), and the job runs once more; it publishes the result at /api/stats and
+    appends it to the store's history, where the report finds it.
+    """
+    job = app.get(STATS_JOB)
+    if job is None:
+        return _latest(app)
+    await app[STORE].flush()
+    await job.close()
+    return await job.run_once()
+
+
+async def _write_report(
+    app: web.Application, opts: DemoOptions, run_id: str, console: Console, stats_at: float | None
+) -> Path | None:
+    from specproxy.report.build import report_from_store
+
+    store = app[STORE]
+    await store.flush()
+    out = Path(opts.out)
+    console.print(f"writing the report to {out}/ ...")
+    return await report_from_store(store, run_id=run_id, out_dir=out, stats_at=stats_at)

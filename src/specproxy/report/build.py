@@ -1,0 +1,406 @@
+"""The report behind `specproxy report`: one self-contained HTML file plus its PNGs, from a store.
+
+The headline numbers (speedups, CIs, verdicts, diagnosis) are the stats job's last result for
+the run, read from the store's stats history, so the report says exactly what GET /api/stats said
+at the end; a store without history (e.g. a bench run) gets one stats computation first. The
+figures are drawn from the stored records with the stats job's own selection (successful primary
+requests, warm-up excluded), so their n per arm match the result's. Everything the HTML shows is
+also written to `report.json` for machines and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.errors import ConfigError
+from specproxy.records import Arm, EngineSample
+from specproxy.report import figures
+from specproxy.report.analysis import (
+    in_flight_at_start,
+    load_at,
+    mean_position_acceptance,
+    speedup_by_load,
+)
+from specproxy.report.data import FloatArray, ReportData
+from specproxy.report.html import render_html
+from specproxy.report.summary import main_window
+from specproxy.stats.compare import REQUIRED_COLUMNS
+from specproxy.store import open_store
+from specproxy.store.base import Store
+
+__all__ = [
+    "COLUMNS",
+    "collect",
+    "report_from_store",
+    "report_json",
+    "speedup_series",
+    "write_report",
+]
+
+# The report reads exactly what the stats job reads, so its selection can match the job's.
+COLUMNS = REQUIRED_COLUMNS
+
+
+async def write_report(
+    store_url: str,
+    *,
+    run_id: str | None,
+    out_dir: Path,
+    settings: StatsConfig | None = None,
+    stats_at: float | None = None,
+) -> Path | None:
+    """Open the store at `store_url`, then `report_from_store`; None when nothing was recorded."""
+    store: Store = open_store(StoreConfig(url=store_url))
+    await store.start()
+    try:
+        return await report_from_store(
+            store, run_id=run_id, out_dir=out_dir, settings=settings, stats_at=stats_at
+        )
+    finally:
+        await store.close()
+
+
+async def report_from_store(
+    store: Store,
+    *,
+    run_id: str | None,
+    out_dir: Path,
+    settings: StatsConfig | None = None,
+    stats_at: float | None = None,
+) -> Path | None:
+    """Read the run from an open store, draw, write index.html, the PNGs and report.json.
+
+    `stats_at` names the stats result to report (its `computed_at`), e.g. the final result a
+    live proxy served; by default the run's last one. The caller keeps the store open (a live
+    proxy's `memory://` store holds the only copy of the run).
+    """
+    data = await collect(
+        store, run_id=run_id, settings=settings or StatsConfig(), stats_at=stats_at
+    )
+    if data is None:
+        return None
+    await asyncio.to_thread(_draw_and_write, data, out_dir)
+    return out_dir
+
+
+async def collect(
+    store: Store, *, run_id: str | None, settings: StatsConfig, stats_at: float | None = None
+) -> ReportData | None:
+    """The run's records (with the stats job's selection), engine samples and stats history."""
+    run_id = run_id or await _latest_run(store)
+    if run_id is None:
+        return None
+    arrays = await store.read_arrays(run_id=run_id, columns=COLUMNS)
+    if not any(len(a["t_start"]) for a in arrays.values()):
+        return None
+    engine = await store.read_engine_samples(run_id=run_id)
+    history: list[tuple[float, Mapping[str, Any]]] = list(
+        await store.read_stats_history(run_id=run_id)
+    )
+    if stats_at is not None:
+        chosen = [i for i, (_, r) in enumerate(history) if r.get("computed_at") == stats_at]
+        if chosen:
+            history = history[: chosen[-1] + 1]
+    last = history[-1][1] if history else None
+    settings = _settings_from(last, settings)
+    scrape = _scrape_from(last)
+    until = last.get("window_end") if last is not None else None
+    data = _gather(run_id, arrays, engine, settings, scrape, until=until)
+    if last is None or not _consistent(last, data):
+        # No history (a bench run), or records the last stats run did not see: compute afresh.
+        history.append(await _compute_stats(store, run_id, settings, scrape))
+        data = _gather(run_id, arrays, engine, settings, scrape, until=None)
+        data.recomputed = True
+    data.history = history
+    data.stats_t, data.stats = history[-1]
+    return data
+
+
+def _gather(
+    run_id: str,
+    arrays: Mapping[Arm, Mapping[str, npt.NDArray[Any]]],
+    engine: list[EngineSample],
+    settings: StatsConfig,
+    scrape: ScrapeConfig,
+    *,
+    until: float | None,
+) -> ReportData:
+    data = ReportData(
+        run_id=run_id,
+        stats=None,
+        stats_t=None,
+        history=[],
+        latency={"e2e": {}, "ttft": {}, "tpot": {}},
+        t_start={},
+        e2e_aligned={},
+        excluded_warmup={},
+        excluded_failed={},
+        shadows={},
+        engine=engine,
+        settings=settings,
+        span=None,
+    )
+    starts: list[float] = []
+    for arm in Arm:
+        a = arrays.get(arm)
+        if a is None or len(a["t_start"]) == 0:
+            continue
+        keep, warm, failed = _selection(a, arm, engine, settings, scrape, until=until)
+        data.excluded_warmup[arm.value] = warm
+        data.excluded_failed[arm.value] = failed
+        data.shadows[arm.value] = int(np.sum(np.asarray(a["shadow"], dtype=bool)))
+        data.t_start[arm.value] = np.asarray(a["t_start"], dtype=np.float64)[keep]
+        data.e2e_aligned[arm.value] = np.asarray(a["e2e_s"], dtype=np.float64)[keep]
+        for metric, column in (("e2e", "e2e_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s")):
+            values = np.asarray(a[column], dtype=np.float64)[keep]
+            data.latency[metric][arm.value] = values[np.isfinite(values) & (values > 0)]
+        starts += [float(a["t_start"][0]), float(a["t_start"][-1])]
+    data.span = (min(starts), max(starts)) if starts else None
+    return data
+
+
+def _consistent(result: Mapping[str, Any], data: ReportData) -> bool:
+    """Does the stats result describe exactly the records the figures are drawn from?"""
+    window = main_window(result)
+    if window is None:
+        return False
+    if window.get("design") != "split":
+        return True  # paired n counts pairs, not records: nothing to compare
+    n = window["metrics"]["e2e"]["n"]
+    return all(
+        n.get(arm.value, 0) == data.latency["e2e"].get(arm.value, np.array([])).size for arm in Arm
+    )
+
+
+def _selection(
+    a: Mapping[str, npt.NDArray[Any]],
+    arm: Arm,
+    engine: Sequence[EngineSample],
+    settings: StatsConfig,
+    scrape: ScrapeConfig,
+    *,
+    until: float | None,
+) -> tuple[npt.NDArray[np.bool_], int, int]:
+    """The stats job's sample: usable primary requests outside the warm-up windows, by the very
+    rule the job applies (`clean.warmup_exclusion`); also the warm-up and failed counts."""
+    from specproxy.stats.clean import warmup_exclusion
+    from specproxy.stats.compare import usable_mask
+
+    arrays = dict(a)
+    t = np.asarray(a["t_start"], dtype=np.float64)
+    warm = warmup_exclusion(arrays, engine, arm, stats_cfg=settings, scrape_cfg=scrape)
+    usable = usable_mask(arrays)
+    primary = ~np.asarray(a["shadow"], dtype=bool)
+    in_time = t <= until if until is not None else np.ones(t.size, dtype=bool)
+    keep = usable & ~warm & primary & in_time
+    return keep, int(np.sum(warm & in_time)), int(np.sum(~usable & in_time))
+
+
+async def _latest_run(store: Store) -> str | None:
+    best: tuple[float, str] | None = None
+    for run_id in await store.run_ids():
+        arrays = await store.read_arrays(run_id=run_id, columns=["t_start"])
+        last = max(
+            (float(a["t_start"][-1]) for a in arrays.values() if len(a["t_start"])), default=None
+        )
+        if last is not None and (best is None or last > best[0]):
+            best = (last, run_id)
+    return best[1] if best else None
+
+
+async def _compute_stats(
+    store: Store, run_id: str, settings: StatsConfig, scrape: ScrapeConfig
+) -> tuple[float, Mapping[str, Any]]:
+    """A store without stats history (a bench run): compute the comparison once."""
+    from specproxy.stats.job import compute_stats
+
+    result = await compute_stats(store, run_id=run_id, stats_cfg=settings, scrape_cfg=scrape)
+    return float(result["computed_at"]), result
+
+
+def _scrape_from(stats: Mapping[str, Any] | None) -> ScrapeConfig:
+    """The restart warm-up the stats result was computed with (the defaults before it was kept)."""
+    default = ScrapeConfig()
+    raw = (stats or {}).get("settings")
+    if not isinstance(raw, Mapping):
+        return default
+    requests = raw.get("restart_warmup_requests", default.warmup_requests)
+    seconds = raw.get("restart_warmup_seconds", default.warmup_seconds)
+    if not isinstance(requests, int) or isinstance(requests, bool) or requests < 0:
+        return default
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+        return default
+    return dataclasses.replace(default, warmup_requests=requests, warmup_seconds=float(seconds))
+
+
+def _settings_from(stats: Mapping[str, Any] | None, fallback: StatsConfig) -> StatsConfig:
+    raw = (stats or {}).get("settings")
+    if not isinstance(raw, Mapping):
+        return fallback
+    known = {
+        k: raw[k]
+        for k in ("resamples", "confidence", "alpha", "p99_tolerance", "warmup_requests", "seed")
+        if k in raw
+    }
+    try:
+        return StatsConfig(**{**_config_dict(fallback), **known})
+    except (ConfigError, TypeError):
+        return fallback
+
+
+def _config_dict(cfg: StatsConfig) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _draw_and_write(data: ReportData, out_dir: Path) -> None:
+    """Draw every figure, then write the PNGs, report.json and index.html (worker thread)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _draw(data)
+    for name, png in data.figures.items():
+        (out_dir / f"{name}.png").write_bytes(png)
+    (out_dir / "report.json").write_text(json.dumps(report_json(data), indent=2))
+    (out_dir / "index.html").write_text(render_html(data), encoding="utf-8")
+
+
+def _draw(data: ReportData) -> None:
+    data.figures["cdf_e2e"] = figures.latency_cdf_png(
+        data.latency["e2e"], title="End-to-end latency per arm", xlabel="E2E"
+    )
+    data.figures["cdf_tpot"] = figures.latency_cdf_png(
+        data.latency["tpot"], title="Time per output token per arm", xlabel="TPOT"
+    )
+    data.figures["cdf_ttft"] = figures.latency_cdf_png(
+        data.latency["ttft"], title="Time to first token per arm", xlabel="TTFT"
+    )
+    for stat, label in (("median", "median"), ("p99", "P99")):
+        t, est, lo, hi = speedup_series(data.history, "e2e", stat)
+        data.figures[f"speedup_time_{stat}"] = figures.speedup_over_time_png(
+            t, est, lo, hi, title=f"E2E {label} speedup over time (band: CI)"
+        )
+    data.positions = mean_position_acceptance(data.engine)
+    window = main_window(data.stats) or {}
+    spec_engine = (window.get("engine") or {}).get(Arm.SPECULATIVE.value) or {}
+    data.figures["acceptance"] = figures.acceptance_png(
+        data.positions,
+        overall=spec_engine.get("acceptance_rate"),
+        title="Draft acceptance per position (speculative arm)",
+    )
+    _load_figure(data)
+
+
+def _load_figure(data: ReportData) -> None:
+    spec_t = data.t_start.get(Arm.SPECULATIVE.value, np.array([]))
+    base_t = data.t_start.get(Arm.BASELINE.value, np.array([]))
+    spec_e2e_all = _aligned_e2e(data, Arm.SPECULATIVE.value)
+    base_e2e_all = _aligned_e2e(data, Arm.BASELINE.value)
+    has_running = any(s.requests_running is not None for s in data.engine)
+    if has_running:
+        spec_load, base_load = load_at(spec_t, data.engine), load_at(base_t, data.engine)
+        data.load_source = "vLLM requests running (mean over arms, last scrape before arrival)"
+    else:
+        all_t = np.concatenate([spec_t, base_t])
+        all_e = np.concatenate([spec_e2e_all, base_e2e_all])
+        inflight = in_flight_at_start(all_t, all_e)
+        spec_load, base_load = inflight[: spec_t.size], inflight[spec_t.size :]
+        data.load_source = "requests in flight through the proxy at arrival (both arms)"
+    bins = speedup_by_load(
+        spec_load,
+        spec_e2e_all,
+        base_load,
+        base_e2e_all,
+        rng=np.random.default_rng(data.settings.seed),
+        confidence=data.settings.confidence,
+    )
+    data.load_bins = [
+        {
+            "load": b.load,
+            "estimate": b.estimate,
+            "lower": b.lower,
+            "upper": b.upper,
+            "n_speculative": b.n_speculative,
+            "n_baseline": b.n_baseline,
+        }
+        for b in bins
+    ]
+    data.figures["speedup_load"] = figures.speedup_vs_load_png(
+        [b.load for b in bins],
+        [b.estimate for b in bins],
+        [b.lower for b in bins],
+        [b.upper for b in bins],
+        [b.n_speculative + b.n_baseline for b in bins],
+        xlabel=f"load: {data.load_source}",
+        title="Median E2E speedup against load",
+    )
+
+
+def _aligned_e2e(data: ReportData, arm: str) -> FloatArray:
+    return data.e2e_aligned.get(arm, np.array([], dtype=np.float64))
+
+
+def speedup_series(
+    history: Sequence[tuple[float, Mapping[str, Any]]], metric: str, statistic: str
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(t, estimate, lower, upper) of one speedup over the stats history (whole-run window)."""
+    t: list[float] = []
+    est: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+    for when, result in history:
+        window = main_window(result)
+        if window is None:
+            continue
+        s = window["metrics"][metric]["speedup"].get(statistic) or {}
+        if s.get("status") != "ok" or s.get("lower") is None or s.get("upper") is None:
+            continue
+        t.append(when)
+        est.append(float(s["estimate"]))
+        lo.append(float(s["lower"]))
+        hi.append(float(s["upper"]))
+    return t, est, lo, hi
+
+
+def report_json(data: ReportData) -> dict[str, Any]:
+    """The numbers the report shows, for machines (and the tests that compare them)."""
+    quantiles: dict[str, Any] = {}
+    for metric, per_arm in data.latency.items():
+        quantiles[metric] = {
+            arm: {
+                "n": int(v.size),
+                "median": float(np.median(v)) if v.size else None,
+                "p99": float(np.quantile(v, 0.99)) if v.size else None,
+            }
+            for arm, v in per_arm.items()
+        }
+    return {
+        "run_id": data.run_id,
+        "stats_t": data.stats_t,
+        "stats": data.stats,
+        "figures": sorted(f"{name}.png" for name in data.figures),
+        "figure_data": {
+            "latency": quantiles,
+            "excluded_warmup": data.excluded_warmup,
+            "excluded_failed": data.excluded_failed,
+            "load_source": data.load_source,
+            "load_bins": data.load_bins,
+            "position_acceptance": list(data.positions),
+            "speedup_over_time": {
+                stat: dict(
+                    zip(
+                        ("t", "estimate", "lower", "upper"),
+                        speedup_series(data.history, "e2e", stat),
+                        strict=True,
+                    )
+                )
+                for stat in ("median", "p99")
+            },
+        },
+    }

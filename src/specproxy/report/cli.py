@@ -1,0 +1,32 @@
+"""`specproxy report --store URL --out DIR`: write the report of one run (`build.write_report`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from specproxy.config import StatsConfig
+from specproxy.report.build import write_report
+
+__all__ = ["configure", "run"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default="sqlite:///specproxy.db", help="store URL")
+    parser.add_argument("--out", default="out/report", help="output directory")
+    parser.add_argument("--run-id", help="default: the run with the latest record")
+    parser.add_argument("--warmup-requests", type=int, default=StatsConfig().warmup_requests)
+    parser.add_argument("--resamples", type=int, default=StatsConfig().resamples)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = StatsConfig(warmup_requests=args.warmup_requests, resamples=args.resamples)
+    out = asyncio.run(
+        write_report(args.store, run_id=args.run_id, out_dir=Path(args.out), settings=settings)
+    )
+    if out is None:
+        print(f"no records in {args.store}" + (f" for run {args.run_id}" if args.run_id else ""))
+        return 1
+    print(f"report: {out / 'index.html'}")
+    return 0

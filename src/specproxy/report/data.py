@@ -1,0 +1,45 @@
+"""`ReportData`: everything one report shows, gathered from the store by `build.collect`.
+
+A module of its own so that the renderers (`html`) and the builder (`build`) both read it
+without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specproxy.config import StatsConfig
+from specproxy.records import EngineSample
+
+__all__ = ["FloatArray", "ReportData"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(slots=True)
+class ReportData:
+    """Everything one report shows, gathered from the store (no I/O after this)."""
+
+    run_id: str
+    stats: Mapping[str, Any] | None  # the stats job's last result
+    stats_t: float | None
+    history: list[tuple[float, Mapping[str, Any]]]
+    latency: dict[str, dict[str, FloatArray]]  # metric -> arm -> values used
+    t_start: dict[str, FloatArray]  # arm -> start times of the requests used
+    e2e_aligned: dict[str, FloatArray]  # arm -> E2E of those requests, same order as t_start
+    excluded_warmup: dict[str, int]
+    excluded_failed: dict[str, int]
+    shadows: dict[str, int]
+    engine: list[EngineSample]
+    settings: StatsConfig
+    span: tuple[float, float] | None
+    figures: dict[str, bytes] = field(default_factory=dict)
+    load_source: str = ""
+    load_bins: list[dict[str, float]] = field(default_factory=list)
+    positions: tuple[float, ...] = ()
+    recomputed: bool = False  # True when the stats were computed for the report

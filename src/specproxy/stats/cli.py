@@ -1,0 +1,71 @@
+"""`specproxy stats --store URL`: compute the comparison once from a store and print it.
+
+The text report gives, per model and window, the design, the sample sizes, each metric's verdict
+and speedup CIs, and the diagnosis; `--json` prints the full result (schema in `stats.job`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+from specproxy.config import StatsConfig, StoreConfig
+from specproxy.stats.job import compute_stats
+
+__all__ = ["configure", "run"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, help="store URL, e.g. sqlite:///specproxy.db")
+    parser.add_argument("--run-id", help="run to analyse (default: the only run, else 'default')")
+    parser.add_argument("--json", action="store_true", help="print the full JSON result")
+    parser.add_argument("--resamples", type=int, default=StatsConfig().resamples)
+    parser.add_argument("--seed", type=int, default=StatsConfig().seed)
+
+
+def _text_report(result: dict[str, Any]) -> str:
+    lines = [f"run {result['run_id']}: windows end at {result['window_end']:.0f}"]
+    for model, windows in result["results"].items():
+        for window, res in windows.items():
+            n = res["samples"]
+            lines.append(
+                f"\n[{model} / {window}] {res['design']}: baseline n={n['baseline']}, "
+                f"speculative n={n['speculative']}"
+            )
+            for metric, block in res["metrics"].items():
+                cells = []
+                for stat, ci in block["speedup"].items():
+                    if ci["status"] != "ok" or ci["estimate"] is None:
+                        cells.append(f"{stat} insufficient")
+                    else:
+                        cells.append(
+                            f"{stat} {ci['estimate']:.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}]"
+                        )
+                lines.append(f"  {metric:<5} {block['verdict']:<12} " + "; ".join(cells))
+            lines.append(f"  diagnosis: {res['diagnosis']['summary']}")
+            lines.extend(f"    - {r['message']}" for r in res["diagnosis"]["reasons"])
+    return "\n".join(lines)
+
+
+async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
+    from specproxy.store import open_store
+
+    store = open_store(StoreConfig(url=args.store))
+    await store.start()
+    try:
+        run_id = args.run_id
+        if run_id is None:
+            runs = await store.run_ids()
+            run_id = runs[0] if len(runs) == 1 else "default"
+        stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)
+        return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg)
+    finally:
+        await store.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    result = asyncio.run(_run_once(args))
+    print(json.dumps(result, indent=2) if args.json else _text_report(result))
+    return 0

@@ -1,0 +1,86 @@
+"""`bench.harness.run_bench` against fake OpenAI servers: direct A/B sweeps and proxy runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pytest_aiohttp import AiohttpServer
+from rich.console import Console
+
+from specproxy.bench.harness import run_bench
+from specproxy.config import StoreConfig
+from specproxy.loadgen import Target
+from specproxy.records import Arm
+from specproxy.store import open_store
+from tests.fake_openai import FakeOpenAI
+
+
+async def test_direct_ab_sweep_writes_store(aiohttp_server: AiohttpServer, tmp_path: Path) -> None:
+    spec, base = FakeOpenAI(acceptance=0.8), FakeOpenAI(acceptance=0.0)
+    spec_url = str((await aiohttp_server(spec.app())).make_url("")).rstrip("/")
+    base_url = str((await aiohttp_server(base.app())).make_url("")).rstrip("/")
+    url = f"sqlite:///{tmp_path / 'bench.db'}"
+    blocks = await run_bench(
+        [Target(spec_url, Arm.SPECULATIVE), Target(base_url, Arm.BASELINE)],
+        prompts_path=None,
+        model=None,  # discovered from GET /v1/models
+        requests=40,
+        concurrency=4,
+        rate=None,
+        warmup=6,
+        temperatures=[0.0, 0.7],
+        endpoint="chat.completions",
+        stream=True,
+        max_tokens=8,
+        store_url=url,
+        run_id="b",
+        seed=1,
+        console=Console(quiet=True),
+    )
+    assert [b.run_id for b in blocks] == ["b-t0", "b-t0.7"]
+    assert len(spec.bodies) + len(base.bodies) == 6 + 2 * 40  # warm-up is sent, not recorded
+    assert {b["temperature"] for b in spec.bodies[6:] + base.bodies[6:]} <= {0.0, 0.7}
+    assert all(b["model"] == "fake-model" for b in spec.bodies)
+    # Acceptance per temperature from the arm's /metrics counter deltas.
+    assert blocks[1].engine_acceptance["speculative"] == pytest.approx(0.8, abs=0.01)
+
+    store = open_store(StoreConfig(url=url))
+    await store.start()
+    try:
+        for block in blocks:
+            arrays = await store.read_arrays(run_id=block.run_id, columns=["e2e_s", "status"])
+            counts = {arm: len(a["e2e_s"]) for arm, a in arrays.items()}
+            assert sum(counts.values()) == 40
+            by_arm = {s.arm: s for s in block.arms}
+            for arm, a in arrays.items():
+                assert by_arm[arm].n == counts[arm]
+                assert by_arm[arm].e2e_p50_s == pytest.approx(float(np.median(a["e2e_s"])))
+    finally:
+        await store.close()
+
+
+async def test_open_loop_through_a_proxy_records_nothing(aiohttp_server: AiohttpServer) -> None:
+    fake = FakeOpenAI()
+    url = str((await aiohttp_server(fake.app())).make_url("")).rstrip("/")
+    blocks = await run_bench(
+        [Target(url, None)],
+        prompts_path=None,
+        model="m",
+        requests=10,
+        concurrency=1,
+        rate=200.0,
+        warmup=None,  # auto: windows of 10 until stable
+        temperatures=[0.0],
+        endpoint="completions",
+        stream=False,
+        max_tokens=4,
+        store_url=None,
+        run_id="p",
+        seed=0,
+        console=Console(quiet=True),
+    )
+    assert len(fake.bodies) >= 20 + 10  # at least two warm-up windows
+    (summary,) = blocks[0].arms
+    assert summary.arm is None and summary.n == 10

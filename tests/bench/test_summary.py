@@ -1,0 +1,40 @@
+"""Per-arm summaries and the harness's own overhead (`bench.summary`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specproxy.bench.summary import harness_overhead, summarise
+from specproxy.loadgen import ClientResult
+from specproxy.records import Arm
+
+
+def _result(arm: Arm, e2e_ms: float, *, ok: bool = True) -> ClientResult:
+    return ClientResult(
+        index=0,
+        arm=arm,
+        t_start=0.0,
+        status=200 if ok else 500,
+        e2e_ns=int(e2e_ms * 1e6),
+        temperature=0.0,
+        ttft_ns=int(e2e_ms * 1e5),
+        n_events=4,
+        output_tokens=9,
+        parse_ns=10_000,
+        error_kind=None if ok else "http_5xx",
+    )
+
+
+def test_summary_per_arm() -> None:
+    results = [_result(Arm.BASELINE, ms) for ms in (100, 200, 300)]
+    results += [_result(Arm.SPECULATIVE, ms) for ms in (50, 60)]
+    results.append(_result(Arm.SPECULATIVE, 1, ok=False))
+    spec, base = summarise(results)
+    assert spec.arm is Arm.SPECULATIVE and spec.n == 2 and spec.errors == 1
+    assert base.e2e_p50_s == pytest.approx(0.2)
+    assert base.tpot_p50_s == pytest.approx(0.2 * 0.9 / 8)
+    assert spec.tokens_per_event == pytest.approx(9 / 4)
+    overhead = harness_overhead(results)
+    assert overhead is not None
+    assert overhead.parse_p50_s == pytest.approx(1e-5)
+    assert overhead.parse_share == pytest.approx(1e-5 / 0.1)

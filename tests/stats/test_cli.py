@@ -1,0 +1,33 @@
+"""`specproxy stats` (`stats.cli`): compute once from a store, as JSON and as text."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from specproxy.cli import main
+from specproxy.config import StoreConfig
+from tests.stats.test_job import RUN, _records
+
+
+def test_cli_computes_once(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("specproxy.store.sqlite")
+    db = f"{tmp_path}/s.db"
+
+    async def fill() -> None:
+        from specproxy.store import open_store
+
+        s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
+        await s.start()
+        for rec in _records(400, 1000.0, 1.5, 1):
+            s.record(rec)
+        await s.close()
+
+    asyncio.run(fill())
+    assert main(["stats", "--store", f"sqlite:///{db}", "--json", "--resamples", "200"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["run_id"] == RUN
+    assert main(["stats", "--store", f"sqlite:///{db}", "--resamples", "200"]) == 0
+    assert "tpot" in capsys.readouterr().out
