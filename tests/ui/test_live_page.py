@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from rich.console import Console
 
-from specproxy import demo
+from specproxy.demo.runner import DemoOptions, run_demo
 from specproxy.report.summary import (
     ARMS,
     METRICS,
@@ -176,7 +176,7 @@ def _inside(dom: _Dom, metric: str, stat: str, cls: str) -> list[tuple[dict[str,
 
 async def test_live_page_shows_api_stats(tmp_path: Path) -> None:
     chromium = require_binary("chromium", "chromium-browser", "google-chrome")
-    opts = demo.DemoOptions(
+    opts = DemoOptions(
         rate=10.0,
         duration_s=40.0,
         port=0,
@@ -189,7 +189,7 @@ async def test_live_page_shows_api_stats(tmp_path: Path) -> None:
         time_scale=0.5,
     )
     started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    run = asyncio.create_task(demo.run_demo(opts, console=Console(quiet=True), started=started))
+    run = asyncio.create_task(run_demo(opts, console=Console(quiet=True), started=started))
     url = await asyncio.wait_for(started, 60)
     checked = False
     async with aiohttp.ClientSession() as session:
