@@ -12,13 +12,16 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import tomllib
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from specproxy.app import create_app
 from specproxy.config import Config
+from specproxy.config_env import env_settings, name_variable, variable_name
 from specproxy.errors import ConfigError
 
 __all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
@@ -84,8 +87,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_config(args: argparse.Namespace) -> Config:
-    """Merge the TOML file (if any) with the flags that were given, then validate."""
+def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """Merge the TOML file (if any), the `SPECPROXY_*` environment (`specproxy.config_env`) and
+    the flags that were given, in that order (later wins), then validate."""
     data: dict[str, Any] = {}
     if getattr(args, "config", None):
         try:
@@ -95,6 +99,15 @@ def build_config(args: argparse.Namespace) -> Config:
             raise ConfigError(f"cannot read config file {args.config}: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {args.config} is not valid TOML: {exc}") from exc
+    env, env_sources = env_settings(os.environ if environ is None else environ)
+    for key, value in env.items():
+        if isinstance(value, dict):
+            table = data.setdefault(key, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"[{key}] must be a table")
+            table.update(value)
+        else:
+            data[key] = value
     for dest, (section, name) in _FLAG_SETTINGS.items():
         value = getattr(args, dest, None)
         if value is None:
@@ -103,11 +116,16 @@ def build_config(args: argparse.Namespace) -> Config:
         if not isinstance(target, dict):
             raise ConfigError(f"[{section}] must be a table")
         target[name] = value
+        env_sources.pop(name if section is None else f"{section}.{name}", None)
     for name in ("baseline_url", "speculative_url"):
-        if name not in data:
+        if name not in data and name.removesuffix("_url") not in data:
             flag = "--" + name.removesuffix("_url")
-            raise ConfigError(f"{name} is required (flag {flag} or the config file)")
-    return Config.from_mapping(data)
+            variable = variable_name(None, name)
+            raise ConfigError(f"{name} is required (flag {flag}, {variable} or the config file)")
+    try:
+        return Config.from_mapping(data)
+    except ConfigError as exc:
+        raise name_variable(exc, env_sources) from exc
 
 
 def run(args: argparse.Namespace) -> int:

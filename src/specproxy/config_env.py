@@ -1,0 +1,121 @@
+"""Settings from `SPECPROXY_*` environment variables, for containers (a Secret's PostgreSQL URL).
+
+The rule, one variable per setting of `Config`:
+
+    SPECPROXY_<KEY>              top-level key         SPECPROXY_BASELINE_URL -> baseline_url
+    SPECPROXY_<SECTION>__<KEY>   key of a [section]    SPECPROXY_STORE__URL   -> [store].url
+
+Names are the TOML keys in upper case; a double underscore separates the section from the key
+(keys themselves contain single underscores). Values of string settings are taken verbatim;
+every other value is written as it would be in TOML (`true`, `0.25`, `[300, 3600, "all"]`), and
+an empty value unsets an optional setting (`SPECPROXY_STORE__RETENTION_DAYS=` keeps everything).
+
+Precedence, highest first: command-line flags > environment > config file > defaults.
+`env_settings` only reads and parses; the merged mapping is validated by `Config.from_mapping`,
+and `name_variable` adds the variable's name to a validation error about a setting it supplied.
+
+Other `SPECPROXY_*` variables that are not settings (e.g. SPECPROXY_VLLM_PYTHON for the test tier)
+are left alone when they have no double underscore; a `SPECPROXY_<X>__<Y>` variable is always a
+setting, so a misspelt section or key there is an error with the nearest valid name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from specproxy.config import Config
+from specproxy.errors import ConfigError
+
+__all__ = ["PREFIX", "env_settings", "name_variable", "setting_fields", "variable_name"]
+
+PREFIX = "SPECPROXY_"
+_SEP = "__"
+
+
+def setting_fields() -> dict[str | None, dict[str, Any]]:
+    """{section name or None for the top level: {key: resolved type}}, derived from `Config`."""
+    top = typing.get_type_hints(Config)
+    tables: dict[str | None, dict[str, Any]] = {None: {}}
+    for f in dataclasses.fields(Config):
+        table = _table_type(top[f.name])
+        if table is not None:
+            hints = typing.get_type_hints(table)
+            tables[f.name] = {g.name: hints[g.name] for g in dataclasses.fields(table)}
+        else:
+            tables[None][f.name] = top[f.name]
+    return tables
+
+
+def _table_type(kind: Any) -> type[Any] | None:
+    """The dataclass of a `[table]` setting (`ArmConfig | None` included), else None."""
+    candidates = [k for k in (kind, *typing.get_args(kind)) if dataclasses.is_dataclass(k)]
+    return candidates[0] if candidates and isinstance(candidates[0], type) else None
+
+
+def variable_name(section: str | None, key: str) -> str:
+    """The variable that sets `key` (in `[section]`, or at the top level for None)."""
+    return PREFIX + (key if section is None else section + _SEP + key).upper()
+
+
+def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings the environment gives, nested as in the TOML file, and {dotted setting:
+    variable} saying where each came from. Raises `ConfigError` naming a bad variable."""
+    tables = setting_fields()
+    data: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for variable in sorted(environ):
+        if not variable.startswith(PREFIX):
+            continue
+        rest = variable[len(PREFIX) :].lower()
+        section: str | None
+        if _SEP in rest:
+            section, key = rest.split(_SEP, 1)
+            if key not in tables.get(section, {}):
+                _unknown(variable, tables)
+        else:
+            section, key = None, rest
+            if key not in tables[None]:
+                continue  # not a setting (SPECPROXY_VLLM_PYTHON, ...)
+        value = _parse(variable, environ[variable], tables[section][key])
+        target = data if section is None else data.setdefault(section, {})
+        target[key] = value
+        sources[key if section is None else f"{section}.{key}"] = variable
+    return data, sources
+
+
+def name_variable(exc: ConfigError, sources: Mapping[str, str]) -> ConfigError:
+    """`exc` with the variable named when it is about a setting the environment supplied."""
+    message = str(exc)
+    for dotted, variable in sources.items():
+        if message.startswith(dotted + " "):
+            return ConfigError(f"{message} (set by {variable})")
+    return exc
+
+
+def _parse(variable: str, raw: str, kind: Any) -> Any:
+    optional = type(None) in typing.get_args(kind)
+    if optional and raw.strip() == "":
+        return None
+    if optional:  # `X | None`: parse as X
+        [kind] = [k for k in typing.get_args(kind) if k is not type(None)]
+    if kind is str or typing.get_origin(kind) is typing.Literal:
+        return raw
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        raise ConfigError(
+            f"{variable}={raw!r} is not a TOML value (write it as in the config file, e.g. "
+            'true, 0.5, [300, 3600, "all"])'
+        ) from None
+
+
+def _unknown(variable: str, tables: Mapping[str | None, Mapping[str, Any]]) -> typing.NoReturn:
+    candidates = [variable_name(s, k) for s, keys in tables.items() if s is not None for k in keys]
+    close = difflib.get_close_matches(variable, candidates, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise ConfigError(f"{variable} is not a specproxy setting{hint}")
