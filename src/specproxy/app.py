@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from specproxy.config import Config
 from specproxy.errors import error_body
+from specproxy.fleet.context import fleet_ctx
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.recorder import MemoryRecorder
@@ -89,6 +90,7 @@ def create_app(
     # ---- Extension point: components append their cleanup_ctx here, in start order. ----
     if recorder is None:  # an injected recorder (tests, benchmarks) stands in for the store
         app.cleanup_ctx.append(store_ctx)  # sets app[RECORDER]; closes (flushes) last
+    app.cleanup_ctx.append(fleet_ctx)  # every arm's endpoint pool (+ DNS discovery): FLEET
     app.cleanup_ctx.append(scrape_ctx)  # polls each arm's /metrics via app[SESSIONS]
     app.cleanup_ctx.append(stats_ctx)  # periodic comparison on the store; sets app[STATS]
     # The forwarder reads RECORDER after every cleanup_ctx has started, and stops first.

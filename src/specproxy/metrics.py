@@ -44,7 +44,7 @@ SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (shadow cap 
 INFLIGHT = "specproxy_inflight_requests"  # gauge{arm}
 
 # Engine metrics derived from each arm's vLLM /metrics (labels: arm).
-ENGINE_UP = "specproxy_engine_up"
+ENGINE_UP = "specproxy_engine_up"  # + endpoint: one series per engine endpoint
 ENGINE_ACCEPTANCE_RATE = "specproxy_engine_acceptance_rate"
 ENGINE_MEAN_ACCEPTANCE_LENGTH = "specproxy_engine_mean_acceptance_length"
 ENGINE_POSITION_ACCEPTANCE_RATE = "specproxy_engine_position_acceptance_rate"  # + position

@@ -75,11 +75,17 @@ class FakeMetricsServer:
     delay: float = 0.0
     content_type: str = "text/plain"
     hits: int = 0
+    models: list[str] = field(default_factory=list)  # served at GET /v1/models
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self._handle)
+        app.router.add_get("/v1/models", self._models)
         return app
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model"} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1

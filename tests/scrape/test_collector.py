@@ -7,8 +7,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from specproxy import metrics
 from specproxy.records import Arm, EngineSample
+from specproxy.scrape.aggregate import EndpointState
 from specproxy.scrape.collector import register_engine_collector
 from specproxy.scrape.loop import ArmState
+
+E1, E2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
+
+
+def endpoints(*states: tuple[str, bool]) -> dict[str, EndpointState]:
+    return {url: EndpointState(url, up=up) for url, up in states}
 
 
 def states() -> dict[Arm, ArmState]:
@@ -29,11 +36,13 @@ def states() -> dict[Arm, ArmState]:
         mean_acceptance_length=3.1,
         position_acceptance=(0.9, 0.6),
         restart_times=[5.0, 9.0],
+        endpoints=endpoints((E1, True), (E2, False)),
     )
     baseline = ArmState(
         Arm.BASELINE,
         up=True,
         sample=EngineSample(t=1.0, run_id="r", arm=Arm.BASELINE, up=True, requests_running=2.0),
+        endpoints=endpoints((E1, True)),
     )
     return {Arm.SPECULATIVE: spec, Arm.BASELINE: baseline}
 
@@ -46,7 +55,8 @@ def test_exports_speculative_arm() -> None:
     registry = CollectorRegistry()
     register_engine_collector(registry, states())
     s = Arm.SPECULATIVE
-    assert value(registry, metrics.ENGINE_UP, s) == 1.0
+    assert value(registry, metrics.ENGINE_UP, s, endpoint=E1) == 1.0
+    assert value(registry, metrics.ENGINE_UP, s, endpoint=E2) == 0.0  # the arm is still up
     assert value(registry, metrics.ENGINE_ACCEPTANCE_RATE, s) == 0.7
     assert value(registry, metrics.ENGINE_MEAN_ACCEPTANCE_LENGTH, s) == 3.1
     pos = metrics.ENGINE_POSITION_ACCEPTANCE_RATE
@@ -63,7 +73,8 @@ def test_baseline_spec_series_are_absent_not_zero() -> None:
     registry = CollectorRegistry()
     register_engine_collector(registry, states())
     b = Arm.BASELINE
-    assert value(registry, metrics.ENGINE_UP, b) == 1.0
+    assert value(registry, metrics.ENGINE_UP, b, endpoint=E1) == 1.0
+    assert value(registry, metrics.ENGINE_UP, b, endpoint=E2) is None  # not in its pool
     assert value(registry, metrics.ENGINE_ACCEPTANCE_RATE, b) is None
     assert value(registry, metrics.ENGINE_MEAN_ACCEPTANCE_LENGTH, b) is None
     text = generate_latest(registry).decode()
@@ -76,10 +87,11 @@ def test_baseline_spec_series_are_absent_not_zero() -> None:
 def test_down_arm_keeps_only_up_and_restarts() -> None:
     st = states()
     st[Arm.SPECULATIVE].up = False
+    st[Arm.SPECULATIVE].endpoints = endpoints((E1, False), (E2, False))
     registry = CollectorRegistry()
     register_engine_collector(registry, st)
     s = Arm.SPECULATIVE
-    assert value(registry, metrics.ENGINE_UP, s) == 0.0
+    assert value(registry, metrics.ENGINE_UP, s, endpoint=E1) == 0.0
     assert value(registry, metrics.ENGINE_RESTARTS + "_total", s) == 2.0
     for name in (
         metrics.ENGINE_ACCEPTANCE_RATE,
@@ -93,7 +105,8 @@ def test_down_arm_keeps_only_up_and_restarts() -> None:
 def test_before_first_scrape_up_is_absent() -> None:
     registry = CollectorRegistry()
     register_engine_collector(registry, {arm: ArmState(arm) for arm in Arm})
-    assert value(registry, metrics.ENGINE_UP, Arm.SPECULATIVE) is None
+    text = generate_latest(registry).decode()
+    assert metrics.ENGINE_UP + "{" not in text
     assert value(registry, metrics.ENGINE_RESTARTS + "_total", Arm.SPECULATIVE) == 0.0
 
 

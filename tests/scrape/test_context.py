@@ -37,8 +37,10 @@ async def test_app_runs_the_scraper_and_exports_its_series(
     assert scraper.states[Arm.SPECULATIVE].up and scraper.states[Arm.BASELINE].up
     assert any(s.arm is Arm.SPECULATIVE and s.up for s in recorder.engine_samples)
     body = await (await client.get("/metrics")).text()
-    assert f'{metrics.ENGINE_UP}{{arm="speculative"}} 1.0' in body
-    assert f'{metrics.ENGINE_UP}{{arm="baseline"}} 1.0' in body
+    spec_url = str(spec_server.make_url("")).rstrip("/")
+    base_url = str(base_server.make_url("")).rstrip("/")
+    assert f'{metrics.ENGINE_UP}{{arm="speculative",endpoint="{spec_url}"}} 1.0' in body
+    assert f'{metrics.ENGINE_UP}{{arm="baseline",endpoint="{base_url}"}} 1.0' in body
     await client.close()
     hits = spec.hits
     await asyncio.sleep(0.1)

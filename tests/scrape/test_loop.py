@@ -15,6 +15,8 @@ from pytest_aiohttp import AiohttpServer
 
 from specproxy import metrics
 from specproxy.config import Config, ScrapeConfig
+from specproxy.fleet.arms import Fleet
+from specproxy.fleet.pool import Endpoint
 from specproxy.records import Arm, EngineSample
 from specproxy.scrape import loop as scrape_loop
 from specproxy.scrape.collector import register_engine_collector
@@ -45,7 +47,10 @@ class Rig:
     sessions: dict[Arm, aiohttp.ClientSession]
 
     def value(self, name: str, arm: Arm) -> float | None:
-        return self.registry.get_sample_value(name, {"arm": arm.value})
+        labels = {"arm": arm.value}
+        if name == metrics.ENGINE_UP:  # per endpoint; each arm here is one endpoint
+            labels["endpoint"] = self.config.upstream_url(arm)
+        return self.registry.get_sample_value(name, labels)
 
 
 def closed_port_url() -> str:
@@ -272,3 +277,75 @@ async def test_a_failing_recorder_does_not_stop_the_loop(rig: Rig) -> None:
     scraper = EngineScraper(rig.config, rig.sessions, Broken())
     samples = await scraper.scrape_once()
     assert samples[Arm.SPECULATIVE].up and samples[Arm.BASELINE].up
+
+
+def ejected(ep: Endpoint) -> bool:
+    """A call, so that mypy does not narrow the property between scrapes."""
+    return ep.ejected
+
+
+async def test_every_endpoint_of_an_arm_is_scraped_and_summed(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    """Two engines in one arm: per-endpoint deltas, up per endpoint, probes, served models."""
+    one = FakeMetricsServer(body=v1_text([EngineCounts(10, 40, 20)], start_time=START))
+    two = FakeMetricsServer(body=v1_text([EngineCounts(500, 2000, 100)], start_time=START + 7))
+    one.models = two.models = ["qwen"]
+    base = FakeMetricsServer(body=v1_text([EngineCounts()], spec=False), models=["qwen"])
+    servers = [await aiohttp_server(s.app()) for s in (one, two, base)]
+    url1, url2, url_base = (str(s.make_url("")).rstrip("/") for s in servers)
+    config = Config.from_mapping(
+        {
+            "speculative": {"urls": [url1, url2]},
+            "baseline_url": url_base,
+            "outlier": {"eject_after_failures": 1, "base_ejection_s": 1, "max_ejection_s": 1},
+            "model_allow": ["dev"],
+        }
+    )
+    clock = FakeClock()
+    fleet = Fleet(config, clock=clock)
+    registry = CollectorRegistry()
+    async with aiohttp.ClientSession() as session:
+        scraper = EngineScraper(config, dict.fromkeys(Arm, session), clock=clock, fleet=fleet)
+        register_engine_collector(registry, scraper.states)
+        await scraper.scrape_once()
+        assert fleet.labels.label("qwen") == "qwen" and fleet.labels.label("x") == "other"
+        one.body = v1_text([EngineCounts(20, 80, 50)], start_time=START)
+        two.body = v1_text([EngineCounts(510, 2040, 110)], start_time=START + 7)
+        clock.now += 5
+        samples = await scraper.scrape_once()
+        spec = samples[Arm.SPECULATIVE]
+        assert spec.acceptance_rate == pytest.approx((30 + 10) / (40 + 40))
+        assert not spec.restarted
+
+        def up(url: str) -> float | None:
+            return registry.get_sample_value(
+                metrics.ENGINE_UP, {"arm": "speculative", "endpoint": url}
+            )
+
+        assert up(url1) == up(url2) == 1.0
+        # Endpoint two dies (its ejection time has passed too): arm up, acceptance from one only
+        pool = fleet.pool(Arm.SPECULATIVE)
+        ep2 = next(ep for ep in pool.endpoints if ep.url == url2)
+        pool.release(pool.acquire(), ok=True)
+        ep2.outstanding += 1
+        pool.release(ep2, ok=False)
+        assert ejected(ep2)
+        two.status = 503
+        one.body = v1_text([EngineCounts(30, 120, 70)], start_time=START)
+        clock.now += 5
+        spec = (await scraper.scrape_once())[Arm.SPECULATIVE]
+        assert spec.up and not spec.restarted
+        assert spec.acceptance_rate == pytest.approx(20 / 40)
+        assert up(url1) == 1.0 and up(url2) == 0.0
+        assert ejected(ep2)  # a failed probe keeps it out
+        # It comes back (same process): a successful probe readmits it; no restart counted
+        two.status = 200
+        clock.now += 5
+        spec = (await scraper.scrape_once())[Arm.SPECULATIVE]
+        assert not ejected(ep2) and up(url2) == 1.0
+        assert not spec.restarted and scraper.restart_times(Arm.SPECULATIVE) == ()
+        assert (
+            registry.get_sample_value(metrics.ENGINE_RESTARTS + "_total", {"arm": "speculative"})
+            == 0.0
+        )

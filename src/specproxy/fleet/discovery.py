@@ -18,9 +18,11 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 
-__all__ = ["DnsDiscovery", "Resolver", "endpoint_url", "system_resolver"]
+__all__ = ["MAX_ENDPOINTS", "DnsDiscovery", "Resolver", "endpoint_url", "system_resolver"]
 
 logger = logging.getLogger("specproxy.fleet.discovery")
+
+MAX_ENDPOINTS = 64  # addresses kept per name: bounds the arm's endpoint labels and pools
 
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 """(name, port) -> the addresses the name resolves to now."""
@@ -82,6 +84,14 @@ class DnsDiscovery:
             )
             return self._urls
         urls = tuple(sorted({endpoint_url(self._scheme, a, self._port) for a in addresses}))
+        if len(urls) > MAX_ENDPOINTS:
+            logger.warning(
+                "%s resolved to %d addresses; using the first %d",
+                self._name,
+                len(urls),
+                MAX_ENDPOINTS,
+            )
+            urls = urls[:MAX_ENDPOINTS]
         if not urls:
             logger.warning(
                 "%s resolved to nothing, keeping %d endpoints", self._name, len(self._urls)

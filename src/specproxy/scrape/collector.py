@@ -1,5 +1,9 @@
 """The scraper's state as version-independent Prometheus series on the proxy's /metrics.
 
+`up` is per engine endpoint (`arm`, `endpoint` = its base URL; at most the arm's configured or
+resolved pool, see `fleet.discovery.MAX_ENDPOINTS`); every other series is the arm's, summed or
+combined over its endpoints (`scrape.aggregate`).
+
 A custom collector rather than live Gauges: the values are read from the scraper's latest state
 at collection time, so a series exists only while its value is known. An arm without
 speculative metrics (the baseline) has no acceptance series at all, and a down arm keeps only
@@ -35,9 +39,9 @@ class EngineCollector(Collector):
         for arm, state in self._states.items():
             label = [arm.value]
             f.restarts.add_metric(label, float(state.restarts))
-            if state.up is None:
-                continue
-            f.up.add_metric(label, 1.0 if state.up else 0.0)
+            for url, endpoint in state.endpoints.items():
+                if endpoint.up is not None:
+                    f.up.add_metric([arm.value, url], 1.0 if endpoint.up else 0.0)
             if not state.up:
                 continue
             if state.acceptance_rate is not None:
@@ -67,7 +71,11 @@ class _Families:
         def gauge(name: str, doc: str, *extra: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=["arm", *extra])
 
-        self.up = gauge(metrics.ENGINE_UP, "1 if the arm's last /metrics scrape succeeded, else 0.")
+        self.up = gauge(
+            metrics.ENGINE_UP,
+            "1 if the endpoint's last /metrics scrape succeeded, else 0.",
+            "endpoint",
+        )
         self.acceptance = gauge(
             metrics.ENGINE_ACCEPTANCE_RATE,
             "Accepted / drafted tokens over the last scrape interval that had drafts.",

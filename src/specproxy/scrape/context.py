@@ -1,6 +1,7 @@
 """The scraper's place in the proxy's life cycle: one `app.cleanup_ctx` entry.
 
-It scrapes on the app's per-arm sessions (`app[SESSIONS]`), records into whatever `app[RECORDER]`
+It scrapes every endpoint of the fleet (`FLEET`, set by the fleet's context, which starts first)
+on the app's per-arm sessions (`app[SESSIONS]`), records into whatever `app[RECORDER]`
 is once the store has started, exports on `app[REGISTRY]`, and publishes itself under `SCRAPER`
 so that the stats job can ask for each arm's restart times.
 """
@@ -23,9 +24,10 @@ async def scrape_ctx(app: web.Application) -> AsyncIterator[None]:
     """Start scraping when the app starts; stop (cancel the task) when it shuts down."""
     # Imported here, not at module level: specproxy.app imports this module to wire it in.
     from specproxy.app import CONFIG, RECORDER, REGISTRY, SESSIONS
+    from specproxy.fleet.context import FLEET
 
     sessions = app[SESSIONS]
-    scraper = EngineScraper(app[CONFIG], sessions, app[RECORDER])
+    scraper = EngineScraper(app[CONFIG], sessions, app[RECORDER], fleet=app.get(FLEET))
     collector = register_engine_collector(app[REGISTRY], scraper.states)
     app[SCRAPER] = scraper
     await scraper.start()

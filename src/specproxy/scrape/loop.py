@@ -1,6 +1,12 @@
 """The periodic scrape of each arm's vLLM /metrics, and the latest state per arm.
 
-Every `scrape.interval_s` both arms are scraped concurrently on the proxy's own per-arm
+An arm is a pool of engine endpoints (`fleet`): each round scrapes every endpoint, and
+`aggregate` keeps deltas and restarts per endpoint and sums them into the arm's sample. Each
+endpoint's scrape is also the health probe that readmits it to the pool after an ejection, and
+each round reads the served models (`/v1/models`) of one endpoint per arm for the bounded
+`model` label.
+
+Every `scrape.interval_s` all endpoints are scraped concurrently on the proxy's own per-arm
 `ClientSession` (no extra connection pools), each GET bounded by `scrape.timeout_s`. Whatever
 goes wrong (refused, timeout, HTTP error, garbage body) marks the arm down (`up=0`) and is logged
 once when the state changes; the loop itself never stops until it is closed. Every scrape, up or
@@ -23,8 +29,10 @@ import aiohttp
 
 from specproxy.config import Config
 from specproxy.errors import ScrapeError
+from specproxy.fleet.arms import Fleet
+from specproxy.fleet.models import parse_models
 from specproxy.records import Arm, EngineSample, Recorder
-from specproxy.scrape.derive import derive_sample, is_restart, restart_time
+from specproxy.scrape.aggregate import ArmAggregate, EndpointState
 from specproxy.scrape.parse import EngineSnapshot, parse_metrics
 
 __all__ = ["MAX_BODY_BYTES", "ArmState", "EngineScraper"]
@@ -50,6 +58,7 @@ class ArmState:
     position_acceptance: tuple[float, ...] | None = None
     restart_times: list[float] = field(default_factory=list)
     first_failed: float | None = None  # first failed scrape since the last good one
+    endpoints: Mapping[str, EndpointState] = field(default_factory=dict)  # by base URL
 
     @property
     def restarts(self) -> int:
@@ -66,12 +75,17 @@ class EngineScraper:
         recorder: Recorder | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        fleet: Fleet | None = None,
     ) -> None:
         self._config = config
         self._sessions = sessions
         self._recorder = recorder
         self._clock = clock
-        self._states = {arm: ArmState(arm) for arm in Arm}
+        self._fleet = fleet if fleet is not None else Fleet(config)
+        self._aggregates = {arm: ArmAggregate(arm, config.run_id) for arm in Arm}
+        self._states = {
+            arm: ArmState(arm, endpoints=self._aggregates[arm].endpoints) for arm in Arm
+        }
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -96,6 +110,7 @@ class EngineScraper:
     async def scrape_once(self) -> dict[Arm, EngineSample]:
         """Scrape every arm once, concurrently; never raises (except on cancellation)."""
         samples = await asyncio.gather(*(self._scrape_arm(arm) for arm in self._states))
+        await self._refresh_models()
         return dict(zip(self._states, samples, strict=True))
 
     async def _run(self) -> None:
@@ -110,18 +125,50 @@ class EngineScraper:
 
     async def _scrape_arm(self, arm: Arm) -> EngineSample:
         state = self._states[arm]
+        pool = self._fleet.pool(arm)
+        urls = pool.urls
         t = self._clock()
+        results = await asyncio.gather(*(self._scrape_endpoint(arm, url, t) for url in urls))
+        by_url = dict(zip(urls, results, strict=True))
+        for url, result in by_url.items():
+            pool.probe(url, ok=not isinstance(result, str))
+        aggregate = self._aggregates[arm]
+        known_restarts = len(aggregate.restart_times)
+        sample = aggregate.update(t, by_url)
+        if not sample.up:
+            reasons = sorted({r for r in results if isinstance(r, str)})
+            return self._mark_down(state, t, "; ".join(reasons))
+        snapshot = next(r for r in results if not isinstance(r, str))
+        return self._mark_up(state, snapshot, sample, aggregate.restart_times[known_restarts:])
+
+    async def _scrape_endpoint(self, arm: Arm, url: str, t: float) -> EngineSnapshot | str:
+        """The endpoint's snapshot, or why it could not be read."""
         try:
-            text = await self._fetch(arm)
-            snapshot = await asyncio.to_thread(parse_metrics, text, t=t)
+            text = await self._fetch(arm, url + "/metrics")
+            return await asyncio.to_thread(parse_metrics, text, t=t)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the loop must survive anything a remote server sends
-            return self._mark_down(state, t, _describe(exc))
-        return self._mark_up(state, snapshot)
+            return _describe(exc)
 
-    async def _fetch(self, arm: Arm) -> str:
-        url = self._config.upstream_url(arm.value) + "/metrics"
+    async def _refresh_models(self) -> None:
+        """The models the arms serve, from one up endpoint each, for the bounded label."""
+        served: list[str] = []
+        for arm, state in self._states.items():
+            url = next((u for u, ep in state.endpoints.items() if ep.up), None)
+            if url is None:
+                continue
+            try:
+                served += parse_models(await self._fetch(arm, url + "/v1/models"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a missing /v1/models only leaves the label set as is
+                logger.debug("engine %s: /v1/models unreadable: %s", arm, _describe(exc))
+                return
+        if served:
+            self._fleet.labels.set_served(served)
+
+    async def _fetch(self, arm: Arm, url: str) -> str:
         timeout = aiohttp.ClientTimeout(total=self._config.scrape.timeout_s)
         async with self._sessions[arm].get(url, timeout=timeout) as resp:
             if resp.status != 200:
@@ -146,11 +193,15 @@ class EngineScraper:
         self._record(sample)
         return sample
 
-    def _mark_up(self, state: ArmState, snapshot: EngineSnapshot) -> EngineSample:
-        prev = state.snapshot
-        sample = derive_sample(prev, snapshot, run_id=self._config.run_id, arm=state.arm)
-        if prev is not None and is_restart(prev, snapshot):
-            state.restart_times.append(restart_time(prev, snapshot, state.first_failed))
+    def _mark_up(
+        self,
+        state: ArmState,
+        snapshot: EngineSnapshot,
+        sample: EngineSample,
+        restarts: list[float],
+    ) -> EngineSample:
+        for when in restarts:
+            state.restart_times.append(when)
             warmup = self._config.scrape
             logger.warning(
                 "engine %s restarted (restart %d); excluding the next %d requests / %.0f s",

@@ -1,0 +1,71 @@
+"""Every arm's endpoints as the proxy and the scraper see them, kept current by discovery.
+
+`Fleet` holds one `EndpointPool` per arm (the configured URLs, or the addresses a DNS name
+resolves to, re-resolved every `refresh_s`) and the bounded `model` labels fed by the scraper.
+The request path balances over `pool(arm)`, the scraper scrapes every `endpoints(arm)` and
+reports each scrape as a probe, and metrics map client model strings through `labels`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from specproxy.config import Config
+from specproxy.fleet.discovery import DnsDiscovery, Resolver, system_resolver
+from specproxy.fleet.models import ModelLabels
+from specproxy.fleet.pool import EndpointPool
+from specproxy.records import Arm
+
+__all__ = ["Fleet"]
+
+
+class Fleet:
+    """The endpoint pools of both arms, their DNS discovery, and the model labels."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        resolver: Resolver = system_resolver,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.labels = ModelLabels(cfg.model_allow)
+        self._pools: dict[Arm, EndpointPool] = {}
+        self._discoveries: list[DnsDiscovery] = []
+        for arm in Arm:
+            arm_cfg = cfg.arm_config(arm)
+            urls = [u.rstrip("/") for u in arm_cfg.urls] or [arm_cfg.first_url]
+            pool = EndpointPool(urls, cfg.outlier, clock=clock)
+            self._pools[arm] = pool
+            if arm_cfg.dns is not None:
+                self._discoveries.append(
+                    DnsDiscovery(
+                        arm_cfg.dns,
+                        arm_cfg.port,
+                        interval_s=arm_cfg.refresh_s,
+                        scheme=arm_cfg.scheme,
+                        resolver=resolver,
+                        on_change=pool.update,
+                    )
+                )
+
+    @property
+    def pools(self) -> Mapping[Arm, EndpointPool]:
+        return self._pools
+
+    def pool(self, arm: Arm) -> EndpointPool:
+        return self._pools[arm]
+
+    def endpoints(self, arm: Arm) -> tuple[str, ...]:
+        """The arm's endpoint base URLs now (no trailing slash)."""
+        return self._pools[arm].urls
+
+    async def start(self) -> None:
+        """Resolve every DNS arm once (so the first requests have its pods), then keep at it."""
+        for discovery in self._discoveries:
+            await discovery.start()
+
+    async def close(self) -> None:
+        for discovery in self._discoveries:
+            await discovery.close()

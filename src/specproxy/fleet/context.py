@@ -1,0 +1,31 @@
+"""The fleet's place in the proxy's life cycle: one `app.cleanup_ctx` entry, before the scraper.
+
+It builds the `Fleet` from the config, resolves the DNS arms once before the app serves, and
+publishes it under `FLEET` for the request path and the scraper; discovery stops on exit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from specproxy.fleet.arms import Fleet
+
+__all__ = ["FLEET", "fleet_ctx"]
+
+FLEET = web.AppKey("fleet", Fleet)
+
+
+async def fleet_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Imported here, not at module level: specproxy.app imports this module to wire it in.
+    from specproxy.app import CONFIG
+
+    if FLEET not in app:  # a fleet injected before start (tests: a controlled resolver) wins
+        app[FLEET] = Fleet(app[CONFIG])
+    fleet = app[FLEET]
+    await fleet.start()
+    try:
+        yield
+    finally:
+        await fleet.close()
