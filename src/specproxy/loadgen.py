@@ -9,9 +9,12 @@ Two arrival models, because they answer different questions:
 - closed loop (`run_closed_loop`): a fixed number of clients, each sending its next request when
   the previous one finished; the classic benchmark for a given concurrency.
 
-Every request is timed with `time.perf_counter_ns` from just before the request is sent to the
-last byte of the response; the time the harness spends parsing SSE events is measured too
-(`parse_ns`), so its overhead can be compared with the latencies it reports.
+Every request is timed with `time.perf_counter` from just before the request is sent to the
+last byte of the response. Streams are scanned by the proxy's own `SSEScanner` and every result
+is derived by `specproxy.timing.derive`, so the harness and the proxy count the same content
+events (text, reasoning, tool calls) and compute TTFT and TPOT the same way. The time the
+harness spends scanning is measured too (`parse_ns`), so its overhead can be compared with the
+latencies it reports.
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 import numpy as np
 
 from specproxy.prompts import Prompt
+from specproxy.proxy.sse import SSEScanner
 from specproxy.records import Arm, RequestRecord
+from specproxy.timing import Measures, RequestTimings, derive
 
 __all__ = [
     "ARM_HEADER",
@@ -89,43 +94,68 @@ class RequestOptions:
 
 @dataclass(frozen=True, slots=True)
 class ClientResult:
-    """One request as the client saw it. Durations are nanoseconds of `perf_counter_ns`."""
+    """One request as the client saw it: its `measures` come from `specproxy.timing.derive`, the
+    same derivation the proxy uses, so a bench row and a proxy row mean the same thing."""
 
     index: int
     arm: Arm | None
     t_start: float  # Unix time the request was sent
-    status: int
-    e2e_ns: int
     temperature: float
-    ttft_ns: int | None = None
-    n_events: int = 0
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    mean_gap_ns: float | None = None
-    max_gap_ns: int | None = None
-    acceptance_rate: float | None = None
-    mean_acceptance_length: float | None = None
+    measures: Measures
     lateness_ns: int = 0  # open loop: actual send time minus the Poisson schedule
-    parse_ns: int = 0  # harness time spent parsing the response
-    error_kind: str | None = None
+    parse_ns: int = 0  # harness time spent scanning the response
 
     @property
     def ok(self) -> bool:
         return self.error_kind is None and 200 <= self.status < 300
 
+    @property
+    def status(self) -> int:
+        return self.measures.status
+
+    @property
+    def error_kind(self) -> str | None:
+        return self.measures.error_kind
+
+    @property
+    def e2e_ns(self) -> int:
+        return round(self.measures.e2e_s * 1e9)
+
+    @property
+    def ttft_ns(self) -> int | None:
+        ttft = self.measures.ttft_s
+        return round(ttft * 1e9) if ttft is not None else None
+
+    @property
+    def n_events(self) -> int:
+        return self.measures.n_events
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self.measures.prompt_tokens
+
+    @property
+    def output_tokens(self) -> int | None:
+        return self.measures.output_tokens
+
+    @property
+    def max_gap_ns(self) -> int | None:
+        gap = self.measures.max_gap_s
+        return round(gap * 1e9) if gap is not None else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.measures.acceptance_rate
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return self.measures.mean_acceptance_length
+
     def to_record(self, *, run_id: str, options: RequestOptions) -> RequestRecord:
         """A store row, so that bench runs feed the same statistics and report as the proxy."""
         if self.arm is None:
             raise ValueError("a result without an arm cannot be recorded")
-        e2e = self.e2e_ns / 1e9
-        ttft = self.ttft_ns / 1e9 if self.ttft_ns is not None else None
-        tpot = None
-        if ttft is not None and self.output_tokens is not None and self.output_tokens > 1:
-            tpot = (e2e - ttft) / (self.output_tokens - 1)
-        per_event = None
-        if self.output_tokens and self.n_events:
-            per_event = self.output_tokens / self.n_events
-        return RequestRecord(
+        return self.measures.record(
             request_id=uuid.uuid4().hex,
             run_id=run_id,
             arm=self.arm,
@@ -133,20 +163,6 @@ class ClientResult:
             model=options.model,
             endpoint=options.endpoint,
             stream=options.stream,
-            status=self.status,
-            e2e_s=e2e,
-            upstream_s=e2e,  # no proxy in between: the client's time is the upstream's time
-            ttft_s=ttft,
-            tpot_s=tpot,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens,
-            n_events=self.n_events,
-            tokens_per_event=per_event,
-            mean_gap_s=self.mean_gap_ns / 1e9 if self.mean_gap_ns is not None else None,
-            max_gap_s=self.max_gap_ns / 1e9 if self.max_gap_ns is not None else None,
-            acceptance_rate=self.acceptance_rate,
-            mean_acceptance_length=self.mean_acceptance_length,
-            error_kind=self.error_kind,
         )
 
 
@@ -156,41 +172,6 @@ def poisson_gaps(rate: float, rng: np.random.Generator) -> Iterator[float]:
         raise ValueError("rate must be > 0")
     while True:
         yield float(rng.exponential(1.0 / rate))
-
-
-@dataclass(slots=True)
-class _ResponseStats:
-    """Accumulates what one response tells us while it streams in."""
-
-    t0_ns: int
-    status: int = 0
-    ttft_ns: int | None = None
-    n_events: int = 0
-    last_event_ns: int | None = None
-    gaps: list[int] = field(default_factory=list)
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    acceptance_rate: float | None = None
-    mean_acceptance_length: float | None = None
-    parse_ns: int = 0
-
-    def observe(self, payload: dict[str, Any], now_ns: int) -> None:
-        if _has_content(payload):
-            if self.ttft_ns is None:
-                self.ttft_ns = now_ns - self.t0_ns
-            if self.last_event_ns is not None:
-                self.gaps.append(now_ns - self.last_event_ns)
-            self.last_event_ns = now_ns
-            self.n_events += 1
-        usage = payload.get("usage")
-        if isinstance(usage, dict):
-            self.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-            self.output_tokens = _int_or_none(usage.get("completion_tokens"))
-        metrics = payload.get("metrics")
-        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-        if isinstance(spec, dict):
-            self.acceptance_rate = _float_or_none(spec.get("draft_acceptance_rate"))
-            self.mean_acceptance_length = _float_or_none(spec.get("mean_acceptance_length"))
 
 
 OnResult = Callable[[ClientResult], None]
@@ -238,54 +219,41 @@ class LoadGenerator:
         body = json.dumps(opts.body(prompt)).encode()
         headers = {"content-type": "application/json", **dict(opts.headers)}
         t_start = time.time()
-        t0 = time.perf_counter_ns()
-        acc = _ResponseStats(t0_ns=t0)
+        t0 = time.perf_counter()
+        timings = RequestTimings(request_start=t0, upstream_start=t0)
         arm = target.arm
-        error: str | None = None
+        parse_ns = 0
         try:
             async with self.session.post(url, data=body, headers=headers) as resp:
-                acc.status = resp.status
+                timings.status = resp.status
                 served_by = resp.headers.get(ARM_HEADER)
                 if arm is None and served_by in (Arm.SPECULATIVE.value, Arm.BASELINE.value):
                     arm = Arm(served_by)
                 if resp.status >= 400:
                     await resp.read()
-                    error = "http_4xx" if resp.status < 500 else "http_5xx"
-                elif opts.stream:
-                    await _read_sse(resp, acc)
+                    timings.fail("http_4xx" if resp.status < 500 else "http_5xx")
+                elif resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    parse_ns = await _read_events(resp, timings)
                 else:
-                    raw = await resp.read()
-                    now = time.perf_counter_ns()
-                    payload = json.loads(raw)
-                    if isinstance(payload, dict):
-                        acc.observe(payload, now)
-                    acc.parse_ns += time.perf_counter_ns() - now
+                    parse_ns = _read_body(await resp.read(), timings)
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
-            error = "connect"
+            timings.fail("connect")
         except TimeoutError:
-            error = "timeout"
+            timings.fail("timeout")
         except (aiohttp.ClientError, json.JSONDecodeError, UnicodeDecodeError):
-            error = "broken"
-        e2e = time.perf_counter_ns() - t0
-        gaps = acc.gaps
+            timings.fail("broken")
+        end = time.perf_counter()
+        timings.request_end = end
+        if timings.upstream_end is None:
+            timings.upstream_end = end
         return ClientResult(
             index=index,
             arm=arm,
             t_start=t_start,
-            status=acc.status,
-            e2e_ns=e2e,
             temperature=opts.temperature,
-            ttft_ns=acc.ttft_ns if opts.stream else None,
-            n_events=acc.n_events,
-            prompt_tokens=acc.prompt_tokens,
-            output_tokens=acc.output_tokens,
-            mean_gap_ns=sum(gaps) / len(gaps) if gaps else None,
-            max_gap_ns=max(gaps) if gaps else None,
-            acceptance_rate=acc.acceptance_rate,
-            mean_acceptance_length=acc.mean_acceptance_length,
+            measures=derive(timings, end),
             lateness_ns=lateness_ns,
-            parse_ns=acc.parse_ns,
-            error_kind=error,
+            parse_ns=parse_ns,
         )
 
     async def run_open_loop(
@@ -376,44 +344,35 @@ class LoadGenerator:
         return sorted(results, key=lambda r: r.index)
 
 
-async def _read_sse(resp: aiohttp.ClientResponse, acc: _ResponseStats) -> None:
-    """Read `data:` lines as they arrive; every event is timed when its line is complete."""
-    async for line in resp.content:
-        now = time.perf_counter_ns()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if not data or data == b"[DONE]":
-            continue
-        payload = json.loads(data)
-        if isinstance(payload, dict):
-            acc.observe(payload, now)
-        acc.parse_ns += time.perf_counter_ns() - now
+async def _read_events(resp: aiohttp.ClientResponse, timings: RequestTimings) -> int:
+    """Scan a streamed response with the proxy's own `SSEScanner`, stamping every chunk as it
+    arrives; returns the nanoseconds spent scanning."""
+    scanner = SSEScanner()
+    timings.events = scanner
+    content = resp.content
+    perf_counter = time.perf_counter
+    spent = 0.0
+    while chunk := await content.readany():
+        now = perf_counter()
+        timings.upstream_end = now
+        scanner.feed(chunk, now)
+        spent += perf_counter() - now
+    scanner.finish()
+    return round(spent * 1e9)
 
 
-def _has_content(payload: dict[str, Any]) -> bool:
-    choices = payload.get("choices")
-    if not isinstance(choices, list):
-        return False
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and delta.get("content"):
-            return True
-        if choice.get("text"):
-            return True
-    return False
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float_or_none(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
+def _read_body(raw: bytes, timings: RequestTimings) -> int:
+    """`usage` and `metrics.speculative_decoding` of a non-streaming body; returns the parse
+    nanoseconds. A body that is not JSON raises `JSONDecodeError` (a broken response)."""
+    timings.upstream_end = now = time.perf_counter()
+    doc = json.loads(raw)
+    if isinstance(doc, dict):
+        usage = doc.get("usage")
+        metrics = doc.get("metrics")
+        speculative = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        timings.usage = usage if isinstance(usage, dict) else None
+        timings.speculative = speculative if isinstance(speculative, dict) else None
+    return round((time.perf_counter() - now) * 1e9)
 
 
 def _check_bounds(count: int | None, duration_s: float | None, stop: asyncio.Event | None) -> None:

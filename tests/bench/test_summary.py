@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import pytest
 
 from specproxy.bench.summary import harness_overhead, summarise
 from specproxy.loadgen import ClientResult
 from specproxy.records import Arm
+from specproxy.timing import RequestTimings, derive
+
+
+@dataclass(frozen=True)
+class _Events:
+    """A stream of 4 content events and 9 tokens, as a scanner would report it."""
+
+    first_content_at: float
+    n_events: int = 4
+    gaps: tuple[float, ...] = ()
+    token_ids: int = 0
+    token_ids_complete: bool = False
+    usage: dict[str, Any] | None = field(default_factory=lambda: {"completion_tokens": 9})
+    speculative: dict[str, Any] | None = None
 
 
 def _result(arm: Arm, e2e_ms: float, *, ok: bool = True) -> ClientResult:
@@ -14,14 +31,18 @@ def _result(arm: Arm, e2e_ms: float, *, ok: bool = True) -> ClientResult:
         index=0,
         arm=arm,
         t_start=0.0,
-        status=200 if ok else 500,
-        e2e_ns=int(e2e_ms * 1e6),
         temperature=0.0,
-        ttft_ns=int(e2e_ms * 1e5),
-        n_events=4,
-        output_tokens=9,
+        measures=derive(
+            RequestTimings(
+                request_start=0.0,
+                upstream_start=0.0,
+                request_end=e2e_ms / 1e3,
+                status=200 if ok else 500,
+                error_kind=None if ok else "http_5xx",
+                events=_Events(first_content_at=e2e_ms / 1e4),
+            )
+        ),
         parse_ns=10_000,
-        error_kind=None if ok else "http_5xx",
     )
 
 

@@ -78,12 +78,8 @@ def _summary(arm: Arm | None, rows: list[ClientResult]) -> ArmSummary:
     ok = [r for r in rows if r.ok]
     e2e = [r.e2e_ns / 1e9 for r in ok]
     ttft = [r.ttft_ns / 1e9 for r in ok if r.ttft_ns is not None]
-    tpot = [
-        (r.e2e_ns - r.ttft_ns) / 1e9 / (r.output_tokens - 1)
-        for r in ok
-        if r.ttft_ns is not None and r.output_tokens is not None and r.output_tokens > 1
-    ]
-    per_event = [r.output_tokens / r.n_events for r in ok if r.output_tokens and r.n_events]
+    tpot = [r.measures.tpot_s for r in ok if r.measures.tpot_s is not None]
+    per_event = [r.measures.tokens_per_event for r in ok if r.measures.tokens_per_event]
     return ArmSummary(
         arm=arm,
         n=len(ok),

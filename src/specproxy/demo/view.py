@@ -42,9 +42,8 @@ class ClientTally:
         self.e2e.setdefault(arm, []).append(result.e2e_ns / 1e9)
         if result.ttft_ns is not None:
             self.ttft.setdefault(arm, []).append(result.ttft_ns / 1e9)
-            if result.output_tokens and result.output_tokens > 1:
-                decode = (result.e2e_ns - result.ttft_ns) / 1e9
-                self.tpot.setdefault(arm, []).append(decode / (result.output_tokens - 1))
+        if result.measures.tpot_s is not None:
+            self.tpot.setdefault(arm, []).append(result.measures.tpot_s)
 
     def quantile(self, column: str, arm: str, q: float) -> float | None:
         values = getattr(self, column).get(arm)

@@ -1,7 +1,8 @@
 """What the proxy learns about one arm call while it runs, and the one record it becomes.
 
 A `Trace` is mutable and private to the call (primary or shadow); `to_record` turns it into the
-immutable `RequestRecord` once, at the end, whatever happened.
+immutable `RequestRecord` once, at the end, whatever happened, through `specproxy.timing.derive`
+(the load generator uses the same derivation).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Final
 
 from specproxy.proxy.sse import SSEScanner
 from specproxy.records import Arm, RequestRecord
+from specproxy.timing import RequestTimings, derive
 
 __all__ = ["STATUS_CLIENT_GONE", "RequestIds", "Trace"]
 
@@ -95,44 +97,19 @@ class Trace:
             self.status = status
 
     def to_record(self, run_id: str) -> RequestRecord:
-        now = time.perf_counter()
-        end = self.e2e_end if self.e2e_end is not None else now
-        upstream_end = self.upstream_end if self.upstream_end is not None else end
-        e2e = end - self.received
-        scanner = self.scanner
-        usage = self.non_stream_usage
-        speculative = self.speculative
-        ttft = mean_gap = max_gap = tokens_per_event = None
-        n_events = 0
-        token_ids_total: int | None = None
-        if scanner is not None:
-            usage = scanner.usage
-            speculative = scanner.speculative
-            n_events = scanner.n_events
-            if scanner.first_content_at is not None:
-                ttft = scanner.first_content_at - self.received
-            if scanner.gaps:
-                mean_gap = sum(scanner.gaps) / len(scanner.gaps)
-                max_gap = max(scanner.gaps)
-            if scanner.token_ids_complete and n_events:
-                token_ids_total = scanner.token_ids
-        prompt_tokens = output_tokens = None
-        if usage is not None:
-            prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-            output_tokens = _int_or_none(usage.get("completion_tokens"))
-        if output_tokens is None:
-            output_tokens = token_ids_total
-        tpot = None
-        complete = self.error_kind is None
-        if complete and ttft is not None and output_tokens is not None and output_tokens > 1:
-            tpot = (e2e - ttft) / (output_tokens - 1)
-        if output_tokens is not None and n_events:
-            tokens_per_event = output_tokens / n_events
-        acceptance_rate = acceptance_length = None
-        if speculative is not None:
-            acceptance_rate = _float_or_none(speculative.get("draft_acceptance_rate"))
-            acceptance_length = _float_or_none(speculative.get("mean_acceptance_length"))
-        return RequestRecord(
+        timings = RequestTimings(
+            request_start=self.received,
+            upstream_start=self.upstream_start,
+            upstream_end=self.upstream_end,
+            request_end=self.e2e_end,
+            status=self.status,
+            error_kind=self.error_kind,
+            disconnected=self.disconnected,
+            events=self.scanner,
+            usage=self.non_stream_usage,
+            speculative=self.speculative,
+        )
+        return derive(timings, time.perf_counter()).record(
             request_id=self.request_id,
             run_id=run_id,
             arm=self.arm,
@@ -140,31 +117,6 @@ class Trace:
             model=self.model,
             endpoint=self.endpoint,
             stream=self.stream,
-            status=self.status,
-            e2e_s=e2e,
-            upstream_s=upstream_end - self.upstream_start,
-            ttft_s=ttft,
-            tpot_s=tpot,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            n_events=n_events,
-            tokens_per_event=tokens_per_event,
-            mean_gap_s=mean_gap,
-            max_gap_s=max_gap,
-            acceptance_rate=acceptance_rate,
-            mean_acceptance_length=acceptance_length,
             pair_id=self.pair_id,
             shadow=self.shadow,
-            error_kind=self.error_kind,
-            disconnected=self.disconnected,
         )
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float_or_none(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
