@@ -114,13 +114,15 @@ def test_record_carries_identity_and_measures() -> None:
         stream=False,
         pair_id="p",
         shadow=True,
+        engine_url="http://e:1",
     )
     measured = {f.name for f in dataclasses.fields(m)}
     assert {k: v for k, v in rec.to_dict().items() if k in measured} == dataclasses.asdict(m)
     assert (rec.request_id, rec.arm, rec.pair_id, rec.shadow) == ("r1", Arm.BASELINE, "p", True)
+    assert rec.engine_url == "http://e:1"
     # every record field is either measured or identity: nothing is left at a silent default
     identity = {"request_id", "run_id", "arm", "t_start", "model", "endpoint", "stream"}
-    assert set(rec.to_dict()) == measured | identity | {"pair_id", "shadow"}
+    assert set(rec.to_dict()) == measured | identity | {"pair_id", "shadow", "engine_url"}
 
 
 # --------------------------------------------------------------------------- both paths

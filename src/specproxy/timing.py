@@ -112,6 +112,7 @@ class Measures:
         stream: bool,
         pair_id: str | None = None,
         shadow: bool = False,
+        engine_url: str | None = None,
     ) -> RequestRecord:
         """The store row: these measurements plus who and what the request was."""
         return RequestRecord(
@@ -139,6 +140,7 @@ class Measures:
             shadow=shadow,
             error_kind=self.error_kind,
             disconnected=self.disconnected,
+            engine_url=engine_url,
         )
 
 
