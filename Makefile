@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: venv demo demo-vllm test test-fast test-vllm vllm-up lint typecheck sysdeps vllm-env clean
+.PHONY: venv demo demo-vllm test test-stress test-fast test-vllm vllm-up lint typecheck sysdeps vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: venv sysdeps vllm-env lint typecheck
 	@# pytest's exit 5 means "no test collected": a failure, never a pass.
 	SPECPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+## test-stress: `make test` twice while 2 busy processes hog the CPUs (both runs must pass;
+## prints each run's wall time). Not part of CI's 90-minute budget: run it before a release.
+test-stress:
+	MAKE="$(MAKE)" bash scripts/stress.sh
 
 ## test-fast: the tiers that need no system service and no real vLLM
 test-fast: venv

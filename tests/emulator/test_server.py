@@ -21,6 +21,8 @@ from specproxy.emulator import (
     leviathan_speedup,
     run_emulator,
 )
+from specproxy.emulator.model import Sequence
+from specproxy.emulator.protocol import GenerationRequest
 from tests.conftest import fixture_path
 from tests.emulator.conftest import assert_same_shape, fixture_events, load_json, sse_payloads
 
@@ -441,59 +443,53 @@ async def test_restart_resets_counters_and_start_time(aiohttp_client: AiohttpCli
     assert emu.engine.warm_fraction == 1.0
 
 
-# ---- timing physics on the wall clock ---------------------------------------------------------
+# ---- timing physics, read from the engine's own clock ------------------------------------------
+#
+# The engine stamps tokens with its step schedule (see the server module), so the timings it
+# reports are the modelled ones whatever the machine's load; the client's wall clock only gives
+# lower bounds (no token arrives before its step ends). Batches are made deterministic where the
+# physics depends on them: one request at a time, or one request with n sequences.
 
 
-async def _closed_loop(
-    url: str, *, concurrency: int, requests: int, max_tokens: int, stream: bool
-) -> list[tuple[float, float, int, float | None]]:
-    """(ttft_s, e2e_s, tokens, server mean_itl_s) per request, measured by the client."""
-    results: list[tuple[float, float, int, float | None]] = []
-    queue = list(range(requests))
-    body = {**PROMPT, "max_tokens": max_tokens, "stream": stream}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-
-    async def client(session: aiohttp.ClientSession) -> None:
-        while queue:
-            queue.pop()
+async def _reported(
+    url: str, *, requests: int, max_tokens: int
+) -> list[tuple[float, float, int, float]]:
+    """(ttft_s, e2e_s, tokens, wall_e2e_s) per request, one at a time: TTFT and E2E as the
+    emulator's per-request metrics report them, the wall E2E as the client saw it."""
+    rows: list[tuple[float, float, int, float]] = []
+    body = {**PROMPT, "max_tokens": max_tokens}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(requests):
             start = time.perf_counter()
-            ttft = None
             async with session.post(url + "/v1/completions", json=body) as resp:
-                if stream:
-                    async for line in resp.content:
-                        if ttft is None and line.startswith(b"data: "):
-                            ttft = time.perf_counter() - start
-                    tokens, itl = max_tokens, None
-                else:
-                    data = await resp.json()
-                    tokens = data["usage"]["completion_tokens"]
-                    itl = data["metrics"]["mean_itl_ms"] / 1000.0
-            e2e = time.perf_counter() - start
-            results.append((ttft if ttft is not None else e2e, e2e, tokens, itl))
-
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(client(session) for _ in range(concurrency)))
-    return results
+                data = await resp.json()
+            wall = time.perf_counter() - start
+            metrics = data["metrics"]
+            ttft = metrics["time_to_first_token_ms"] / 1000.0
+            e2e = ttft + metrics["generation_time_ms"] / 1000.0
+            rows.append((ttft, e2e, data["usage"]["completion_tokens"], wall))
+    return rows
 
 
 async def test_concurrency_one_reproduces_the_leviathan_speedup() -> None:
-    """Measured TPOT speedup within 5% of (1-a^(k+1))/((1-a)(kc+1)); E2E lower (prefill)."""
-    spec = dataclasses.replace(SPEC, acceptance_spread=0.0, per_request_metrics=False)
-    base = dataclasses.replace(spec, speculative=False)
-    runs = dict(concurrency=1, requests=32, max_tokens=128, stream=True)
+    """Reported TPOT speedup within 5% of (1-a^(k+1))/((1-a)(kc+1)); E2E lower (prefill)."""
+    spec = dataclasses.replace(SPEC, acceptance_spread=0.0)
+    base = dataclasses.replace(spec, speculative=False, per_request_spec_metrics="none")
+    runs = dict(requests=32, max_tokens=128)
     async with run_emulator(spec) as spec_url, run_emulator(base) as base_url:
         s, b = await asyncio.gather(
-            _closed_loop(spec_url, **runs),  # type: ignore[arg-type]
-            _closed_loop(base_url, **runs),  # type: ignore[arg-type]
+            _reported(spec_url, **runs),
+            _reported(base_url, **runs),
         )
+    for rows in (s, b):
+        assert all(n == 128 for _, _, n, _ in rows)
+        assert all(wall >= e2e - 0.001 for _, e2e, _, wall in rows)  # 1 ms: timer granularity
 
-    # Medians over requests: a stall of this busy machine hits a few requests, not the model.
-    def tpot(rows: list[tuple[float, float, int, float | None]]) -> float:
+    # Medians over requests: acceptance draws vary per request; the clock does not.
+    def tpot(rows: list[tuple[float, float, int, float]]) -> float:
         return statistics.median((e2e - ttft) / (n - 1) for ttft, e2e, n, _ in rows)
 
-    def e2e(rows: list[tuple[float, float, int, float | None]]) -> float:
+    def e2e(rows: list[tuple[float, float, int, float]]) -> float:
         return statistics.median(row[1] for row in rows)
 
     formula = leviathan_speedup(spec.acceptance, spec.num_speculative_tokens, spec.draft_cost_ratio)
@@ -504,19 +500,51 @@ async def test_concurrency_one_reproduces_the_leviathan_speedup() -> None:
     assert e2e_speedup < tpot_speedup
 
 
-async def test_speculation_loses_at_high_load() -> None:
+async def _batch_of(
+    aiohttp_client: AiohttpClient, cfg: EmulatorConfig, n: int, max_tokens: int
+) -> tuple[list[Sequence], float]:
+    """One request with `n` sequences (all admitted in one step, so every step runs the whole
+    batch); returns the engine's sequences, stamped on its clock, and the client's wall E2E."""
+    client = await aiohttp_client(create_emulator_app(cfg))
+    emu = client.app[EMULATOR_KEY]
+    submitted: list[Sequence] = []
+    submit = emu.submit
+
+    def record(req: GenerationRequest) -> tuple[str, list[Sequence], asyncio.Queue[Any]]:
+        request_id, seqs, sink = submit(req)
+        submitted.extend(seqs)
+        return request_id, seqs, sink
+
+    emu.submit = record  # type: ignore[method-assign]
+    start = time.perf_counter()
+    resp = await client.post("/v1/completions", json={**PROMPT, "max_tokens": max_tokens, "n": n})
+    data = await resp.json()
+    wall = time.perf_counter() - start
+    assert resp.status == 200 and data["usage"]["completion_tokens"] == n * max_tokens
+    assert len(submitted) == n
+    return submitted, wall
+
+
+async def test_speculation_loses_at_high_load(aiohttp_client: AiohttpClient) -> None:
+    """64 sequences per step pass the roofline knee: speculation pays for every rejected draft."""
     spec = dataclasses.replace(SPEC, time_scale=0.5)
     base = dataclasses.replace(spec, speculative=False)
-    runs = dict(concurrency=64, requests=128, max_tokens=32, stream=False)
-    async with run_emulator(spec) as spec_url, run_emulator(base) as base_url:
-        s, b = await asyncio.gather(
-            _closed_loop(spec_url, **runs),  # type: ignore[arg-type]
-            _closed_loop(base_url, **runs),  # type: ignore[arg-type]
-        )
-    e2e_speedup = statistics.median(r[1] for r in b) / statistics.median(r[1] for r in s)
-    tpot_speedup = statistics.median(r[3] or 0.0 for r in b) / statistics.median(
-        r[3] or 0.0 for r in s
-    )
-    print(f"concurrency 64: TPOT speedup {tpot_speedup:.3f} E2E speedup {e2e_speedup:.3f}")
+    results = {}
+    for name, cfg in (("spec", spec), ("base", base)):
+        seqs, wall = await _batch_of(aiohttp_client, cfg, n=64, max_tokens=32)
+        for seq in seqs:
+            assert seq.first_token_at is not None and seq.finished_at is not None
+            assert seq.generated == 32
+        e2e = [s.finished_at - s.arrival for s in seqs if s.finished_at is not None]
+        tpot = [
+            (s.finished_at - s.first_token_at) / (s.generated - 1)
+            for s in seqs
+            if s.finished_at is not None and s.first_token_at is not None
+        ]
+        assert wall >= max(e2e) - 0.001  # no token is sent before its step ends
+        results[name] = statistics.median(e2e), statistics.median(tpot)
+    e2e_speedup = results["base"][0] / results["spec"][0]
+    tpot_speedup = results["base"][1] / results["spec"][1]
+    print(f"batch 64: TPOT speedup {tpot_speedup:.3f} E2E speedup {e2e_speedup:.3f}")
     assert tpot_speedup < 1.0
     assert e2e_speedup < 1.0

@@ -3,7 +3,10 @@
 One engine task per server steps every running sequence together, sleeping each step's modelled
 duration on the wall clock, so batching effects are physical: a request slows down because others
 share its steps, not because a per-request formula says so. Step deadlines are kept on an
-absolute clock, so event-loop jitter delays an event but never accumulates into the timing.
+absolute clock, so event-loop jitter delays an event but never accumulates into the timing, and
+the engine stamps tokens (per-request `metrics`, /metrics histograms) with that clock: what the
+server reports is the modelled timing, exact whatever the machine's load (a loop more than
+`MAX_LAG_S` behind restarts the clock at now, and that lag is then reported too).
 
 Admin endpoints (for tests and the demo, not part of vLLM):
   GET  /emulator/config   current live knobs and engine start time
@@ -179,11 +182,18 @@ class EmulatedEngine:
             plan = engine.plan(clock)
             if plan is None:
                 continue
+            # A step cannot start before the requests it admits arrived (the loop may plan late).
+            newest = max((s.arrival for s in plan.prefill), default=clock)
+            if newest > clock:
+                clock = newest
+                plan = dataclasses.replace(plan, start=newest)
             clock += plan.duration_s
             await asyncio.sleep(max(0.0, clock - loop.time()))
             if engine is not self.engine:  # restarted during the step
                 continue
-            result = engine.complete(plan, loop.time())
+            # Timestamps are the step's scheduled end, as an engine core stamps its own outputs:
+            # the reported timings are the modelled ones, whatever the event loop's lag.
+            result = engine.complete(plan, clock)
             kv_tokens = sum(s.prompt_tokens + s.generated for s in engine.running)
             self.metrics.observe_step(
                 result,
