@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import multiprocessing
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from specproxy.children import die_with_parent
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
@@ -457,7 +459,12 @@ def _adbc_reader_process() -> ProcessPoolExecutor:
     """
     global _adbc_pool
     if _adbc_pool is None:
-        _adbc_pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        _adbc_pool = ProcessPoolExecutor(
+            1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=die_with_parent,  # no orphan after a SIGKILL of the proxy
+            initargs=(os.getpid(),),
+        )
     return _adbc_pool
 
 

@@ -1,0 +1,48 @@
+"""Helper processes die with the proxy, even when it is SIGKILLed and no cleanup code runs.
+
+A supervisor that kills hard (a failed liveness probe, a kill timeout) must not accumulate the
+proxy's helpers: the ADBC reader process (~100 MB) and, through it, multiprocessing's resource
+tracker (which exits once every holder of its pipe is gone, i.e. the proxy and the reader).
+
+`die_with_parent` runs first in the child (a `ProcessPoolExecutor` initializer). On Linux it asks
+the kernel for SIGKILL when the parent goes (`prctl(PR_SET_PDEATHSIG)`), which needs no cooperation
+from the dying parent. Elsewhere a daemon thread polls the parent pid once a second. Either way a
+child whose parent is already gone by then exits at once (the race between spawn and prctl).
+
+PR_SET_PDEATHSIG fires when the *thread* that spawned the child exits, so spawn helpers from a
+thread that lives as long as the process (the event loop's); a reader killed early shows up as
+a broken pool, which the store already treats as "start a new reader".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+__all__ = ["PARENT_POLL_S", "die_with_parent"]
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_POLL_S = 1.0
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this (child) process exit when `parent_pid`, its parent, exits or is killed."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    else:  # pragma: no cover - the proxy is deployed on Linux; kept for local runs elsewhere
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _watch_parent(parent_pid: int) -> None:  # pragma: no cover - non-Linux fallback
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)

@@ -1,0 +1,50 @@
+"""Helper processes die with the proxy: a SIGKILLed `specproxy serve` leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.proctree import descendants, wait_gone
+
+
+def test_a_child_whose_parent_is_already_gone_exits_at_once() -> None:
+    code = "from specproxy.children import die_with_parent; die_with_parent(1); print('alive')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "alive" not in done.stdout, done.stderr
+
+
+def test_a_child_with_its_parent_keeps_running() -> None:
+    code = (
+        "import os; from specproxy.children import die_with_parent; "
+        "die_with_parent(os.getppid()); print('alive')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "alive", done.stderr
+
+
+def test_sigkill_of_serve_leaves_no_child_process(tmp_path: Path) -> None:
+    dead = "http://127.0.0.1:9"  # nothing listens: the proxy starts anyway (/readyz says 503)
+    cmd = [sys.executable, "-m", "specproxy", "serve", "--baseline", dead, "--speculative", dead]
+    cmd += ["--port", "0", "--store", f"sqlite:///{tmp_path}/store.db"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # The stats job's first run (at start-up) starts the ADBC reader process, which starts
+        # multiprocessing's resource tracker: wait for both (slow machines only take longer).
+        deadline = time.monotonic() + 120
+        children = descendants(proc.pid)
+        while len(children) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+            children = descendants(proc.pid)
+        assert len(children) >= 2, f"reader and resource tracker not started: {children}"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    survivors = wait_gone(children, timeout_s=30)
+    for pid, _ in survivors:  # a failing run must not leave them behind either
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"orphans after SIGKILL: {sorted(survivors)}"
