@@ -7,6 +7,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests must not depend on the machine's speed or on earlier runs: no per-example
+# deadline, no "too slow" health check, a fixed example sequence, no example database on disk.
+settings.register_profile(
+    "specproxy",
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("specproxy")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 

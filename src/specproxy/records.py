@@ -11,7 +11,33 @@ import enum
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
-__all__ = ["RECORD_FIELDS", "Arm", "EngineSample", "Recorder", "RequestRecord"]
+__all__ = [
+    "MODEL_MAX_BYTES",
+    "RECORD_FIELDS",
+    "Arm",
+    "EngineSample",
+    "Recorder",
+    "RequestRecord",
+    "bound_model",
+]
+
+# The request body's `model` is the one free-form string a client puts into every record (and
+# from there into the statistics' keys): at most this many UTF-8 bytes are kept.
+MODEL_MAX_BYTES = 256
+
+
+def bound_model(model: str) -> str:
+    """`model` as stored: at most `MODEL_MAX_BYTES` UTF-8 bytes, cut on a character boundary,
+    storable by every backend (a lone surrogate becomes "?", NUL becomes U+FFFD: SQLite's and
+    PostgreSQL's drivers reject the first, PostgreSQL's TEXT the second).
+
+    The one place that bounds it: the record applies it, so every store, stats key and label
+    derived from records sees a bounded value.
+    """
+    if len(model) <= MODEL_MAX_BYTES // 4 and model.isprintable():
+        return model  # the usual name: at most 4 bytes a character, nothing to clean
+    raw = model.replace("\x00", "\ufffd").encode("utf-8", "replace")
+    return raw[:MODEL_MAX_BYTES].decode("utf-8", "ignore")
 
 
 class Arm(enum.StrEnum):
@@ -56,6 +82,11 @@ class RequestRecord:
     )
     disconnected: bool = False  # the client went away before the response finished
     engine_url: str | None = None  # the arm's endpoint that served it (None: never sent)
+
+    def __post_init__(self) -> None:
+        bounded = bound_model(self.model)
+        if bounded is not self.model:
+            object.__setattr__(self, "model", bounded)
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)

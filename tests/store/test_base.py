@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from specproxy.records import RECORD_FIELDS, Arm, EngineSample
+from specproxy.records import MODEL_MAX_BYTES, RECORD_FIELDS, Arm, EngineSample
 from specproxy.store import BufferedStore
 from tests.store.conftest import eventually, make_record
 
@@ -153,3 +153,19 @@ async def test_close_flushes_everything(backend_url: str, tmp_path: object) -> N
     arrays = await second.read_arrays(run_id="run", columns=["request_id"])
     assert sum(len(a["request_id"]) for a in arrays.values()) == 500
     await second.close()
+
+
+async def test_a_huge_model_name_is_stored_bounded(store: BufferedStore) -> None:
+    """Ten requests naming a 5 MB model store 256 bytes each (the string the client sent is cut
+    before it is ever buffered), and a name no driver can take is stored cleaned."""
+    for i in range(10):
+        store.record(make_record(i, model="m" * 5_000_000))
+    store.record(make_record(10, model="bad\ud800\x00name"))
+    await store.flush()
+    arrays = await store.read_arrays(run_id="run", columns=["request_id", "model"])
+    models = {
+        rid: m for a in arrays.values() for rid, m in zip(a["request_id"], a["model"], strict=True)
+    }
+    assert len(models) == 11
+    assert {models[f"req-{i}"] for i in range(10)} == {"m" * MODEL_MAX_BYTES}
+    assert models["req-10"] == "bad?\ufffdname"
