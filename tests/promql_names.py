@@ -32,6 +32,7 @@ def exported_names() -> frozenset[str]:
         suffixes = {
             "histogram": ("_bucket", "_sum", "_count"),
             "counter": ("_total",),
+            "info": ("_info",),
         }.get(family.type, ("",))
         names.update(family.name + suffix for suffix in suffixes)
     for value in vars(metrics).values():

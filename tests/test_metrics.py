@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from specproxy.metrics import LATENCY_BUCKETS, fast_increment, fast_observe, log_buckets
+from specproxy import __version__
+from specproxy.metrics import (
+    LATENCY_BUCKETS,
+    TOKENS_PER_EVENT_BUCKETS,
+    ProxyMetrics,
+    fast_increment,
+    fast_observe,
+    histogram_quantile,
+    log_buckets,
+)
 
 
 def _samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
@@ -71,3 +81,45 @@ def test_unknown_value_classes_fall_back_to_the_library_method() -> None:
     other = Other()
     assert fast_observe(other) == other.observe  # type: ignore[arg-type]
     assert fast_increment(other) == other.inc  # type: ignore[arg-type]
+
+
+def test_registry_has_process_build_info_and_no_created_series() -> None:
+    registry = CollectorRegistry()
+    metrics = ProxyMetrics(registry)
+    metrics.requests.labels("speculative", "200").inc()
+    text = generate_latest(registry).decode()
+    assert registry.get_sample_value("specproxy_build_info", {"version": __version__}) == 1.0
+    assert registry.get_sample_value("process_cpu_seconds_total") is not None
+    assert "_created" not in text
+    assert 'specproxy_requests_total{arm="speculative",status="200"} 1.0' in text
+
+
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    bounds = (1.0, 2.0, 4.0)
+    assert histogram_quantile(0.5, bounds, [0, 10, 0, 0]) == 1.5  # halfway through (1, 2]
+    assert histogram_quantile(0.5, bounds, [10, 0, 0, 0]) == 0.5  # first bucket starts at 0
+    assert histogram_quantile(0.99, bounds, [0, 0, 0, 10]) == 4.0  # +Inf: highest finite bound
+    assert math.isnan(histogram_quantile(0.5, bounds, [0, 0, 0, 0]))
+
+
+def test_tokens_per_event_of_one_reads_one_not_a_half() -> None:
+    registry = CollectorRegistry()
+    histogram = ProxyMetrics(registry).tokens_per_event.labels("baseline")
+    for _ in range(100):
+        histogram.observe(1.0)
+    bounds = list(TOKENS_PER_EVENT_BUCKETS)
+    cumulative = [
+        registry.get_sample_value(
+            "specproxy_tokens_per_event_bucket", {"arm": "baseline", "le": le}
+        )
+        or 0.0
+        for le in [*(str(float(b)) for b in bounds), "+Inf"]
+    ]
+    counts = [c - p for c, p in zip(cumulative, [0.0, *cumulative[:-1]], strict=True)]
+    assert 0.99 <= histogram_quantile(0.5, bounds, counts) <= 1.0
+
+
+def test_latency_buckets_are_three_per_doubling_from_1ms_to_10min() -> None:
+    assert LATENCY_BUCKETS[0] == 0.001 and LATENCY_BUCKETS[-1] >= 600.0 > LATENCY_BUCKETS[-2]
+    ratios = [b / a for a, b in itertools.pairwise(LATENCY_BUCKETS)]
+    assert all(abs(r - 2 ** (1 / 3)) < 1e-4 for r in ratios)

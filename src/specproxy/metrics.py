@@ -4,29 +4,46 @@ Every Prometheus name specproxy exports is a constant here, so that the proxy, t
 stats job, the Grafana dashboard generator and the alert rules cannot drift apart. Collectors are
 always created on an injected `CollectorRegistry`, never on the global one.
 
-Latency buckets are log-spaced about 10% apart from 1 ms to 10 min. `histogram_quantile`
-interpolates linearly inside a bucket, so its error on a P99 is bounded by the bucket width:
-10%-wide buckets keep Grafana's P99 within ~5% of the true value, which is below the effects
-we care about (speculation gains are tens of percent). Exact CIs come from raw records, not buckets.
+Conventions (https://prometheus.io/docs/practices/naming/): base units in the name (`_seconds`),
+counters end in `_total`, values in 0..1 end in `_ratio`, labels are bounded (arm, endpoint,
+stream, status, kind, position, metric, statistic, bound, window, model). The registry also carries
+`process_*` (ProcessCollector) and `specproxy_build_info{version}`; `_created` series are off,
+since a dashboard never reads them and they double every counter's series.
+
+Latency buckets are log-spaced three per doubling (2^(1/3), about 26% apart) from 1 ms to 10 min:
+59 buckets instead of the 141 of a 10% spacing. `benchmarks/bench_buckets.py` measures what that
+costs `histogram_quantile` over lognormal latencies (median 5 ms..30 s, log-sd 0.1..1): P99 error
+median 1.5%, worst 7.5-8.1% (10% spacing: 0.7-1.2%, worst 2.5-2.8%), P50 worst 1.1%; the
+latency bucket series fall from 2,556 to 1,080 per proxy. That is below the effects the
+dashboard is for (speculation gains are tens of percent); the CIs come from raw records, never
+from buckets. Native histograms would need no bucket choice at all, but prometheus_client 0.26
+only renders a native-histogram sample a custom collector computes itself (OpenMetrics 2.0 text),
+and its `Histogram` has no native mode, so the classic buckets stay.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.values import MutexValue
+
+from specproxy import __version__
 
 __all__ = [
     "LATENCY_BUCKETS",
     "TOKENS_PER_EVENT_BUCKETS",
     "TOKEN_BUCKETS",
+    "VERDICT_STATES",
     "ProxyMetrics",
     "fast_increment",
     "fast_observe",
+    "histogram_quantile",
     "log_buckets",
+    "register_process_metrics",
 ]
 
 # Proxy request metrics (labels: arm, endpoint, stream unless noted).
@@ -42,16 +59,20 @@ REQUESTS = "specproxy_requests"  # counter -> specproxy_requests_total{arm,statu
 UPSTREAM_ERRORS = "specproxy_upstream_errors"  # counter -> ..._total{arm,kind}
 SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (shadow cap reached)
 INFLIGHT = "specproxy_inflight_requests"  # gauge{arm}
+BUILD = "specproxy_build"  # info -> specproxy_build_info{version} 1
 
 # Engine metrics derived from each arm's vLLM /metrics (labels: arm).
 ENGINE_UP = "specproxy_engine_up"  # + endpoint: one series per engine endpoint
-ENGINE_ACCEPTANCE_RATE = "specproxy_engine_acceptance_rate"
+ENGINE_ACCEPTANCE_RATIO = "specproxy_engine_draft_acceptance_ratio"
 ENGINE_MEAN_ACCEPTANCE_LENGTH = "specproxy_engine_mean_acceptance_length"
-ENGINE_POSITION_ACCEPTANCE_RATE = "specproxy_engine_position_acceptance_rate"  # + position
+ENGINE_POSITION_ACCEPTANCE_RATIO = "specproxy_engine_position_acceptance_ratio"  # + position
 ENGINE_REQUESTS_RUNNING = "specproxy_engine_requests_running"
 ENGINE_REQUESTS_WAITING = "specproxy_engine_requests_waiting"
-ENGINE_KV_CACHE_USAGE = "specproxy_engine_kv_cache_usage"
-ENGINE_GENERATION_TOKENS_RATE = "specproxy_engine_generation_tokens_per_second"
+ENGINE_KV_CACHE_USAGE = "specproxy_engine_kv_cache_usage_ratio"
+# The engine's own cumulative generation-tokens counter (vllm:generation_tokens_total), passed
+# through: rate() it in PromQL. It resets when the engine restarts, which rate() handles.
+# + endpoint: each engine's own counter, so sum(rate(...)) is the arm's throughput.
+ENGINE_GENERATION_TOKENS = "specproxy_engine_generation_tokens"  # counter -> ..._total
 ENGINE_RESTARTS = "specproxy_engine_restarts"  # counter -> ..._total
 
 # Store health.
@@ -61,9 +82,12 @@ STORE_SPILLED = "specproxy_store_spilled"  # counter -> ..._total
 STORE_WRITTEN = "specproxy_store_written"  # counter -> ..._total
 
 # Results of the stats job (labels: model, window, plus those noted).
-SPEEDUP = "specproxy_speedup"  # + metric, statistic, bound=estimate|lower|upper
+SPEEDUP = "specproxy_speedup_ratio"  # + metric, statistic, bound=estimate|lower|upper
 SAMPLES = "specproxy_samples"  # + arm
-VERDICT = "specproxy_verdict"  # + metric; 1 faster, 0 inconclusive, -1 slower
+# A state set (OpenMetrics): one series per state, 1 for the current one, 0 for the others, the
+# state in a label named like the metric: specproxy_verdict{metric,specproxy_verdict="faster"}.
+VERDICT = "specproxy_verdict"  # + metric
+VERDICT_STATES = ("faster", "inconclusive", "slower")
 P99_SLOWDOWN = "specproxy_p99_slowdown"  # + metric; 1 while the anytime-valid test rejects
 STATS_LAST_RUN = "specproxy_stats_last_run_timestamp_seconds"
 
@@ -74,9 +98,45 @@ def log_buckets(low: float, high: float, ratio: float) -> tuple[float, ...]:
     return tuple(float(f"{low * ratio**i:.6g}") for i in range(count + 1))
 
 
-LATENCY_BUCKETS = log_buckets(0.001, 600.0, 1.1)
+LATENCY_BUCKETS = log_buckets(0.001, 600.0, 2 ** (1 / 3))
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
-TOKENS_PER_EVENT_BUCKETS = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+# 0.99 just below 1: a request whose events all carry one token sits in (0.99, 1], so a
+# histogram_quantile over the baseline reads 0.995..1, not the 0.5 that interpolating from 0 gave.
+TOKENS_PER_EVENT_BUCKETS = (0.5, 0.99, 1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+    """Prometheus's `histogram_quantile` from per-bucket (not cumulative) `counts`.
+
+    `counts` has one entry per finite bound plus the +Inf bucket. Linear interpolation inside
+    the bucket holding rank q * total, from 0 below the first bound (promql/quantile.go); in the
+    +Inf bucket the highest finite bound. What a dashboard draws from these buckets.
+    """
+    total = sum(counts)
+    if not total:
+        return math.nan
+    rank = q * total
+    cumulative = 0.0
+    for i, count in enumerate(counts):
+        if count > 0 and cumulative + count >= rank:
+            if i >= len(bounds):
+                return bounds[-1]
+            lower = bounds[i - 1] if i > 0 else 0.0
+            return lower + (bounds[i] - lower) * (rank - cumulative) / count
+        cumulative += count
+    return bounds[-1]
+
+
+def register_process_metrics(registry: CollectorRegistry) -> None:
+    """`process_*` (CPU, memory, open fds, start time) and `specproxy_build_info{version}`.
+
+    Also turns the `_created` series off; prometheus_client keeps that switch per process.
+    """
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    ProcessCollector(registry=registry)
+    Info(BUILD, "specproxy build; the value is always 1.", registry=registry).info(
+        {"version": __version__}
+    )
 
 
 class ProxyMetrics:
@@ -84,6 +144,7 @@ class ProxyMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        register_process_metrics(registry)
         lat = LATENCY_BUCKETS
         self.request_duration = Histogram(
             REQUEST_DURATION,

@@ -100,9 +100,9 @@ def test_required_panels_are_there() -> None:
         )
     for name in (
         m.TOKENS_PER_EVENT,
-        m.ENGINE_ACCEPTANCE_RATE,
+        m.ENGINE_ACCEPTANCE_RATIO,
         m.ENGINE_MEAN_ACCEPTANCE_LENGTH,
-        m.ENGINE_POSITION_ACCEPTANCE_RATE,
+        m.ENGINE_POSITION_ACCEPTANCE_RATIO,
         m.ENGINE_REQUESTS_RUNNING,
         m.ENGINE_REQUESTS_WAITING,
         m.ENGINE_KV_CACHE_USAGE,

@@ -58,6 +58,6 @@ async def test_scraper_reads_real_acceptance_and_positions(
 
     async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as resp:
         page = await resp.text()
-    assert 'specproxy_engine_acceptance_rate{arm="speculative"}' in page
-    assert 'specproxy_engine_position_acceptance_rate{arm="speculative",position="3"}' in page
+    assert 'specproxy_engine_draft_acceptance_ratio{arm="speculative"}' in page
+    assert 'specproxy_engine_position_acceptance_ratio{arm="speculative",position="3"}' in page
     assert 'specproxy_engine_up{arm="baseline"} 1.0' in page

@@ -117,8 +117,8 @@ async def test_two_scrapes_derive_rates_and_record_everything(rig: Rig) -> None:
     assert len(rig.recorder.engine_samples) == 4
     assert {s.run_id for s in rig.recorder.engine_samples} == {"loop-test"}
     # Exported by arm; the baseline has no acceptance series at all.
-    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATE, Arm.SPECULATIVE) == pytest.approx(0.625)
-    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATE, Arm.BASELINE) is None
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, Arm.SPECULATIVE) == pytest.approx(0.625)
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, Arm.BASELINE) is None
     assert rig.value(metrics.ENGINE_UP, Arm.BASELINE) == 1.0
 
 
@@ -128,7 +128,7 @@ async def test_acceptance_is_held_through_idle_intervals(rig: Rig) -> None:
     await rig.scraper.scrape_once()
     idle = await rig.scraper.scrape_once()  # nothing drafted since
     assert idle[Arm.SPECULATIVE].acceptance_rate is None  # the stored sample has no rate
-    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATE, Arm.SPECULATIVE) == pytest.approx(0.625)
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, Arm.SPECULATIVE) == pytest.approx(0.625)
 
 
 async def test_real_fixture_is_served_and_parsed(rig: Rig) -> None:

@@ -143,10 +143,14 @@ async def test_job_publishes_gauges_and_history(store: MemoryStore) -> None:
         store, run_id=RUN, stats_cfg=CFG, scrape_cfg=SCRAPE, registry=registry, clock=lambda: 1160.0
     )
     assert job.latest() is None
-    assert b"specproxy_speedup{" not in generate_latest(registry)
+    assert b"specproxy_speedup_ratio{" not in generate_latest(registry)
     await job.run_once()
     text = generate_latest(registry).decode()
-    assert 'specproxy_verdict{metric="tpot",model="all",window="all"} 1.0' in text
+    # the verdict is a state set: one series per state, 1 on the current one
+    verdict = 'specproxy_verdict{metric="tpot",model="all",specproxy_verdict="%s",window="all"}'
+    assert verdict % "faster" + " 1.0" in text
+    assert verdict % "inconclusive" + " 0.0" in text
+    assert verdict % "slower" + " 0.0" in text
     assert 'specproxy_samples{arm="baseline",model="all",window="all"} 795.0' in text
     assert 'bound="lower",metric="tpot",model="m-b",statistic="median",window="all"' in text
     assert 'specproxy_p99_slowdown{metric="e2e",model="all",window="all"} 0.0' in text

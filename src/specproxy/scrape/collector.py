@@ -42,6 +42,9 @@ class EngineCollector(Collector):
             for url, endpoint in state.endpoints.items():
                 if endpoint.up is not None:
                     f.up.add_metric([arm.value, url], 1.0 if endpoint.up else 0.0)
+                tokens = endpoint.snapshot.generation_tokens if endpoint.snapshot else None
+                if endpoint.up and tokens is not None:
+                    f.generation_tokens.add_metric([arm.value, url], tokens)
             if not state.up:
                 continue
             if state.acceptance_rate is not None:
@@ -57,7 +60,6 @@ class EngineCollector(Collector):
                 (f.running, sample.requests_running),
                 (f.waiting, sample.requests_waiting),
                 (f.kv_cache, sample.kv_cache_usage),
-                (f.tokens_rate, sample.generation_tokens_per_s),
             ):
                 if value is not None:
                     family.add_metric(label, value)
@@ -77,7 +79,7 @@ class _Families:
             "endpoint",
         )
         self.acceptance = gauge(
-            metrics.ENGINE_ACCEPTANCE_RATE,
+            metrics.ENGINE_ACCEPTANCE_RATIO,
             "Accepted / drafted tokens over the last scrape interval that had drafts.",
         )
         self.length = gauge(
@@ -85,16 +87,18 @@ class _Families:
             "Tokens emitted per speculative step: 1 + accepted / drafts.",
         )
         self.position = gauge(
-            metrics.ENGINE_POSITION_ACCEPTANCE_RATE,
+            metrics.ENGINE_POSITION_ACCEPTANCE_RATIO,
             "Share of drafts whose token at this position was accepted.",
             "position",
         )
         self.running = gauge(metrics.ENGINE_REQUESTS_RUNNING, "Requests in the engine's batch.")
         self.waiting = gauge(metrics.ENGINE_REQUESTS_WAITING, "Requests queued in the engine.")
         self.kv_cache = gauge(metrics.ENGINE_KV_CACHE_USAGE, "KV-cache usage, 0..1 (engine mean).")
-        self.tokens_rate = gauge(
-            metrics.ENGINE_GENERATION_TOKENS_RATE,
-            "Generated tokens per second over the last scrape interval.",
+        self.generation_tokens = CounterMetricFamily(
+            metrics.ENGINE_GENERATION_TOKENS,
+            "The engine's own generated-tokens counter (vllm:generation_tokens_total), summed"
+            " over its data-parallel engines, per endpoint; it resets when the engine restarts.",
+            labels=["arm", "endpoint"],
         )
         self.restarts = CounterMetricFamily(
             metrics.ENGINE_RESTARTS, "Engine restarts detected by the scraper.", labels=["arm"]
@@ -109,7 +113,7 @@ class _Families:
             self.running,
             self.waiting,
             self.kv_cache,
-            self.tokens_rate,
+            self.generation_tokens,
             self.restarts,
         ]
 

@@ -9,14 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specproxy import metrics as names
 
 __all__ = ["StatsCollector", "register_stats_collector"]
-
-VERDICT_VALUE = {"faster": 1.0, "inconclusive": 0.0, "slower": -1.0}
 
 
 class StatsCollector(Collector):
@@ -25,7 +23,7 @@ class StatsCollector(Collector):
     def __init__(self, latest: Callable[[], dict[str, Any] | None]) -> None:
         self._latest = latest
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         speedup = GaugeMetricFamily(
             names.SPEEDUP,
             "Speedup = statistic(baseline) / statistic(speculative) with its CI bounds.",
@@ -36,9 +34,10 @@ class StatsCollector(Collector):
             "Requests used by the comparison, per arm (after warm-up exclusion).",
             labels=["model", "window", "arm"],
         )
-        verdict = GaugeMetricFamily(
+        verdict = StateSetMetricFamily(
             names.VERDICT,
-            "Anytime-valid verdict: 1 faster, 0 inconclusive, -1 slower.",
+            "Anytime-valid verdict per compared metric: a state set, 1 on the current state"
+            f" ({', '.join(names.VERDICT_STATES)}), 0 on the others.",
             labels=["model", "window", "metric"],
         )
         slowdown = GaugeMetricFamily(
@@ -56,7 +55,9 @@ class StatsCollector(Collector):
                         samples.add_metric([model, window, arm], float(n))
                     for metric, block in res["metrics"].items():
                         labels = [model, window, metric]
-                        verdict.add_metric(labels, VERDICT_VALUE[block["verdict"]])
+                        verdict.add_metric(
+                            labels, {s: s == block["verdict"] for s in names.VERDICT_STATES}
+                        )
                         seq = block["sequential"] or {}
                         slowdown.add_metric(labels, 1.0 if seq.get("p99_slower") else 0.0)
                         for stat, ci in block["speedup"].items():
