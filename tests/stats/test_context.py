@@ -68,7 +68,7 @@ async def test_api_stats_reflects_recorded_traffic(
     assert speedup["status"] == "ok"
     assert speedup["lower"] <= speedup["estimate"] <= speedup["upper"]
     gauge = registry.get_sample_value(
-        "specproxy_speedup",
+        "specproxy_speedup_ratio",
         {
             "model": "all",
             "window": "all",
