@@ -89,7 +89,8 @@ SAMPLES = "specproxy_samples"  # + arm
 VERDICT = "specproxy_verdict"  # + metric
 VERDICT_STATES = ("faster", "inconclusive", "slower")
 P99_SLOWDOWN = "specproxy_p99_slowdown"  # + metric; 1 while the anytime-valid test rejects
-STATS_LAST_RUN = "specproxy_stats_last_run_timestamp_seconds"
+STATS_LAST_RUN = "specproxy_stats_last_run_timestamp_seconds"  # the result's computed_at
+STATS_LEADER = "specproxy_stats_leader"  # 1 in the replica that computes, 0 in followers
 
 
 def log_buckets(low: float, high: float, ratio: float) -> tuple[float, ...]:

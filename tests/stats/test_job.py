@@ -174,3 +174,65 @@ async def test_job_runs_periodically_and_stops() -> None:
     assert empty is not None
     assert empty["results"]["all"]["all"]["metrics"]["e2e"]["verdict"] == "inconclusive"
     await s.close()
+
+
+class Switch:
+    """A `Leadership` the test flips."""
+
+    def __init__(self, leader: bool) -> None:
+        self.leader = leader
+        self.closed = False
+
+    async def is_leader(self) -> bool:
+        return self.leader
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_followers_serve_the_leaders_stored_result_and_take_over(store: MemoryStore) -> None:
+    now = [1160.0]
+    lead, follow = Switch(True), Switch(False)
+    leader_registry, follower_registry = CollectorRegistry(), CollectorRegistry()
+    leader = StatsJob(
+        store,
+        run_id=RUN,
+        stats_cfg=CFG,
+        scrape_cfg=SCRAPE,
+        registry=leader_registry,
+        clock=lambda: now[0],
+        leadership=lead,
+    )
+    follower = StatsJob(
+        store,
+        run_id=RUN,
+        stats_cfg=CFG,
+        scrape_cfg=SCRAPE,
+        registry=follower_registry,
+        clock=lambda: now[0],
+        leadership=follow,
+    )
+    assert await follower.step() is None  # nothing stored yet: nothing to serve
+    computed = await leader.step()
+    assert computed is not None and leader.is_leader() is True
+    served = await follower.step()
+    assert follower.is_leader() is False
+    assert served is not None and json.dumps(served) == json.dumps(computed)
+
+    def gauges(registry: CollectorRegistry) -> list[str]:
+        text = generate_latest(registry).decode().splitlines()
+        return [line for line in text if line.startswith("specproxy_") and "leader" not in line]
+
+    assert gauges(leader_registry) == gauges(follower_registry)  # identical across replicas
+    assert leader_registry.get_sample_value("specproxy_stats_leader") == 1.0
+    assert follower_registry.get_sample_value("specproxy_stats_leader") == 0.0
+    # The leader dies; at the follower's next interval the lock is free: it computes.
+    lead.leader, follow.leader = False, True
+    now[0] += CFG.interval_s
+    mine = await follower.step()
+    assert follower.is_leader() is True and mine is not None
+    assert mine["computed_at"] >= computed["computed_at"]
+    history = await store.read_stats_history(run_id=RUN)
+    assert len(history) == 2  # each interval's result was written once, by its leader
+    await follower.close()
+    assert follow.closed

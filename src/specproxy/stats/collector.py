@@ -20,8 +20,13 @@ __all__ = ["StatsCollector", "register_stats_collector"]
 class StatsCollector(Collector):
     """Turns `latest()` (the job's result dict, or None before the first run) into gauges."""
 
-    def __init__(self, latest: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], dict[str, Any] | None],
+        leader: Callable[[], bool | None] | None = None,
+    ) -> None:
         self._latest = latest
+        self._leader = leader
 
     def collect(self) -> Iterator[Metric]:
         speedup = GaugeMetricFamily(
@@ -46,6 +51,14 @@ class StatsCollector(Collector):
             labels=["model", "window", "metric"],
         )
         last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")
+        is_leader = self._leader() if self._leader is not None else None
+        if is_leader is not None:
+            leader = GaugeMetricFamily(
+                names.STATS_LEADER,
+                "1 in the process that computes the stats (the elected leader), 0 elsewhere.",
+            )
+            leader.add_metric([], 1.0 if is_leader else 0.0)
+            yield leader
         result = self._latest()
         if result is not None:
             last_run.add_metric([], float(result["computed_at"]))
@@ -68,9 +81,11 @@ class StatsCollector(Collector):
 
 
 def register_stats_collector(
-    registry: CollectorRegistry, latest: Callable[[], dict[str, Any] | None]
+    registry: CollectorRegistry,
+    latest: Callable[[], dict[str, Any] | None],
+    leader: Callable[[], bool | None] | None = None,
 ) -> StatsCollector:
     """Create the collector on the injected registry (never the global one)."""
-    collector = StatsCollector(latest)
+    collector = StatsCollector(latest, leader)
     registry.register(collector)
     return collector

@@ -2,8 +2,10 @@
 
 It runs the periodic comparison on the app's store (`STORE`, set by the store's context, which
 starts first), publishes its gauges on the app's registry, and makes `GET /api/stats` serve the
-latest result by setting `app[STATS]`. Without a store (a recorder injected in tests) there is
-nothing to compute from, so it stays idle and /api/stats keeps answering 503.
+latest result by setting `app[STATS]`. Replicas sharing the store elect one leader that
+computes (`leader.leadership_for`); the others serve what it stored. Without a store (a
+recorder injected in tests) there is nothing to compute from, so it stays idle and /api/stats
+keeps answering 503.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from specproxy.stats.job import StatsJob
+from specproxy.stats.leader import leadership_for
 
 __all__ = ["STATS_JOB", "stats_ctx"]
 
@@ -31,7 +34,12 @@ async def stats_ctx(app: web.Application) -> AsyncIterator[None]:
         return
     cfg = app[CONFIG]
     job = StatsJob(
-        store, run_id=cfg.run_id, stats_cfg=cfg.stats, scrape_cfg=cfg.scrape, registry=app[REGISTRY]
+        store,
+        run_id=cfg.run_id,
+        stats_cfg=cfg.stats,
+        scrape_cfg=cfg.scrape,
+        registry=app[REGISTRY],
+        leadership=leadership_for(cfg.store.url, cfg.run_id),
     )
     app[STATS_JOB] = job
     app[STATS] = job.latest

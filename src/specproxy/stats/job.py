@@ -6,6 +6,11 @@ compares the arms for every window in `stats.windows_s` and for every model plus
 together. The latest result is kept in memory (`StatsJob.latest`, served at `GET /api/stats`),
 exposed as Prometheus gauges (`collector.StatsCollector`) and appended to the store's history.
 
+With several processes on one store only the elected leader (`leader.Leadership`) computes;
+every other one serves the latest result the leader stored (same JSON, same `computed_at`), so
+the gauges are identical across replicas. Each interval a follower asks again, which is how it
+takes over within one interval when the leader dies.
+
 Warm-up exclusion is decided on the whole run, per arm and across models, by
 `clean.warmup_exclusion` (the rule the report shares): the first `stats.warmup_requests` usable
 requests of the run, and the first `scrape.warmup_requests` usable requests (plus those within
@@ -71,6 +76,7 @@ from specproxy.stats.compare import (
     usable_mask,
 )
 from specproxy.stats.diagnosis import summarise_engine
+from specproxy.stats.leader import Leadership
 from specproxy.store.base import ArmArrays, Store
 
 __all__ = [
@@ -223,16 +229,23 @@ class StatsJob:
         scrape_cfg: ScrapeConfig | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
+        leadership: Leadership | None = None,
     ) -> None:
         self._store = store
         self._run_id = run_id
         self._stats_cfg = stats_cfg
         self._scrape_cfg = scrape_cfg
         self._clock = clock
+        self._leadership = leadership
+        self.leader: bool | None = None  # None until the first interval asked
         self._latest: dict[str, Any] | None = None
         self._task: asyncio.Task[None] | None = None
         if registry is not None:
-            register_stats_collector(registry, self.latest)
+            register_stats_collector(registry, self.latest, self.is_leader)
+
+    def is_leader(self) -> bool | None:
+        """Whether this process computed the latest result (None before the first interval)."""
+        return self.leader
 
     def latest(self) -> dict[str, Any] | None:
         """The last result (schema in the module docstring), None before the first run."""
@@ -256,10 +269,26 @@ class StatsJob:
             log.exception("stats: could not write the history row")
         return result
 
+    async def follow_once(self) -> dict[str, Any] | None:
+        """Publish the latest result the leader stored (recent ones only: bounded read)."""
+        since = self._clock() - 3 * self._stats_cfg.interval_s - 60.0
+        rows = await self._store.read_stats_history(run_id=self._run_id, since=since)
+        if rows:
+            self._latest = rows[-1][1]
+        return self._latest
+
+    async def step(self) -> dict[str, Any] | None:
+        """One interval: compute if this process leads, else serve the leader's result."""
+        leader = True if self._leadership is None else await self._leadership.is_leader()
+        if leader != self.leader:
+            log.info("stats: this process is %s", "the leader" if leader else "a follower")
+            self.leader = leader
+        return await (self.run_once() if leader else self.follow_once())
+
     async def _loop(self) -> None:
         while True:
             try:
-                await self.run_once()
+                await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -276,6 +305,8 @@ class StatsJob:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._leadership is not None:
+            await self._leadership.close()
 
 
 def stats_job_ctx(job: StatsJob) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
