@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("specproxy.report.cli", "write the HTML report with plots from a store"),
     "export": ("specproxy.store.cli", "export records as csv, parquet or jsonl"),
     "dashboards": ("specproxy.grafana.cli", "export or push the Grafana dashboards"),
+    "deploy": (
+        "specproxy.deploy.cli",
+        "regenerate the Kubernetes manifests derived from other files",
+    ),
     "vllm": ("specproxy.realvllm.cli", "build the tiny model and start real vLLM CPU servers"),
 }
 

@@ -1,0 +1,2 @@
+"""Deployment artefacts derived from the repository's single sources (`manifests`), and the
+`specproxy deploy` command that writes them (`cli`)."""
