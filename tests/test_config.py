@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from specproxy.config import Config
+from specproxy.config import (
+    Config,
+    RoutingConfig,
+    ScrapeConfig,
+    StatsConfig,
+    StoreConfig,
+    TimeoutConfig,
+    load_toml,
+)
 from specproxy.errors import ConfigError
 
 ARMS: dict[str, str] = {
@@ -120,3 +129,42 @@ def test_arm_as_a_list_of_urls_and_as_a_dns_name(tmp_path: Path) -> None:
 def test_bad_arm_config_names_the_setting(data: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         Config.from_mapping(data)
+
+
+@pytest.mark.parametrize(
+    ("build", "needle"),
+    [
+        (lambda: StatsConfig(resamples=5), "stats.resamples"),
+        (lambda: RoutingConfig(speculative_share=2.0), "routing.speculative_share"),
+        (lambda: TimeoutConfig(read_s=0), "timeouts.read_s"),
+        (lambda: StoreConfig(url="mysql://x"), "store.url"),
+        (lambda: ScrapeConfig(interval_s=-1), "scrape.interval_s"),
+    ],
+)
+def test_each_section_validates_itself_when_built_directly(
+    build: Callable[[], object], needle: str
+) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"stats": {"resampels": 500}}, r"stats\.resampels \(did you mean stats\.resamples\?\)"),
+        ({"stat": {}}, r"unknown setting\(s\): stat \(did you mean stats\?\)"),
+        ({"baseline_ulr": "x"}, r"baseline_ulr \(did you mean baseline_url\?\)"),
+        ({"zzz": 1}, r"unknown setting\(s\): zzz$"),
+    ],
+)
+def test_a_misspelt_key_gets_a_suggestion(data: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        Config.from_mapping({**ARMS, **data})
+
+
+def test_load_toml_returns_the_unvalidated_table(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[stats]\nresamples = 5\n")  # invalid as a setting, but valid TOML
+    assert load_toml(path) == {"stats": {"resamples": 5}}
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_toml(tmp_path / "missing.toml")

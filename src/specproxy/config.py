@@ -20,8 +20,9 @@ one endpoint; the table of the arm's name says more:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
@@ -38,6 +39,8 @@ __all__ = [
     "StatsConfig",
     "StoreConfig",
     "TimeoutConfig",
+    "did_you_mean",
+    "load_toml",
 ]
 
 RoutingMode = Literal["weighted", "sticky"]
@@ -57,7 +60,7 @@ class RoutingConfig:
     max_concurrent_shadows: int = 8  # shadows beyond this are skipped, never queued
     seed: int | None = None  # seed of the routing RNG (tests, reproducible demos)
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _check(self.mode in get_args(RoutingMode), "routing.mode", "must be weighted or sticky")
         _check(
             self.sticky_source in get_args(StickySource),
@@ -79,7 +82,7 @@ class TimeoutConfig:
     connect_s: float = 5.0
     read_s: float = 600.0  # longest silence between two upstream bytes
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _check(self.connect_s > 0, "timeouts.connect_s", "must be > 0")
         _check(self.read_s > 0, "timeouts.read_s", "must be > 0")
 
@@ -95,7 +98,7 @@ class StoreConfig:
     spill_path: str = "specproxy-spill.jsonl"
     retention_days: float | None = None  # None keeps everything
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
         _check(
             scheme in ("sqlite", "postgresql", "postgres", "memory"),
@@ -121,7 +124,7 @@ class ScrapeConfig:
     warmup_requests: int = 20  # requests excluded after an engine restart
     warmup_seconds: float = 30.0  # seconds excluded after an engine restart
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _check(self.interval_s > 0, "scrape.interval_s", "must be > 0")
         _check(self.timeout_s > 0, "scrape.timeout_s", "must be > 0")
         _check(self.warmup_requests >= 0, "scrape.warmup_requests", "must be >= 0")
@@ -141,7 +144,7 @@ class StatsConfig:
     warmup_requests: int = 20  # first requests per arm excluded after start
     seed: int = 0
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _check(self.interval_s > 0, "stats.interval_s", "must be > 0")
         _check(len(self.windows_s) > 0, "stats.windows_s", "must name at least one window")
         _check(
@@ -269,8 +272,6 @@ class Config:
         _check(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         _check(bool(self.run_id.strip()), "run_id", "must not be empty")
         _check(self.max_body_bytes > 0, "max_body_bytes", "must be > 0")
-        for section in (self.routing, self.timeouts, self.store, self.scrape, self.stats):
-            section.validate()
 
     def upstream_url(self, arm: str) -> str:
         """The (first) base URL of an arm, without a trailing slash."""
@@ -311,13 +312,7 @@ class Config:
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> Config:
         """Load a TOML file; `overrides` (top-level keys) win over the file."""
-        try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        data = load_toml(path)
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_mapping(data)
 
@@ -325,11 +320,31 @@ class Config:
 _T = TypeVar("_T")
 
 
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """The parsed config file, unvalidated; every problem reading it is a `ConfigError`."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`" (did you mean X?)"` for the closest candidate to a misspelt name, else `""`."""
+    close = difflib.get_close_matches(word, list(candidates), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _build(cls: type[_T], data: Mapping[str, Any], *, prefix: str) -> _T:
     known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(prefix + k for k in unknown)}")
+        names = [
+            prefix + k + did_you_mean(prefix + k, [prefix + c for c in known]) for k in unknown
+        ]
+        raise ConfigError(f"unknown setting(s): {', '.join(names)}")
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key == "windows_s" and isinstance(value, list):

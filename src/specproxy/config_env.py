@@ -22,13 +22,12 @@ setting, so a misspelt section or key there is an error with the nearest valid n
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import tomllib
 import typing
 from collections.abc import Mapping
 from typing import Any
 
-from specproxy.config import Config
+from specproxy.config import Config, did_you_mean
 from specproxy.errors import ConfigError
 
 __all__ = ["PREFIX", "env_settings", "name_variable", "setting_fields", "variable_name"]
@@ -116,6 +115,4 @@ def _parse(variable: str, raw: str, kind: Any) -> Any:
 
 def _unknown(variable: str, tables: Mapping[str | None, Mapping[str, Any]]) -> typing.NoReturn:
     candidates = [variable_name(s, k) for s, keys in tables.items() if s is not None for k in keys]
-    close = difflib.get_close_matches(variable, candidates, n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    raise ConfigError(f"{variable} is not a specproxy setting{hint}")
+    raise ConfigError(f"{variable} is not a specproxy setting{did_you_mean(variable, candidates)}")

@@ -13,14 +13,13 @@ import asyncio
 import gc
 import logging
 import os
-import tomllib
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from specproxy.app import create_app
-from specproxy.config import Config
+from specproxy.config import Config, load_toml
 from specproxy.config_env import env_settings, name_variable, variable_name
 from specproxy.errors import ConfigError
 
@@ -92,13 +91,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
     the flags that were given, in that order (later wins), then validate."""
     data: dict[str, Any] = {}
     if getattr(args, "config", None):
-        try:
-            with open(args.config, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {args.config}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {args.config} is not valid TOML: {exc}") from exc
+        data = load_toml(args.config)
     env, env_sources = env_settings(os.environ if environ is None else environ)
     for key, value in env.items():
         if isinstance(value, dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -31,3 +32,12 @@ def test_cli_computes_once(tmp_path: object, capsys: pytest.CaptureFixture[str])
     assert out["run_id"] == RUN
     assert main(["stats", "--store", f"sqlite:///{db}", "--resamples", "200"]) == 0
     assert "tpot" in capsys.readouterr().out
+
+
+def test_cli_rejects_a_bad_setting_before_touching_the_store(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = f"{tmp_path}/never.db"
+    assert main(["stats", "--store", f"sqlite:///{db}", "--resamples", "5"]) == 2
+    assert "stats.resamples must be >= 100" in capsys.readouterr().err
+    assert not os.path.exists(db)

@@ -52,6 +52,7 @@ def _text_report(result: dict[str, Any]) -> str:
 async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
     from specproxy.store import open_store
 
+    stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)  # validated before I/O
     store = open_store(StoreConfig(url=args.store))
     await store.start()
     try:
@@ -59,7 +60,6 @@ async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
         if run_id is None:
             runs = await store.run_ids()
             run_id = runs[0] if len(runs) == 1 else "default"
-        stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)
         return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg)
     finally:
         await store.close()
