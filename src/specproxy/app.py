@@ -39,6 +39,7 @@ from specproxy.errors import error_body
 from specproxy.fleet.context import fleet_ctx
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
+from specproxy.proxy.limits import MAX_FIELD_BYTES, PARSER_MAX_HEADERS
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx
@@ -79,7 +80,9 @@ def create_app(
 ) -> web.Application:
     """The proxy application for `cfg`; nothing is connected until it starts."""
     app = web.Application(
-        client_max_size=cfg.max_body_bytes, handler_args={"max_field_size": 65536}
+        client_max_size=cfg.max_body_bytes,
+        # aiohttp's own parser bounds (one header line, header lines), above proxy.limits' 431.
+        handler_args={"max_field_size": MAX_FIELD_BYTES, "max_headers": PARSER_MAX_HEADERS},
     )
     app[CONFIG] = cfg
     app[REGISTRY] = registry if registry is not None else CollectorRegistry()

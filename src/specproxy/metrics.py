@@ -58,6 +58,8 @@ REQUEST_ACCEPTANCE_LENGTH = "specproxy_request_acceptance_length"  # labels: arm
 REQUESTS = "specproxy_requests"  # counter -> specproxy_requests_total{arm,status}
 UPSTREAM_ERRORS = "specproxy_upstream_errors"  # counter -> ..._total{arm,kind}
 SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (shadow cap reached)
+# The proxy answered itself (bad JSON, too deep, too large, bad method): ..._total{reason}.
+REJECTED = "specproxy_rejected_requests"  # reason: proxy.limits.Rejection's values
 INFLIGHT = "specproxy_inflight_requests"  # gauge{arm}
 BUILD = "specproxy_build"  # info -> specproxy_build_info{version} 1
 
@@ -213,6 +215,13 @@ class ProxyMetrics:
             UPSTREAM_ERRORS,
             "Upstream failures by arm and kind (connect, timeout, broken, http_4xx, http_5xx).",
             ["arm", "kind"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            REJECTED,
+            "Requests the proxy answered itself, by reason (invalid_json, json_too_deep, "
+            "body_too_large, headers_too_large, method_not_allowed); never forwarded or recorded.",
+            ["reason"],
             registry=registry,
         )
         self.shadow_skipped = Counter(

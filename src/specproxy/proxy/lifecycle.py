@@ -34,6 +34,7 @@ from specproxy.proxy.headers import (
     response_headers,
     safe_path,
 )
+from specproxy.proxy.limits import ALLOWED_METHODS, Rejection, header_rejection, json_too_deep
 from specproxy.proxy.observe import Observer
 from specproxy.proxy.relay import (
     UPSTREAM_ERRORS,
@@ -41,9 +42,12 @@ from specproxy.proxy.relay import (
     bad_request,
     classify,
     cut_off,
+    headers_too_large,
     json_error,
+    method_not_allowed,
     relay,
     send_error,
+    too_deep,
     too_large,
 )
 from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
@@ -135,19 +139,32 @@ class Forwarder:
         t_start = time.time()
         request_id = self._new_id()
         endpoint = MEASURED_ENDPOINTS[request.path]
+        problem = header_rejection(request.raw_headers)
+        if problem is not None:
+            return self._reject(Rejection.HEADERS_TOO_LARGE, headers_too_large(request_id, problem))
         length = request.content_length
         if length is not None and length > self._max_body:
-            return too_large(request_id, self._max_body)
+            return self._reject(Rejection.BODY_TOO_LARGE, too_large(request_id, self._max_body))
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return too_large(request_id, self._max_body)
+            return self._reject(Rejection.BODY_TOO_LARGE, too_large(request_id, self._max_body))
         try:
             doc = json.loads(body)
+        except RecursionError:  # C scanner at the interpreter's limit: far past MAX_JSON_DEPTH
+            return self._reject(Rejection.JSON_TOO_DEEP, too_deep(request_id))
         except ValueError as exc:
-            return bad_request(request_id, f"request body is not valid JSON: {exc}")
+            return self._reject(
+                Rejection.INVALID_JSON,
+                bad_request(request_id, f"request body is not valid JSON: {exc}"),
+            )
         if not isinstance(doc, dict):
-            return bad_request(request_id, "request body must be a JSON object")
+            return self._reject(
+                Rejection.INVALID_JSON,
+                bad_request(request_id, "request body must be a JSON object"),
+            )
+        if json_too_deep(body, doc):
+            return self._reject(Rejection.JSON_TOO_DEEP, too_deep(request_id))
         try:
             arm = self._router.choose(request.headers, doc.get("user"))
         except ForcedArmError as exc:
@@ -190,13 +207,20 @@ class Forwarder:
         """Any other /v1/* request: forwarded to the baseline arm, streamed, not measured."""
         request_id = self._new_id()
         arm = Arm.BASELINE
+        if request.method not in ALLOWED_METHODS:
+            return self._reject(
+                Rejection.METHOD_NOT_ALLOWED, method_not_allowed(request_id, request.method)
+            )
         raw = request.raw_path
         if not safe_path(raw):
             return json_error(400, "BadRequestError", f"refusing to proxy path {raw!r}", request_id)
+        problem = header_rejection(request.raw_headers)
+        if problem is not None:
+            return self._reject(Rejection.HEADERS_TOO_LARGE, headers_too_large(request_id, problem))
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return too_large(request_id, self._max_body)
+            return self._reject(Rejection.BODY_TOO_LARGE, too_large(request_id, self._max_body))
         url = URL(self._cfg.upstream_url(arm) + raw, encoded=True)
         session = self._sessions[arm]
         try:
@@ -285,6 +309,11 @@ class Forwarder:
             self._finish(trace)
 
     # ----------------------------------------------------------------------- recording
+
+    def _reject(self, reason: Rejection, response: web.Response) -> web.Response:
+        """A request the proxy answers itself: counted by reason, never forwarded or recorded."""
+        self._observer.rejected(reason)
+        return response
 
     def _finish(self, trace: Trace) -> None:
         """Hand the record to the recorder and the Prometheus collectors; never raises."""

@@ -32,6 +32,10 @@ class Observer:
     def _inflight_of(self, arm: Arm) -> float:
         return float(self.inflight[arm])
 
+    def rejected(self, reason: str) -> None:
+        """The proxy answered a request itself (a `limits.Rejection`)."""
+        self._metrics.rejected.labels(reason).inc()
+
     def shadow_skipped(self) -> None:
         self._metrics.shadow_skipped.inc()
 

@@ -21,6 +21,7 @@ from specproxy.proxy.headers import (
     is_event_stream,
     response_headers,
 )
+from specproxy.proxy.limits import ALLOW_HEADER, MAX_JSON_DEPTH
 from specproxy.proxy.sse import SSEScanner
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, Trace
 from specproxy.proxy.upstream import UpstreamError
@@ -34,9 +35,12 @@ __all__ = [
     "bad_request",
     "classify",
     "cut_off",
+    "headers_too_large",
     "json_error",
+    "method_not_allowed",
     "relay",
     "send_error",
+    "too_deep",
     "too_large",
     "write_eof",
 ]
@@ -238,3 +242,19 @@ def bad_request(request_id: str, message: str, param: str | None = None) -> web.
 def too_large(request_id: str, limit: int) -> web.Response:
     message = f"request body is larger than the proxy's limit of {limit} bytes"
     return json_error(413, "RequestTooLarge", message, request_id)
+
+
+def too_deep(request_id: str) -> web.Response:
+    message = f"request body nests JSON deeper than the proxy's limit of {MAX_JSON_DEPTH} levels"
+    return bad_request(request_id, message)
+
+
+def headers_too_large(request_id: str, message: str) -> web.Response:
+    return json_error(431, "RequestHeaderFieldsTooLarge", message, request_id)
+
+
+def method_not_allowed(request_id: str, method: str) -> web.Response:
+    message = f"method {method} is not served on /v1/* (allowed: {ALLOW_HEADER})"
+    response = json_error(405, "MethodNotAllowed", message, request_id)
+    response.headers["Allow"] = ALLOW_HEADER
+    return response
