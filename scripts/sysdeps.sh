@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system programs the integration tests drive for real: PostgreSQL (store tests),
-# Prometheus + promtool (dashboard queries and alert rules) and Chromium (the live page).
+# Prometheus + promtool (dashboard queries and alert rules), Chromium (the live page), and
+# iproute2/util-linux (ip, unshare, setpriv: the Kubernetes pod run in a private namespace).
 # Idempotent: does nothing when they are already there.
 set -euo pipefail
 
@@ -8,6 +9,9 @@ missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# tests/deploy/test_pod.py runs the rendered pod in its own network/mount namespace.
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v unshare >/dev/null 2>&1 && command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -1,0 +1,117 @@
+"""Run the rendered pod's processes as the pod would, in a private network and mount namespace.
+
+Started by tests/deploy/test_pod.py as `unshare --net --mount -- python -m tests.deploy.pod_netns`
+with a JSON spec on stdin. Inside, nothing is shared with the machine: its own loopback (so the
+ConfigMap's exact `0.0.0.0:8000` and the emulators' ports are free), `/etc/hosts` naming the
+Services, and fresh tmpfs mounts where the pod has emptyDirs (`/var/lib/specproxy`, `/tmp`).
+The processes run as the image's UID/GID (setpriv). Writes a JSON report of every probe to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+CONFIG_DIR = Path("/run/specproxy-config")  # stands in for the ConfigMap mount /etc/specproxy
+
+
+def sh(*argv: str) -> None:
+    subprocess.run(argv, check=True)
+
+
+def get(url: str, body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    headers = {"Content-Type": "application/json"} if body else {}
+    request = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def wait_for(url: str, deadline_s: float) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            get(url)
+            return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def start(argv: list[str], env: dict[str, str], uid: int) -> subprocess.Popen[bytes]:
+    """`argv` as the image's non-root UID/GID. It keeps only CAP_DAC_READ_SEARCH, so it can reach
+    this checkout's Python (which may sit under a private home) but write only where that UID
+    may: the emptyDir stand-ins."""
+    ids = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    ids += ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    return subprocess.Popen(
+        ["setpriv", *ids, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+
+def main() -> int:
+    spec: dict[str, Any] = json.load(sys.stdin)
+    uid = int(spec["uid"])
+    sh("ip", "link", "set", "lo", "up")
+    hosts = Path("/run/specproxy-hosts")
+    sh("mount", "-t", "tmpfs", "tmpfs", "/run")  # private scratch for the files below
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in spec["hosts"]))
+    sh("mount", "--bind", str(hosts), "/etc/hosts")
+    CONFIG_DIR.mkdir()
+    (CONFIG_DIR / "specproxy.toml").write_text(spec["config"])
+    for empty_dir in spec["empty_dirs"]:  # the pod's emptyDirs: fresh, owned by the pod's fsGroup
+        if not os.path.isdir(empty_dir):  # e.g. /var/lib/specproxy: hide its parent here first
+            sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", os.path.dirname(empty_dir))
+            os.mkdir(empty_dir)
+        sh("mount", "-t", "tmpfs", "-o", f"mode=0770,uid={uid},gid={uid}", "tmpfs", empty_dir)
+    env = {**spec["env"], "PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"}
+    report: dict[str, Any] = {}
+    proxy = start(spec["proxy_argv"], env, uid)
+    emulators: list[subprocess.Popen[bytes]] = []
+    try:
+        base = f"http://127.0.0.1:{spec['port']}"
+        report["proxy_listening"] = wait_for(base + "/healthz", 60)
+        for path in ("/healthz", "/readyz", "/metrics"):
+            report[f"arms_down {path}"] = get(base + path)[0]
+        emulators = [start(argv, env, uid) for argv in spec["emulator_argvs"]]
+        report["emulators_listening"] = [wait_for(url, 60) for url in spec["emulator_health"]]
+        for path in ("/healthz", "/readyz"):
+            report[f"arms_up {path}"] = get(base + path)[0]
+        body = json.dumps(
+            {
+                "model": spec["model"],
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+            }
+        ).encode()
+        status, headers, _ = get(base + "/v1/chat/completions", body)
+        report["completion"] = [status, headers.get("x-specproxy-arm")]
+        metrics = get(base + "/metrics")[2].decode()
+        report["metrics_has_requests"] = "specproxy_requests_total{" in metrics
+        proxy.send_signal(signal.SIGTERM)
+        report["sigterm_exit"] = proxy.wait(timeout=spec["grace_s"])
+        report["store_dir_files"] = sorted(os.listdir(spec["store_dir"]))
+    finally:
+        for process in [proxy, *emulators]:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        report["proxy_stderr_tail"] = (proxy.stderr.read() if proxy.stderr else b"")[
+            -2000:
+        ].decode()
+    json.dump(report, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
