@@ -36,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from specproxy.config import Config
 from specproxy.errors import error_body
-from specproxy.fleet.context import fleet_ctx
+from specproxy.fleet.context import FLEET, fleet_ctx
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.limits import MAX_FIELD_BYTES, PARSER_MAX_HEADERS
@@ -135,7 +135,11 @@ async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
 async def _start_forwarder(app: web.Application) -> None:
     sessions = app[SESSIONS]
     app[FORWARDER] = Forwarder(
-        app[CONFIG], sessions=sessions, recorder=app[RECORDER], metrics=app[METRICS]
+        app[CONFIG],
+        sessions=sessions,
+        recorder=app[RECORDER],
+        metrics=app[METRICS],
+        fleet=app.get(FLEET),
     )
 
 

@@ -138,3 +138,12 @@ def test_empty_pool_is_refused() -> None:
 
 def test_duplicates_collapse() -> None:
     assert EndpointPool([A, A, B]).urls == (A, B)
+
+
+def test_no_verdict_leaves_the_streak_alone() -> None:
+    pool = EndpointPool([A], OutlierConfig(eject_after_failures=2))
+    pool.release(pool.acquire(), ok=False)
+    pool.release(pool.acquire(), ok=None)  # a client that went away says nothing
+    assert pool.endpoints[0].failures == 1 and pool.endpoints[0].outstanding == 0
+    pool.release(pool.acquire(), ok=False)
+    assert pool.endpoints[0].ejected

@@ -20,7 +20,7 @@ refusing every request at the proxy.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from specproxy.config import OutlierConfig
 
@@ -87,6 +87,19 @@ class EndpointPool:
 
     def acquire(self) -> Endpoint:
         """The endpoint for the next request; counts it as outstanding until `release`."""
+        best = self._choose(())
+        assert best is not None  # the list is never empty and nothing is excluded
+        return best
+
+    def acquire_other(self, exclude: Collection[str]) -> Endpoint | None:
+        """Like `acquire`, but never an endpoint in `exclude` (None when none is left).
+
+        For a call that could not even connect: nothing was sent, so another endpoint may
+        serve it.
+        """
+        return self._choose(exclude)
+
+    def _choose(self, exclude: Collection[str]) -> Endpoint | None:
         endpoints = self._endpoints
         n = len(endpoints)
         best: Endpoint | None = None
@@ -94,25 +107,29 @@ class EndpointPool:
         for panic in (False, True):
             for i in range(n):
                 ep = endpoints[(start + i) % n]
-                if ep.ejected_until is not None and not panic:
+                if (ep.ejected_until is not None and not panic) or ep.url in exclude:
                     continue
                 if best is None or ep.outstanding < best.outstanding:
                     best = ep
             if best is not None:
                 break
-        assert best is not None  # the list is never empty
+        if best is None:
+            return None
         # Round-robin tie-break: the scan starts one further each time.
         self._cursor = (start + 1) % n
         best.outstanding += 1
         return best
 
-    def release(self, endpoint: Endpoint, *, ok: bool) -> None:
-        """The request on `endpoint` ended; `ok=False` for a failure of the endpoint itself.
+    def release(self, endpoint: Endpoint, *, ok: bool | None) -> None:
+        """The request on `endpoint` ended: `ok=False` for a failure of the endpoint itself.
 
-        A failure is what says nothing about the client's request: refused, timed out, broken
-        mid-response, HTTP 5xx. A 4xx is the client's problem and counts as ok.
+        A failure says something about the engine: refused, timed out, broken mid-response,
+        HTTP 5xx. A 4xx is the client's problem and counts as ok. `ok=None` is no verdict (the
+        client went away, the proxy shut down): the streak is left as it is.
         """
         endpoint.outstanding -= 1
+        if ok is None:
+            return
         if ok:
             endpoint.failures = 0
             return

@@ -27,7 +27,9 @@ from aiohttp import ClientError, ClientSession, web
 from yarl import URL
 
 from specproxy.config import Config
+from specproxy.fleet.arms import Fleet
 from specproxy.metrics import ProxyMetrics
+from specproxy.proxy.endpoints import Upstreams, never_sent
 from specproxy.proxy.headers import (
     raw_request_headers,
     request_headers,
@@ -53,7 +55,6 @@ from specproxy.proxy.relay import (
 from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
 from specproxy.proxy.shadow import Shadows
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
-from specproxy.proxy.upstream import UpstreamPool
 from specproxy.proxy.usage import should_inject, with_usage
 from specproxy.records import Arm, Recorder
 
@@ -78,6 +79,7 @@ class Forwarder:
         sessions: Mapping[Arm, ClientSession],
         recorder: Recorder,
         metrics: ProxyMetrics,
+        fleet: Fleet | None = None,
     ) -> None:
         self._cfg = cfg
         self._run_id = cfg.run_id
@@ -88,30 +90,15 @@ class Forwarder:
         self._mirror_enabled = cfg.routing.mirror_fraction > 0
         self._inject_usage = cfg.inject_usage
         self._max_body = cfg.max_body_bytes
-        self._urls = {
-            arm: {
-                path: URL(cfg.upstream_url(arm) + path, encoded=True) for path in MEASURED_ENDPOINTS
-            }
-            for arm in Arm
-        }
-        # Non-streaming calls to plain-http arms go through the lean client (see `upstream`).
-        self._pools: dict[Arm, UpstreamPool] = {}
-        self._pool_paths: dict[Arm, dict[str, str]] = {}
-        for arm in Arm:
-            base = URL(cfg.upstream_url(arm))
-            if base.scheme == "http" and base.host is not None and not base.query_string:
-                self._pools[arm] = UpstreamPool(
-                    base.host,
-                    base.port or 80,
-                    connect_timeout=cfg.timeouts.connect_s,
-                    read_timeout=cfg.timeouts.read_s,
-                )
-                prefix = base.raw_path.rstrip("/")
-                self._pool_paths[arm] = {path: prefix + path for path in MEASURED_ENDPOINTS}
+        # Each arm is a pool of endpoints; each endpoint has its own clients (see `endpoints`).
+        # Non-streaming calls to plain-http endpoints go through the lean client (`upstream`).
+        self._upstreams = Upstreams(
+            cfg, fleet if fleet is not None else Fleet(cfg), MEASURED_ENDPOINTS
+        )
         self._new_id = RequestIds()
         self._shadows = Shadows(
             sessions=self._sessions,
-            urls=self._urls,
+            upstreams=self._upstreams,
             new_id=self._new_id,
             finish=self._finish,
             skipped=self._observer.shadow_skipped,
@@ -124,8 +111,7 @@ class Forwarder:
     async def close(self) -> None:
         """Cancel shadows still running; each still writes its record."""
         await self._shadows.close()
-        for pool in self._pools.values():
-            await pool.close()
+        await self._upstreams.close()
 
     @property
     def active_shadows(self) -> int:
@@ -221,7 +207,8 @@ class Forwarder:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._reject(Rejection.BODY_TOO_LARGE, too_large(request_id, self._max_body))
-        url = URL(self._cfg.upstream_url(arm) + raw, encoded=True)
+        endpoint, clients = self._upstreams.pick(arm)
+        url = URL(clients.base + raw, encoded=True)
         session = self._sessions[arm]
         try:
             upstream = await session.request(
@@ -233,7 +220,12 @@ class Forwarder:
             )
         except (ClientError, TimeoutError) as exc:
             failure = classify(exc, arm)
+            self._upstreams.done(arm, endpoint, failure.kind)
             return json_error(failure.status, failure.error_type, str(failure), request_id, arm)
+        except BaseException:  # cancelled: the client went away
+            self._upstreams.done(arm, endpoint, "cancelled")
+            raise
+        self._upstreams.done(arm, endpoint, "http_5xx" if upstream.status >= 500 else None)
         resp = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
@@ -272,25 +264,37 @@ class Forwarder:
         inflight = self._observer.inflight
         inflight[arm] += 1
         upstream: Reply | None = None
+        endpoint, clients = self._upstreams.pick(arm)
+        trace.engine_url = endpoint.url
         try:
             trace.upstream_start = time.perf_counter()
-            pool = None if trace.stream else self._pools.get(arm)
-            try:
-                if pool is not None:
-                    upstream = await pool.post(
-                        self._pool_paths[arm][request.path], body, raw_request_headers(request)
-                    )
-                else:
-                    upstream = await self._sessions[arm].post(
-                        self._urls[arm][request.path],
-                        data=body,
-                        headers=request_headers(request.headers),
-                        allow_redirects=False,
-                    )
-            except UPSTREAM_ERRORS as exc:
-                failure = classify(exc, arm)
-                trace.fail(failure.kind, failure.status)
-                return await send_error(request, trace, failure)
+            tried: list[str] = []
+            while True:
+                lean = None if trace.stream else clients.lean
+                try:
+                    if lean is not None:
+                        upstream = await lean.post(
+                            clients.lean_paths[request.path], body, raw_request_headers(request)
+                        )
+                    else:
+                        upstream = await self._sessions[arm].post(
+                            clients.urls[request.path],
+                            data=body,
+                            headers=request_headers(request.headers),
+                            allow_redirects=False,
+                        )
+                    break
+                except UPSTREAM_ERRORS as exc:
+                    failure = classify(exc, arm)
+                    tried.append(endpoint.url)
+                    other = self._upstreams.pick_other(arm, tried) if never_sent(exc) else None
+                    if other is None:
+                        trace.fail(failure.kind, failure.status)
+                        return await send_error(request, trace, failure)
+                    # Nothing was sent: the arm's next endpoint serves it.
+                    self._upstreams.done(arm, endpoint, failure.kind)
+                    endpoint, clients = other
+                    trace.engine_url = endpoint.url
             trace.status = upstream.status
             if upstream.status >= 400:
                 trace.fail("http_4xx" if upstream.status < 500 else "http_5xx")
@@ -306,6 +310,7 @@ class Forwarder:
                 else:
                     upstream.close()
             inflight[arm] -= 1
+            self._upstreams.done(arm, endpoint, trace.error_kind)
             self._finish(trace)
 
     # ----------------------------------------------------------------------- recording

@@ -16,6 +16,7 @@ from aiohttp import ClientError, ClientResponse, ClientSession
 from multidict import CIMultiDict
 from yarl import URL
 
+from specproxy.proxy.endpoints import Upstreams
 from specproxy.proxy.headers import is_event_stream
 from specproxy.proxy.relay import classify
 from specproxy.proxy.sse import SSEScanner
@@ -33,7 +34,7 @@ class Shadows:
         self,
         *,
         sessions: Mapping[Arm, ClientSession],
-        urls: Mapping[Arm, Mapping[str, URL]],
+        upstreams: Upstreams,
         new_id: RequestIds,
         finish: Callable[[Trace], None],
         skipped: Callable[[], None],
@@ -41,7 +42,7 @@ class Shadows:
         inject_usage: bool,
     ) -> None:
         self._sessions = sessions
-        self._urls = urls
+        self._upstreams = upstreams
         self._new_id = new_id
         self._finish = finish
         self._skipped = skipped
@@ -97,7 +98,10 @@ class Shadows:
             received=time.perf_counter(),
             t_start=time.time(),
         )
-        task = asyncio.create_task(self._run(trace, self._urls[arm][path], shadow_body, headers))
+        target, clients = self._upstreams.pick(arm)
+        trace.engine_url = target.url
+        task = asyncio.create_task(self._run(trace, clients.urls[path], shadow_body, headers))
+        task.add_done_callback(lambda _: self._upstreams.done(arm, target, trace.error_kind))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

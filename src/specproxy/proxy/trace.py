@@ -42,6 +42,7 @@ class Trace:
         "disconnected",
         "e2e_end",
         "endpoint",
+        "engine_url",
         "error_kind",
         "model",
         "non_stream_usage",
@@ -89,6 +90,7 @@ class Trace:
         self.scanner: SSEScanner | None = None
         self.non_stream_usage: dict[str, Any] | None = None
         self.speculative: dict[str, Any] | None = None
+        self.engine_url: str | None = None  # the arm's endpoint the call went to
 
     def fail(self, kind: str, status: int | None = None) -> None:
         if self.error_kind is None:
@@ -119,4 +121,5 @@ class Trace:
             stream=self.stream,
             pair_id=self.pair_id,
             shadow=self.shadow,
+            engine_url=self.engine_url,
         )
