@@ -41,6 +41,7 @@ from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.limits import MAX_FIELD_BYTES, PARSER_MAX_HEADERS
 from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx
 from specproxy.stats.context import stats_ctx
@@ -111,15 +112,14 @@ def create_app(
     return app
 
 
-def upstream_session(cfg: Config) -> ClientSession:
-    """A pooled session for one arm: no pool cap, no cookies, no decompression, no total timeout."""
+def upstream_session(cfg: Config, arm: Arm) -> ClientSession:
+    """A pooled session for one arm: no pool cap, no cookies, no decompression; the arm's stream
+    timeouts by default (non-streaming and pass-through calls pass their own, `ArmTimeouts`)."""
     return ClientSession(
         connector=TCPConnector(limit=0, limit_per_host=0),
         cookie_jar=DummyCookieJar(),
         auto_decompress=False,
-        timeout=ClientTimeout(
-            total=None, sock_connect=cfg.timeouts.connect_s, sock_read=cfg.timeouts.read_s
-        ),
+        timeout=ArmTimeouts.of(cfg.timeouts.for_arm(arm.value)).stream,
         # Forward exactly the client's headers: add none of aiohttp's defaults.
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
     )
@@ -127,7 +127,7 @@ def upstream_session(cfg: Config) -> ClientSession:
 
 async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
     cfg = app[CONFIG]
-    app[SESSIONS] = {arm: upstream_session(cfg) for arm in Arm}
+    app[SESSIONS] = {arm: upstream_session(cfg, arm) for arm in Arm}
     yield
     await asyncio.gather(*(session.close() for session in app[SESSIONS].values()))
 

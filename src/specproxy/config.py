@@ -75,16 +75,58 @@ class RoutingConfig:
         _check(bool(self.sticky_header.strip()), "routing.sticky_header", "must not be empty")
 
 
+TIMEOUT_KEYS = ("connect_s", "read_s", "total_s", "stream_total_s")
+
+
 @dataclass(frozen=True, slots=True)
 class TimeoutConfig:
-    """Upstream timeouts. There is deliberately no total timeout: long generations are legal."""
+    """Upstream timeouts, chosen for LLM generation (README, "Limits and timeouts").
+
+    A stream sends an event every engine step (tens of ms) once it has started, so silence means a
+    hung engine: `read_s` bounds it, before the first byte too (queueing + prefill). A
+    non-streaming call is silent until the whole generation is done, so silence means nothing
+    there: `total_s` bounds the whole call instead (openai-python's own default, so the proxy never
+    gives up before a standard client would). `stream_total_s` caps a stream as a whole (a slow
+    drip that never falls silent), None for no cap. `[timeouts.speculative]` and
+    `[timeouts.baseline]` override any of these for one arm; unset keys come from `[timeouts]`.
+    """
 
     connect_s: float = 5.0
-    read_s: float = 600.0  # longest silence between two upstream bytes
+    read_s: float = 120.0  # a stream: longest silence between two upstream bytes
+    total_s: float = 600.0  # a non-streaming call: deadline of the whole answer
+    stream_total_s: float | None = 3600.0  # a stream: deadline of the whole stream (None: none)
+    speculative: TimeoutConfig | Mapping[str, Any] | None = None  # this arm's overrides
+    baseline: TimeoutConfig | Mapping[str, Any] | None = None  # this arm's overrides
 
     def __post_init__(self) -> None:
         _check(self.connect_s > 0, "timeouts.connect_s", "must be > 0")
         _check(self.read_s > 0, "timeouts.read_s", "must be > 0")
+        _check(self.total_s > 0, "timeouts.total_s", "must be > 0")
+        _check(
+            self.stream_total_s is None or self.stream_total_s > 0,
+            "timeouts.stream_total_s",
+            "must be > 0 (or unset for no cap)",
+        )
+        own = {key: getattr(self, key) for key in TIMEOUT_KEYS}
+        for arm in ("speculative", "baseline"):
+            override = getattr(self, arm)
+            if override is None:
+                continue
+            if isinstance(override, TimeoutConfig):
+                override = {key: getattr(override, key) for key in TIMEOUT_KEYS}
+            _check(isinstance(override, Mapping), f"timeouts.{arm}", "must be a table")
+            merged = _build(TimeoutConfig, {**own, **override}, prefix=f"timeouts.{arm}.")
+            _check(
+                merged.speculative is None and merged.baseline is None,
+                f"timeouts.{arm}",
+                "cannot override another arm",
+            )
+            object.__setattr__(self, arm, merged)
+
+    def for_arm(self, arm: str) -> TimeoutConfig:
+        """The timeouts of one arm: its overrides over this table."""
+        override = self.speculative if arm == "speculative" else self.baseline
+        return override if isinstance(override, TimeoutConfig) else self
 
 
 @dataclass(frozen=True, slots=True)

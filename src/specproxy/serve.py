@@ -45,6 +45,7 @@ _FLAG_SETTINGS: dict[str, tuple[str | None, str]] = {
     "seed": ("routing", "seed"),
     "connect_timeout": ("timeouts", "connect_s"),
     "read_timeout": ("timeouts", "read_s"),
+    "total_timeout": ("timeouts", "total_s"),
     "store": ("store", "url"),
 }
 
@@ -78,7 +79,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="never ask upstream for a usage chunk the client did not request",
     )
     add("--connect-timeout", type=float, help="upstream connect timeout, seconds")
-    add("--read-timeout", type=float, help="longest upstream silence, seconds")
+    add(
+        "--read-timeout",
+        type=float,
+        help="a stream's longest upstream silence, seconds (default 120)",
+    )
+    add(
+        "--total-timeout",
+        type=float,
+        help="a non-streaming call's deadline, seconds (default 600)",
+    )
     add(
         "--store",
         metavar="URL",

@@ -92,7 +92,7 @@ async def test_upstream_refused_is_502(make_proxy: MakeProxy) -> None:
 
 
 async def test_upstream_timeout_is_504(make_proxy: MakeProxy) -> None:
-    proxy = await make_proxy(routing=SPEC_ONLY, timeouts={"read_s": 0.2})
+    proxy = await make_proxy(routing=SPEC_ONLY, timeouts={"total_s": 0.2})  # non-stream deadline
     async with proxy.client.post(CHAT, json=chat(), headers={"x-fake-mode": "hang"}) as resp:
         assert resp.status == 504
         assert (await resp.json())["error"]["type"] == "GatewayTimeout"

@@ -64,7 +64,8 @@ class EndpointClients:
                 url.host,
                 url.port or 80,
                 connect_timeout=cfg.timeouts.connect_s,
-                read_timeout=cfg.timeouts.read_s,
+                # Non-streaming calls only, silent until done: each call's deadline bounds it.
+                read_timeout=None,
             )
             prefix = url.raw_path.rstrip("/")
             self.lean_paths = {path: prefix + path for path in paths}

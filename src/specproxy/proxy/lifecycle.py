@@ -54,6 +54,7 @@ from specproxy.proxy.relay import (
 )
 from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
 from specproxy.proxy.shadow import Shadows
+from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
 from specproxy.proxy.usage import should_inject, with_usage
 from specproxy.records import Arm, Recorder
@@ -95,9 +96,12 @@ class Forwarder:
         self._upstreams = Upstreams(
             cfg, fleet if fleet is not None else Fleet(cfg), MEASURED_ENDPOINTS
         )
+        self._arm_timeouts = {arm: cfg.timeouts.for_arm(arm.value) for arm in Arm}
+        self._timeouts = {arm: ArmTimeouts.of(t) for arm, t in self._arm_timeouts.items()}
         self._new_id = RequestIds()
         self._shadows = Shadows(
             sessions=self._sessions,
+            timeouts=self._timeouts,
             upstreams=self._upstreams,
             new_id=self._new_id,
             finish=self._finish,
@@ -217,6 +221,7 @@ class Forwarder:
                 data=body or None,
                 headers=request_headers(request.headers),
                 allow_redirects=False,
+                timeout=self._timeouts[arm].passthrough,
             )
         except (ClientError, TimeoutError) as exc:
             failure = classify(exc, arm)
@@ -273,8 +278,13 @@ class Forwarder:
                 lean = None if trace.stream else clients.lean
                 try:
                     if lean is not None:
+                        timeouts = self._arm_timeouts[arm]
                         upstream = await lean.post(
-                            clients.lean_paths[request.path], body, raw_request_headers(request)
+                            clients.lean_paths[request.path],
+                            body,
+                            raw_request_headers(request),
+                            connect_s=timeouts.connect_s,
+                            deadline_s=timeouts.total_s,
                         )
                     else:
                         upstream = await self._sessions[arm].post(
@@ -282,6 +292,9 @@ class Forwarder:
                             data=body,
                             headers=request_headers(request.headers),
                             allow_redirects=False,
+                            timeout=self._timeouts[arm].stream
+                            if trace.stream
+                            else self._timeouts[arm].call,
                         )
                     break
                 except UPSTREAM_ERRORS as exc:

@@ -20,6 +20,7 @@ from specproxy.proxy.endpoints import Upstreams
 from specproxy.proxy.headers import is_event_stream
 from specproxy.proxy.relay import classify
 from specproxy.proxy.sse import SSEScanner
+from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
 from specproxy.proxy.usage import should_inject, usage_of, with_usage
 from specproxy.records import Arm
@@ -34,6 +35,7 @@ class Shadows:
         self,
         *,
         sessions: Mapping[Arm, ClientSession],
+        timeouts: Mapping[Arm, ArmTimeouts],
         upstreams: Upstreams,
         new_id: RequestIds,
         finish: Callable[[Trace], None],
@@ -42,6 +44,7 @@ class Shadows:
         inject_usage: bool,
     ) -> None:
         self._sessions = sessions
+        self._timeouts = timeouts
         self._upstreams = upstreams
         self._new_id = new_id
         self._finish = finish
@@ -111,8 +114,13 @@ class Shadows:
         upstream: ClientResponse | None = None
         try:
             trace.upstream_start = perf_counter()
+            timeouts = self._timeouts[trace.arm]
             upstream = await self._sessions[trace.arm].post(
-                url, data=body, headers=headers, allow_redirects=False
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=timeouts.stream if trace.stream else timeouts.call,
             )
             trace.status = upstream.status
             if upstream.status >= 400:

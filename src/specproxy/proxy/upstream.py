@@ -11,7 +11,9 @@ Semantics kept from the aiohttp session it replaces on that path:
 - keep-alive pool without a cap; a connection goes back to the pool only after a complete
   response that allows reuse (no `Connection: close`, HTTP/1.1 or explicit keep-alive);
 - connect timeout -> `TimeoutError` (504), refused/unreachable -> `ConnectFailed` (502),
-  read timeout = the longest silence while a response is awaited -> `TimeoutError`;
+  read timeout = the longest silence while a response is awaited -> `TimeoutError`, deadline =
+  the longest time from `post` to the end of the body (a slow drip never falls silent) ->
+  `TimeoutError`;
 - an upstream that closes, or sends garbage or a truncated response, after the request was
   written raises `UpstreamBroken`. Nothing is retried once a request byte was written, because
   the upstream may have started generating (a POST is not idempotent). Connections the upstream
@@ -62,7 +64,7 @@ class UpstreamBroken(UpstreamError):
 class _Connection(asyncio.Protocol):
     """One upstream socket: buffers what arrives and wakes the single reader waiting on it."""
 
-    __slots__ = ("buf", "closed", "idle_since", "pool", "transport", "waiter")
+    __slots__ = ("buf", "closed", "deadline", "idle_since", "pool", "transport", "waiter")
 
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
@@ -71,6 +73,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.deadline: float | None = None  # loop time by which the current response must end
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, hence no isinstance check.
@@ -96,8 +99,12 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     async def wait(self, limit_s: float | None) -> None:
-        """Until more bytes arrive or the connection closes; `TimeoutError` after `limit_s`."""
+        """Until more bytes arrive or the connection closes; `TimeoutError` after `limit_s` or
+        at the response's deadline, whichever comes first."""
         loop = self.pool.loop
+        if self.deadline is not None:
+            left = self.deadline - loop.time()
+            limit_s = left if limit_s is None else min(limit_s, left)
         waiter = self.waiter = loop.create_future()
         timer = loop.call_later(limit_s, _expire, waiter) if limit_s is not None else None
         try:
@@ -294,11 +301,19 @@ class UpstreamPool:
         return len(self._idle)
 
     async def post(
-        self, path: str, body: bytes, headers: bytes | Iterable[tuple[str, str]]
+        self,
+        path: str,
+        body: bytes,
+        headers: bytes | Iterable[tuple[str, str]],
+        *,
+        connect_s: float | None = None,
+        deadline_s: float | None = None,
     ) -> UpstreamResponse:
         """Send `POST path` with `headers` and return once the response's status line and
         headers arrived. `headers` are name/value pairs or ready `name: value\\r\\n` lines, without
-        Host and Content-Length (set here) or hop-by-hop headers (the caller's business)."""
+        Host and Content-Length (set here) or hop-by-hop headers (the caller's business).
+        `connect_s` overrides the pool's connect timeout; `deadline_s` bounds the whole call,
+        from here to the end of the body (`TimeoutError`)."""
         if not isinstance(headers, bytes):
             headers = "".join([f"{k}: {v}\r\n" for k, v in headers]).encode("latin-1")
         request = b"".join(
@@ -309,7 +324,9 @@ class UpstreamPool:
                 body,
             )
         )
-        conn = await self._acquire()
+        deadline = None if deadline_s is None else self.loop.time() + deadline_s
+        conn = await self._acquire(connect_s)
+        conn.deadline = deadline
         try:
             assert conn.transport is not None
             conn.transport.write(request)
@@ -327,7 +344,7 @@ class UpstreamPool:
 
     # ----------------------------------------------------------------------- pool
 
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self, connect_s: float | None = None) -> _Connection:
         if self._idle:
             expired = self.loop.time() - self.idle_timeout_s
             while self._idle:
@@ -342,13 +359,13 @@ class UpstreamPool:
                     conn.close()
                     continue
                 return conn
-        return await self._connect()
+        return await self._connect(connect_s)
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, connect_s: float | None = None) -> _Connection:
         try:
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(lambda: _Connection(self), self.host, self.port),
-                self.connect_timeout,
+                self.connect_timeout if connect_s is None else connect_s,
             )
         except TimeoutError:
             raise TimeoutError(f"connecting to {self.host}:{self.port} timed out") from None
