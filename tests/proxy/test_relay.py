@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import aiohttp
+import numpy as np
 import pytest
 
+from specproxy.records import RECORD_FIELDS
+from specproxy.stats.compare import usable_mask
+from tests.faults.upstream import FaultUpstream
 from tests.proxy.conftest import CHAT, COMPLETIONS, SPEC_ONLY, Arms, MakeProxy, chat, direct
 from tests.proxy.fake_upstream import fixture_stream
 
@@ -58,3 +62,24 @@ async def test_broken_stream_is_cut_off_for_the_client_too(make_proxy: MakeProxy
     assert b"[DONE]" not in received
     rec = proxy.recorder.records[-1]
     assert rec.error_kind == "broken" and rec.status == 200 and rec.tpot_s is None
+
+
+@pytest.mark.parametrize("usage", [False, True])
+async def test_garbage_event_stream_is_relayed_but_never_a_usable_sample(
+    make_proxy: MakeProxy, usage: bool
+) -> None:
+    """Before: a 200 text/event-stream of random bytes was recorded with no error and 0 events,
+    and counted as a usable request."""
+    async with FaultUpstream(seed=7) as faulty:
+        proxy = await make_proxy(routing=SPEC_ONLY, speculative_url=faulty.url)
+        body = chat(stream=True, stream_options={"include_usage": usage})
+        upstream_bytes = await direct(faulty.url, CHAT, body, {"x-fault": "garbage_sse"})
+        async with proxy.client.post(CHAT, json=body, headers={"x-fault": "garbage_sse"}) as resp:
+            assert resp.status == 200
+            got = await resp.read()
+    assert got == upstream_bytes and len(got) == 64 * 512  # relayed as it came
+    (rec,) = proxy.recorder.records
+    assert rec.status == 200 and rec.error_kind == "malformed_stream" and rec.n_events == 0
+    assert rec.tpot_s is None
+    arrays = {name: np.array([getattr(rec, name)], dtype=object) for name in RECORD_FIELDS}
+    assert not usable_mask(arrays).any()  # the statistics' own filter drops it

@@ -147,3 +147,26 @@ def test_count_token_ids() -> None:
     assert count_token_ids(b'{"token_ids":null}') is None
     assert count_token_ids(b'{"prompt_token_ids":[1,2],"token_ids":[5]}') == 1
     assert count_token_ids(b'[{"token_ids":[1]},{"token_ids":[2,3]}]') == 3
+
+
+@pytest.mark.parametrize("name", STREAMS)
+def test_a_complete_stream_has_no_defect(name: str) -> None:
+    data = fixture_stream(name)
+    for chunks in chunkings(data, seed=3)[:3]:
+        scanner, _ = scan(chunks, strip=False)
+        assert scanner.defect() is None
+    unterminated = data.rstrip(b"\n")  # the last event without its blank line
+    assert scan([unterminated], strip=False)[0].defect() is None
+
+
+def test_garbage_a_cut_stream_and_an_in_stream_error_are_defects() -> None:
+    rng = random.Random(5)
+    garbage = bytes(rng.randrange(256) for _ in range(20_000)).replace(b"data:", b"dat?:")
+    scanner, out = scan([garbage[i : i + 700] for i in range(0, len(garbage), 700)], strip=False)
+    assert out == garbage and scanner.defect() == "malformed_stream"  # relayed as it came
+    data = fixture_stream("chat_stream_usage_baseline.sse")
+    cut = data[: data.rindex(b"data: [DONE]")]  # ends on an event boundary, without [DONE]
+    assert scan([cut], strip=False)[0].defect() == "malformed_stream"
+    error = b'data: {"error": {"message": "engine died", "code": 500}}\n\ndata: [DONE]\n\n'
+    first = data[: data.index(b"\n\n", 300) + 2]  # whole events, then the error
+    assert scan([first, error], strip=False)[0].defect() == "stream_error"

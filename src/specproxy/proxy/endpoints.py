@@ -28,7 +28,9 @@ from specproxy.records import Arm
 __all__ = ["ENDPOINT_FAILURES", "EndpointClients", "Upstreams", "never_sent", "verdict"]
 
 # `RequestRecord.error_kind` values that say the endpoint itself failed (outlier detection).
-ENDPOINT_FAILURES: Final = frozenset({"connect", "timeout", "broken", "http_5xx"})
+ENDPOINT_FAILURES: Final = frozenset(
+    {"connect", "timeout", "broken", "http_5xx", "malformed_stream", "stream_error"}
+)
 # Outcomes that say nothing about the endpoint: the client or the proxy ended the call.
 _NO_VERDICT: Final = frozenset({"disconnected", "cancelled"})
 

@@ -140,6 +140,10 @@ async def _stream(
             trace.e2e_end = perf_counter()
             return resp
     tail = scanner.finish()
+    if upstream.status == 200 and is_event_stream(upstream.headers):
+        defect = scanner.defect()  # relayed as it came, but never a usable sample
+        if defect is not None:
+            trace.fail(defect)
     if (tail and not await _flush(resp, tail)) or not await write_eof(resp):
         trace.disconnected = True
         trace.fail("disconnected")

@@ -130,6 +130,9 @@ class Shadows:
                 while chunk := await upstream.content.readany():
                     now = trace.upstream_end = perf_counter()
                     scanner.feed(chunk, now)
+                defect = scanner.defect() if upstream.status == 200 else None
+                if defect is not None:
+                    trace.fail(defect)
             else:
                 payload = await upstream.read()
                 trace.upstream_end = perf_counter()

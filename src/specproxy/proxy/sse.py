@@ -144,8 +144,21 @@ class SSEScanner:
         self._out.clear()
         return out
 
+    def defect(self) -> str | None:
+        """Why a stream that ended normally (HTTP 200, clean EOF) is still no usable sample, as
+        an `error_kind`: an in-stream error object ("stream_error"), or no `data: [DONE]`, which
+        vLLM always sends last ("malformed_stream": garbage, or a stream cut at an event
+        boundary). None for a complete stream."""
+        if self.error_event:
+            return "stream_error"
+        if not self.done:
+            return "malformed_stream"
+        return None
+
     def finish(self) -> bytes:
         """End of the upstream stream: release held events and any incomplete tail verbatim."""
+        if not self.done and _data_payload(bytes(self._buf).rstrip(b"\r\n")) == _DONE:
+            self.done = True  # a last event without its blank line still ends the stream
         out = b"".join([*self._out, *self._held, bytes(self._buf)]) if self.strip_usage else b""
         self._out.clear()
         self._held.clear()
