@@ -186,7 +186,7 @@ def run_proxy(port: int, upstream: str, ring: int | None, store: str | None) -> 
         else:
             cfg = Config(baseline_url=upstream, speculative_url=upstream)
             recorder = MemoryRecorder(ring) if ring is not None else MemoryRecorder()
-            app = create_app(cfg, recorder=recorder)
+            app = create_app(cfg, recorder=recorder, with_store=False, with_stats=False)
         app.on_startup.append(freeze_startup_objects)  # as `specproxy serve` does
         await _serve(app, port)
 

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import prometheus_client
+import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpClient
 
-from specproxy.app import (
+from specproxy.app import create_app
+from specproxy.appkeys import (
     CONFIG,
     FORWARDER,
     METRICS,
@@ -21,7 +23,8 @@ from specproxy.app import (
     REGISTRY,
     SESSIONS,
     STATS,
-    create_app,
+    STATS_JOB,
+    STORE,
 )
 from specproxy.config import Config, StoreConfig
 from specproxy.proxy.recorder import MemoryRecorder
@@ -44,13 +47,37 @@ def config() -> Config:
 
 async def test_shared_objects_live_under_typed_keys(aiohttp_client: AiohttpClient) -> None:
     registry, recorder, cfg = CollectorRegistry(), MemoryRecorder(), config()
-    app = create_app(cfg, registry=registry, recorder=recorder)
+    app = create_app(cfg, registry=registry, recorder=recorder, with_store=False, with_stats=False)
     await aiohttp_client(app)
     assert app[CONFIG] is cfg and app[REGISTRY] is registry and app[RECORDER] is recorder
     assert app[METRICS].registry is registry
     sessions = app[SESSIONS]
     assert set(sessions) == set(Arm)
     assert app[FORWARDER] is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"recorder": MemoryRecorder()}, "pass with_store=False"),
+        ({"recorder": MemoryRecorder(), "with_store": False}, "needs with_store=True"),
+        ({"with_store": False}, "needs with_store=True"),
+    ],
+)
+def test_components_are_never_switched_off_silently(kwargs: dict[str, Any], message: str) -> None:
+    """An injected recorder used to drop the store and the stats job without a word."""
+    with pytest.raises(ValueError, match=message):
+        create_app(config(), **kwargs)
+
+
+async def test_store_without_the_stats_job(aiohttp_client: AiohttpClient) -> None:
+    app = create_app(config(), with_stats=False)
+    client = await aiohttp_client(app)
+    assert app[RECORDER] is app[STORE]
+    assert STATS_JOB not in app and STATS not in app
+    async with client.get("/api/stats") as resp:
+        assert resp.status == 503
+        assert "not running" in (await resp.json())["error"]["message"]
 
 
 async def test_metrics_come_from_the_injected_registry(aiohttp_client: AiohttpClient) -> None:
@@ -90,8 +117,9 @@ async def test_a_component_context_can_replace_the_recorder(
 async def test_stats_endpoint_is_503_until_a_provider_is_registered(
     aiohttp_client: AiohttpClient,
 ) -> None:
-    # An injected recorder replaces the store, so the built-in stats job has nothing to run on.
-    client = await aiohttp_client(create_app(config(), recorder=MemoryRecorder()))
+    # No stats job: nothing registers a provider.
+    app = create_app(config(), recorder=MemoryRecorder(), with_store=False, with_stats=False)
+    client = await aiohttp_client(app)
     async with client.get("/api/stats") as resp:
         assert resp.status == 503
         assert (await resp.json())["error"]["code"] == 503
@@ -105,7 +133,7 @@ async def test_stats_endpoint_is_503_until_a_provider_is_registered(
         app[STATS] = provider
         yield
 
-    app = create_app(config(), recorder=MemoryRecorder())
+    app = create_app(config(), recorder=MemoryRecorder(), with_store=False, with_stats=False)
     app.cleanup_ctx.append(stats_ctx)
     client = await aiohttp_client(app)
     async with client.get("/api/stats") as resp:

@@ -1,39 +1,46 @@
-"""The aiohttp application: routes, shared objects, and where the other components plug in.
+"""The aiohttp application, and the one place where the proxy's components are put together.
 
-`create_app(cfg, registry=..., recorder=...)` builds an `Application` whose shared objects live
-under typed `AppKey`s:
+`create_app(cfg, registry=..., recorder=..., with_store=..., with_stats=...)` builds an
+`Application` whose shared objects live under the typed keys of `specproxy.appkeys` (what each
+key holds is listed there). The components read those keys and never import this module, so this
+is the only composition root.
 
-    CONFIG     the validated `Config`
-    REGISTRY   the injected prometheus `CollectorRegistry` (served at GET /metrics)
-    METRICS    the proxy's `ProxyMetrics` on that registry
-    RECORDER   where finished `RequestRecord`s go (default: an in-memory ring)
-    SESSIONS   {Arm: ClientSession}, one pooled session per upstream for the app's life
-    FORWARDER  the request path (built in on_startup, i.e. after every cleanup_ctx has started)
-    STATS      a zero-argument callable returning the latest stats result (GET /api/stats)
+Start order (aiohttp runs every cleanup_ctx before the on_startup hook that builds the
+forwarder, and runs the on_shutdown hook that stops it, cancelling shadows, which still write
+their records, before any cleanup_ctx unwinds):
 
-Extension points (one small edit each, in `create_app` at the marked spot, or from outside
-before the app starts with `app.cleanup_ctx.append(...)`). aiohttp runs every cleanup_ctx
-before the on_startup hook that builds the forwarder, and runs the on_shutdown hook that stops
-it (cancelling shadows, which still write their records) before any cleanup_ctx unwinds, so:
+1. upstream sessions (`SESSIONS`);
+2. store (`specproxy.store.context`, `with_store=True`): opens `cfg.store`, sets `STORE` and makes
+   it the `RECORDER`; closes (flushes) last, after the last record was handed over;
+3. fleet (`specproxy.fleet.context`): every arm's endpoint pool and DNS discovery (`FLEET`);
+4. scraper (`specproxy.scrape.context`): polls each arm's /metrics on `SESSIONS`, records engine
+   samples into `RECORDER`;
+5. stats job (`specproxy.stats.context`, `with_stats=True`, needs the store): the periodic
+   comparison on `STORE`; sets `STATS`, until then GET /api/stats answers 503;
+6. forwarder (on_startup): the request path, recording into whatever `RECORDER` is by then.
 
-- store (specproxy.store): a cleanup_ctx that starts the store and sets `app[RECORDER] = store`,
-  then on exit closes (flushes) it, after the last record was handed over.
-- scraper (specproxy.scrape.loop): a cleanup_ctx that runs its polling task using
-  `app[SESSIONS]`, `app[CONFIG]`, `app[REGISTRY]` and `app[RECORDER]`, and cancels it on exit.
-- stats job (specproxy.stats.job): a cleanup_ctx that runs the periodic job and sets
-  `app[STATS]` to a callable returning the latest result; until then /api/stats answers 503.
+A new component is one cleanup_ctx appended at the marked spot in `create_app`, reading and
+setting keys it declares in `specproxy.appkeys`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from specproxy.appkeys import (
+    CONFIG,
+    FORWARDER,
+    METRICS,
+    RECORDER,
+    REGISTRY,
+    SESSIONS,
+    STATS,
+)
 from specproxy.config import Config
 from specproxy.errors import error_body
 from specproxy.fleet.context import FLEET, fleet_ctx
@@ -48,27 +55,7 @@ from specproxy.stats.context import stats_ctx
 from specproxy.store.context import store_ctx
 from specproxy.ui import add_ui_routes
 
-__all__ = [
-    "CONFIG",
-    "FORWARDER",
-    "METRICS",
-    "RECORDER",
-    "REGISTRY",
-    "SESSIONS",
-    "STATS",
-    "create_app",
-    "upstream_session",
-]
-
-StatsProvider = Callable[[], Mapping[str, Any] | None]
-
-CONFIG = web.AppKey("config", Config)
-REGISTRY = web.AppKey("registry", CollectorRegistry)
-METRICS = web.AppKey("metrics", ProxyMetrics)
-RECORDER = web.AppKey("recorder", Recorder)
-SESSIONS: web.AppKey[dict[Arm, ClientSession]] = web.AppKey("sessions")
-FORWARDER = web.AppKey("forwarder", Forwarder)
-STATS: web.AppKey[StatsProvider] = web.AppKey("stats")
+__all__ = ["create_app", "upstream_session"]
 
 _READY_TIMEOUT_S = 2.0
 
@@ -78,8 +65,21 @@ def create_app(
     *,
     registry: CollectorRegistry | None = None,
     recorder: Recorder | None = None,
+    with_store: bool = True,
+    with_stats: bool = True,
 ) -> web.Application:
-    """The proxy application for `cfg`; nothing is connected until it starts."""
+    """The proxy application for `cfg`; nothing is connected until it starts.
+
+    `with_store` opens `cfg.store` and records into it; a test or benchmark that wants records
+    somewhere else passes `recorder=` with `with_store=False` (without either, records go to an
+    in-memory ring). `with_stats` runs the periodic stats job on that store. Asking for a store
+    and an injected recorder at once, or for stats without a store, is a `ValueError`: neither
+    is switched off behind the caller's back.
+    """
+    if recorder is not None and with_store:
+        raise ValueError("recorder= replaces the store: pass with_store=False with it")
+    if with_stats and not with_store:
+        raise ValueError("the stats job reads the store: with_stats=True needs with_store=True")
     app = web.Application(
         client_max_size=cfg.max_body_bytes,
         # aiohttp's own parser bounds (one header line, header lines), above proxy.limits' 431.
@@ -92,11 +92,12 @@ def create_app(
 
     app.cleanup_ctx.append(_upstream_sessions)
     # ---- Extension point: components append their cleanup_ctx here, in start order. ----
-    if recorder is None:  # an injected recorder (tests, benchmarks) stands in for the store
-        app.cleanup_ctx.append(store_ctx)  # sets app[RECORDER]; closes (flushes) last
+    if with_store:
+        app.cleanup_ctx.append(store_ctx)  # sets STORE and RECORDER; closes (flushes) last
     app.cleanup_ctx.append(fleet_ctx)  # every arm's endpoint pool (+ DNS discovery): FLEET
-    app.cleanup_ctx.append(scrape_ctx)  # polls each arm's /metrics via app[SESSIONS]
-    app.cleanup_ctx.append(stats_ctx)  # periodic comparison on the store; sets app[STATS]
+    app.cleanup_ctx.append(scrape_ctx)  # polls each arm's /metrics via SESSIONS
+    if with_stats:
+        app.cleanup_ctx.append(stats_ctx)  # periodic comparison on STORE; sets STATS
     # The forwarder reads RECORDER after every cleanup_ctx has started, and stops first.
     app.on_startup.append(_start_forwarder)
     app.on_shutdown.append(_stop_forwarder)

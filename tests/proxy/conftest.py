@@ -88,7 +88,9 @@ def make_proxy(
         )
         registry = CollectorRegistry()
         recorder = MemoryRecorder()
-        app = create_app(cfg, registry=registry, recorder=recorder)
+        app = create_app(
+            cfg, registry=registry, recorder=recorder, with_store=False, with_stats=False
+        )
         server = await aiohttp_server(app)  # TestServer runs with handler_cancellation=True
         client: TestClient[web.Request, None] = await aiohttp_client(server)
         return Proxy(client, server, app, recorder, registry)

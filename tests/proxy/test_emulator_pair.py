@@ -117,7 +117,13 @@ async def rig_factory(
             routing=RoutingConfig(allow_forced_arm=True),
         )
         recorder = MemoryRecorder()
-        app = create_app(cfg, registry=CollectorRegistry(), recorder=recorder)
+        app = create_app(
+            cfg,
+            registry=CollectorRegistry(),
+            recorder=recorder,
+            with_store=False,
+            with_stats=False,
+        )
         client: TestClient[web.Request, web.Application] = await aiohttp_client(app)
         return Rig(client, recorder, {Arm.SPECULATIVE: spec_url, Arm.BASELINE: base_url})
 

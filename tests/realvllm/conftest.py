@@ -137,7 +137,9 @@ def make_proxy(engines: Engines, aiohttp_server: AiohttpServer) -> MakeProxy:
         )
         registry = CollectorRegistry()
         recorder = MemoryRecorder()
-        app = create_app(cfg, registry=registry, recorder=recorder)
+        app = create_app(
+            cfg, registry=registry, recorder=recorder, with_store=False, with_stats=False
+        )
         server = await aiohttp_server(app)
         return Proxy(str(server.make_url("")).rstrip("/"), app, recorder, registry)
 

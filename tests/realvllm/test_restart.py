@@ -15,12 +15,11 @@ import aiohttp
 import numpy as np
 import pytest
 
-from specproxy.app import CONFIG
+from specproxy.appkeys import CONFIG, SCRAPER
 from specproxy.config import StatsConfig
 from specproxy.proxy.headers import ARM_HEADER
 from specproxy.realvllm.workload import completion_body, prompts
 from specproxy.records import Arm
-from specproxy.scrape.context import SCRAPER
 from specproxy.stats.clean import restart_times, warmup_mask
 from specproxy.stats.compare import REQUIRED_COLUMNS
 from specproxy.stats.job import compute_from_arrays

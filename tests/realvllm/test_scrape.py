@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from specproxy.appkeys import SCRAPER
 from specproxy.realvllm.workload import completion_body, prompts
 from specproxy.records import Arm
-from specproxy.scrape.context import SCRAPER
 from tests.realvllm.conftest import Engines, MakeProxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

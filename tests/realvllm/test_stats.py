@@ -20,12 +20,11 @@ from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpServer
 
 from specproxy.app import create_app
+from specproxy.appkeys import STATS_JOB, STORE
 from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.proxy.headers import ARM_HEADER
 from specproxy.realvllm.workload import completion_body, prompts
 from specproxy.records import Arm
-from specproxy.stats.context import STATS_JOB
-from specproxy.store.context import STORE
 from tests.realvllm.conftest import Engines
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -9,9 +9,9 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from specproxy import metrics
 from specproxy.app import create_app
+from specproxy.appkeys import SCRAPER
 from specproxy.config import Config, ScrapeConfig
 from specproxy.records import Arm
-from specproxy.scrape.context import SCRAPER
 from tests.scrape.fakes import EngineCounts, FakeMetricsServer, ListRecorder, v1_text
 
 
@@ -28,7 +28,7 @@ async def test_app_runs_the_scraper_and_exports_its_series(
         scrape=ScrapeConfig(interval_s=0.02, timeout_s=1.0),
     )
     registry, recorder = CollectorRegistry(), ListRecorder()
-    app = create_app(cfg, registry=registry, recorder=recorder)
+    app = create_app(cfg, registry=registry, recorder=recorder, with_store=False, with_stats=False)
     client = await aiohttp_client(app)
     scraper = app[SCRAPER]
     async with asyncio.timeout(10):

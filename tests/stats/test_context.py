@@ -82,7 +82,7 @@ async def test_api_stats_reflects_recorded_traffic(
 
 async def test_no_store_means_no_job_and_a_clear_503() -> None:
     cfg = Config(baseline_url="http://127.0.0.1:9", speculative_url="http://127.0.0.1:9")
-    app = create_app(cfg, recorder=MemoryRecorder())  # an injected recorder replaces the store
+    app = create_app(cfg, recorder=MemoryRecorder(), with_store=False, with_stats=False)
     async with TestClient(TestServer(app)) as client:
         resp = await client.get("/api/stats")
         assert resp.status == 503

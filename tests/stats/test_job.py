@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.stats.job import StatsJob, compute_stats, stats_job_ctx, window_label
+from specproxy.stats.job import StatsJob, compute_stats, window_label
 from specproxy.store.memory import MemoryStore
 
 RUN = "r1"
@@ -163,12 +163,14 @@ async def test_job_runs_periodically_and_stops() -> None:
     s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
     await s.start()
     job = StatsJob(s, run_id=RUN, stats_cfg=StatsConfig(interval_s=0.01, resamples=100))
-    ctx = stats_job_ctx(job)
-    async with ctx(None):
+    await job.start()
+    try:
         for _ in range(200):
             if len(await s.read_stats_history(run_id=RUN)) >= 2:
                 break
             await asyncio.sleep(0.01)
+    finally:
+        await job.close()
     assert len(await s.read_stats_history(run_id=RUN)) >= 2
     empty = job.latest()
     assert empty is not None

@@ -9,9 +9,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpClient
 
-from specproxy.app import RECORDER, create_app
+from specproxy.app import create_app
+from specproxy.appkeys import RECORDER, STORE
 from specproxy.config import Config, StoreConfig
-from specproxy.store.context import STORE
 
 
 def _closed_url() -> str:

@@ -27,14 +27,13 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.live import Live
 
-from specproxy.app import STATS, create_app
+from specproxy.app import create_app
+from specproxy.appkeys import STATS, STATS_JOB, STORE
 from specproxy.config import Config, ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.demo.view import ClientTally, plain_line, render
 from specproxy.errors import ConfigError
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
 from specproxy.prompts import load_prompts
-from specproxy.stats.context import STATS_JOB
-from specproxy.store.context import STORE
 
 __all__ = ["DEFAULT_STORE", "DemoOptions", "DemoOutcome", "run_demo"]
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specproxy.emulator import vocab
+import specproxy.emulator.vocab as vocab
 from specproxy.emulator.model import Sequence
 
 __all__ = [

@@ -32,7 +32,8 @@ from typing import Any
 
 from aiohttp import web
 
-from specproxy.emulator import protocol, vocab
+import specproxy.emulator.protocol as protocol
+import specproxy.emulator.vocab as vocab
 from specproxy.emulator.config import LIVE_KNOBS, EmulatorConfig
 from specproxy.emulator.model import Engine, Physics, SeqOutput, Sequence
 from specproxy.emulator.protocol import Choice, GenerationRequest, RequestError

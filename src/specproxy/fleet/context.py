@@ -10,17 +10,13 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from specproxy.appkeys import CONFIG, FLEET
 from specproxy.fleet.arms import Fleet
 
-__all__ = ["FLEET", "fleet_ctx"]
-
-FLEET = web.AppKey("fleet", Fleet)
+__all__ = ["fleet_ctx"]
 
 
 async def fleet_ctx(app: web.Application) -> AsyncIterator[None]:
-    # Imported here, not at module level: specproxy.app imports this module to wire it in.
-    from specproxy.app import CONFIG
-
     if FLEET not in app:  # a fleet injected before start (tests: a controlled resolver) wins
         app[FLEET] = Fleet(app[CONFIG])
     fleet = app[FLEET]

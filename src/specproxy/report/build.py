@@ -192,8 +192,7 @@ def _selection(
 ) -> tuple[npt.NDArray[np.bool_], int, int]:
     """The stats job's sample: usable primary requests outside the warm-up windows, by the very
     rule the job applies (`clean.warmup_exclusion`); also the warm-up and failed counts."""
-    from specproxy.stats.clean import warmup_exclusion
-    from specproxy.stats.compare import usable_mask
+    from specproxy.stats.clean import usable_mask, warmup_exclusion
 
     arrays = dict(a)
     t = np.asarray(a["t_start"], dtype=np.float64)

@@ -7,13 +7,12 @@ requests a restart's warm-up window excludes is the stats job's rule (`stats.cle
 """
 
 from specproxy.scrape.collector import EngineCollector, register_engine_collector
-from specproxy.scrape.context import SCRAPER, scrape_ctx
+from specproxy.scrape.context import scrape_ctx
 from specproxy.scrape.derive import derive_sample, is_restart, restart_time
 from specproxy.scrape.loop import ArmState, EngineScraper
 from specproxy.scrape.parse import EngineSnapshot, SpecFormat, parse_metrics
 
 __all__ = [
-    "SCRAPER",
     "ArmState",
     "EngineCollector",
     "EngineScraper",

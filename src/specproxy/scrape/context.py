@@ -12,20 +12,15 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from specproxy.appkeys import CONFIG, FLEET, RECORDER, REGISTRY, SCRAPER, SESSIONS
 from specproxy.scrape.collector import register_engine_collector
 from specproxy.scrape.loop import EngineScraper
 
-__all__ = ["SCRAPER", "scrape_ctx"]
-
-SCRAPER = web.AppKey("scraper", EngineScraper)
+__all__ = ["scrape_ctx"]
 
 
 async def scrape_ctx(app: web.Application) -> AsyncIterator[None]:
     """Start scraping when the app starts; stop (cancel the task) when it shuts down."""
-    # Imported here, not at module level: specproxy.app imports this module to wire it in.
-    from specproxy.app import CONFIG, RECORDER, REGISTRY, SESSIONS
-    from specproxy.fleet.context import FLEET
-
     sessions = app[SESSIONS]
     scraper = EngineScraper(app[CONFIG], sessions, app[RECORDER], fleet=app.get(FLEET))
     collector = register_engine_collector(app[REGISTRY], scraper.states)

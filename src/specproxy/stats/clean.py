@@ -36,6 +36,7 @@ __all__ = [
     "OutlierSummary",
     "count_outliers",
     "restart_times",
+    "usable_mask",
     "warmup_exclusion",
     "warmup_mask",
 ]
@@ -68,6 +69,19 @@ def restart_times(samples: Iterable[EngineSample], arm: Arm) -> list[float]:
     return times
 
 
+def usable_mask(arrays: ArmArrays) -> BoolArray:
+    """Successful, complete requests: HTTP 200, no error kind, client still connected."""
+    n = len(arrays["t_start"])
+    ok = np.ones(n, dtype=bool)
+    if "status" in arrays:
+        ok &= np.asarray(arrays["status"], dtype=np.float64) == 200
+    if "error_kind" in arrays:
+        ok &= np.array([e is None for e in arrays["error_kind"]], dtype=bool)
+    if "disconnected" in arrays:
+        ok &= ~np.asarray(arrays["disconnected"], dtype=bool)
+    return ok
+
+
 def warmup_exclusion(
     arrays: ArmArrays,
     samples: Iterable[EngineSample],
@@ -78,13 +92,10 @@ def warmup_exclusion(
 ) -> BoolArray:
     """The warm-up rule: True for each record of `arm` (its whole run, any order) to exclude.
 
-    `arrays` needs `t_start` and the columns of `compare.usable_mask`; `samples` are the run's
+    `arrays` needs `t_start` and the columns of `usable_mask`; `samples` are the run's
     engine samples (any arm, time order). Unusable records are never marked: they are dropped as
     failed, so "failed" and "warm-up" partition the records left out.
     """
-    # Imported here: compare imports this module (for count_outliers).
-    from specproxy.stats.compare import usable_mask
-
     return warmup_mask(
         np.asarray(arrays["t_start"], dtype=np.float64),
         restart_times(samples, arm),

@@ -27,7 +27,7 @@ from specproxy.stats.bootstrap import (
     paired_speedup_intervals,
     split_speedup_intervals,
 )
-from specproxy.stats.clean import count_outliers
+from specproxy.stats.clean import count_outliers, usable_mask
 from specproxy.stats.diagnosis import DiagnosisInput, EngineSummary, diagnose
 from specproxy.stats.quantile import STATISTICS, point_statistic, samples_needed
 from specproxy.stats.ranktests import rank_tests
@@ -39,7 +39,6 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "CompareSettings",
     "compare_window",
-    "usable_mask",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -70,19 +69,6 @@ class CompareSettings:
     confidence: float = 0.95
     alpha: float = 0.05
     p99_tolerance: float = 0.05
-
-
-def usable_mask(arrays: ArmArrays) -> npt.NDArray[np.bool_]:
-    """Successful, complete requests: HTTP 200, no error kind, client still connected."""
-    n = len(arrays["t_start"])
-    ok = np.ones(n, dtype=bool)
-    if "status" in arrays:
-        ok &= np.asarray(arrays["status"], dtype=np.float64) == 200
-    if "error_kind" in arrays:
-        ok &= np.array([e is None for e in arrays["error_kind"]], dtype=bool)
-    if "disconnected" in arrays:
-        ok &= ~np.asarray(arrays["disconnected"], dtype=bool)
-    return ok
 
 
 def _positive(values: npt.NDArray[Any]) -> FloatArray:

@@ -59,7 +59,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,13 +67,12 @@ from prometheus_client import CollectorRegistry
 
 from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.records import Arm, EngineSample
-from specproxy.stats.clean import warmup_exclusion
+from specproxy.stats.clean import usable_mask, warmup_exclusion
 from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.compare import (
     REQUIRED_COLUMNS,
     CompareSettings,
     compare_window,
-    usable_mask,
 )
 from specproxy.stats.diagnosis import summarise_engine
 from specproxy.stats.leader import Leadership
@@ -84,7 +83,6 @@ __all__ = [
     "StatsJob",
     "compute_from_arrays",
     "compute_stats",
-    "stats_job_ctx",
     "window_label",
 ]
 
@@ -307,17 +305,3 @@ class StatsJob:
             self._task = None
         if self._leadership is not None:
             await self._leadership.close()
-
-
-def stats_job_ctx(job: StatsJob) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
-    """An aiohttp `cleanup_ctx` entry that starts `job` with the app and stops it after."""
-
-    @contextlib.asynccontextmanager
-    async def ctx(_app: Any) -> AsyncIterator[None]:
-        await job.start()
-        try:
-            yield
-        finally:
-            await job.close()
-
-    return ctx

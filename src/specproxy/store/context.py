@@ -1,10 +1,10 @@
 """The store's place in the proxy's life cycle: one `app.cleanup_ctx` entry.
 
-It opens the store of `cfg.store` (migrations, spill replay), makes it the app's `RECORDER`,
-exposes its health counters on the app's registry, and publishes it under `STORE` for the stats
-job. On shutdown (SIGTERM/SIGINT through aiohttp's graceful exit) it closes the store, which
-flushes every buffered record or spills it to disk. Contexts unwind in reverse, so the forwarder
-has handed over its last record before this runs.
+`create_app(..., with_store=True)` adds it. It opens the store of `cfg.store` (migrations, spill
+replay), makes it the app's `RECORDER`, exposes its health counters on the app's registry, and
+publishes it under `STORE` for the stats job. On shutdown (SIGTERM/SIGINT through aiohttp's
+graceful exit) it closes the store, which flushes every buffered record or spills it to disk.
+Contexts unwind in reverse, so the forwarder has handed over its last record before this runs.
 """
 
 from __future__ import annotations
@@ -13,20 +13,15 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from specproxy.store.buffered import BufferedStore
+from specproxy.appkeys import CONFIG, RECORDER, REGISTRY, STORE
 from specproxy.store.collector import register_store_metrics
 from specproxy.store.factory import open_store
 
-__all__ = ["STORE", "store_ctx"]
-
-STORE = web.AppKey("store", BufferedStore)
+__all__ = ["store_ctx"]
 
 
 async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     """Start the store and record into it; close (flush) it when the app shuts down."""
-    # Imported here, not at module level: specproxy.app imports this module to wire it in.
-    from specproxy.app import CONFIG, RECORDER, REGISTRY
-
     cfg = app[CONFIG]
     store = open_store(cfg.store, run_id=cfg.run_id)
     await store.start()
