@@ -206,7 +206,14 @@ async def test_proxy_and_load_generator_derive_the_same_record(
     arm_url = str((await aiohttp_server(_replay(data))).make_url("")).rstrip("/")
     recorder = MemoryRecorder()
     cfg = Config(baseline_url=arm_url, speculative_url=arm_url, run_id="run")
-    proxy = await aiohttp_server(create_app(cfg, registry=CollectorRegistry(), recorder=recorder))
+    app = create_app(
+        cfg,
+        registry=CollectorRegistry(),
+        recorder=recorder,
+        with_store=False,
+        with_stats=False,
+    )
+    proxy = await aiohttp_server(app)
     options = RequestOptions(model="tiny-llama", endpoint=endpoint)  # type: ignore[arg-type]
     async with aiohttp.ClientSession() as session:
         gen = LoadGenerator(session, [Target(str(proxy.make_url("")))], [Prompt((), 32)], options)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 
+import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,6 +14,19 @@ from specproxy.emulator.vllm_metrics import EngineMetrics, token_buckets
 from tests.conftest import fixture_path
 
 Shape = dict[str, tuple[str, frozenset[frozenset[str]]]]
+
+
+@pytest.fixture(autouse=True)
+def created_series_on() -> Iterator[None]:
+    """Real vLLM serves `_created` series, so the emulator does; but prometheus_client keeps one
+    switch per process, which the proxy's metrics turn off (`specproxy.metrics`). Any test that
+    built a proxy earlier in the session (tests/demo runs first) must not change what this sees.
+    """
+    was_on = prometheus_client.metrics._use_created
+    prometheus_client.enable_created_metrics()  # type: ignore[no-untyped-call]
+    yield
+    if not was_on:
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def shape(text: str, prefixes: tuple[str, ...] = ("vllm:", "process_start_time")) -> Shape:
