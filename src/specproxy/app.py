@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from specproxy.appkeys import (
     CONFIG,
+    FLEET,
     FORWARDER,
     METRICS,
     RECORDER,
@@ -43,7 +44,7 @@ from specproxy.appkeys import (
 )
 from specproxy.config import Config
 from specproxy.errors import error_body
-from specproxy.fleet.context import FLEET, fleet_ctx
+from specproxy.fleet.context import fleet_ctx
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.limits import MAX_FIELD_BYTES, PARSER_MAX_HEADERS

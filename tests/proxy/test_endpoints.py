@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from specproxy.app import create_app
+from specproxy.appkeys import FLEET
 from specproxy.config import Config, OutlierConfig, RoutingConfig
-from specproxy.fleet.context import FLEET
 from specproxy.proxy.endpoints import verdict
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm
@@ -41,7 +41,13 @@ async def test_arm_of_two_endpoints_balances_and_survives_one_dying(
         outlier=OutlierConfig(eject_after_failures=2),
     )
     recorder = MemoryRecorder()
-    app = create_app(cfg, registry=CollectorRegistry(), recorder=recorder)
+    app = create_app(
+        cfg,
+        registry=CollectorRegistry(),
+        recorder=recorder,
+        with_store=False,
+        with_stats=False,
+    )
     client: TestClient = await aiohttp_client(await aiohttp_server(app))  # type: ignore[type-arg]
 
     for i in range(10):
