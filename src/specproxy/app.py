@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 from aiohttp import ClientError, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from specproxy.admin import admin_guard
 from specproxy.appkeys import (
     CONFIG,
     FLEET,
@@ -68,6 +69,7 @@ def create_app(
     recorder: Recorder | None = None,
     with_store: bool = True,
     with_stats: bool = True,
+    admin_token: str | None = None,
 ) -> web.Application:
     """The proxy application for `cfg`; nothing is connected until it starts.
 
@@ -75,13 +77,18 @@ def create_app(
     somewhere else passes `recorder=` with `with_store=False` (without either, records go to an
     in-memory ring). `with_stats` runs the periodic stats job on that store. Asking for a store
     and an injected recorder at once, or for stats without a store, is a `ValueError`: neither
-    is switched off behind the caller's back.
+    is switched off behind the caller's back. With an `admin_token` (`specproxy.admin`), the
+    proxy's own surfaces need it; /v1/* never does.
     """
     if recorder is not None and with_store:
         raise ValueError("recorder= replaces the store: pass with_store=False with it")
     if with_stats and not with_store:
         raise ValueError("the stats job reads the store: with_stats=True needs with_store=True")
+    middlewares = []
+    if admin_token is not None:
+        middlewares.append(admin_guard(admin_token, protect_metrics=cfg.protect_metrics))
     app = web.Application(
+        middlewares=middlewares,
         client_max_size=cfg.max_body_bytes,
         # aiohttp's own parser bounds (one header line, header lines), above proxy.limits' 431.
         handler_args={"max_field_size": MAX_FIELD_BYTES, "max_headers": PARSER_MAX_HEADERS},

@@ -285,6 +285,7 @@ class Config:
     speculative: ArmConfig | None = None  # the arm's endpoints; None: from speculative_url
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
     model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
+    protect_metrics: bool = False  # with an admin token (specproxy.admin), /metrics needs it too
 
     def __post_init__(self) -> None:
         for arm in ("baseline", "speculative"):

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from specproxy.admin import load_admin_token
 from specproxy.app import create_app
 from specproxy.config import Config, load_toml
 from specproxy.config_env import env_settings, name_variable, variable_name
@@ -133,7 +134,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    app = create_app(cfg)
+    app = create_app(cfg, admin_token=load_admin_token())
     app.on_startup.append(freeze_startup_objects)  # last hook: after every component started
     log.info(
         "specproxy on http://%s:%d -> speculative %s (share %.2f), baseline %s",
