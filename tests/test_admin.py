@@ -25,7 +25,6 @@ from tests.test_app import config
 
 TOKEN = "0123456789abcdef0123"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-NO_STORE = {"with_store": False, "with_stats": False}
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -84,7 +83,12 @@ async def test_what_the_token_guards(aiohttp_client: AiohttpClient, protect_metr
         protect_metrics=protect_metrics,
     )
     app = create_app(
-        cfg, registry=CollectorRegistry(), recorder=MemoryRecorder(), admin_token=TOKEN, **NO_STORE
+        cfg,
+        registry=CollectorRegistry(),
+        recorder=MemoryRecorder(),
+        admin_token=TOKEN,
+        with_store=False,
+        with_stats=False,
     )
     client = await aiohttp_client(app)
     guarded = [("GET", "/api/stats"), ("GET", "/ui"), ("GET", "/ui/app.js"),
@@ -106,7 +110,13 @@ async def test_what_the_token_guards(aiohttp_client: AiohttpClient, protect_metr
 
 
 async def test_without_a_token_nothing_is_guarded(aiohttp_client: AiohttpClient) -> None:
-    app = create_app(config(), registry=CollectorRegistry(), recorder=MemoryRecorder(), **NO_STORE)
+    app = create_app(
+        config(),
+        registry=CollectorRegistry(),
+        recorder=MemoryRecorder(),
+        with_store=False,
+        with_stats=False,
+    )
     client = await aiohttp_client(app)
     for path in ("/api/stats", "/ui", "/metrics"):
         assert await _status(client, "GET", path, {}) != 401
