@@ -86,12 +86,12 @@ def test_unknown_value_classes_fall_back_to_the_library_method() -> None:
 def test_registry_has_process_build_info_and_no_created_series() -> None:
     registry = CollectorRegistry()
     metrics = ProxyMetrics(registry)
-    metrics.requests.labels("speculative", "200").inc()
+    metrics.requests.labels("speculative", "200", "m").inc()
     text = generate_latest(registry).decode()
     assert registry.get_sample_value("specproxy_build_info", {"version": __version__}) == 1.0
     assert registry.get_sample_value("process_cpu_seconds_total") is not None
     assert "_created" not in text
-    assert 'specproxy_requests_total{arm="speculative",status="200"} 1.0' in text
+    assert 'specproxy_requests_total{arm="speculative",model="m",status="200"} 1.0' in text
 
 
 def test_histogram_quantile_interpolates_like_prometheus() -> None:
@@ -104,13 +104,13 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
 
 def test_tokens_per_event_of_one_reads_one_not_a_half() -> None:
     registry = CollectorRegistry()
-    histogram = ProxyMetrics(registry).tokens_per_event.labels("baseline")
+    histogram = ProxyMetrics(registry).tokens_per_event.labels("baseline", "m")
     for _ in range(100):
         histogram.observe(1.0)
     bounds = list(TOKENS_PER_EVENT_BUCKETS)
     cumulative = [
         registry.get_sample_value(
-            "specproxy_tokens_per_event_bucket", {"arm": "baseline", "le": le}
+            "specproxy_tokens_per_event_bucket", {"arm": "baseline", "model": "m", "le": le}
         )
         or 0.0
         for le in [*(str(float(b)) for b in bounds), "+Inf"]

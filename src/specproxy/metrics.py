@@ -46,17 +46,19 @@ __all__ = [
     "register_process_metrics",
 ]
 
-# Proxy request metrics (labels: arm, endpoint, stream unless noted).
+# Proxy request metrics (labels: arm, endpoint, stream unless noted, and `model` on each: the
+# client's model string bounded by fleet.models.ModelLabels, i.e. a served or allowed model, or
+# "other").
 REQUEST_DURATION = "specproxy_request_duration_seconds"
 TTFT = "specproxy_time_to_first_token_seconds"
 TPOT = "specproxy_time_per_output_token_seconds"
-EVENT_GAP = "specproxy_event_gap_seconds"  # labels: arm
-TOKENS_PER_EVENT = "specproxy_tokens_per_event"  # labels: arm
-OUTPUT_TOKENS = "specproxy_output_tokens"  # labels: arm
-PROXY_OVERHEAD = "specproxy_proxy_overhead_seconds"  # labels: arm; e2e minus upstream time
-REQUEST_ACCEPTANCE_LENGTH = "specproxy_request_acceptance_length"  # labels: arm
-REQUESTS = "specproxy_requests"  # counter -> specproxy_requests_total{arm,status}
-UPSTREAM_ERRORS = "specproxy_upstream_errors"  # counter -> ..._total{arm,kind}
+EVENT_GAP = "specproxy_event_gap_seconds"  # labels: arm, model
+TOKENS_PER_EVENT = "specproxy_tokens_per_event"  # labels: arm, model
+OUTPUT_TOKENS = "specproxy_output_tokens"  # labels: arm, model
+PROXY_OVERHEAD = "specproxy_proxy_overhead_seconds"  # labels: arm, model; e2e minus upstream
+REQUEST_ACCEPTANCE_LENGTH = "specproxy_request_acceptance_length"  # labels: arm, model
+REQUESTS = "specproxy_requests"  # counter -> specproxy_requests_total{arm,status,model}
+UPSTREAM_ERRORS = "specproxy_upstream_errors"  # counter -> ..._total{arm,kind,model}
 SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (shadow cap reached)
 # The proxy answered itself (bad JSON, too deep, too large, bad method): ..._total{reason}.
 REJECTED = "specproxy_rejected_requests"  # reason: proxy.limits.Rejection's values
@@ -152,69 +154,69 @@ class ProxyMetrics:
         self.request_duration = Histogram(
             REQUEST_DURATION,
             "Wall-clock time from request received to last byte sent, by arm.",
-            ["arm", "endpoint", "stream"],
+            ["arm", "endpoint", "stream", "model"],
             buckets=lat,
             registry=registry,
         )
         self.ttft = Histogram(
             TTFT,
             "Time from request received to the first SSE event with content.",
-            ["arm", "endpoint"],
+            ["arm", "endpoint", "model"],
             buckets=lat,
             registry=registry,
         )
         self.tpot = Histogram(
             TPOT,
             "(E2E - TTFT) / (output tokens - 1): per-token decode time.",
-            ["arm", "endpoint"],
+            ["arm", "endpoint", "model"],
             buckets=lat,
             registry=registry,
         )
         self.event_gap = Histogram(
             EVENT_GAP,
             "Gap between consecutive SSE content events (one event per engine step).",
-            ["arm"],
+            ["arm", "model"],
             buckets=lat,
             registry=registry,
         )
         self.tokens_per_event = Histogram(
             TOKENS_PER_EVENT,
             "Mean output tokens per SSE content event, per request.",
-            ["arm"],
+            ["arm", "model"],
             buckets=TOKENS_PER_EVENT_BUCKETS,
             registry=registry,
         )
         self.output_tokens = Histogram(
             OUTPUT_TOKENS,
             "Output tokens per request.",
-            ["arm"],
+            ["arm", "model"],
             buckets=TOKEN_BUCKETS,
             registry=registry,
         )
         self.proxy_overhead = Histogram(
             PROXY_OVERHEAD,
             "E2E minus upstream-only time: what the proxy itself added.",
-            ["arm"],
+            ["arm", "model"],
             buckets=log_buckets(0.00001, 1.0, 1.25),
             registry=registry,
         )
         self.request_acceptance_length = Histogram(
             REQUEST_ACCEPTANCE_LENGTH,
             "Per-request mean acceptance length reported by vLLM (speculative arm).",
-            ["arm"],
+            ["arm", "model"],
             buckets=TOKENS_PER_EVENT_BUCKETS,
             registry=registry,
         )
         self.requests = Counter(
             REQUESTS,
-            "Requests recorded, by arm and HTTP status.",
-            ["arm", "status"],
+            "Requests recorded, by arm, HTTP status and model.",
+            ["arm", "status", "model"],
             registry=registry,
         )
         self.upstream_errors = Counter(
             UPSTREAM_ERRORS,
             "Upstream failures by arm and kind (connect, timeout, broken, http_4xx, http_5xx).",
-            ["arm", "kind"],
+            ["arm", "kind", "model"],
             registry=registry,
         )
         self.rejected = Counter(

@@ -52,7 +52,14 @@ class Proxy:
     registry: CollectorRegistry
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
-        return self.registry.get_sample_value(name, labels or {}) or 0.0
+        """The sum of `name` over every series carrying `labels` (others, e.g. model, any)."""
+        wanted = (labels or {}).items()
+        return sum(
+            s.value
+            for metric in self.registry.collect()
+            for s in metric.samples
+            if s.name == name and wanted <= s.labels.items()
+        )
 
 
 MakeProxy = Callable[..., Awaitable[Proxy]]

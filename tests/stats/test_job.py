@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.stats.job import StatsJob, compute_stats, window_label
 from specproxy.store.memory import MemoryStore
@@ -135,6 +136,42 @@ async def test_compute_stats_end_to_end(store: MemoryStore) -> None:
     assert 0 < last_minute["samples"]["baseline"] < 200
     assert last_minute["metrics"]["e2e"]["speedup"]["p99"]["status"] == "insufficient"
     json.dumps(result, allow_nan=False)  # JSON-able, no NaN
+
+
+async def test_per_model_results_are_bounded_by_the_model_labels(store: MemoryStore) -> None:
+    labels = ModelLabels(allow=["m-a"])  # m-b is served by no arm: it becomes "other"
+    for i in range(50):  # a client inventing model names
+        store.record(
+            RequestRecord(
+                f"x{i}",
+                RUN,
+                Arm.BASELINE,
+                1100.0 + i * 0.01,
+                f"junk-{i}",
+                "completions",
+                False,
+                200,
+                0.1,
+                0.1,
+            )
+        )
+    await store.flush()
+    result = await compute_stats(
+        store,
+        run_id=RUN,
+        stats_cfg=CFG,
+        scrape_cfg=SCRAPE,
+        window_end=1160.0,
+        model_label=labels.label,
+    )
+    assert set(result["results"]) == {"all", "m-a", OTHER}
+    assert len(result["results"]) <= labels.bound + 1  # + "all"
+    other = result["results"][OTHER]["all"]["samples"]
+    plain = await compute_stats(
+        store, run_id=RUN, stats_cfg=CFG, scrape_cfg=SCRAPE, window_end=1160.0
+    )
+    assert len(plain["results"]) == 3 + 50  # unbounded without the labels
+    assert other["baseline"] == plain["results"]["m-b"]["all"]["samples"]["baseline"] + 50
 
 
 async def test_job_publishes_gauges_and_history(store: MemoryStore) -> None:

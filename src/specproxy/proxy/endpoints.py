@@ -19,7 +19,7 @@ from typing import Final
 from aiohttp import ClientConnectorError
 from yarl import URL
 
-from specproxy.config import Config
+from specproxy.config import Config, TimeoutConfig
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.pool import Endpoint
 from specproxy.proxy.upstream import ConnectFailed, UpstreamPool
@@ -54,7 +54,7 @@ class EndpointClients:
 
     __slots__ = ("base", "lean", "lean_paths", "urls")
 
-    def __init__(self, base: str, paths: Iterable[str], cfg: Config) -> None:
+    def __init__(self, base: str, paths: Iterable[str], timeouts: TimeoutConfig) -> None:
         self.base = base
         paths = tuple(paths)
         self.urls = {path: URL(base + path, encoded=True) for path in paths}
@@ -90,13 +90,14 @@ class Upstreams:
 
     def pick(self, arm: Arm) -> tuple[Endpoint, EndpointClients]:
         """The endpoint for the next call to `arm` (counted in flight until `done`)."""
-        return self._clients_for(self._fleet.pool(arm).acquire())
+        return self._clients_for(arm, self._fleet.pool(arm).acquire())
 
-    def _clients_for(self, endpoint: Endpoint) -> tuple[Endpoint, EndpointClients]:
+    def _clients_for(self, arm: Arm, endpoint: Endpoint) -> tuple[Endpoint, EndpointClients]:
         url = endpoint.url
         clients = self._clients.get(url)
         if clients is None:
-            clients = self._clients[url] = EndpointClients(url, self._paths, self._cfg)
+            timeouts = self._cfg.timeouts.for_arm(arm.value)
+            clients = self._clients[url] = EndpointClients(url, self._paths, timeouts)
             task = asyncio.get_running_loop().create_task(self.prune())
             self._pruning.add(task)
             task.add_done_callback(self._pruning.discard)
@@ -108,7 +109,7 @@ class Upstreams:
     ) -> tuple[Endpoint, EndpointClients] | None:
         """Another endpoint of `arm` than those `tried`, for a call that was never sent."""
         endpoint = self._fleet.pool(arm).acquire_other(tried)
-        return None if endpoint is None else self._clients_for(endpoint)
+        return None if endpoint is None else self._clients_for(arm, endpoint)
 
     def done(self, arm: Arm, endpoint: Endpoint, error_kind: str | None) -> None:
         """The call ended with `error_kind` (None: success)."""

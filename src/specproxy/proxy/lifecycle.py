@@ -86,16 +86,15 @@ class Forwarder:
         self._run_id = cfg.run_id
         self._sessions = dict(sessions)
         self._recorder = recorder
-        self._observer = Observer(metrics)
+        fleet = fleet if fleet is not None else Fleet(cfg)
+        self._observer = Observer(metrics, fleet.labels.label)
         self._router = Router(cfg.routing)
         self._mirror_enabled = cfg.routing.mirror_fraction > 0
         self._inject_usage = cfg.inject_usage
         self._max_body = cfg.max_body_bytes
         # Each arm is a pool of endpoints; each endpoint has its own clients (see `endpoints`).
         # Non-streaming calls to plain-http endpoints go through the lean client (`upstream`).
-        self._upstreams = Upstreams(
-            cfg, fleet if fleet is not None else Fleet(cfg), MEASURED_ENDPOINTS
-        )
+        self._upstreams = Upstreams(cfg, fleet, MEASURED_ENDPOINTS)
         self._arm_timeouts = {arm: cfg.timeouts.for_arm(arm.value) for arm in Arm}
         self._timeouts = {arm: ArmTimeouts.of(t) for arm, t in self._arm_timeouts.items()}
         self._new_id = RequestIds()

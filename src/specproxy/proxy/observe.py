@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
+from specproxy.fleet.models import OTHER
 from specproxy.metrics import ProxyMetrics, fast_increment, fast_observe
 from specproxy.records import Arm, RequestRecord
 
@@ -17,12 +18,19 @@ __all__ = ["Observer"]
 
 
 class Observer:
-    """Turns records into samples of the proxy's metrics; counts requests in flight per arm."""
+    """Turns records into samples of the proxy's metrics; counts requests in flight per arm.
 
-    def __init__(self, metrics: ProxyMetrics) -> None:
+    The `model` label is the record's model through `model_label` (bounded: the served and
+    allowed models, else "other"), so the cached children are bounded too.
+    """
+
+    def __init__(
+        self, metrics: ProxyMetrics, model_label: Callable[[str], str] = lambda _: OTHER
+    ) -> None:
         self._metrics = metrics
-        self._children: dict[tuple[Arm, str, bool], tuple[Callable[[float], None], ...]] = {}
-        self._request_counters: dict[tuple[Arm, int], Callable[[], None]] = {}
+        self._label = model_label
+        self._children: dict[tuple[Arm, str, bool, str], tuple[Callable[[float], None], ...]] = {}
+        self._request_counters: dict[tuple[Arm, int, str], Callable[[], None]] = {}
         self.inflight = dict.fromkeys(Arm, 0)
         for arm in Arm:
             metrics.inflight.labels(arm.value).set_function(
@@ -41,23 +49,24 @@ class Observer:
 
     def observe(self, rec: RequestRecord, gaps: Sequence[float]) -> None:
         """One finished record: shadows count only their errors, primaries everything."""
+        model = self._label(rec.model)
         if rec.shadow:
             if rec.error_kind is not None and rec.error_kind != "cancelled":
-                self._metrics.upstream_errors.labels(rec.arm.value, rec.error_kind).inc()
+                self._metrics.upstream_errors.labels(rec.arm.value, rec.error_kind, model).inc()
             return
         arm = rec.arm
-        count = self._request_counters.get((arm, rec.status))
+        count = self._request_counters.get((arm, rec.status, model))
         if count is None:
-            count = self._request_counters[(arm, rec.status)] = fast_increment(
-                self._metrics.requests.labels(arm.value, str(rec.status))
+            count = self._request_counters[(arm, rec.status, model)] = fast_increment(
+                self._metrics.requests.labels(arm.value, str(rec.status), model)
             )
         count()
         kind = rec.error_kind
         if kind is not None:
             if kind != "disconnected":
-                self._metrics.upstream_errors.labels(arm.value, kind).inc()
+                self._metrics.upstream_errors.labels(arm.value, kind, model).inc()
             return
-        key = (arm, rec.endpoint, rec.stream)
+        key = (arm, rec.endpoint, rec.stream, model)
         children = self._children.get(key)
         if children is None:
             children = self._children[key] = self._observers(key)
@@ -78,20 +87,20 @@ class Observer:
         for value in gaps:
             gap(value)
 
-    def _observers(self, key: tuple[Arm, str, bool]) -> tuple[Callable[[float], None], ...]:
-        """The histogram children of one (arm, endpoint, stream), as fast observe callables."""
+    def _observers(self, key: tuple[Arm, str, bool, str]) -> tuple[Callable[[float], None], ...]:
+        """The histogram children of one (arm, endpoint, stream, model), as fast callables."""
         m = self._metrics
-        arm, endpoint, stream = key[0].value, key[1], key[2]
+        arm, endpoint, stream, model = key[0].value, key[1], key[2], key[3]
         return tuple(
             fast_observe(child)
             for child in (
-                m.request_duration.labels(arm, endpoint, "true" if stream else "false"),
-                m.ttft.labels(arm, endpoint),
-                m.tpot.labels(arm, endpoint),
-                m.event_gap.labels(arm),
-                m.tokens_per_event.labels(arm),
-                m.output_tokens.labels(arm),
-                m.proxy_overhead.labels(arm),
-                m.request_acceptance_length.labels(arm),
+                m.request_duration.labels(arm, endpoint, "true" if stream else "false", model),
+                m.ttft.labels(arm, endpoint, model),
+                m.tpot.labels(arm, endpoint, model),
+                m.event_gap.labels(arm, model),
+                m.tokens_per_event.labels(arm, model),
+                m.output_tokens.labels(arm, model),
+                m.proxy_overhead.labels(arm, model),
+                m.request_acceptance_length.labels(arm, model),
             )
         )

@@ -104,6 +104,16 @@ def _subset(arrays: ArmArrays, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> Arm
     return {k: np.asarray(v)[mask] for k, v in arrays.items()}
 
 
+def _relabel(arrays: ArmArrays, label: Callable[[str], str]) -> ArmArrays:
+    """The arrays with each model replaced by its bounded label."""
+    cache: dict[Any, str] = {}
+    models = [
+        cache[m] if m in cache else cache.setdefault(m, label(str(m)))
+        for m in np.asarray(arrays["model"])
+    ]
+    return {**arrays, "model": np.array(models, dtype=object)}
+
+
 def compute_from_arrays(
     arrays: dict[Arm, ArmArrays],
     engine_samples: Sequence[EngineSample],
@@ -112,8 +122,13 @@ def compute_from_arrays(
     stats_cfg: StatsConfig,
     scrape_cfg: ScrapeConfig | None = None,
     window_end: float | None = None,
+    model_label: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
-    """The whole result (schema in the module docstring) from a run's arrays; CPU only."""
+    """The whole result (schema in the module docstring) from a run's arrays; CPU only.
+
+    `model_label` bounds the per-model results (`fleet.models.ModelLabels.label`): models it
+    maps to the same label are compared together under that label.
+    """
     started = time.perf_counter()
     scrape_cfg = scrape_cfg or ScrapeConfig()
     kept: dict[Arm, ArmArrays] = {}
@@ -132,6 +147,9 @@ def compute_from_arrays(
     if window_end is None:
         ends = [float(a["t_start"].max()) for a in arrays.values() if len(a["t_start"])]
         window_end = max(ends) if ends else time.time()
+    if model_label is not None:
+        arrays = {arm: _relabel(a, model_label) for arm, a in arrays.items()}
+        kept = {arm: _relabel(a, model_label) for arm, a in kept.items()}
     # Only models that served at least one usable request: a 404 for a misspelt model name must
     # not become a dashboard option with no data.
     models = sorted(
@@ -200,6 +218,7 @@ async def compute_stats(
     stats_cfg: StatsConfig,
     scrape_cfg: ScrapeConfig | None = None,
     window_end: float | None = None,
+    model_label: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     """Read the run from the store, then compute in a worker thread."""
     arrays = await store.read_arrays(run_id=run_id, columns=REQUIRED_COLUMNS)
@@ -212,6 +231,7 @@ async def compute_stats(
         stats_cfg=stats_cfg,
         scrape_cfg=scrape_cfg,
         window_end=window_end,
+        model_label=model_label,
     )
 
 
@@ -228,8 +248,10 @@ class StatsJob:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
         leadership: Leadership | None = None,
+        model_label: Callable[[str], str] | None = None,
     ) -> None:
         self._store = store
+        self._model_label = model_label
         self._run_id = run_id
         self._stats_cfg = stats_cfg
         self._scrape_cfg = scrape_cfg
@@ -257,6 +279,7 @@ class StatsJob:
             stats_cfg=self._stats_cfg,
             scrape_cfg=self._scrape_cfg,
             window_end=self._clock(),
+            model_label=self._model_label,
         )
         self._latest = result
         try:
