@@ -65,7 +65,7 @@ class EndpointClients:
             self.lean = UpstreamPool(
                 url.host,
                 url.port or 80,
-                connect_timeout=cfg.timeouts.connect_s,
+                connect_timeout=timeouts.connect_s,
                 # Non-streaming calls only, silent until done: each call's deadline bounds it.
                 read_timeout=None,
             )

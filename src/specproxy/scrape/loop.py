@@ -152,12 +152,12 @@ class EngineScraper:
             return _describe(exc)
 
     async def _refresh_models(self) -> None:
-        """The models the arms serve, from one endpoint each, for the bounded label."""
+        """The models the arms serve, from one up endpoint each, for the bounded label."""
         served: list[str] = []
         for arm, state in self._states.items():
-            # An endpoint whose /metrics answered, else the first one (it may serve only /v1).
-            urls = self._fleet.endpoints(arm)
-            url = next((u for u, ep in state.endpoints.items() if ep.up), urls[0])
+            url = next((u for u, ep in state.endpoints.items() if ep.up), None)
+            if url is None:  # no engine answers /metrics: nothing to ask
+                continue
             try:
                 served += parse_models(await self._fetch(arm, url + "/v1/models"))
             except asyncio.CancelledError:
