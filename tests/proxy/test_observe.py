@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from specproxy.fleet.context import FLEET
+from specproxy.appkeys import FLEET
 from tests.proxy.conftest import CHAT, SPEC_ONLY, MakeProxy, chat
 
 
