@@ -47,4 +47,8 @@ def names_in(expr: str) -> set[str]:
     code = re.sub(r"\{[^}]*\}", "{}", _STRING.sub('""', expr))
     code = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", code)
     tokens = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", code))
-    return {t for t in tokens if t.startswith("specproxy_") or ":" in t or t in PROMETHEUS_BUILTINS}
+    return {
+        t
+        for t in tokens
+        if t.startswith(("specproxy_", "process_")) or ":" in t or t in PROMETHEUS_BUILTINS
+    }

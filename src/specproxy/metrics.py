@@ -93,6 +93,11 @@ SAMPLES = "specproxy_samples"  # + arm
 VERDICT = "specproxy_verdict"  # + metric
 VERDICT_STATES = ("faster", "inconclusive", "slower")
 P99_SLOWDOWN = "specproxy_p99_slowdown"  # + metric; 1 while the anytime-valid test rejects
+# Recording rules (deploy/prometheus/rules/specproxy.rules.yml), fleet-wide 5-minute series.
+RECORDED_REQUEST_RATE = "arm:specproxy_requests:rate5m"
+RECORDED_FAILED_RATIO = "arm:specproxy_requests_failed:ratio_rate5m"
+RECORDED_TOKENS_PER_EVENT = "arm:specproxy_tokens_per_event:mean5m"
+RECORDED_P99_RATIO = "specproxy:request_duration_seconds:p99_ratio_5m"
 STATS_LAST_RUN = "specproxy_stats_last_run_timestamp_seconds"  # the result's computed_at
 STATS_LEADER = "specproxy_stats_leader"  # 1 in the replica that computes, 0 in followers
 

@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.cog.plugins import register_default_plugins
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
 from specproxy import metrics as m
 from specproxy.grafana.dashboard import (
     DASHBOARD_FILENAME,
@@ -14,6 +18,7 @@ from specproxy.grafana.dashboard import (
     dashboard_json,
     panel_queries,
 )
+from tests.deploy.rulefiles import load_rules
 from tests.promql_names import exported_names, names_in
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,11 +45,14 @@ def test_dashboard_targets_current_grafana_with_required_variables() -> None:
     assert dashboard["schemaVersion"] >= 39
     assert dashboard["uid"] == DASHBOARD_UID
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert {"datasource", "model", "window"} <= set(variables)
+    assert {"datasource", "model", "window", "instance"} <= set(variables)
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     assert m.SPEEDUP in variables["model"]["definition"]
-    assert "$model" in variables["window"]["definition"]
+    assert "${model:text}" in variables["window"]["definition"]
+    # "All" is every model for the proxy's series, and the stats job's model="all" aggregate
+    assert variables["model"]["includeAll"] and variables["model"]["allValue"] == ".*"
+    assert variables["instance"]["includeAll"] and variables["instance"]["multi"]
 
 
 def test_every_panel_uses_the_datasource_variable_and_has_unique_ids() -> None:
@@ -73,8 +81,17 @@ def test_panels_fit_the_grid_without_overlapping() -> None:
         occupied |= cells
 
 
+def _recorded() -> set[str]:
+    return {
+        rule["record"]
+        for group in load_rules()["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+
+
 def test_queries_name_only_metrics_the_proxy_exports() -> None:
-    allowed = exported_names() | {"ALERTS"}
+    allowed = exported_names() | {"ALERTS"} | _recorded()
     queries = panel_queries(build_dashboard())
     assert queries
     for title, expr, _ in queries:
@@ -94,7 +111,8 @@ def test_required_panels_are_there() -> None:
     assert used(m.VERDICT) and used(m.P99_SLOWDOWN)
     for bound in ("estimate", "lower", "upper"):  # speedup with its CI, and over time
         assert sum(f'bound="{bound}"' in e and m.SPEEDUP in e for e in exprs) >= 4
-    for histogram in (m.REQUEST_DURATION, m.TTFT, m.TPOT):
+    assert used(f"histogram_quantile(0.99, sum by (arm, stream, le) (rate({m.REQUEST_DURATION}")
+    for histogram in (m.TTFT, m.TPOT, m.OUTPUT_TOKENS):
         assert used(f"histogram_quantile(0.99, sum by (arm, le) (rate({histogram}_bucket"), (
             histogram
         )
@@ -110,14 +128,84 @@ def test_required_panels_are_there() -> None:
         m.UPSTREAM_ERRORS,
         m.PROXY_OVERHEAD,
         m.STORE_DROPPED,
+        m.ENGINE_UP,
+        m.ENGINE_RESTARTS,
+        m.ENGINE_GENERATION_TOKENS,
     ):
         assert used(name), name
 
 
-def test_stats_queries_follow_the_model_and_window_variables() -> None:
+def test_stats_queries_follow_the_model_and_window_variables_once_per_fleet() -> None:
+    seen = 0
     for title, expr, _ in panel_queries(build_dashboard()):
         if any(name in expr for name in (m.SPEEDUP, m.VERDICT, m.P99_SLOWDOWN, m.SAMPLES)):
-            assert 'model="$model"' in expr and 'window="$window"' in expr, title
+            seen += 1
+            assert 'model=~"(?i)${model:text}"' in expr and 'window="$window"' in expr, title
+            # every replica serves the leader's result: one series, not one per proxy
+            assert expr.startswith("max "), (title, expr)
+            assert ("instance" in expr and "pod" in expr) or "by (metric)" in expr, (title, expr)
+    assert seen >= 8
+
+
+def test_request_queries_follow_model_and_instance_and_recorded_ones_model() -> None:
+    request_metrics = (m.REQUEST_DURATION, m.TTFT, m.TPOT, m.EVENT_GAP, m.OUTPUT_TOKENS)
+    for title, expr, _ in panel_queries(build_dashboard()):
+        if any(name in expr for name in request_metrics):
+            assert 'model=~"$model",instance=~"$instance"' in expr, (title, expr)
+        if any(name in expr for name in _recorded()):
+            assert 'model=~"$model"' in expr, (title, expr)
+
+
+def test_recording_rules_are_used_where_they_exist() -> None:
+    exprs = " ".join(expr for _, expr, _ in panel_queries(build_dashboard()))
+    for name in (
+        m.RECORDED_REQUEST_RATE,
+        m.RECORDED_FAILED_RATIO,
+        m.RECORDED_TOKENS_PER_EVENT,
+        m.RECORDED_P99_RATIO,
+    ):
+        assert name in _recorded(), name
+        assert name in exprs, name
+
+
+def test_every_panel_has_a_unit() -> None:
+    for panel in _panels(build_dashboard()):
+        unit = panel["fieldConfig"]["defaults"].get("unit")
+        assert unit and unit != "short", panel["title"]
+
+
+def test_percentiles_come_with_a_mean_and_never_mix_streamed_and_not() -> None:
+    for panel in _panels(build_dashboard()):
+        exprs = [t["expr"] for t in panel["targets"]]
+        quantiles = [e for e in exprs if "histogram_quantile(0.99" in e]
+        if not quantiles:
+            continue
+        assert any("_sum" in e and "_count" in e for e in exprs), panel["title"]
+        if m.REQUEST_DURATION in " ".join(quantiles):
+            assert all("stream" in e for e in exprs if m.REQUEST_DURATION in e), panel["title"]
+
+
+def test_sdk_loads_the_dashboard_and_round_trips_it() -> None:
+    """grafana-foundation-sdk's typed model: every panel, option and query survives."""
+    register_default_plugins()
+    original = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    model = Dashboard.from_json(original)
+    once = json.loads(json.dumps(model, cls=JSONEncoder))
+    twice = json.loads(json.dumps(Dashboard.from_json(once), cls=JSONEncoder))
+    assert once == twice
+    assert model.uid == DASHBOARD_UID and model.schema_version == original["schemaVersion"]
+    assert len(once["panels"]) == len(original["panels"])
+    for before, after in zip(original["panels"], once["panels"], strict=True):
+        for key in ("title", "type", "gridPos", "description"):
+            assert after.get(key) == before.get(key), (before["title"], key)
+        if before["type"] == "row":
+            continue
+        assert after["fieldConfig"]["defaults"]["unit"] == before["fieldConfig"]["defaults"]["unit"]
+        assert [(t["expr"], t["legendFormat"]) for t in after["targets"]] == [
+            (t["expr"], t["legendFormat"]) for t in before["targets"]
+        ], before["title"]
+    variables = {v["name"]: v for v in once["templating"]["list"]}
+    assert variables["model"]["allValue"] == ".*" and variables["instance"]["multi"]
 
 
 def test_speedup_band_fills_between_lower_and_upper() -> None:

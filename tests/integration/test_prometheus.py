@@ -263,19 +263,23 @@ def test_p99_bound_needs_about_a_thousand_samples() -> None:
 
 
 def substitute(expr: str, variables: dict[str, str]) -> str:
-    """Grafana's `$name` / `${name}` interpolation, for single-valued variables."""
+    """Grafana's `$name` / `${name}` / `${name:format}` interpolation; a format's value is
+    looked up as "name:format"."""
 
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
         assert name in variables, f"no value for ${name} in {expr!r}"
         return variables[name]
 
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, expr)
+    return re.sub(r"\$\{(\w+(?::\w+)?)\}|\$(\w+)", replace, expr)
 
 
-def test_substitute_handles_both_forms() -> None:
-    out = substitute('x{a="$model"}[${__rate_interval}]', {"model": "m", "__rate_interval": "9s"})
-    assert out == 'x{a="m"}[9s]'
+def test_substitute_handles_every_form() -> None:
+    out = substitute(
+        'x{a="$model",b="${model:text}"}[${__rate_interval}]',
+        {"model": "m", "model:text": "M", "__rate_interval": "9s"},
+    )
+    assert out == 'x{a="m",b="M"}[9s]'
 
 
 # --- the test -------------------------------------------------------------------------------
@@ -308,8 +312,12 @@ async def test_dashboard_queries_and_p99_alert_in_real_prometheus(tmp_path: Path
 
             failures = []
             for window in windows:
+                # Grafana's "All" for $model and $instance: every model and proxy for the
+                # proxy's series, the stats job's model="all" aggregate for its gauges.
                 variables = {
-                    "model": MODEL,
+                    "model": ".*",
+                    "model:text": "All",
+                    "instance": ".*",
                     "window": window,
                     "statistic": "median",
                     "__rate_interval": RATE_INTERVAL,

@@ -8,6 +8,20 @@ few dozen keys we use), and keeps mypy --strict meaningful without stubs. The Pr
 only from the constants the proxy exports, so a renamed metric breaks the generator's test
 instead of silently emptying a panel.
 
+Conventions (issue 16), each checked in tests/grafana/test_dashboard.py:
+- every panel has a unit, and every latency panel shows the mean beside its percentiles;
+- fleet-wide aggregation: rates are summed, quantiles come from `histogram_quantile` over
+  buckets summed across proxies, and the stats job's gauges (identical on every replica, the
+  leader's result) are read through `max without (instance, pod)`;
+- `$model` filters every request and stats query. The variable lists the stats job's models;
+  "All" is the stats job's all-models aggregate (`model="all"`, matched as `(?i)All`) and every
+  model for the proxy's histograms (allValue `.*`). Engine and process series are per engine or
+  per proxy, not per model, and say so. `$instance` drills into one proxy's own series;
+- streamed and non-streamed requests are never in one quantile: the request-duration quantiles
+  are split by `stream`, and TTFT / TPOT / event gaps exist only for streamed requests;
+- the recording rules of deploy/prometheus/rules are used where they exist (request rate,
+  failed ratio, tokens per event, the histogram P99 ratio): fleet-wide 5-minute series.
+
 `schemaVersion` 39 is read by every Grafana from 10.4 on; newer ones migrate it forward on load.
 Pure: no I/O here (see `specproxy.grafana.cli` for export and push).
 """
@@ -45,7 +59,12 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 DATASOURCE: Json = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
-STATS_SELECTOR = 'model="$model",window="$window"'
+# The stats job's series: "All" is its model="all" aggregate, hence the case-insensitive match.
+STATS_SELECTOR = 'model=~"(?i)${model:text}",window="$window"'
+# The proxy's own request series: one model, or all of them; one proxy, or all of them.
+REQUEST_SELECTOR = 'model=~"$model",instance=~"$instance"'
+INSTANCE_SELECTOR = 'instance=~"$instance"'
+FLEET = "without (instance, pod)"
 ARM_COLORS = {"speculative": "blue", "baseline": "orange"}
 
 
@@ -105,24 +124,42 @@ class _Panel:
 # --- PromQL helpers -------------------------------------------------------------------------
 
 
-def _quantile(metric: str, q: float, by: str = "arm") -> str:
-    return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket[{RATE}])))"
-
-
-def _mean(metric: str, by: str = "arm") -> str:
+def _quantile(metric: str, q: float, by: str = "arm", selector: str = REQUEST_SELECTOR) -> str:
     return (
-        f"sum by ({by}) (rate({metric}_sum[{RATE}])) / sum by ({by}) (rate({metric}_count[{RATE}]))"
+        f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{selector}}}[{RATE}])))"
     )
+
+
+def _mean(metric: str, by: str = "arm", selector: str = REQUEST_SELECTOR) -> str:
+    return (
+        f"sum by ({by}) (rate({metric}_sum{{{selector}}}[{RATE}]))"
+        f" / sum by ({by}) (rate({metric}_count{{{selector}}}[{RATE}]))"
+    )
+
+
+def _stats(name: str, selector: str = STATS_SELECTOR) -> str:
+    """A stats-job gauge, once per fleet: every replica serves the leader's identical result."""
+    return f"max {FLEET} ({name}{{{selector}}})"
+
+
+def _engine(name: str) -> str:
+    """An engine gauge: every proxy scrapes the same engines, so take one value per arm."""
+    return f"max by (arm) ({name})"
 
 
 def _verdict_value(selector: str) -> str:
     """The verdict state set as one number per metric: 1 faster, 0 inconclusive, -1 slower."""
     state = f"{m.VERDICT}{{{selector},{m.VERDICT}"
-    return f'sum by (metric) ({state}="faster"}}) - sum by (metric) ({state}="slower"}})'
+    return f'max by (metric) ({state}="faster"}}) - max by (metric) ({state}="slower"}})'
 
 
-def _quantile_queries(metric: str) -> list[_Query]:
-    return [_Query(_quantile(metric, q), f"{{{{arm}}}} p{round(q * 100)}") for q in QUANTILES]
+def _quantile_queries(metric: str, by: str = "arm") -> list[_Query]:
+    """p50 / p90 / p99 and the mean, one line each per `by` group."""
+    legend = " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(","))
+    return [
+        *(_Query(_quantile(metric, q, by), f"{legend} p{round(q * 100)}") for q in QUANTILES),
+        _Query(_mean(metric, by), f"{legend} mean"),
+    ]
 
 
 # --- field config helpers -------------------------------------------------------------------
@@ -198,8 +235,10 @@ def _verdict_panels() -> list[_Panel]:
         "Verdict (speculative vs baseline)",
         "Anytime-valid verdict per compared metric in the selected window: faster when the"
         " speculative median is confidently lower, slower when its median or its P99 (beyond"
-        " the tolerance) is confidently higher, otherwise inconclusive.",
+        " the tolerance) is confidently higher, otherwise inconclusive. specproxy_verdict is a"
+        " state set; this panel shows it as 1 faster, 0 inconclusive, -1 slower.",
         [_Query(_verdict_value(STATS_SELECTOR), "{{metric}}")],
+        unit="none",
         width=8,
         height=5,
         defaults={
@@ -216,7 +255,8 @@ def _verdict_panels() -> list[_Panel]:
         "P99 slowdown test (anytime-valid)",
         "1 while the sequential test rejects 'speculative P99 is no slower than baseline P99"
         " (within tolerance)'. Safe to watch continuously: the error rate holds at any look.",
-        [_Query(f"{m.P99_SLOWDOWN}{{{STATS_SELECTOR}}}", "{{metric}}")],
+        [_Query(_stats(m.P99_SLOWDOWN), "{{metric}}")],
+        unit="bool",
         width=8,
         height=5,
         defaults={
@@ -229,9 +269,9 @@ def _verdict_panels() -> list[_Panel]:
     stats_age = _Panel(
         "stat",
         "Stats job age",
-        "Seconds since the stats job last published. Verdicts and the P99 test freeze when"
-        " this grows.",
-        [_Query(f"time() - {m.STATS_LAST_RUN}", "age")],
+        "Seconds since the stats job last published (the newest result across replicas)."
+        " Verdicts and the P99 test freeze when this grows.",
+        [_Query(f"time() - max({m.STATS_LAST_RUN})", "age")],
         unit="s",
         width=8,
         height=5,
@@ -249,7 +289,8 @@ def _verdict_panels() -> list[_Panel]:
         " is faster), with the bootstrap CI bounds.",
         [
             _Query(
-                f'max without (bound) ({m.SPEEDUP}{{{STATS_SELECTOR},bound="{bound}"}})',
+                f"max without (bound, instance, pod)"
+                f' ({m.SPEEDUP}{{{STATS_SELECTOR},bound="{bound}"}})',
                 bound,
                 instant=True,
             )
@@ -269,7 +310,7 @@ def _verdict_panels() -> list[_Panel]:
             {
                 "id": "organize",
                 "options": {
-                    "excludeByName": {"Time": True, "instance": True, "job": True},
+                    "excludeByName": {"Time": True, "job": True},
                     "indexByName": {
                         "metric": 0,
                         "statistic": 1,
@@ -297,13 +338,13 @@ def _speedup_over_time_panels() -> list[_Panel]:
             _Panel(
                 "timeseries",
                 f"Speedup over time: {title} ($statistic)",
-                "Estimate with its CI as a band. The dashed line at 1 is no change; a band"
-                " wholly below it means speculation is costing time.",
+                "Estimate with its CI as a band (x: baseline / speculative). The dashed line at"
+                " 1 is no change; a band wholly below it means speculation is costing time.",
                 [
-                    _Query(f'{m.SPEEDUP}{{{selector},bound="{bound}"}}', bound)
+                    _Query(_stats(m.SPEEDUP, f'{selector},bound="{bound}"'), bound)
                     for bound in ("estimate", "lower", "upper")
                 ],
-                unit="none",
+                unit="x",
                 width=8,
                 defaults={
                     **_timeseries(thresholdsStyle={"mode": "dashed"}),
@@ -335,25 +376,42 @@ def _speedup_over_time_panels() -> list[_Panel]:
 
 
 def _latency_panels() -> list[_Panel]:
-    histograms = (
-        (m.REQUEST_DURATION, "End-to-end latency by arm"),
-        (m.TTFT, "Time to first token by arm"),
-        (m.TPOT, "Time per output token by arm"),
-        (m.EVENT_GAP, "Gap between SSE events by arm (one engine step)"),
+    note = (
+        " p50 / p90 / p99 from the proxy's histograms summed over proxies (buckets 26% apart,"
+        " P99 within ~8%), and the mean from _sum / _count. The exact comparison with CIs is"
+        " in the speedup panels above."
     )
+    duration = _Panel(
+        "timeseries",
+        "End-to-end latency by arm, streamed and not apart",
+        "Request duration, one set of lines per arm and `stream` (true / false): a long"
+        " non-streamed answer and a streamed one are never in one quantile." + note,
+        _quantile_queries(m.REQUEST_DURATION, "arm, stream"),
+        unit="s",
+        defaults=_timeseries(),
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "max"),
+    )
+    streamed = [
+        (m.TTFT, "Time to first token by arm (streamed requests)"),
+        (m.TPOT, "Time per output token by arm (streamed requests)"),
+        (m.EVENT_GAP, "Gap between SSE events by arm (streamed; one engine step)"),
+    ]
     return [
-        _Panel(
-            "timeseries",
-            title,
-            "p50 / p90 / p99 from the proxy's histograms (10%-wide buckets, so within ~5%)."
-            " The exact comparison with CIs is in the speedup panels above.",
-            _quantile_queries(metric),
-            unit="s",
-            defaults=_timeseries(),
-            overrides=_arm_colors(),
-            options=_legend_options("lastNotNull", "max"),
-        )
-        for metric, title in histograms
+        duration,
+        *(
+            _Panel(
+                "timeseries",
+                title,
+                "Only streamed requests have these." + note,
+                _quantile_queries(metric),
+                unit="s",
+                defaults=_timeseries(),
+                overrides=_arm_colors(),
+                options=_legend_options("lastNotNull", "max"),
+            )
+            for metric, title in streamed
+        ),
     ]
 
 
@@ -361,12 +419,16 @@ def _speculation_panels() -> list[_Panel]:
     tokens_per_event = _Panel(
         "timeseries",
         "Tokens per SSE event",
-        "Output tokens per streamed event. Each event is one engine step, so above 1 on the"
-        " speculative arm means draft tokens are being accepted; about 1 means they are not.",
+        "Output tokens per streamed event (recording rule, fleet-wide, 5 m mean). Each event is"
+        " one engine step, so above 1 on the speculative arm means draft tokens are being"
+        " accepted; about 1 means they are not.",
         [
-            _Query(_mean(m.TOKENS_PER_EVENT), "{{arm}} mean"),
+            _Query(
+                f'{m.RECORDED_TOKENS_PER_EVENT}{{model=~"$model"}}', "{{arm}} {{model}} mean 5m"
+            ),
             _Query(_quantile(m.TOKENS_PER_EVENT, 0.5), "{{arm}} p50"),
         ],
+        unit="suffix: tok",
         defaults=_timeseries(),
         overrides=_arm_colors(),
         options=_legend_options("lastNotNull", "mean"),
@@ -374,8 +436,9 @@ def _speculation_panels() -> list[_Panel]:
     acceptance_rate = _Panel(
         "timeseries",
         "Draft acceptance rate",
-        "Accepted / drafted tokens, from the speculative engine's /metrics.",
-        [_Query(m.ENGINE_ACCEPTANCE_RATIO, "{{arm}}")],
+        "Accepted / drafted tokens, from the speculative engine's /metrics (per engine, not"
+        " per model).",
+        [_Query(_engine(m.ENGINE_ACCEPTANCE_RATIO), "{{arm}}")],
         unit="percentunit",
         width=6,
         defaults={**_timeseries(), "max": 1, "min": 0},
@@ -386,7 +449,8 @@ def _speculation_panels() -> list[_Panel]:
         "timeseries",
         "Mean acceptance length",
         "Tokens emitted per speculative step: 1 + accepted / drafts. 1 means no gain.",
-        [_Query(m.ENGINE_MEAN_ACCEPTANCE_LENGTH, "{{arm}}")],
+        [_Query(_engine(m.ENGINE_MEAN_ACCEPTANCE_LENGTH), "{{arm}}")],
+        unit="suffix: tok",
         width=6,
         defaults={**_timeseries(), "min": 1},
         overrides=_arm_colors(),
@@ -397,7 +461,13 @@ def _speculation_panels() -> list[_Panel]:
         "Acceptance rate by draft position",
         "Share of steps in which the draft token at each position was accepted. It falls with"
         " position; a steep fall says fewer speculative tokens would do.",
-        [_Query(m.ENGINE_POSITION_ACCEPTANCE_RATIO, "position {{position}}", instant=True)],
+        [
+            _Query(
+                f"max by (position) ({m.ENGINE_POSITION_ACCEPTANCE_RATIO})",
+                "position {{position}}",
+                instant=True,
+            )
+        ],
         unit="percentunit",
         defaults={
             "color": {"mode": "continuous-RdYlGr"},
@@ -415,16 +485,46 @@ def _speculation_panels() -> list[_Panel]:
 
 
 def _engine_panels() -> list[_Panel]:
+    up = _Panel(
+        "stat",
+        "Engines up",
+        "Engine endpoints whose last /metrics scrape succeeded, of those each arm has (any"
+        " proxy that reaches it counts it up).",
+        [
+            _Query(f"sum by (arm) (max by (arm, endpoint) ({m.ENGINE_UP}))", "{{arm}} up"),
+            _Query(f"count by (arm) (max by (arm, endpoint) ({m.ENGINE_UP}))", "{{arm}} of"),
+        ],
+        unit="none",
+        width=6,
+        defaults={
+            "color": {"mode": "thresholds"},
+            "thresholds": _thresholds((None, "red"), (1, "green")),
+        },
+        options=_stat_options(),
+    )
+    restarts = _Panel(
+        "timeseries",
+        "Engine restarts",
+        "Restarts the scraper detected per arm in each interval. Requests just after one are"
+        " warm-up and left out of the comparison.",
+        [_Query(f"max by (arm) (increase({m.ENGINE_RESTARTS}_total[{RATE}]))", "{{arm}} restarts")],
+        unit="suffix: restarts",
+        width=6,
+        defaults=_timeseries(drawStyle="bars", fillOpacity=60),
+        overrides=_arm_colors(),
+        options=_legend_options("sum"),
+    )
     load = _Panel(
         "timeseries",
         "Engine load: running and waiting requests",
         "Speculation pays at low batch sizes; a speedup that fades as running grows is the"
         " expected failure mode, and waiting > 0 means the engine is saturated.",
         [
-            _Query(m.ENGINE_REQUESTS_RUNNING, "{{arm}} running"),
-            _Query(m.ENGINE_REQUESTS_WAITING, "{{arm}} waiting"),
+            _Query(_engine(m.ENGINE_REQUESTS_RUNNING), "{{arm}} running"),
+            _Query(_engine(m.ENGINE_REQUESTS_WAITING), "{{arm}} waiting"),
         ],
-        width=8,
+        unit="suffix: req",
+        width=12,
         defaults=_timeseries(),
         overrides=[
             *_arm_colors(),
@@ -442,7 +542,7 @@ def _engine_panels() -> list[_Panel]:
         "KV cache usage",
         "Fraction of the KV cache in use. Draft tokens take KV space too; near 1 the engine"
         " preempts requests.",
-        [_Query(m.ENGINE_KV_CACHE_USAGE, "{{arm}}")],
+        [_Query(_engine(m.ENGINE_KV_CACHE_USAGE), "{{arm}}")],
         unit="percentunit",
         width=8,
         defaults={**_timeseries(), "max": 1, "min": 0},
@@ -452,14 +552,35 @@ def _engine_panels() -> list[_Panel]:
     throughput = _Panel(
         "timeseries",
         "Generation throughput",
-        "Output tokens per second generated by each engine.",
-        [_Query(f"sum by (arm) (rate({m.ENGINE_GENERATION_TOKENS}_total[{RATE}]))", "{{arm}}")],
+        "Output tokens per second generated by each arm's engines: rate() of each engine's own"
+        " counter, one copy per endpoint (every proxy exports the same), summed over endpoints.",
+        [
+            _Query(
+                f"sum by (arm) (max by (arm, endpoint)"
+                f" (rate({m.ENGINE_GENERATION_TOKENS}_total[{RATE}])))",
+                "{{arm}}",
+            )
+        ],
+        unit="suffix: tok/s",
         width=8,
         defaults=_timeseries(),
         overrides=_arm_colors(),
         options=_legend_options("lastNotNull", "mean"),
     )
-    return [load, kv_cache, throughput]
+    output_length = _Panel(
+        "timeseries",
+        "Output length by arm",
+        "Output tokens per request: p50 / p90 / p99 and the mean. Both arms should match (the"
+        " same prompts, lossless speculation); if they do not, latency per request is not"
+        " comparable and TPOT is the fairer metric.",
+        _quantile_queries(m.OUTPUT_TOKENS),
+        unit="suffix: tok",
+        width=8,
+        defaults=_timeseries(),
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "mean"),
+    )
+    return [up, restarts, load, kv_cache, throughput, output_length]
 
 
 def _traffic_panels() -> list[_Panel]:
@@ -468,7 +589,8 @@ def _traffic_panels() -> list[_Panel]:
         "Samples per arm",
         "Requests the stats job compared in the selected window. Tail statistics (p99) need"
         " thousands per arm before their CIs get narrow.",
-        [_Query(f"{m.SAMPLES}{{{STATS_SELECTOR}}}", "{{arm}}")],
+        [_Query(_stats(m.SAMPLES), "{{arm}}")],
+        unit="suffix: req",
         width=8,
         defaults=_timeseries(),
         overrides=_arm_colors(),
@@ -476,38 +598,70 @@ def _traffic_panels() -> list[_Panel]:
     )
     requests = _Panel(
         "timeseries",
-        "Requests by arm and status",
-        "Requests per second recorded by the proxy, and requests in flight.",
+        "Requests by arm",
+        "Requests per second (recording rule, fleet-wide, 5 m), and requests in flight now.",
         [
-            _Query(
-                f"sum by (arm, status) (rate({m.REQUESTS}_total[{RATE}]))", "{{arm}} {{status}}"
-            ),
-            _Query(f"sum by (arm) ({m.INFLIGHT})", "{{arm}} in flight"),
+            _Query(f'sum by (arm) ({m.RECORDED_REQUEST_RATE}{{model=~"$model"}})', "{{arm}} req/s"),
+            _Query(f"sum by (arm) ({m.INFLIGHT}{{{INSTANCE_SELECTOR}}})", "{{arm}} in flight"),
         ],
         unit="reqps",
         width=8,
         defaults=_timeseries(),
-        overrides=_arm_colors(),
+        overrides=[
+            *_arm_colors(),
+            {
+                "matcher": {"id": "byRegexp", "options": ".* in flight"},
+                "properties": [
+                    {"id": "unit", "value": "suffix: req"},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                ],
+            },
+        ],
         options=_legend_options("lastNotNull", "mean"),
     )
     errors = _Panel(
         "timeseries",
         "Errors by arm",
-        "Upstream failures by kind, and requests answered with a non-2xx status.",
+        "Failed share of requests (recording rule, fleet-wide, 5 m) and upstream failures"
+        " per second by kind.",
         [
             _Query(
-                f"sum by (arm, kind) (rate({m.UPSTREAM_ERRORS}_total[{RATE}]))",
-                "{{arm}} upstream {{kind}}",
+                f'{m.RECORDED_FAILED_RATIO}{{model=~"$model"}}', "{{arm}} {{model}} failed share"
             ),
             _Query(
-                f'sum by (arm, status) (rate({m.REQUESTS}_total{{status!~"2.."}}[{RATE}]))',
-                "{{arm}} HTTP {{status}}",
+                f"sum by (arm, kind) (rate({m.UPSTREAM_ERRORS}_total{{{INSTANCE_SELECTOR}}}"
+                f"[{RATE}]))",
+                "{{arm}} upstream {{kind}}",
             ),
         ],
-        unit="reqps",
+        unit="percentunit",
         width=8,
         defaults=_timeseries(drawStyle="bars", fillOpacity=60),
-        overrides=_arm_colors(),
+        overrides=[
+            *_arm_colors(),
+            {
+                "matcher": {"id": "byRegexp", "options": ".* upstream .*"},
+                "properties": [
+                    {"id": "unit", "value": "reqps"},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                ],
+            },
+        ],
+        options=_legend_options("lastNotNull", "max"),
+    )
+    p99_ratio = _Panel(
+        "timeseries",
+        "P99 ratio from histograms (speculative / baseline)",
+        "Recording rule, fleet-wide, 5 m, streamed and non-streamed requests together: a"
+        " coarse cross-check of the stats job's P99 speedup (no CI; above 1 the speculative"
+        " tail is slower).",
+        [_Query(f'{m.RECORDED_P99_RATIO}{{model=~"$model"}}', "{{model}} p99 ratio")],
+        unit="x",
+        width=8,
+        defaults={
+            **_timeseries(thresholdsStyle={"mode": "dashed"}),
+            "thresholds": _thresholds((None, "transparent"), (1, "red")),
+        },
         options=_legend_options("lastNotNull", "max"),
     )
     overhead = _Panel(
@@ -515,10 +669,12 @@ def _traffic_panels() -> list[_Panel]:
         "Proxy overhead",
         "End-to-end time minus upstream time: what specproxy itself adds to each request.",
         [
-            _Query(_quantile(m.PROXY_OVERHEAD, 0.5), "{{arm}} p50"),
-            _Query(_quantile(m.PROXY_OVERHEAD, 0.99), "{{arm}} p99"),
+            _Query(_quantile(m.PROXY_OVERHEAD, 0.5, selector=INSTANCE_SELECTOR), "{{arm}} p50"),
+            _Query(_quantile(m.PROXY_OVERHEAD, 0.99, selector=INSTANCE_SELECTOR), "{{arm}} p99"),
+            _Query(_mean(m.PROXY_OVERHEAD, selector=INSTANCE_SELECTOR), "{{arm}} mean"),
         ],
         unit="s",
+        width=8,
         defaults=_timeseries(),
         overrides=_arm_colors(),
         options=_legend_options("lastNotNull", "max"),
@@ -527,24 +683,55 @@ def _traffic_panels() -> list[_Panel]:
         "timeseries",
         "Record store",
         "Records waiting to be written, and records dropped (must stay 0: a dropped record"
-        " biases every statistic).",
+        " biases every statistic), per proxy.",
         [
-            _Query(m.STORE_PENDING, "pending"),
-            _Query(f"rate({m.STORE_DROPPED}_total[{RATE}])", "dropped/s"),
+            _Query(f"{m.STORE_PENDING}{{{INSTANCE_SELECTOR}}}", "{{instance}} pending"),
+            _Query(
+                f"rate({m.STORE_DROPPED}_total{{{INSTANCE_SELECTOR}}}[{RATE}])",
+                "{{instance}} dropped/s",
+            ),
         ],
+        unit="suffix: rec",
+        width=8,
         defaults=_timeseries(),
         overrides=[
             {
-                "matcher": {"id": "byName", "options": "dropped/s"},
+                "matcher": {"id": "byRegexp", "options": ".* dropped/s"},
                 "properties": [
                     {"id": "color", "value": {"fixedColor": "red", "mode": "fixed"}},
+                    {"id": "unit", "value": "suffix: rec/s"},
                     {"id": "custom.axisPlacement", "value": "right"},
                 ],
             }
         ],
         options=_legend_options("lastNotNull", "max"),
     )
-    return [samples, requests, errors, overhead, store]
+    process = _Panel(
+        "timeseries",
+        "Proxy CPU and memory",
+        "Each proxy's own process: CPU seconds per second and resident memory.",
+        [
+            _Query(
+                f"rate(process_cpu_seconds_total{{{INSTANCE_SELECTOR}}}[{RATE}])",
+                "{{instance}} CPU",
+            ),
+            _Query(f"process_resident_memory_bytes{{{INSTANCE_SELECTOR}}}", "{{instance}} memory"),
+        ],
+        unit="percentunit",
+        width=8,
+        defaults=_timeseries(),
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": ".* memory"},
+                "properties": [
+                    {"id": "unit", "value": "bytes"},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                ],
+            }
+        ],
+        options=_legend_options("lastNotNull", "max"),
+    )
+    return [samples, requests, errors, p99_ratio, overhead, store, process]
 
 
 ROWS: tuple[tuple[str, Callable[[], list[_Panel]]], ...] = (
@@ -552,8 +739,8 @@ ROWS: tuple[tuple[str, Callable[[], list[_Panel]]], ...] = (
     ("Speedup over time", _speedup_over_time_panels),
     ("Latency by arm", _latency_panels),
     ("Speculative decoding", _speculation_panels),
-    ("Engine load", _engine_panels),
-    ("Traffic, errors and overhead", _traffic_panels),
+    ("Engines", _engine_panels),
+    ("Traffic, errors and the proxy itself", _traffic_panels),
 )
 
 
@@ -625,8 +812,26 @@ def _templating() -> list[Json]:
             "skipUrlSync": False,
             "type": "datasource",
         },
-        _query_variable("model", "Model", f"label_values({m.SPEEDUP}, model)"),
-        _query_variable("window", "Window", f'label_values({m.SPEEDUP}{{model="$model"}}, window)'),
+        {
+            **_query_variable("model", "Model", f"label_values({m.SPEEDUP}, model)"),
+            # the stats job's all-models entry is the "All" option, not a model of its own
+            "regex": "/^(?!all$).*/",
+            "includeAll": True,
+            "allValue": ".*",
+            "current": {"selected": True, "text": "All", "value": "$__all"},
+        },
+        _query_variable(
+            "window",
+            "Window",
+            f"label_values({m.SPEEDUP}{{{STATS_SELECTOR.split(',')[0]}}}, window)",
+        ),
+        {
+            **_query_variable("instance", "Proxy", f"label_values({m.BUILD}_info, instance)"),
+            "includeAll": True,
+            "multi": True,
+            "allValue": ".*",
+            "current": {"selected": True, "text": "All", "value": "$__all"},
+        },
         {
             "current": {"selected": True, "text": statistic_default, "value": statistic_default},
             "hide": 0,
