@@ -25,7 +25,8 @@ from tests.store.pgcluster import PgCluster, find_pg_bin
 
 from specproxy.config import StoreConfig
 from specproxy.records import Arm, RequestRecord
-from specproxy.store import BufferedStore, open_store
+from specproxy.store.buffered import BufferedStore
+from specproxy.store.factory import open_store
 from specproxy.store.sqlite import SqliteStore, adbc_available
 
 NUMERIC = ["t_start", "e2e_s", "ttft_s", "tpot_s", "output_tokens"]

@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from specproxy.errors import ConfigError
+from specproxy.store.registry import STORE_SCHEMES
 
 __all__ = [
     "ArmConfig",
@@ -143,9 +144,9 @@ class StoreConfig:
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
         _check(
-            scheme in ("sqlite", "postgresql", "postgres", "memory"),
+            scheme in STORE_SCHEMES,
             "store.url",
-            f"scheme {scheme!r} is not one of sqlite://, postgresql://, memory://",
+            f"scheme {scheme!r} is not one of {', '.join(f'{s}://' for s in STORE_SCHEMES)}",
         )
         _check(0 < self.flush_interval_s <= 1.0, "store.flush_interval_s", "must be in (0, 1]")
         _check(self.batch_size > 0, "store.batch_size", "must be > 0")

@@ -13,7 +13,7 @@ from specproxy.bench.harness import run_bench
 from specproxy.config import StoreConfig
 from specproxy.loadgen import Target
 from specproxy.records import Arm
-from specproxy.store import open_store
+from specproxy.store.factory import open_store
 from tests.fake_openai import FakeOpenAI
 
 

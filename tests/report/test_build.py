@@ -17,7 +17,7 @@ from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.report.build import collect, write_report
 from specproxy.report.summary import fmt_ratio, main_window
 from specproxy.stats.job import compute_stats
-from specproxy.store import open_store
+from specproxy.store.factory import open_store
 
 RUN = "r1"
 T0 = 1_700_000_000.0

@@ -18,7 +18,7 @@ def test_cli_computes_once(tmp_path: object, capsys: pytest.CaptureFixture[str])
     db = f"{tmp_path}/s.db"
 
     async def fill() -> None:
-        from specproxy.store import open_store
+        from specproxy.store.factory import open_store
 
         s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
         await s.start()

@@ -13,7 +13,8 @@ import pytest
 
 from specproxy.config import StoreConfig
 from specproxy.records import Arm, RequestRecord
-from specproxy.store import BufferedStore, open_store
+from specproxy.store.buffered import BufferedStore
+from specproxy.store.factory import open_store
 from tests.conftest import require_binary
 from tests.store.pgcluster import PgCluster, find_pg_bin
 

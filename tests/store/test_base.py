@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from specproxy.records import MODEL_MAX_BYTES, RECORD_FIELDS, Arm, EngineSample
-from specproxy.store import BufferedStore
+from specproxy.store.buffered import BufferedStore
 from tests.store.conftest import eventually, make_record
 
 
@@ -137,7 +137,7 @@ async def test_retention_removes_only_old_rows(store: BufferedStore) -> None:
 async def test_close_flushes_everything(backend_url: str, tmp_path: object) -> None:
     from pathlib import Path
 
-    from specproxy.store import open_store
+    from specproxy.store.factory import open_store
     from tests.store.conftest import store_config
 
     assert isinstance(tmp_path, Path)

@@ -7,7 +7,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from specproxy.metrics import STORE_DROPPED, STORE_PENDING, STORE_SPILLED, STORE_WRITTEN
-from specproxy.store import open_store, register_store_metrics
+from specproxy.store.collector import register_store_metrics
+from specproxy.store.factory import open_store
 from specproxy.store.memory import MemoryStore
 from tests.store.conftest import make_record, store_config
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from specproxy.cli import main
-from specproxy.store import open_store
+from specproxy.store.factory import open_store
 from specproxy.store.schema import REQUEST_COLUMNS
 from tests.store.conftest import make_record, store_config
 

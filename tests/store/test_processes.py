@@ -14,7 +14,7 @@ import pytest
 from aiohttp import ClientSession, web
 from pytest_aiohttp import AiohttpServer
 
-from specproxy.store import open_store
+from specproxy.store.factory import open_store
 from tests.store.conftest import store_config, writer_process
 
 

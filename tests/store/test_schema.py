@@ -9,7 +9,7 @@ import asyncpg
 import numpy as np
 
 from specproxy.records import Arm, EngineSample
-from specproxy.store import open_store
+from specproxy.store.factory import open_store
 from specproxy.store.schema import MIGRATIONS, REQUEST_COLUMNS, SCHEMA_VERSION
 from tests.store.conftest import make_record, store_config
 

@@ -9,7 +9,8 @@ import pytest
 
 from specproxy.errors import StoreError
 from specproxy.records import Arm
-from specproxy.store import BufferedStore, open_store
+from specproxy.store.buffered import BufferedStore
+from specproxy.store.factory import open_store
 from specproxy.store.memory import MemoryStore
 from specproxy.store.spill import SpillSet
 from tests.store.conftest import eventually, make_record, store_config

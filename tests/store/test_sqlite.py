@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from specproxy.records import RECORD_FIELDS, Arm
-from specproxy.store import open_store
-from specproxy.store.base import ArmArrays
+from specproxy.store.base import ArmArrays, RecordQuery
+from specproxy.store.factory import open_store
 from specproxy.store.sqlite import (
     SqliteStore,
     adbc_available,
@@ -147,12 +147,14 @@ async def test_window_filters_pick_the_right_rows(sqlite_store: SqliteStore) -> 
 async def test_query_walks_the_run_arm_time_index(sqlite_store: SqliteStore) -> None:
     for filters in FILTERS:
         query = arm_query(
-            ("t_start", "e2e_s"),
-            run_id=filters.get("run_id", "run"),
-            since=filters.get("since"),
-            until=filters.get("until"),
-            model=filters.get("model"),
-            include_shadow=filters.get("include_shadow", True),
+            RecordQuery(
+                filters.get("run_id", "run"),
+                ("t_start", "e2e_s"),
+                since=filters.get("since"),
+                until=filters.get("until"),
+                model=filters.get("model"),
+                include_shadow=filters.get("include_shadow", True),
+            )
         )
         for key in ("since", "until", "model"):
             assert (key in filters) == (len([p for p in query.params if p == filters.get(key)]) > 0)
@@ -252,9 +254,7 @@ def test_sqlite3_reader_uses_one_snapshot_for_both_arms(tmp_path: Path) -> None:
     conn.execute("CREATE TABLE requests (run_id, arm, t_start, e2e_s)")
     conn.execute("INSERT INTO requests VALUES ('r', 'baseline', 1.0, NULL)")
     conn.commit()
-    query = arm_query(
-        ("t_start", "e2e_s"), run_id="r", since=None, until=None, model=None, include_shadow=True
-    )
+    query = arm_query(RecordQuery("r", ("t_start", "e2e_s")))
     out = read_arms_sqlite3(conn, query)
     assert not conn.in_transaction
     assert out[Arm.BASELINE]["t_start"].tolist() == [1.0]

@@ -17,7 +17,7 @@ import time
 
 from specproxy.config import StoreConfig
 from specproxy.records import Arm, RequestRecord
-from specproxy.store import open_store
+from specproxy.store.factory import open_store
 
 
 def make_record(prefix: str, i: int, run_id: str = "procs") -> RequestRecord:

@@ -232,7 +232,7 @@ async def _first_model(session: aiohttp.ClientSession, base_url: str) -> str:
 
 
 async def _open_store(url: str) -> Store:
-    from specproxy.store import open_store
+    from specproxy.store.factory import open_store
 
     store: Store = open_store(StoreConfig(url=url))
     await store.start()

@@ -34,8 +34,8 @@ from specproxy.report.data import FloatArray, ReportData
 from specproxy.report.html import render_html
 from specproxy.report.summary import main_window
 from specproxy.stats.compare import REQUIRED_COLUMNS
-from specproxy.store import open_store
 from specproxy.store.base import Store
+from specproxy.store.factory import open_store
 
 __all__ = [
     "COLUMNS",

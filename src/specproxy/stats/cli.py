@@ -50,7 +50,7 @@ def _text_report(result: dict[str, Any]) -> str:
 
 
 async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
-    from specproxy.store import open_store
+    from specproxy.store.factory import open_store
 
     stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)  # validated before I/O
     store = open_store(StoreConfig(url=args.store))

@@ -1,19 +1,8 @@
-"""Persistence of request records, engine samples and stats history (see `base.Store`).
+"""Persistence of request records, engine samples and stats history.
 
-`open_store(cfg.store, run_id=...)` picks the backend by URL; `register_store_metrics` exposes
-its health counters on a Prometheus registry.
+`base.Store` is the contract (and says how to extend it), `buffered.BufferedStore` the batching,
+flushing and spilling every backend shares, `memory`, `sqlite` and `postgres` the backends,
+`registry` which backend serves which URL scheme, `factory.open_store` the way in, `collector`
+the health metrics, `context` the app's cleanup_ctx and `cli` the `specproxy export` command.
+Nothing is imported here, so `config` can read `registry` without loading a backend.
 """
-
-from specproxy.store.base import ArmArrays, Store
-from specproxy.store.buffered import BufferedStore
-from specproxy.store.collector import StoreCollector, register_store_metrics
-from specproxy.store.factory import open_store
-
-__all__ = [
-    "ArmArrays",
-    "BufferedStore",
-    "Store",
-    "StoreCollector",
-    "open_store",
-    "register_store_metrics",
-]

@@ -12,19 +12,24 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from specproxy.errors import StoreError
 from specproxy.records import RECORD_FIELDS
-from specproxy.store.base import ArmArrays
 
 __all__ = [
     "BOOL_COLUMNS",
     "TEXT_COLUMNS",
+    "ArmArrays",
     "arrow_to_arrays",
     "check_columns",
     "empty_arrays",
     "rows_to_arrays",
 ]
+
+# column name -> values, one entry per record, in t_start order. Numeric columns are float64
+# (None -> NaN), booleans are bool arrays, strings (model, pair_id, ...) are object arrays.
+ArmArrays = dict[str, npt.NDArray[Any]]
 
 BOOL_COLUMNS = frozenset({"stream", "shadow", "disconnected"})
 TEXT_COLUMNS = frozenset(

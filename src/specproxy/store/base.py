@@ -1,45 +1,96 @@
-"""The store contract shared by the proxy (writer), the scraper (writer) and the stats job (reader).
+"""The store contract, declared once: the proxy and the scraper write, the stats job reads.
 
-Backends (`memory://`, `sqlite:///path`, `postgresql://...`) implement `Store`. Writes go through
-the non-blocking `Recorder` half (`record`, `record_engine`): the backend batches them and flushes
-at least every `store.flush_interval_s`. Reads return numpy arrays per arm, because the statistics
-work on columns, never on Python objects.
+`Store` below is the whole contract; `buffered.BufferedStore` implements its write half once for
+every backend (a non-blocking `record`, batching, a background flusher, spilling to disk during
+outages), and each backend implements the rest. Reads return numpy arrays per arm, because the
+statistics work on columns, never on Python objects.
+
+How to extend it (the tests in tests/store/test_base.py run against every backend):
+- a new read or write: one abstract method on `Store` with its docstring, implemented in each
+  backend (`memory`, `sqlite`, `postgres`); SQL that both SQL backends share goes in `queries`;
+- a new table or column: a migration in `schema.MIGRATIONS` (both dialects, the same version),
+  and the column lists in `schema` (`REQUEST_COLUMNS`, `ENGINE_COLUMNS`) and `arrays`;
+- a new backend: a module with a `BufferedStore` subclass decorated `@register_backend("scheme")`
+  (`registry`), that module named for its scheme in `registry.BACKEND_MODULES` (which is also what
+  `StoreConfig` accepts), and its URL added to the `store` fixture in tests/store/conftest.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
-
-import numpy as np
-import numpy.typing as npt
+import abc
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.store.arrays import ArmArrays, check_columns
 
-__all__ = ["ArmArrays", "Store"]
-
-# column name -> values, one entry per record, in t_start order. Numeric columns are float64
-# (None -> NaN), booleans are bool arrays, strings (model, pair_id, ...) are object arrays.
-ArmArrays = dict[str, npt.NDArray[Any]]
+__all__ = ["ArmArrays", "RecordQuery", "Store"]
 
 
-class Store(Protocol):
+@dataclass(frozen=True, slots=True)
+class RecordQuery:
+    """The arguments of `Store.read_arrays`, checked: what a backend's `_read_arrays` serves."""
+
+    run_id: str
+    columns: tuple[str, ...]  # known record fields (`arrays.check_columns`)
+    since: float | None = None  # since <= t_start
+    until: float | None = None  # t_start < until
+    model: str | None = None
+    include_shadow: bool = True
+
+    def matches(self, rec: RequestRecord, arm: Arm) -> bool:
+        """Whether `rec` is one of the records of `arm` this query selects."""
+        return (
+            rec.run_id == self.run_id
+            and rec.arm is arm
+            and (self.since is None or rec.t_start >= self.since)
+            and (self.until is None or rec.t_start < self.until)
+            and (self.model is None or rec.model == self.model)
+            and (self.include_shadow or not rec.shadow)
+        )
+
+
+class Store(abc.ABC):
     """What every backend provides. All methods are safe to call from the event loop."""
 
+    # -- life cycle and writes (implemented once, by `BufferedStore`) ----------------------------
+
+    @abc.abstractmethod
     async def start(self) -> None:
         """Open connections, run migrations, start the background flusher, replay any spill."""
 
+    @abc.abstractmethod
     async def close(self) -> None:
         """Flush everything still buffered (SIGTERM path), then release resources."""
 
+    @abc.abstractmethod
     def record(self, rec: RequestRecord) -> None:
         """Queue a request record; never blocks, never raises."""
 
+    @abc.abstractmethod
     def record_engine(self, sample: EngineSample) -> None:
         """Queue an engine sample; never blocks, never raises."""
 
+    @abc.abstractmethod
     async def flush(self) -> None:
         """Write everything queued so far (tests and shutdown)."""
+
+    @property
+    @abc.abstractmethod
+    def pending(self) -> int:
+        """Rows queued but not yet durable (the `specproxy_store_pending` gauge)."""
+
+    @property
+    @abc.abstractmethod
+    def dropped(self) -> int:
+        """Rows lost for good; must stay 0 (`specproxy_store_dropped_total`)."""
+
+    @abc.abstractmethod
+    async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:
+        """Append one stats-job result (JSON-able) to the history."""
+
+    # -- reads (each backend) --------------------------------------------------------------------
 
     async def read_arrays(
         self,
@@ -51,43 +102,37 @@ class Store(Protocol):
         model: str | None = None,
         include_shadow: bool = True,
     ) -> dict[Arm, ArmArrays]:
-        """Records of `run_id` with since <= t_start < until, per arm, as column arrays."""
-        ...
+        """Records of `run_id` with since <= t_start < until, per arm, as column arrays in
+        t_start order; an unknown column is a `StoreError`."""
+        query = RecordQuery(run_id, check_columns(columns), since, until, model, include_shadow)
+        return await self._read_arrays(query)
 
+    @abc.abstractmethod
+    async def _read_arrays(self, query: RecordQuery) -> dict[Arm, ArmArrays]:
+        """`read_arrays` for a checked query: both arms, one entry each."""
+
+    @abc.abstractmethod
     async def read_engine_samples(
         self, *, run_id: str, since: float | None = None, arm: Arm | None = None
     ) -> list[EngineSample]:
         """Engine samples in time order (restart markers included)."""
-        ...
 
-    async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:
-        """Append one stats-job result (JSON-able) to the history."""
-
+    @abc.abstractmethod
     async def read_stats_history(
         self, *, run_id: str, since: float | None = None
     ) -> list[tuple[float, dict[str, Any]]]:
         """Stats-job results in time order, for reports."""
-        ...
 
+    @abc.abstractmethod
     async def models(self, *, run_id: str) -> list[str]:
         """Distinct models seen in a run."""
-        ...
 
+    @abc.abstractmethod
     async def run_ids(self) -> list[str]:
         """Distinct run ids in the store."""
-        ...
 
-    @property
-    def pending(self) -> int:
-        """Rows queued but not yet durable (the `specproxy_store_pending` gauge)."""
-        ...
-
-    @property
-    def dropped(self) -> int:
-        """Rows lost for good; must stay 0 (`specproxy_store_dropped_total`)."""
-        ...
-
-
-def np_float(values: Sequence[float | None]) -> npt.NDArray[np.float64]:
-    """Floats with None mapped to NaN."""
-    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    @abc.abstractmethod
+    def export_chunks(
+        self, *, run_id: str | None = None, chunk_rows: int = 10_000
+    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+        """Stored records as tuples in `schema.REQUEST_COLUMNS` order, in chunks (export)."""

@@ -7,8 +7,8 @@ write fails the batch goes back to the buffer and the task retries with backoff;
 again the spill files are replayed. Nothing is ever discarded silently: `dropped` counts only rows
 the database refuses for good (kept in `<spill_path>.rejected`) or unreadable spill lines.
 
-Backends implement the `_open`, `_write`, `_close_backend` and `_purge` hooks; reads are
-theirs entirely.
+Backends implement the `_open`, `_write`, `_close_backend` and `_purge` hooks, `write_stats`, and
+the reads of `base.Store`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
-from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.store.base import ArmArrays
+from specproxy.records import EngineSample, RequestRecord
+from specproxy.store.base import Store
 from specproxy.store.spill import Row, SpillSet
 
 __all__ = ["BufferedStore"]
@@ -37,8 +36,10 @@ CLOSE_FLUSH_TIMEOUT_S = 15.0
 PURGE_INTERVAL_S = 3600.0
 
 
-class BufferedStore(abc.ABC):
-    """A `Store` minus the reads: buffer, flusher task, spill and counters."""
+class BufferedStore(Store):
+    """`Store`'s life cycle and write half, for every backend: buffer, flusher task, spill and
+    counters. A backend adds the `_open`/`_write`/`_close_backend`/`_purge` hooks and the reads.
+    """
 
     def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
         self.cfg = cfg
@@ -77,45 +78,6 @@ class BufferedStore(abc.ABC):
     @abc.abstractmethod
     async def _purge(self, before: float) -> int:
         """Delete rows older than `before` (Unix time); return how many went."""
-
-    @abc.abstractmethod
-    def export_chunks(
-        self, *, run_id: str | None = None, chunk_rows: int = 10_000
-    ) -> AsyncIterator[list[tuple[Any, ...]]]:
-        """Stored records as tuples in `schema.REQUEST_COLUMNS` order, in chunks (export)."""
-
-    # The reads of `base.Store`, implemented by each backend.
-
-    @abc.abstractmethod
-    async def read_arrays(
-        self,
-        *,
-        run_id: str,
-        columns: Sequence[str],
-        since: float | None = None,
-        until: float | None = None,
-        model: str | None = None,
-        include_shadow: bool = True,
-    ) -> dict[Arm, ArmArrays]: ...
-
-    @abc.abstractmethod
-    async def read_engine_samples(
-        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
-    ) -> list[EngineSample]: ...
-
-    @abc.abstractmethod
-    async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None: ...
-
-    @abc.abstractmethod
-    async def read_stats_history(
-        self, *, run_id: str, since: float | None = None
-    ) -> list[tuple[float, dict[str, Any]]]: ...
-
-    @abc.abstractmethod
-    async def models(self, *, run_id: str) -> list[str]: ...
-
-    @abc.abstractmethod
-    async def run_ids(self) -> list[str]: ...
 
     def _rejects_rows(self, exc: BaseException) -> bool:
         """Whether a failed write means bad rows (never succeeds) rather than an outage.

@@ -7,15 +7,16 @@ proxy see the same timing (rows appear after a flush); `fail_writes` simulates a
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.store.arrays import check_columns, rows_to_arrays
-from specproxy.store.base import ArmArrays
+from specproxy.store.arrays import ArmArrays, rows_to_arrays
+from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.registry import register_backend
 from specproxy.store.schema import REQUEST_COLUMNS
 
 __all__ = ["MemoryStore"]
@@ -23,6 +24,7 @@ __all__ = ["MemoryStore"]
 RequestKey = tuple[str, str, str, bool]
 
 
+@register_backend("memory")
 class MemoryStore(BufferedStore):
     """Rows in dicts keyed like the SQL tables, so duplicates are ignored the same way."""
 
@@ -66,31 +68,19 @@ class MemoryStore(BufferedStore):
         """Every stored record (tests)."""
         return sorted(self._rows.values(), key=lambda r: r.t_start)
 
-    async def read_arrays(
-        self,
-        *,
-        run_id: str,
-        columns: Sequence[str],
-        since: float | None = None,
-        until: float | None = None,
-        model: str | None = None,
-        include_shadow: bool = True,
-    ) -> dict[Arm, ArmArrays]:
-        cols = check_columns(columns)
-        out: dict[Arm, ArmArrays] = {}
-        for arm in Arm:
-            rows = [
-                tuple(getattr(r, c) for c in cols)
-                for r in self.all_records()
-                if r.run_id == run_id
-                and r.arm is arm
-                and (since is None or r.t_start >= since)
-                and (until is None or r.t_start < until)
-                and (model is None or r.model == model)
-                and (include_shadow or not r.shadow)
-            ]
-            out[arm] = rows_to_arrays(cols, rows)
-        return out
+    async def _read_arrays(self, query: RecordQuery) -> dict[Arm, ArmArrays]:
+        records = self.all_records()
+        return {
+            arm: rows_to_arrays(
+                query.columns,
+                [
+                    tuple(getattr(r, c) for c in query.columns)
+                    for r in records
+                    if query.matches(r, arm)
+                ],
+            )
+            for arm in Arm
+        }
 
     async def read_engine_samples(
         self, *, run_id: str, since: float | None = None, arm: Arm | None = None

@@ -12,21 +12,31 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.store.arrays import check_columns, rows_to_arrays
-from specproxy.store.base import ArmArrays
+from specproxy.store.arrays import ArmArrays, rows_to_arrays
+from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.queries import (
+    MODELS_SQL,
+    RUN_IDS_SQL,
+    engine_sql,
+    export_sql,
+    placeholders,
+    records_sql,
+    stats_history_sql,
+    with_arm,
+)
+from specproxy.store.registry import register_backend
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
-    MIGRATIONS,
     REQUEST_COLUMNS,
-    SCHEMA_VERSION,
     engine_row,
+    migrations_after,
     request_row,
 )
 
@@ -72,13 +82,7 @@ async def migrate_postgres(conn: asyncpg.Connection) -> int:
         found = 0
         if exists:
             found = await conn.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_version")
-        if found > SCHEMA_VERSION:
-            raise StoreError(
-                f"store schema version {found} is newer than this specproxy ({SCHEMA_VERSION})"
-            )
-        for migration in MIGRATIONS:
-            if migration.version <= found:
-                continue
+        for migration in migrations_after(found):
             for statement in migration.statements("postgresql"):
                 await conn.execute(statement)
             await conn.execute(
@@ -94,6 +98,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.execute(statement)
 
 
+@register_backend("postgresql", "postgres")
 class PostgresStore(BufferedStore):
     def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
         super().__init__(cfg, run_id=run_id)
@@ -192,78 +197,38 @@ class PostgresStore(BufferedStore):
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
 
-    async def read_arrays(
-        self,
-        *,
-        run_id: str,
-        columns: Sequence[str],
-        since: float | None = None,
-        until: float | None = None,
-        model: str | None = None,
-        include_shadow: bool = True,
-    ) -> dict[Arm, ArmArrays]:
-        cols = check_columns(columns)
-        where = ["run_id = $1", "arm = $2"]
-        params: list[Any] = [run_id, None]
-        for clause, value in (("t_start >= ", since), ("t_start < ", until), ("model = ", model)):
-            if value is not None:
-                params.append(value)
-                where.append(f"{clause}${len(params)}")
-        if not include_shadow:
-            where.append("NOT shadow")
-        sql = f"SELECT {', '.join(cols)} FROM requests WHERE {' AND '.join(where)} ORDER BY t_start"
+    async def _read_arrays(self, query: RecordQuery) -> dict[Arm, ArmArrays]:
+        sql, params = records_sql(query, "postgresql")
         out: dict[Arm, ArmArrays] = {}
         for arm in Arm:
-            params[1] = arm.value
-            rows = await self._fetch(sql, *params)
-            out[arm] = rows_to_arrays(cols, [tuple(r) for r in rows])
+            rows = await self._fetch(sql, *with_arm(params, arm))
+            out[arm] = rows_to_arrays(query.columns, [tuple(r) for r in rows])
         return out
 
     async def read_engine_samples(
         self, *, run_id: str, since: float | None = None, arm: Arm | None = None
     ) -> list[EngineSample]:
-        where = ["run_id = $1"]
-        params: list[Any] = [run_id]
-        if since is not None:
-            params.append(since)
-            where.append(f"t >= ${len(params)}")
-        if arm is not None:
-            params.append(arm.value)
-            where.append(f"arm = ${len(params)}")
-        sql = f"SELECT {_ENGINE_COLS} FROM engine_samples WHERE {' AND '.join(where)} ORDER BY t"
+        sql, params = engine_sql(run_id, since, arm, "postgresql")
         return [EngineSample.from_dict(dict(r)) for r in await self._fetch(sql, *params)]
 
     async def read_stats_history(
         self, *, run_id: str, since: float | None = None
     ) -> list[tuple[float, dict[str, Any]]]:
-        sql = "SELECT t, result::text AS result FROM stats_history WHERE run_id = $1"
-        params: list[Any] = [run_id]
-        if since is not None:
-            sql += " AND t >= $2"
-            params.append(since)
-        sql += " ORDER BY t, id"
+        sql, params = stats_history_sql(run_id, since, "postgresql")
         return [(r["t"], json.loads(r["result"])) for r in await self._fetch(sql, *params)]
 
     async def models(self, *, run_id: str) -> list[str]:
-        sql = "SELECT DISTINCT model FROM requests WHERE run_id = $1 ORDER BY model"
+        sql = placeholders(MODELS_SQL, "postgresql")
         return [r["model"] for r in await self._fetch(sql, run_id)]
 
     async def run_ids(self) -> list[str]:
-        return [
-            r["run_id"]
-            for r in await self._fetch("SELECT DISTINCT run_id FROM requests ORDER BY 1")
-        ]
+        return [r["run_id"] for r in await self._fetch(RUN_IDS_SQL)]
 
     async def export_chunks(
         self, *, run_id: str | None = None, chunk_rows: int = 10_000
     ) -> AsyncIterator[list[tuple[Any, ...]]]:
         await self._ensure_open()
-        sql = f"SELECT {_COLS} FROM requests"
-        params: tuple[Any, ...] = ()
-        if run_id is not None:
-            sql += " WHERE run_id = $1"
-            params = (run_id,)
-        sql += " ORDER BY t_start"
+        sql, params = export_sql(run_id, "postgresql")
         async with self.pool.acquire() as conn, conn.transaction():
             chunk: list[tuple[Any, ...]] = []
             async for record in conn.cursor(sql, *params, prefetch=chunk_rows):

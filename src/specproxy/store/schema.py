@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from specproxy.errors import StoreError
 from specproxy.records import EngineSample, RequestRecord
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Dialect",
     "Migration",
     "engine_row",
+    "migrations_after",
     "request_row",
 ]
 
@@ -180,6 +182,17 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "engine endpoint of each request", _V3_SQLITE, _V3_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def migrations_after(found: int) -> list[Migration]:
+    """The migrations a store at schema version `found` still needs, in order; a store newer than
+    this code is a `StoreError` (it would be written with columns we do not know)."""
+    if found > SCHEMA_VERSION:
+        raise StoreError(
+            f"store schema version {found} is newer than this specproxy ({SCHEMA_VERSION})"
+        )
+    return [m for m in MIGRATIONS if m.version > found]
+
 
 # Columns of the current schema, in RequestRecord / EngineSample field order.
 REQUEST_COLUMNS: tuple[str, ...] = (

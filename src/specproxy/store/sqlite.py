@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -32,15 +32,24 @@ from specproxy.children import die_with_parent
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.store.arrays import arrow_to_arrays, check_columns, rows_to_arrays
-from specproxy.store.base import ArmArrays
+from specproxy.store.arrays import ArmArrays, arrow_to_arrays, rows_to_arrays
+from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.queries import (
+    MODELS_SQL,
+    RUN_IDS_SQL,
+    engine_sql,
+    export_sql,
+    records_sql,
+    stats_history_sql,
+    with_arm,
+)
+from specproxy.store.registry import register_backend
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
-    MIGRATIONS,
     REQUEST_COLUMNS,
-    SCHEMA_VERSION,
     engine_row,
+    migrations_after,
     request_row,
 )
 
@@ -103,13 +112,7 @@ def migrate_sqlite(conn: sqlite3.Connection) -> int:
             found = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[
                 0
             ]
-        if found > SCHEMA_VERSION:
-            raise StoreError(
-                f"store schema version {found} is newer than this specproxy ({SCHEMA_VERSION})"
-            )
-        for migration in MIGRATIONS:
-            if migration.version <= found:
-                continue
+        for migration in migrations_after(found):
             for statement in migration.statements("sqlite"):
                 conn.execute(statement)
             conn.execute(
@@ -123,6 +126,7 @@ def migrate_sqlite(conn: sqlite3.Connection) -> int:
     return int(found)
 
 
+@register_backend("sqlite")
 class SqliteStore(BufferedStore):
     def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
         super().__init__(cfg, run_id=run_id)
@@ -245,24 +249,8 @@ class SqliteStore(BufferedStore):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
 
-    async def read_arrays(
-        self,
-        *,
-        run_id: str,
-        columns: Sequence[str],
-        since: float | None = None,
-        until: float | None = None,
-        model: str | None = None,
-        include_shadow: bool = True,
-    ) -> dict[Arm, ArmArrays]:
-        query = arm_query(
-            check_columns(columns),
-            run_id=run_id,
-            since=since,
-            until=until,
-            model=model,
-            include_shadow=include_shadow,
-        )
+    async def _read_arrays(self, records: RecordQuery) -> dict[Arm, ArmArrays]:
+        query = arm_query(records)
         await self._ensure_open()
         if self.array_reader == "adbc":
             failures: tuple[type[BaseException], ...] = (*adbc_errors(), BrokenProcessPool)
@@ -283,18 +271,7 @@ class SqliteStore(BufferedStore):
     async def read_engine_samples(
         self, *, run_id: str, since: float | None = None, arm: Arm | None = None
     ) -> list[EngineSample]:
-        where = ["run_id = ?"]
-        params: list[Any] = [run_id]
-        if since is not None:
-            where.append("t >= ?")
-            params.append(since)
-        if arm is not None:
-            where.append("arm = ?")
-            params.append(arm.value)
-        sql = (
-            f"SELECT {', '.join(ENGINE_COLUMNS)} FROM engine_samples "
-            f"WHERE {' AND '.join(where)} ORDER BY t"
-        )
+        sql, params = engine_sql(run_id, since, arm, "sqlite")
 
         def fetch(conn: sqlite3.Connection) -> list[EngineSample]:
             samples = []
@@ -312,12 +289,7 @@ class SqliteStore(BufferedStore):
     async def read_stats_history(
         self, *, run_id: str, since: float | None = None
     ) -> list[tuple[float, dict[str, Any]]]:
-        sql = "SELECT t, result FROM stats_history WHERE run_id = ?"
-        params: list[Any] = [run_id]
-        if since is not None:
-            sql += " AND t >= ?"
-            params.append(since)
-        sql += " ORDER BY t, id"
+        sql, params = stats_history_sql(run_id, since, "sqlite")
 
         def fetch(conn: sqlite3.Connection) -> list[tuple[float, dict[str, Any]]]:
             return [(t, json.loads(body)) for t, body in conn.execute(sql, params)]
@@ -326,14 +298,13 @@ class SqliteStore(BufferedStore):
 
     async def models(self, *, run_id: str) -> list[str]:
         def fetch(conn: sqlite3.Connection) -> list[str]:
-            sql = "SELECT DISTINCT model FROM requests WHERE run_id = ? ORDER BY model"
-            return [m for (m,) in conn.execute(sql, (run_id,))]
+            return [m for (m,) in conn.execute(MODELS_SQL, (run_id,))]
 
         return await self._read(fetch)
 
     async def run_ids(self) -> list[str]:
         def fetch(conn: sqlite3.Connection) -> list[str]:
-            return [r for (r,) in conn.execute("SELECT DISTINCT run_id FROM requests ORDER BY 1")]
+            return [r for (r,) in conn.execute(RUN_IDS_SQL)]
 
         return await self._read(fetch)
 
@@ -341,12 +312,7 @@ class SqliteStore(BufferedStore):
         self, *, run_id: str | None = None, chunk_rows: int = 10_000
     ) -> AsyncIterator[list[tuple[Any, ...]]]:
         await self._ensure_open()
-        sql = f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests"
-        params: tuple[Any, ...] = ()
-        if run_id is not None:
-            sql += " WHERE run_id = ?"
-            params = (run_id,)
-        sql += " ORDER BY t_start"
+        sql, params = export_sql(run_id, "sqlite")
         conn = sqlite3.connect(self.path, timeout=self.timeout_s, check_same_thread=False)
         try:
             cursor = await asyncio.to_thread(conn.execute, sql, params)
@@ -375,34 +341,13 @@ class ArmQuery:
     params: tuple[Any, ...]  # without the arm
 
     def arm_params(self, arm: Arm) -> tuple[Any, ...]:
-        return (self.params[0], arm.value, *self.params[1:])
+        return with_arm(self.params, arm)
 
 
-def arm_query(
-    columns: tuple[str, ...],
-    *,
-    run_id: str,
-    since: float | None,
-    until: float | None,
-    model: str | None,
-    include_shadow: bool,
-) -> ArmQuery:
-    """Every filter in the WHERE clause; (run_id, arm, t_start) is the index it walks."""
-    where = ["run_id = ?", "arm = ?"]
-    params: list[Any] = [run_id]
-    if since is not None:
-        where.append("t_start >= ?")
-        params.append(since)
-    if until is not None:
-        where.append("t_start < ?")
-        params.append(until)
-    if model is not None:
-        where.append("model = ?")
-        params.append(model)
-    if not include_shadow:
-        where.append("shadow = 0")
-    sql = f"SELECT {', '.join(columns)} FROM requests WHERE {' AND '.join(where)} ORDER BY t_start"
-    return ArmQuery(columns, sql, tuple(params))
+def arm_query(query: RecordQuery) -> ArmQuery:
+    """`queries.records_sql` in SQLite's dialect, in a form a reader process can take."""
+    sql, params = records_sql(query, "sqlite")
+    return ArmQuery(query.columns, sql, params)
 
 
 def read_arms_sqlite3(conn: sqlite3.Connection, query: ArmQuery) -> dict[Arm, ArmArrays]:
