@@ -80,9 +80,10 @@ def _json_head(status: int, reason: str, *, length: int | None) -> bytes:
     return _head(status, reason, {"content-type": "application/json", **framing})
 
 
-_STREAM_HEAD: Final = _head(
-    200, "OK", {"content-type": "text/event-stream; charset=utf-8", "connection": "close"}
+_STREAM_HEAD: Final = _head(  # as uvicorn frames vLLM's streams: chunked
+    200, "OK", {"content-type": "text/event-stream; charset=utf-8", "transfer-encoding": "chunked"}
 )
+_LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 def _chunk(data: bytes) -> bytes:
@@ -202,18 +203,19 @@ class FaultUpstream:
             rng = random.Random(self.seed)
             for _ in range(64):
                 junk = bytes(rng.randrange(256) for _ in range(512))
-                writer.write(junk.replace(b"data:", b"dat?:"))
+                writer.write(_chunk(junk.replace(b"data:", b"dat?:")))
                 await self._drain(writer)
-            writer.close()
-            return False
+            writer.write(_LAST_CHUNK)  # a properly framed end: only the content is garbage
+            await self._drain(writer)
+            return True
         if fault == "drip":
-            writer.write(b'data: {"choices": [')
+            writer.write(_chunk(b'data: {"choices": ['))
             while True:
-                writer.write(b" ")
+                writer.write(_chunk(b" "))
                 await self._drain(writer)
                 await asyncio.sleep(DRIP_S)
         if fault in ("reset_mid_stream", "stall_mid_stream"):
-            writer.write(b"".join(_EVENTS[:3]))
+            writer.write(_chunk(b"".join(_EVENTS[:3])))
             await self._drain(writer)
             if fault == "reset_mid_stream":
                 _reset(writer)
@@ -221,14 +223,14 @@ class FaultUpstream:
             await _forever()
         if fault == "slow_sse":
             for event in _EVENTS:
-                writer.write(event)
+                writer.write(_chunk(event))
                 await self._drain(writer)
                 await asyncio.sleep(SLOW_S)
         else:  # "sse" and any unknown name: the valid stream
-            writer.write(_SSE)
+            writer.write(_chunk(_SSE))
+        writer.write(_LAST_CHUNK)
         await self._drain(writer)
-        writer.close()
-        return False
+        return True
 
     async def _drain(self, writer: asyncio.StreamWriter) -> None:
         try:

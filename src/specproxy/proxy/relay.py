@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
-from aiohttp import ClientError, web
+from aiohttp import ClientConnectorError, ClientError, web
 
 from specproxy.errors import error_body
 from specproxy.proxy.headers import (
@@ -89,6 +89,12 @@ def classify(exc: BaseException, arm: Arm) -> Failure:
     if isinstance(exc, UpstreamError) and exc.kind != "connect":
         return Failure(
             exc.kind, 502, "BadGateway", f"the {arm.value} arm sent a broken response: {exc}"
+        )
+    if isinstance(exc, ClientError) and not isinstance(exc, ClientConnectorError):
+        # aiohttp after connecting (reset, closed before or inside the headers): the request
+        # went out, so this is a broken answer, as the lean client says for the same fault.
+        return Failure(
+            "broken", 502, "BadGateway", f"the {arm.value} arm sent a broken response: {exc}"
         )
     return Failure("connect", 502, "BadGateway", f"the {arm.value} arm could not be reached: {exc}")
 
