@@ -25,7 +25,7 @@ from specproxy.appkeys import STORE
 from specproxy.config import Config, RoutingConfig, StoreConfig, TimeoutConfig
 from specproxy.records import RECORD_FIELDS
 from specproxy.stats.clean import usable_mask
-from specproxy.store import BufferedStore
+from specproxy.store.buffered import BufferedStore
 from tests.faults.upstream import FaultUpstream
 
 RUN = "faults"
