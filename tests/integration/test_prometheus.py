@@ -65,8 +65,8 @@ def _free_port() -> int:
         return port
 
 
-def _prometheus_config(target: str, rule_file: Path) -> dict[str, Any]:
-    """The shipped prometheus.yml, scraping `target` every second with the fast rule variant."""
+def _prometheus_config(target: str | list[str], rule_file: Path) -> dict[str, Any]:
+    """The shipped prometheus.yml, scraping `target`(s) every second with the fast rules."""
     config: dict[str, Any] = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     config["global"] = {
         "scrape_interval": SCRAPE_INTERVAL,
@@ -75,7 +75,7 @@ def _prometheus_config(target: str, rule_file: Path) -> dict[str, Any]:
     }
     config["rule_files"] = [str(rule_file)]
     [job] = config["scrape_configs"]
-    job["static_configs"] = [{"targets": [target]}]
+    job["static_configs"] = [{"targets": [target] if isinstance(target, str) else target}]
     return config
 
 
@@ -116,7 +116,7 @@ class Prometheus:
             await asyncio.sleep(1.0)
 
 
-def _write_config(workdir: Path, target: str) -> Path:
+def _write_config(workdir: Path, target: str | list[str]) -> Path:
     rule_file = workdir / "specproxy.rules.yml"
     rule_file.write_text(yaml.safe_dump(fast_variant(load_rules())), encoding="utf-8")
     config_file = workdir / "prometheus.yml"
@@ -125,7 +125,9 @@ def _write_config(workdir: Path, target: str) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def run_prometheus(binary: str, workdir: Path, target: str) -> AsyncIterator[Prometheus]:
+async def run_prometheus(
+    binary: str, workdir: Path, target: str | list[str]
+) -> AsyncIterator[Prometheus]:
     config_file = await asyncio.to_thread(_write_config, workdir, target)
     port = _free_port()
     log_file = workdir / "prometheus.log"
