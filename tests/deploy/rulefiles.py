@@ -8,12 +8,15 @@ labels and annotations proven in the integration test are the production ones.
 from __future__ import annotations
 
 import copy
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["PROMETHEUS_DIR", "REPO", "RULES", "fast_variant", "load_rules"]
+from tests.conftest import require_binary
+
+__all__ = ["PROMETHEUS_DIR", "REPO", "RULES", "fast_variant", "load_rules", "promtool"]
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
@@ -33,3 +36,15 @@ def fast_variant(rules: dict[str, Any], hold: str = "2s") -> dict[str, Any]:
             if "for" in rule:
                 rule["for"] = hold
     return fast
+
+
+def promtool(*args: str, cwd: Path = PROMETHEUS_DIR) -> subprocess.CompletedProcess[str]:
+    """Run promtool (installed by scripts/sysdeps.sh) in `cwd`."""
+    return subprocess.run(
+        [require_binary("promtool"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

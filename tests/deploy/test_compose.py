@@ -10,7 +10,6 @@ import copy
 import json
 import shlex
 import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,8 @@ import yaml
 from specproxy.config import Config
 from specproxy.config_env import env_settings
 from specproxy.emulator import cli as emulator_cli
-from tests.conftest import require_binary
 from tests.deploy.kube import REPO, SCHEMAS
+from tests.deploy.rulefiles import promtool
 
 COMPOSE_DIR = REPO / "deploy" / "compose"
 Doc = dict[str, Any]
@@ -228,15 +227,7 @@ def test_prometheus_loads_the_rules_mounted_from_deploy_prometheus(tmp_path: Pat
     assert (tmp_path / "rules" / "specproxy.rules.yml").read_text() == (
         REPO / "deploy" / "prometheus" / "rules" / "specproxy.rules.yml"
     ).read_text()
-    promtool = require_binary("promtool")
-    result = subprocess.run(
-        [promtool, "check", "config", "prometheus.yml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 1 rule files found" in result.stdout + result.stderr
 

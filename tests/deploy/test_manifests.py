@@ -21,9 +21,8 @@ from specproxy.deploy.manifests import (
     generate,
 )
 from specproxy.grafana.dashboard import dashboard_json
-from tests.conftest import require_binary
 from tests.deploy.kube import OVERLAYS, REPO, find, render
-from tests.deploy.rulefiles import PROMETHEUS_DIR, load_rules
+from tests.deploy.rulefiles import PROMETHEUS_DIR, load_rules, promtool
 
 
 def _copy_sources(root: Path) -> None:
@@ -70,7 +69,6 @@ def test_prometheus_rule_holds_the_rule_files_groups() -> None:
 def test_promtool_unit_tests_pass_on_the_rendered_prometheus_rule(tmp_path: Path) -> None:
     """What the operator loads is what promtool tests: the rule file is rebuilt from the rendered
     PrometheusRule and the unit tests run against it."""
-    promtool = require_binary("promtool")
     rule = find(render("production"), "PrometheusRule", "specproxy")
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / RULES.name).write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
@@ -78,14 +76,7 @@ def test_promtool_unit_tests_pass_on_the_rendered_prometheus_rule(tmp_path: Path
     for test in (PROMETHEUS_DIR / "tests").glob("*.yml"):
         shutil.copy(test, tmp_path / "tests" / test.name)
     tests = sorted(str(p) for p in (tmp_path / "tests").glob("*.yml"))
-    result = subprocess.run(
-        [promtool, "test", "rules", *tests],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = promtool("test", "rules", *tests, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -14,8 +14,14 @@ import yaml
 
 from specproxy.grafana.dashboard import DASHBOARD_UID
 from specproxy.stats.diagnosis import LOW_ACCEPTANCE
-from tests.conftest import require_binary
-from tests.deploy.rulefiles import PROMETHEUS_DIR, REPO, RULES, fast_variant, load_rules
+from tests.deploy.rulefiles import (
+    PROMETHEUS_DIR,
+    REPO,
+    RULES,
+    fast_variant,
+    load_rules,
+    promtool,
+)
 from tests.promql_names import PROMETHEUS_BUILTINS, exported_names, names_in
 
 REQUIRED_ALERTS = {
@@ -33,10 +39,7 @@ RUNBOOK_BASE = "https://github.com/specproxy/specproxy/blob/main/docs/runbooks.m
 
 
 def _promtool(*args: str, cwd: Path = PROMETHEUS_DIR) -> subprocess.CompletedProcess[str]:
-    promtool = require_binary("promtool")
-    return subprocess.run(
-        [promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
-    )
+    return promtool(*args, cwd=cwd)
 
 
 def test_promtool_check_rules() -> None:
