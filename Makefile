@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: venv demo demo-vllm test test-stress test-fast test-vllm vllm-up lint typecheck sysdeps vllm-env clean
+.PHONY: manifests venv demo demo-vllm test test-stress test-fast test-vllm vllm-up lint typecheck sysdeps vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,10 @@ test-vllm: venv vllm-env
 ## vllm-up: start the real speculative + baseline vLLM CPU servers and print their URLs
 vllm-up: venv vllm-env
 	$(BIN)/specproxy vllm --vllm-python $(VLLM_VENV)/bin/python
+
+## manifests: regenerate the Kubernetes PrometheusRule and dashboard ConfigMap from their sources
+manifests: venv
+	$(BIN)/specproxy deploy generate
 
 lint: venv
 	$(BIN)/ruff format --check .
