@@ -3,12 +3,14 @@
 Started by tests/deploy/test_pod.py as `unshare --net --mount -- python -m tests.deploy.pod_netns`
 with a JSON spec on stdin. Inside, nothing is shared with the machine: its own loopback (so the
 ConfigMap's exact `0.0.0.0:8000` and the emulators' ports are free), `/etc/hosts` naming the
-Services, and fresh tmpfs mounts where the pod has emptyDirs (`/var/lib/specproxy`, `/tmp`).
+Services, fresh tmpfs mounts where the pod has emptyDirs (`/var/lib/specproxy`, `/tmp`), and the
+root filesystem read-only, as `readOnlyRootFilesystem` makes it.
 The processes run as the image's UID/GID (setpriv). Writes a JSON report of every probe to stdout.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -59,6 +61,14 @@ def start(argv: list[str], env: dict[str, str], uid: int) -> subprocess.Popen[by
     )
 
 
+def _read_only(directory: str) -> bool:
+    try:
+        with open(os.path.join(directory, "specproxy-write-probe"), "w"):
+            return False
+    except OSError as exc:
+        return exc.errno == errno.EROFS
+
+
 def main() -> int:
     spec: dict[str, Any] = json.load(sys.stdin)
     uid = int(spec["uid"])
@@ -74,8 +84,10 @@ def main() -> int:
             sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", os.path.dirname(empty_dir))
             os.mkdir(empty_dir)
         sh("mount", "-t", "tmpfs", "-o", f"mode=0770,uid={uid},gid={uid}", "tmpfs", empty_dir)
+    # readOnlyRootFilesystem: everything but the tmpfs mounts above is read-only from here on.
+    sh("mount", "-o", "remount,bind,ro", "/")
     env = {**spec["env"], "PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"}
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"root_read_only": _read_only("/var/tmp")}
     proxy = start(spec["proxy_argv"], env, uid)
     emulators: list[subprocess.Popen[bytes]] = []
     try:

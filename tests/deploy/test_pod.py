@@ -1,10 +1,11 @@
 """The demo overlay's pods run for real, as rendered: `specproxy serve` with exactly the
 ConfigMap's specproxy.toml (listening on its 0.0.0.0:8000, the container port), the store URL
 from the rendered Secret, the emulated arms with their Deployments' exact command lines, under
-the image's UID, with tmpfs where the pod has emptyDirs. A private network and mount namespace
-(`unshare`, tests/deploy/pod_netns.py) gives them their own loopback and /etc/hosts naming the
-Services, so nothing is adapted but the config file's path (/run/specproxy-config instead of the
-ConfigMap mount /etc/specproxy, which does not exist on this machine)."""
+the image's UID, with tmpfs where the pod has emptyDirs and the rest of the filesystem
+read-only. A private network and mount namespace (`unshare`, tests/deploy/pod_netns.py) gives
+them their own loopback and /etc/hosts naming the Services, so nothing is adapted but the config
+file's path (/run/specproxy-config instead of the ConfigMap mount /etc/specproxy, which does not
+exist on this machine)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def test_the_demo_pod_serves_on_its_container_port_with_its_exact_config() -> No
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     context = report.pop("proxy_stderr_tail")
+    assert report["root_read_only"]  # readOnlyRootFilesystem: only the emptyDirs are writable
     assert report["proxy_listening"], context
     # Liveness answers whether or not the arms do; readiness only once both arms answer.
     assert report["arms_down /healthz"] == 200
