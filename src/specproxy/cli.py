@@ -1,5 +1,8 @@
 """The `specproxy` command line: a thin table of subcommands, each in its package's `cli` module.
 
+Every command takes `--log-level` and `--log-format`, and every flag's help shows its default
+(`DefaultsFormatter`).
+
 Each command module exposes `configure(parser)` to add its arguments and `run(args) -> int`.
 Modules are imported lazily, so `specproxy --help` stays fast and one broken optional dependency
 (asyncpg, grafana-client) cannot take down unrelated commands.
@@ -9,13 +12,29 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
+from specproxy import __version__
 from specproxy.errors import SpecProxyError
+from specproxy.logs import FORMATS, LEVELS, setup_logging
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "DefaultsFormatter", "main"]
+
+DESCRIPTION = """\
+Is speculative decoding making your vLLM server faster? specproxy sits in front of two vLLM
+servers, one with speculative decoding and one without, splits (or mirrors) live traffic between
+them, records every request, and tells you the speedup with a confidence interval.
+
+first steps:
+  specproxy demo                       try it: emulated servers, load, live view, a report
+  specproxy serve --baseline URL --speculative URL
+                                       put it in front of your two servers
+  specproxy stats                      the comparison so far, from the store
+  specproxy report --out out/report    the HTML report with plots
+"""
+
+EPILOG = "Run `specproxy COMMAND --help` for a command's options."
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,13 +57,57 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Appends "(default: X)" to every option whose help does not state its default yet.
+
+    On/off switches show nothing (off unless given); an option without a default says so only
+    if its help does.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or "default" in text
+            or action.default in (None, argparse.SUPPRESS)
+            or isinstance(action, argparse._StoreConstAction | argparse._StoreTrueAction)
+            or action.nargs == 0
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)".strip()
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """Options every command takes (added to each subcommand)."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("logging")
+    group.add_argument("--log-level", choices=LEVELS, default="info", help="log threshold")
+    group.add_argument(
+        "--log-format", choices=FORMATS, default="text", help="json: one JSON object per line"
+    )
+    return common
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `command`'s module is imported and asked for its arguments."""
-    parser = argparse.ArgumentParser(prog="specproxy", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = argparse.ArgumentParser(
+        prog="specproxy",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=DefaultsFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"specproxy {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, title="commands")
+    common = _common_options()
     for name, (module_name, help_text) in COMMANDS.items():
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            parents=[common],
+            formatter_class=DefaultsFormatter,
+        )
         if name == command:
             module = importlib.import_module(module_name)
             module.configure(cmd)
@@ -57,10 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging("debug" if args.verbose else args.log_level, args.log_format)
     try:
         code: int = args._run(args)
     except SpecProxyError as exc:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,13 +58,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--config", metavar="FILE.toml", help="TOML config file (flags override it)")
     add("--baseline", metavar="URL", help="base URL of the baseline vLLM server")
     add("--speculative", metavar="URL", help="base URL of the speculative vLLM server")
-    add("--host", help="listen address (default 127.0.0.1)")
-    add("--port", type=int, help="listen port (default 8000)")
+    add("--host", help="listen address")
+    add("--port", type=int, help="listen port")
     add("--run-id", help="label of this run in the store")
-    add("--share", type=float, help="speculative share, 0..1 (default 0.5)")
+    add("--share", type=float, help="speculative share, 0..1")
     add("--mode", choices=["weighted", "sticky"], help="routing mode")
     add("--sticky-source", choices=["header", "user"], help="sticky key: a header or body.user")
-    add("--sticky-header", help="header holding the sticky key (default x-session-id)")
+    add("--sticky-header", help="header holding the sticky key")
     add(
         "--allow-forced-arm",
         action="store_true",
@@ -95,6 +97,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="record store URL (sqlite:///..., postgresql://..., memory://)",
     )
+    _show_config_defaults(parser)
+
+
+def _config_default(section: str | None, name: str) -> object:
+    """The built-in value of a setting (what applies when neither file, env nor flag sets it)."""
+    top = {f.name: f for f in dataclasses.fields(Config)}
+    if section is None:
+        default: object = top[name].default
+        return None if default is dataclasses.MISSING or default == "" else default
+    factory = top[section].default_factory
+    assert factory is not dataclasses.MISSING
+    return getattr(factory(), name)
+
+
+def _show_config_defaults(parser: argparse.ArgumentParser) -> None:
+    """Each flag's help names the setting's built-in default (the flags default to None, so that
+    only flags given override the file and the environment)."""
+    for action in parser._actions:
+        setting = _FLAG_SETTINGS.get(action.dest)
+        if setting is None or action.help is None or isinstance(action, argparse._StoreFalseAction):
+            continue
+        value = _config_default(*setting)
+        if value is not None:
+            shown = str(value).lower() if isinstance(value, bool) else value
+            action.help += f" (default: {shown})"
 
 
 def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
@@ -134,26 +161,43 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    app = create_app(cfg, admin_token=load_admin_token())
+    admin_token = load_admin_token()
+    # Bind before anything starts, so a port in use is one error line and exit 2, and the
+    # "serving" line below is logged only once the proxy really listens.
+    sock = listen_socket(cfg.host, cfg.port)
+    app = create_app(cfg, admin_token=admin_token)
     app.on_startup.append(freeze_startup_objects)  # last hook: after every component started
-    log.info(
-        "specproxy on http://%s:%d -> speculative %s (share %.2f), baseline %s",
-        cfg.host,
-        cfg.port,
-        cfg.speculative_url,
-        cfg.routing.speculative_share,
-        cfg.baseline_url,
-    )
+
+    async def announce(app: web.Application) -> None:
+        log.info(
+            "specproxy on http://%s:%d -> speculative %s (share %.2f), baseline %s",
+            cfg.host,
+            sock.getsockname()[1],
+            cfg.speculative_url,
+            cfg.routing.speculative_share,
+            cfg.baseline_url,
+        )
+
+    app.on_startup.append(announce)
     web.run_app(
         app,
-        host=cfg.host,
-        port=cfg.port,
+        sock=sock,
         handler_cancellation=True,
         access_log=None,
         print=None,
         loop=_new_loop(),
     )
     return 0
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port; a port in use or a bad address is a `ConfigError`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from exc
 
 
 # Young-generation threshold while serving. A request leaves a few tracked objects behind (its

@@ -112,3 +112,26 @@ def test_cli_without_terminal_stops_on_ctrl_c(tmp_path: Path) -> None:
     assert "\x1b[" not in output  # no terminal: no escape codes
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["stats"] is not None
+
+
+def test_next_steps_name_the_store_and_paste_ready_commands(tmp_path: Path) -> None:
+    import shlex
+
+    from specproxy.cli import build_parser
+    from specproxy.demo.cli import next_steps
+
+    store = f"sqlite:///{tmp_path}/demo store.db"
+    lines = next_steps(store, "run 1")
+    assert str((tmp_path / "demo store.db").resolve()) in lines[0]
+    commands = [line.strip() for line in lines if line.strip().startswith("specproxy ")]
+    assert [c.split()[1] for c in commands] == ["stats", "report"]
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        args = build_parser(argv[0]).parse_args(argv)
+        assert args.store == store and args.run_id == "run 1"
+
+
+def test_next_steps_for_a_memory_store_say_it_is_gone() -> None:
+    from specproxy.demo.cli import next_steps
+
+    assert "gone" in next_steps("memory://", "r")[0]

@@ -46,3 +46,88 @@ def test_view_renders_without_stats_and_with_them() -> None:
     text = console.export_text()
     assert "2.000x" in text and "faster" in text and "speculation helps" in text
     assert "2.000x" in plain_line(result, tally)
+
+
+def _full_result() -> dict[str, object]:
+    """A stats result with every statistic and many diagnosis reasons (the tallest view)."""
+    ok = {"status": "ok", "estimate": 2.1634, "lower": 1.8912, "upper": 2.4211}
+    window = {
+        "design": "split",
+        "samples": {"baseline": 12345, "speculative": 12345},
+        "metrics": {
+            m: {
+                "n": {"baseline": 12345, "speculative": 12345},
+                "verdict": "inconclusive",
+                "summary": {
+                    a: {"median": 0.1234, "p99": 1.2345} for a in ("baseline", "speculative")
+                },
+                "speedup": {s: ok for s in ("median", "mean", "p90", "p99")},
+            }
+            for m in ("e2e", "ttft", "tpot")
+        },
+        "engine": {"speculative": {"acceptance_rate": 0.61}},
+        "diagnosis": {
+            "summary": "E2E median 2.16x [1.89, 2.42] but the anytime-valid test is not yet sure",
+            "reasons": [{"message": f"reason {i}: " + "words " * 20} for i in range(6)],
+        },
+    }
+    return {"results": {"all": {"all": window}}}
+
+
+_PTY_SCRIPT = """
+import json, sys
+from rich.console import Console
+from specproxy.demo.view import ClientTally, render
+console = Console()
+print(f"SIZE {console.size.width}x{console.size.height}")
+console.print(render(json.loads(sys.argv[1]), ClientTally(sent=24690)))
+print("END")
+"""
+
+
+def test_view_fits_an_80x24_pseudo_terminal() -> None:
+    """Rendered by rich in a real pseudo-terminal of 80x24: <= 24 rows, numbers never cut."""
+    import fcntl
+    import json
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PTY_SCRIPT, json.dumps(_full_result())],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**env, "TERM": "xterm-256color"},
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(master)
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", b"".join(chunks).decode())
+    lines = text.replace("\r\n", "\n").split("\n")
+    assert "SIZE 80x24" in lines[0]
+    view = lines[1 : lines.index("END")]
+    assert len(view) <= 24, "\n".join(view)
+    assert all(len(line) <= 80 for line in view)
+    body = "\n".join(view)
+    assert body.count("2.163x [1.891, 2.421]") == 6  # three metrics x (median, p99), uncut
+    assert "12345" in body and "inconclusive" in body
+    assert " speculative " in body and "1234.5 ms" in body and "61.0%" in body
+    assert "not yet sure" in " ".join(body.split())  # the headline wraps, never cut

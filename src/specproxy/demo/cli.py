@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from rich.console import Console
 
 from specproxy.demo.runner import DemoOptions, run_demo
 from specproxy.errors import ConfigError
+from specproxy.logs import use_console
+from specproxy.store.sqlite import sqlite_path
 
 __all__ = ["REAL_MAX_TOKENS", "REAL_RATE", "configure", "options_from_args", "run"]
 
@@ -58,12 +63,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     console = Console()
+    use_console(console)  # log lines print above the live view instead of breaking its rows
     outcome = asyncio.run(run_demo(opts, console=console))
     if outcome.report_dir is None:
         console.print("no report: nothing was recorded")
         return 1
     console.print(f"report: {outcome.report_dir / 'index.html'}")
+    for line in next_steps(outcome.store, outcome.run_id):
+        console.print(line, soft_wrap=True, highlight=False)
     return 0
+
+
+def next_steps(store: str, run_id: str) -> list[str]:
+    """Where the demo's records are, and the commands that read them again (paste-ready)."""
+    if urlsplit(store).scheme == "memory":
+        return [f"store: {store} (gone with the demo; use --store sqlite:///FILE to keep it)"]
+    where = store
+    if urlsplit(store).scheme == "sqlite":
+        where = f"{store} ({Path(sqlite_path(store)[0]).resolve()})"
+    quoted_store, quoted_run = shlex.quote(store), shlex.quote(run_id)
+    return [
+        f"store: {where}, run {run_id}",
+        "read it again:",
+        f"  specproxy stats --store {quoted_store} --run-id {quoted_run}",
+        f"  specproxy report --store {quoted_store} --run-id {quoted_run} --out out/report",
+    ]
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:

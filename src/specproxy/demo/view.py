@@ -1,9 +1,11 @@
 """The demo's terminal view: rich tables when there is a terminal, one plain line when not.
 
-Rendering is pure (a stats result and the client's tally in, a renderable or a string out), so it
-can be tested without a terminal. Per-arm latency comes from the client's own results while the
-stats job has not run yet, then from the stats result, which is what /api/stats and the report
-show.
+It fits an 80x24 terminal (tests/demo/test_view.py renders it in a real pseudo-terminal of that
+size): per-arm latency, one speedup row per metric with its verdict and the median and P99 CIs,
+the diagnosis with its first reasons. Rendering is pure (a stats result and the client's tally
+in, a renderable or a string out), so it can be tested without a terminal. Per-arm latency
+comes from the client's own results while the stats job has not run yet, then from the stats
+result, which is what /api/stats and the report show.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -20,7 +23,10 @@ from rich.text import Text
 from specproxy.loadgen import ClientResult
 from specproxy.records import Arm
 
-__all__ = ["ClientTally", "plain_line", "render"]
+__all__ = ["MAX_REASONS", "ClientTally", "plain_line", "render"]
+
+# The view fits an 80x24 terminal: two compact tables, the diagnosis and its first reasons.
+MAX_REASONS = 3
 
 
 @dataclass(slots=True)
@@ -54,12 +60,17 @@ def render(
     stats: Mapping[str, Any] | None, tally: ClientTally, *, title: str = "live"
 ) -> RenderableType:
     """The whole view: per-arm latency, then speedups, acceptance, verdicts and diagnosis."""
-    from specproxy.report.summary import arm_rows, diagnosis_lines, speedup_rows, verdict_rows
+    from specproxy.report.summary import arm_rows, diagnosis_lines
 
     parts: list[RenderableType] = []
-    arms = Table(title=f"specproxy demo ({title}): per arm", expand=False)
-    for column in ("arm", "n", "E2E p50", "E2E p99", "TTFT p50", "TPOT p50", "acceptance"):
-        arms.add_column(column, justify="right")
+    arms = Table(
+        title=f"specproxy demo ({title}): per arm",
+        expand=False,
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+    )
+    for column in ("arm", "n", "E2E p50", "E2E p99", "TTFT p50", "TPOT p50", "accept"):
+        arms.add_column(column, justify="right", no_wrap=True)
     rows = arm_rows(stats) if stats is not None else []
     if rows:
         for row in rows:
@@ -82,22 +93,37 @@ def render(
             Text(f"requests sent: {tally.sent}, errors: {tally.errors}; waiting for stats")
         )
         return Group(*parts)
-    speed = Table(title="speedup = baseline / speculative (> 1: speculation is faster)")
-    for column in ("metric", "statistic", "estimate", "CI"):
-        speed.add_column(column, justify="right")
-    for row in speedup_rows(stats):
-        speed.add_row(*row)
-    parts.append(speed)
-    verdicts = Table(title="verdicts")
-    verdicts.add_column("metric")
-    verdicts.add_column("verdict")
-    for row in verdict_rows(stats):
-        verdicts.add_row(*row)
-    parts.append(verdicts)
-    for line in diagnosis_lines(stats):
-        parts.append(Text(line))
+    parts.append(_speedup_table(stats))
+    diagnosis = diagnosis_lines(stats)
+    if diagnosis:
+        parts.append(Text(diagnosis[0]))  # the headline wraps, never cut
+    for line in diagnosis[1 : 1 + MAX_REASONS]:
+        parts.append(Text(line, no_wrap=True, overflow="ellipsis"))
+    if len(diagnosis) > 1 + MAX_REASONS:
+        parts.append(Text(f"  (+{len(diagnosis) - 1 - MAX_REASONS} more in the report)"))
     parts.append(Text(f"requests sent: {tally.sent}, client errors: {tally.errors}"))
     return Group(*parts)
+
+
+def _speedup_table(stats: Mapping[str, Any]) -> Table:
+    """metric | verdict | median | p99: speedup with its CI, one row per metric (fits 80 cols)."""
+    from specproxy.report.summary import speedup_rows, verdict_rows
+
+    table = Table(
+        title="speedup = baseline / speculative (> 1: faster), 95% CI",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+    )
+    statistics = ("median", "p99")
+    for column in ("metric", "verdict", *statistics):
+        table.add_column(column, justify="right", no_wrap=True)
+    cells: dict[str, dict[str, str]] = {}
+    for label, stat, estimate, ci in speedup_rows(stats, statistics):
+        cells.setdefault(label, {})[stat] = ci if estimate == "-" else f"{estimate} {ci}"
+    for label, verdict in verdict_rows(stats):
+        row = cells.get(label, {})
+        table.add_row(label, verdict, *(row.get(s, "-") for s in statistics))
+    return table
 
 
 def plain_line(stats: Mapping[str, Any] | None, tally: ClientTally) -> str:

@@ -6,21 +6,33 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from specproxy.config import StatsConfig
+from specproxy.config import StatsConfig, StoreConfig
 from specproxy.report.build import write_report
 
 __all__ = ["configure", "run"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default="sqlite:///specproxy.db", help="store URL")
+    parser.add_argument(
+        "--store", default=StoreConfig().url, help="store URL (sqlite:///, postgresql://)"
+    )
     parser.add_argument("--out", default="out/report", help="output directory")
-    parser.add_argument("--run-id", help="default: the run with the latest record")
-    parser.add_argument("--warmup-requests", type=int, default=StatsConfig().warmup_requests)
-    parser.add_argument("--resamples", type=int, default=StatsConfig().resamples)
+    parser.add_argument("--run-id", help="run to report (default: the run with the latest record)")
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=StatsConfig().warmup_requests,
+        help="requests per arm left out at the start and after each engine restart",
+    )
+    parser.add_argument(
+        "--resamples", type=int, default=StatsConfig().resamples, help="bootstrap resamples"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from specproxy.store.sqlite import require_existing_store
+
+    require_existing_store(args.store)
     settings = StatsConfig(warmup_requests=args.warmup_requests, resamples=args.resamples)
     out = asyncio.run(
         write_report(args.store, run_id=args.run_id, out_dir=Path(args.out), settings=settings)

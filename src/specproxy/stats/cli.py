@@ -18,11 +18,15 @@ __all__ = ["configure", "run"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, help="store URL, e.g. sqlite:///specproxy.db")
+    parser.add_argument(
+        "--store", default=StoreConfig().url, help="store URL (sqlite:///, postgresql://)"
+    )
     parser.add_argument("--run-id", help="run to analyse (default: the only run, else 'default')")
     parser.add_argument("--json", action="store_true", help="print the full JSON result")
-    parser.add_argument("--resamples", type=int, default=StatsConfig().resamples)
-    parser.add_argument("--seed", type=int, default=StatsConfig().seed)
+    parser.add_argument(
+        "--resamples", type=int, default=StatsConfig().resamples, help="bootstrap resamples"
+    )
+    parser.add_argument("--seed", type=int, default=StatsConfig().seed, help="bootstrap seed")
 
 
 def _text_report(result: dict[str, Any]) -> str:
@@ -51,8 +55,10 @@ def _text_report(result: dict[str, Any]) -> str:
 
 async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
     from specproxy.store.factory import open_store
+    from specproxy.store.sqlite import require_existing_store
 
     stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)  # validated before I/O
+    require_existing_store(args.store)
     store = open_store(StoreConfig(url=args.store))
     await store.start()
     try:

@@ -10,17 +10,15 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import os
 import sys
 from typing import IO, Any, Literal
-from urllib.parse import urlsplit
 
 from specproxy.config import StoreConfig
-from specproxy.errors import ConfigError, StoreError
+from specproxy.errors import ConfigError
 from specproxy.store.arrays import TEXT_COLUMNS
 from specproxy.store.factory import open_store
 from specproxy.store.schema import REQUEST_COLUMNS
-from specproxy.store.sqlite import sqlite_path
+from specproxy.store.sqlite import require_existing_store
 
 __all__ = ["FORMATS", "Format", "export"]
 
@@ -34,9 +32,7 @@ async def export(url: str, fmt: Format, *, out: str, run_id: str | None = None) 
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}")
     if fmt == "parquet" and out == "-":
         raise ConfigError("--format parquet needs --out FILE")
-    is_sqlite = urlsplit(url).scheme == "sqlite"
-    if is_sqlite and not await asyncio.to_thread(os.path.isfile, sqlite_path(url)[0]):
-        raise StoreError(f"no store at {url}")
+    await asyncio.to_thread(require_existing_store, url)
     store = open_store(StoreConfig(url=url))
     writer = _writer(fmt, out)
     count = 0

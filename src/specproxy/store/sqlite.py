@@ -100,6 +100,13 @@ def sqlite_path(url: str) -> tuple[str, float]:
     return path, timeout
 
 
+def require_existing_store(url: str) -> None:
+    """For read-only commands (stats, report, export): a missing SQLite file is an error, never
+    created. Other schemes are checked when they connect."""
+    if urlsplit(url).scheme == "sqlite" and not os.path.isfile(sqlite_path(url)[0]):
+        raise StoreError(f"no store at {url}")
+
+
 def migrate_sqlite(conn: sqlite3.Connection) -> int:
     """Bring the schema to SCHEMA_VERSION in one transaction; return the version found."""
     conn.execute("BEGIN IMMEDIATE")
