@@ -145,3 +145,11 @@ def test_an_arm_pool_from_the_environment() -> None:
     assert cfg.arm_config("baseline").urls == ("http://b1:8000", "http://b2:8000")
     assert cfg.arm_config("speculative").dns == "vllm-spec.llm.svc.cluster.local"
     assert cfg.arm_config("speculative").port == 8001
+
+
+def test_a_nested_table_is_an_inline_toml_table() -> None:
+    environ = {**ARMS, "SPECPROXY_TIMEOUTS__SPECULATIVE": "{read_s = 30}"}
+    cfg = serve.build_config(parse(), environ=environ)
+    assert cfg.timeouts.for_arm("speculative").read_s == 30
+    with pytest.raises(ConfigError, match=r"SPECPROXY_TIMEOUTS__SPECULATIVE='\{read_s = \.\.\.\}'"):
+        env_settings({"SPECPROXY_TIMEOUTS__SPECULATIVE__READ_S": "30"})

@@ -7,7 +7,8 @@ The rule, one variable per setting of `Config`:
 
 Names are the TOML keys in upper case; a double underscore separates the section from the key
 (keys themselves contain single underscores). Values of string settings are taken verbatim;
-every other value is written as it would be in TOML (`true`, `0.25`, `[300, 3600, "all"]`), and
+every other value is written as it would be in TOML (`true`, `0.25`, `[300, 3600, "all"]`, and
+an inline table for a nested table: `SPECPROXY_TIMEOUTS__SPECULATIVE='{read_s = 30}'`), and
 an empty value unsets an optional setting (`SPECPROXY_STORE__RETENTION_DAYS=` keeps everything).
 
 Precedence, highest first: command-line flags > environment > config file > defaults.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -74,6 +76,13 @@ def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, 
         section: str | None
         if _SEP in rest:
             section, key = rest.split(_SEP, 1)
+            if _SEP in key and key.split(_SEP)[0] in tables.get(section, {}):
+                inner, _, leaf = key.partition(_SEP)
+                example = variable_name(section, inner)
+                raise ConfigError(
+                    f"{variable}: a nested table is one variable holding an inline TOML table, "
+                    f"e.g. {example}='{{{leaf} = ...}}'"
+                )
             if key not in tables.get(section, {}):
                 _unknown(variable, tables)
         else:
@@ -97,12 +106,11 @@ def name_variable(exc: ConfigError, sources: Mapping[str, str]) -> ConfigError:
 
 
 def _parse(variable: str, raw: str, kind: Any) -> Any:
-    optional = type(None) in typing.get_args(kind)
-    if optional and raw.strip() == "":
-        return None
-    if optional:  # `X | None`: parse as X
-        [kind] = [k for k in typing.get_args(kind) if k is not type(None)]
-    if kind is str or typing.get_origin(kind) is typing.Literal:
+    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    members = [k for k in typing.get_args(kind) if k is not type(None)] if union else [kind]
+    if union and len(members) < len(typing.get_args(kind)) and raw.strip() == "":
+        return None  # `X | None`: empty unsets
+    if all(k is str or typing.get_origin(k) is typing.Literal for k in members):
         return raw
     try:
         return tomllib.loads(f"v = {raw}")["v"]
