@@ -38,6 +38,7 @@ from specproxy.appkeys import (
     FLEET,
     FORWARDER,
     METRICS,
+    METRICS_VIEW,
     RECORDER,
     REGISTRY,
     SESSIONS,
@@ -167,7 +168,11 @@ async def _passthrough(request: web.Request) -> web.StreamResponse:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = await asyncio.to_thread(generate_latest, request.app[REGISTRY])
+    view = request.app.get(METRICS_VIEW)
+    if view is not None and "local" not in request.query:
+        body = await view()  # every worker's registry, merged
+    else:
+        body = await asyncio.to_thread(generate_latest, request.app[REGISTRY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -24,7 +24,7 @@ Set in on_startup, after every cleanup_ctx has started:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -47,6 +47,7 @@ __all__ = [
     "FLEET",
     "FORWARDER",
     "METRICS",
+    "METRICS_VIEW",
     "RECORDER",
     "REGISTRY",
     "SCRAPER",
@@ -70,3 +71,6 @@ SCRAPER: web.AppKey[EngineScraper] = web.AppKey("scraper")
 STATS_JOB: web.AppKey[StatsJob] = web.AppKey("stats_job")
 STATS: web.AppKey[StatsProvider] = web.AppKey("stats")
 FORWARDER: web.AppKey[Forwarder] = web.AppKey("forwarder")
+# `serve --workers N`: GET /metrics answers with this instead of the own registry (every
+# worker's page merged, `fleet.workers`); `?local=1` still reads the own registry.
+METRICS_VIEW: web.AppKey[Callable[[], Awaitable[bytes]]] = web.AppKey("metrics_view")

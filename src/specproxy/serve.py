@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import socket
+import sys (serve --workers N: N full proxies on one port (SO_REUSEPORT) under a parent that only forwards signals and stops all when one dies; workers get SIGKILL from the kernel when the parent dies (PR_SET_PDEATHSIG), so nothing is orphaned; one /metrics view: whichever worker answers merges every worker's page read over private Unix sockets (counters/histograms/load gauges summed, start time earliest, engine/stats gauges largest), so each registry stays single-process and the lock-free fast path is untouched; stats leader across workers through the store's lock)
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,9 +23,11 @@ from aiohttp import web
 
 from specproxy.admin import load_admin_token
 from specproxy.app import create_app
+from specproxy.appkeys import METRICS_VIEW, REGISTRY
 from specproxy.config import Config, load_toml
 from specproxy.config_env import env_settings, name_variable, variable_name
 from specproxy.errors import ConfigError
+from specproxy.fleet.workers import merged_metrics, supervise, this_worker, worker_argv
 
 __all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
 
@@ -56,6 +59,13 @@ _FLAG_SETTINGS: dict[str, tuple[str | None, str]] = {
 def configure(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", metavar="FILE.toml", help="TOML config file (flags override it)")
+    add(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="proxy processes sharing the port (SO_REUSEPORT), one /metrics view (default 1)",
+    )
     add("--baseline", metavar="URL", help="base URL of the baseline vLLM server")
     add("--speculative", metavar="URL", help="base URL of the speculative vLLM server")
     add("--host", help="listen address")
@@ -161,11 +171,28 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
+    worker = this_worker()
+    if args.workers < 1:
+        raise ConfigError("--workers must be >= 1")
+    if args.workers > 1 and worker is None:
+        if cfg.port == 0:
+            raise ConfigError("--workers needs a fixed --port: the workers share it")
+        return supervise(worker_argv(sys.argv[1:]), args.workers)
     admin_token = load_admin_token()
     # Bind before anything starts, so a port in use is one error line and exit 2, and the
-    # "serving" line below is logged only once the proxy really listens.
-    sock = listen_socket(cfg.host, cfg.port)
+    # "serving" line below is logged only once the proxy really listens. Workers share the
+    # port (SO_REUSEPORT: the kernel spreads connections over them).
+    sock = listen_socket(cfg.host, cfg.port, reuse_port=worker is not None)
     app = create_app(cfg, admin_token=admin_token)
+    sites: dict[str, Any] = {}
+    if worker is not None:
+        registry = app[REGISTRY]
+
+        async def every_worker() -> bytes:
+            return await merged_metrics(registry, worker)
+
+        app[METRICS_VIEW] = every_worker
+        sites = {"path": worker.socket}  # where the other workers read this one's registry
     app.on_startup.append(freeze_startup_objects)  # last hook: after every component started
 
     async def announce(app: web.Application) -> None:
@@ -186,15 +213,18 @@ def run(args: argparse.Namespace) -> int:
         access_log=None,
         print=None,
         loop=_new_loop(),
+        **sites,
     )
     return 0
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A listening TCP socket on host:port; a port in use or a bad address is a `ConfigError`."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=1024)
+        return socket.create_server(
+            (host, port), family=family, backlog=1024, reuse_port=reuse_port
+        )
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from exc

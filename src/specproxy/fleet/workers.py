@@ -1,0 +1,163 @@
+"""`specproxy serve --workers N`: N proxy processes on one port, one /metrics view.
+
+The parent starts N copies of the same `serve` command and does nothing else: it forwards
+SIGTERM/SIGINT to them, and when one dies on its own it stops the others and exits with its
+status (the supervisor above, systemd or Kubernetes, restarts the whole pod). Each worker
+(`SPECPROXY_WORKER_DIR`/`SPECPROXY_WORKER_INDEX` in its environment) is a complete proxy:
+
+- it listens on the shared port with SO_REUSEPORT, so the kernel spreads connections;
+- it has its own store writer, engine scraper and endpoint pools; the stats job elects one
+  leader across workers through the store (`stats.leader`: PostgreSQL advisory lock, or a file
+  lock beside a SQLite database);
+- it also listens on a private Unix socket in the worker directory, where its siblings read
+  its own registry (`GET /metrics?local=1`); whichever worker answers a scrape merges every
+  worker's page (`merge.merge_pages`). Each worker's registry stays a plain single-process one,
+  so the request path's lock-free histograms are untouched.
+
+Workers get SIGKILL from the kernel when the parent dies, however it dies
+(`children.die_with_parent`), so nothing is orphaned even after SIGKILL of the parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+import aiohttp
+from prometheus_client import CollectorRegistry, generate_latest
+
+from specproxy.children import die_with_parent
+from specproxy.fleet.merge import merge_pages
+
+__all__ = [
+    "WORKER_DIR_ENV",
+    "WORKER_INDEX_ENV",
+    "Worker",
+    "merged_metrics",
+    "supervise",
+    "this_worker",
+    "worker_argv",
+]
+
+WORKER_DIR_ENV = "SPECPROXY_WORKER_DIR"
+WORKER_INDEX_ENV = "SPECPROXY_WORKER_INDEX"
+_PEER_TIMEOUT_S = 5.0
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """This process's place among the workers."""
+
+    directory: str
+    index: int
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.directory, f"worker-{self.index}.sock")
+
+
+def this_worker() -> Worker | None:
+    """The worker this process is, if a `--workers` parent started it."""
+    directory = os.environ.get(WORKER_DIR_ENV)
+    index = os.environ.get(WORKER_INDEX_ENV)
+    if directory is None or index is None:
+        return None
+    return Worker(directory, int(index))
+
+
+def worker_argv(argv: Sequence[str]) -> list[str]:
+    """The command line without `--workers N` / `--workers=N`: what each worker runs."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out
+
+
+def supervise(argv: Sequence[str], workers: int) -> int:
+    """Run `python -m specproxy *argv` `workers` times until they exit; their exit status."""
+    parent = os.getpid()
+    directory = tempfile.mkdtemp(prefix="specproxy-workers-")
+    procs: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    status = 0
+    try:
+        for index in range(workers):
+            env = {**os.environ, WORKER_DIR_ENV: directory, WORKER_INDEX_ENV: str(index)}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "specproxy", *argv],
+                    env=env,
+                    preexec_fn=functools.partial(die_with_parent, parent),
+                )
+            )
+        while any(proc.poll() is None for proc in procs):
+            dead = next((p for p in procs if p.returncode is not None), None)
+            if dead is not None and not stopping:  # a worker died on its own: stop the rest
+                status = dead.returncode or 1
+                forward(signal.SIGTERM, None)
+            time.sleep(_POLL_S)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(directory, ignore_errors=True)
+    return status
+
+
+async def merged_metrics(registry: CollectorRegistry, worker: Worker) -> bytes:
+    """This worker's page merged with every sibling's (a sibling that does not answer is left
+    out: it is starting or stopping)."""
+    own = await asyncio.to_thread(generate_latest, registry)
+    peers = [
+        path
+        for path in glob.glob(os.path.join(worker.directory, "worker-*.sock"))
+        if path != worker.socket
+    ]
+    pages = [own.decode(), *[p for p in await asyncio.gather(*map(_local_page, peers)) if p]]
+    if len(pages) == 1:
+        return own
+    return await asyncio.to_thread(merge_pages, pages)
+
+
+async def _local_page(path: str) -> str | None:
+    timeout = aiohttp.ClientTimeout(total=_PEER_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=path), timeout=timeout
+            ) as session,
+            session.get("http://worker/metrics", params={"local": "1"}) as resp,
+        ):
+            return await resp.text() if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return None
