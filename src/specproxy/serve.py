@@ -15,7 +15,7 @@ import gc
 import logging
 import os
 import socket
-import sys (serve --workers N: N full proxies on one port (SO_REUSEPORT) under a parent that only forwards signals and stops all when one dies; workers get SIGKILL from the kernel when the parent dies (PR_SET_PDEATHSIG), so nothing is orphaned; one /metrics view: whichever worker answers merges every worker's page read over private Unix sockets (counters/histograms/load gauges summed, start time earliest, engine/stats gauges largest), so each registry stays single-process and the lock-free fast path is untouched; stats leader across workers through the store's lock)
+import sys
 from collections.abc import Mapping
 from typing import Any
 
