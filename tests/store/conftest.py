@@ -81,12 +81,25 @@ def own_pg_cluster() -> Iterator[PgCluster]:
         cluster.close()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def _backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/store.db"
+    if request.param == "memory":
+        return "memory://"
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "memory"])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every backend of `store.registry`: the `Store` contract tests run against each."""
+    return _backend_url(request, tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def durable_backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The backends whose rows outlive the store object (memory:// dies with it)."""
+    return _backend_url(request, tmp_path)
 
 
 @pytest.fixture

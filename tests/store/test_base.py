@@ -134,14 +134,14 @@ async def test_retention_removes_only_old_rows(store: BufferedStore) -> None:
     assert await store.read_stats_history(run_id="run") == []
 
 
-async def test_close_flushes_everything(backend_url: str, tmp_path: object) -> None:
+async def test_close_flushes_everything(durable_backend_url: str, tmp_path: object) -> None:
     from pathlib import Path
 
     from specproxy.store.factory import open_store
     from tests.store.conftest import store_config
 
     assert isinstance(tmp_path, Path)
-    cfg = store_config(backend_url, tmp_path, flush_interval_s=1.0, batch_size=10_000)
+    cfg = store_config(durable_backend_url, tmp_path, flush_interval_s=1.0, batch_size=10_000)
     first = open_store(cfg)
     await first.start()
     for i in range(500):

@@ -12,7 +12,7 @@ How to extend it (the tests in tests/store/test_base.py run against every backen
   and the column lists in `schema` (`REQUEST_COLUMNS`, `ENGINE_COLUMNS`) and `arrays`;
 - a new backend: a module with a `BufferedStore` subclass decorated `@register_backend("scheme")`
   (`registry`), that module named for its scheme in `registry.BACKEND_MODULES` (which is also what
-  `StoreConfig` accepts), and its URL added to the `store` fixture in tests/store/conftest.py.
+  `StoreConfig` accepts), and its URL among the `backend_url` params in tests/store/conftest.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""The read SQL written once for both dialects (`store.queries`); run against each in test_base."""
+
+from __future__ import annotations
+
+from specproxy.records import Arm
+from specproxy.store.base import RecordQuery
+from specproxy.store.queries import (
+    engine_sql,
+    export_sql,
+    placeholders,
+    records_sql,
+    stats_history_sql,
+    with_arm,
+)
+
+
+def test_postgresql_gets_numbered_placeholders_in_order() -> None:
+    sql = "SELECT a FROM t WHERE x = ? AND y = ? AND z = ?"
+    assert placeholders(sql, "sqlite") == sql
+    assert placeholders(sql, "postgresql") == "SELECT a FROM t WHERE x = $1 AND y = $2 AND z = $3"
+
+
+def test_records_query_filters_in_the_where_clause_with_the_arm_second() -> None:
+    query = RecordQuery("r", ("t_start", "e2e_s"), since=1.0, until=2.0, model="m")
+    sql, params = records_sql(query, "postgresql")
+    assert sql == (
+        "SELECT t_start, e2e_s FROM requests WHERE run_id = $1 AND arm = $2 AND t_start >= $3 "
+        "AND t_start < $4 AND model = $5 ORDER BY t_start"
+    )
+    assert with_arm(params, Arm.BASELINE) == ("r", "baseline", 1.0, 2.0, "m")
+    sql, params = records_sql(RecordQuery("r", ("t_start",), include_shadow=False), "sqlite")
+    assert sql.endswith("WHERE run_id = ? AND arm = ? AND shadow = 0 ORDER BY t_start")
+    assert params == ("r",)
+    no_shadow = records_sql(RecordQuery("r", ("t_start",), include_shadow=False), "postgresql")
+    assert "AND NOT shadow ORDER BY" in no_shadow[0]
+
+
+def test_engine_history_and_export_queries() -> None:
+    sql, params = engine_sql("r", 5.0, Arm.SPECULATIVE, "postgresql")
+    assert "WHERE run_id = $1 AND t >= $2 AND arm = $3 ORDER BY t" in sql
+    assert params == ("r", 5.0, "speculative")
+    assert engine_sql("r", None, None, "sqlite")[1] == ("r",)
+    sql, params = stats_history_sql("r", None, "postgresql")
+    assert sql == (
+        "SELECT t, result::text AS result FROM stats_history WHERE run_id = $1 ORDER BY t, id"
+    )
+    assert stats_history_sql("r", 3.0, "sqlite") == (
+        "SELECT t, result FROM stats_history WHERE run_id = ? AND t >= ? ORDER BY t, id",
+        ("r", 3.0),
+    )
+    assert export_sql(None, "sqlite")[0].endswith("FROM requests ORDER BY t_start")
+    sql, params = export_sql("r", "postgresql")
+    assert sql.endswith("FROM requests WHERE run_id = $1 ORDER BY t_start") and params == ("r",)
