@@ -193,6 +193,24 @@ def _short_grace(objects: list[Obj]) -> None:
     ] = 30
 
 
+def _edit_config(objects: list[Obj], old: str, new: str) -> None:
+    data = find(objects, "ConfigMap", "specproxy-config")["data"]
+    assert old in data["specproxy.toml"]
+    data["specproxy.toml"] = data["specproxy.toml"].replace(old, new)
+
+
+def _config_loopback(objects: list[Obj]) -> None:
+    _edit_config(objects, 'host = "0.0.0.0"', 'host = "127.0.0.1"')
+
+
+def _config_port(objects: list[Obj]) -> None:
+    _edit_config(objects, "port = 8000", "port = 9000")
+
+
+def _spill_on_root(objects: list[Obj]) -> None:
+    _edit_config(objects, '"/var/lib/specproxy/', '"/opt/specproxy/')
+
+
 def _probe_path(objects: list[Obj]) -> None:
     proxy_container(objects)["livenessProbe"]["httpGet"]["path"] = "/readyz"
 
@@ -206,6 +224,9 @@ def _probe_path(objects: list[Obj]) -> None:
         (_monitor_path, "ServiceMonitor path"),
         (_short_grace, "terminationGracePeriodSeconds"),
         (_probe_path, "livenessProbe path"),
+        (_config_loopback, "0.0.0.0"),
+        (_config_port, "config port"),
+        (_spill_on_root, "spill_path"),
     ],
 )
 def test_a_mismatch_is_caught(breach: Callable[[list[Obj]], None], expected: str) -> None:
