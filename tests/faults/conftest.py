@@ -97,7 +97,12 @@ def make_rig(
     aiohttp_server: AiohttpServer,
     aiohttp_client: AiohttpClient,
 ) -> MakeRig:
-    async def make(*, speculative_url: str | None = None, **timeouts: Any) -> Rig:
+    async def make(
+        *,
+        speculative_url: str | None = None,
+        store: dict[str, Any] | None = None,
+        **timeouts: Any,
+    ) -> Rig:
         cfg = Config(
             baseline_url=faulty.url,
             speculative_url=speculative_url or faulty.url,
@@ -105,7 +110,11 @@ def make_rig(
             routing=RoutingConfig(speculative_share=1.0),
             timeouts=TimeoutConfig(**{"read_s": 0.5, "total_s": 0.5, **timeouts}),
             store=StoreConfig(
-                url=f"sqlite:///{tmp_path}/store.db", spill_path=str(tmp_path / "spill.jsonl")
+                **{
+                    "url": f"sqlite:///{tmp_path}/store.db",
+                    "spill_path": str(tmp_path / "spill" / "spill.jsonl"),
+                    **(store or {}),
+                }
             ),
         )
         registry = CollectorRegistry()

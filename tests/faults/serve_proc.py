@@ -1,0 +1,98 @@
+"""A real `specproxy serve` process for the fault suite: started from a TOML file, waited for,
+measured (RSS from /proc), and killed by pid; plus what its SQLite store holds."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+
+__all__ = ["Serve", "free_port", "stored_rows"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def stored_rows(db: Path, run_id: str) -> list[tuple[str, str | None, int]]:
+    """(request_id, error_kind, status) of every stored request of `run_id`."""
+    if not db.exists():
+        return []
+    with sqlite3.connect(db, timeout=30) as conn:
+        return list(
+            conn.execute(
+                "SELECT request_id, error_kind, status FROM requests WHERE run_id = ?", (run_id,)
+            )
+        )
+
+
+class Serve:
+    """One `specproxy serve --config FILE` process (its stderr goes to `log`)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        toml: str,
+        *,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        config = workdir / "specproxy.toml"
+        config.write_text(f"port = {self.port}\n{toml}")
+        self.log = workdir / f"serve-{self.port}.log"
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "specproxy", "serve", "--config", str(config)],
+                cwd=workdir,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=preexec_fn,
+            )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    async def ready(self, timeout_s: float = 120.0) -> None:
+        """Until /healthz answers (a slow machine only takes longer)."""
+        async with aiohttp.ClientSession() as session:
+            for _ in range(int(timeout_s / 0.1)):
+                assert self.proc.poll() is None, self.log.read_text()
+                try:
+                    async with session.get(self.url + "/healthz") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"serve not ready: {self.log.read_text()}")
+
+    async def metric(self, name: str) -> float:
+        """The sum of a metric's samples on /metrics (0 when absent)."""
+        async with aiohttp.ClientSession() as session, session.get(self.url + "/metrics") as resp:
+            text = await resp.text()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#")
+        )
+
+    async def wait(self, timeout_s: float = 120.0) -> int:
+        return await asyncio.to_thread(self.proc.wait, timeout_s)
