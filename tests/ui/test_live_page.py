@@ -151,6 +151,28 @@ def _check(dom: _Dom, result: dict[str, Any]) -> None:
     assert summary == f"diagnosis: {window['diagnosis']['summary']}"
 
 
+def _check_charts(dom: _Dom, history: list[dict[str, Any]]) -> None:
+    """The SVG charts drew the stored history: a CI band and estimate line, four latency lines."""
+    (charts,) = [a for a, _ in dom.find(id="charts")]
+    assert int(charts["data-history"]) >= 1
+    (speedup,) = [a for a, _ in dom.find(id="speedup-chart")]
+    drawn = [p for p in history if p["speedup"]["e2e"]["median"] is not None]
+    assert int(speedup["data-points"]) >= 1 and drawn
+    assert [float(v) for v in speedup["data-last"].split(",")] in [
+        p["speedup"]["e2e"]["median"] for p in drawn
+    ]
+    series = {a.get("data-series") for a, _ in dom.find(**{"class": "band"})}
+    assert series == {"ci"}
+    assert dom.find(**{"class": "estimate", "data-series": "estimate"})
+    lines = {
+        a["data-series"]
+        for tag, a, _ in dom.elements
+        if tag == "path" and "arm" in a.get("class", "")
+    }
+    assert lines == {f"{arm} {stat}" for arm in ARMS for stat in ("median", "p99")}
+    assert any("design split" in t for _, t in dom.find(**{"class": "design"}))
+
+
 def _row_cells(dom: _Dom, arm: str) -> list[tuple[dict[str, str], str]]:
     """The data cells of the per-arm row of `arm` (elements after its <tr> until the next)."""
     out: list[tuple[dict[str, str], str]] = []
@@ -214,6 +236,8 @@ async def test_live_page_shows_api_stats(tmp_path: Path) -> None:
             for result in (before, after):
                 if result is not None and shown_at == repr(result["computed_at"]):
                     _check(dom, result)
+                    async with session.get(url + "/api/stats/history") as resp:
+                        _check_charts(dom, await resp.json())
                     checked = True
                     break
             if checked:
@@ -225,7 +249,7 @@ async def test_live_page_shows_api_stats(tmp_path: Path) -> None:
             chromium,
             tmp_path / "profile-shot",
             "--virtual-time-budget=3000",
-            "--window-size=1100,1250",
+            "--window-size=1400,1500",
             "--hide-scrollbars",
             f"--screenshot={shot}",
             f"{url}/ui?interval=30",

@@ -1,0 +1,132 @@
+// specproxy live page: the two charts, drawn as plain SVG from GET /api/stats/history.
+// No library and no CDN. Each chart is an <svg> with data-* attributes the headless-browser
+// test reads (data-points, and per series data-series); app.js calls renderCharts() after each
+// poll of /api/stats. Uses app.js's isNum (both are classic scripts of one page).
+"use strict";
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const CHART = { width: 640, height: 230, left: 56, right: 12, top: 22, bottom: 28 };
+const ARM_COLORS = { speculative: "#1f6feb", baseline: "#d9822b" };
+const CHART_METRICS = { e2e: "E2E", ttft: "TTFT", tpot: "TPOT" };
+
+function svgEl(tag, attrs, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// 1-2-5 ticks covering [lo, hi], about `count` of them.
+function niceTicks(lo, hi, count) {
+  if (!(hi > lo)) { hi = lo + 1; }
+  const raw = (hi - lo) / Math.max(1, count);
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw) || raw;
+  const ticks = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
+    ticks.push(Number(v.toPrecision(12)));
+  }
+  return ticks;
+}
+
+function timeLabel(t, span) {
+  const d = new Date(t * 1000);
+  const hms = d.toTimeString().slice(0, 8);
+  return span < 3600 ? hms : hms.slice(0, 5);
+}
+
+// A chart frame: axes, ticks and labels; returns scale functions and the svg.
+function frame(svg, xs, yLo, yHi, yFormat, yTitle) {
+  const w = CHART.width - CHART.left - CHART.right;
+  const h = CHART.height - CHART.top - CHART.bottom;
+  const x0 = Math.min(...xs), x1 = Math.max(...xs);
+  const span = Math.max(1, x1 - x0);
+  const sx = (t) => CHART.left + ((t - x0) / span) * w;
+  const sy = (v) => CHART.top + h - ((v - yLo) / (yHi - yLo)) * h;
+  svg.replaceChildren();
+  svg.setAttribute("viewBox", `0 0 ${CHART.width} ${CHART.height}`);
+  svg.appendChild(svgEl("rect", { x: CHART.left, y: CHART.top, width: w, height: h, class: "plot" }));
+  for (const v of niceTicks(yLo, yHi, 5)) {
+    if (v < yLo || v > yHi) continue;
+    svg.appendChild(svgEl("line", { x1: CHART.left, x2: CHART.left + w, y1: sy(v), y2: sy(v), class: "grid" }));
+    svg.appendChild(svgEl("text", { x: CHART.left - 6, y: sy(v) + 4, class: "tick", "text-anchor": "end" }, yFormat(v)));
+  }
+  for (const t of niceTicks(x0, x1, 5)) {
+    if (t < x0 || t > x1) continue;
+    svg.appendChild(svgEl("text", { x: sx(t), y: CHART.top + h + 18, class: "tick", "text-anchor": "middle" }, timeLabel(t, span)));
+  }
+  svg.appendChild(svgEl("text", { x: 4, y: 12, class: "axis-title" }, yTitle));
+  return { sx, sy };
+}
+
+function pathOf(points) {
+  return points.map(([x, y], i) => (i ? "L" : "M") + x.toFixed(1) + " " + y.toFixed(1)).join(" ");
+}
+
+// Speedup of one metric and statistic over time: the estimate as a line, the CI as a band, 1 dashed.
+function drawSpeedup(svg, history, metric, stat) {
+  const pts = history.filter((p) => p.speedup[metric] && p.speedup[metric][stat]);
+  svg.setAttribute("data-points", String(pts.length));
+  if (pts.length === 0) {
+    svg.replaceChildren(svgEl("text", { x: 20, y: 40, class: "empty" }, "no " + stat + " speedup yet (too few samples)"));
+    return;
+  }
+  const values = pts.flatMap((p) => p.speedup[metric][stat]).concat([1]);
+  const pad = 0.05 * (Math.max(...values) - Math.min(...values) || 1);
+  const { sx, sy } = frame(svg, pts.map((p) => p.t), Math.min(...values) - pad, Math.max(...values) + pad,
+    (v) => v.toFixed(2) + "x", "speedup (baseline / speculative)");
+  const upper = pts.map((p) => [sx(p.t), sy(p.speedup[metric][stat][2])]);
+  const lower = pts.map((p) => [sx(p.t), sy(p.speedup[metric][stat][1])]).reverse();
+  svg.appendChild(svgEl("path", { d: pathOf(upper.concat(lower)) + " Z", class: "band", "data-series": "ci" }));
+  const x0 = sx(pts[0].t), x1 = sx(pts[pts.length - 1].t);
+  svg.appendChild(svgEl("line", { x1: x0, x2: Math.max(x1, x0 + 1), y1: sy(1), y2: sy(1), class: "one" }));
+  svg.appendChild(svgEl("path", { d: pathOf(pts.map((p) => [sx(p.t), sy(p.speedup[metric][stat][0])])), class: "estimate", "data-series": "estimate" }));
+  const last = pts[pts.length - 1].speedup[metric][stat];
+  svg.setAttribute("data-last", last.join(","));
+}
+
+// Median (solid) and P99 (dashed) latency per arm over time, in ms.
+function drawLatency(svg, history, metric) {
+  const series = [];
+  for (const arm of Object.keys(ARM_COLORS)) {
+    for (const stat of ["median", "p99"]) {
+      const pts = history.filter((p) => isNum((p.latency[metric][arm] || {})[stat]))
+        .map((p) => [p.t, p.latency[metric][arm][stat] * 1e3]);
+      if (pts.length) series.push({ arm, stat, pts });
+    }
+  }
+  svg.setAttribute("data-points", String(series.reduce((n, s) => n + s.pts.length, 0)));
+  if (series.length === 0) {
+    svg.replaceChildren(svgEl("text", { x: 20, y: 40, class: "empty" }, "no latency yet"));
+    return;
+  }
+  const all = series.flatMap((s) => s.pts.map((p) => p[1]));
+  const { sx, sy } = frame(svg, series.flatMap((s) => s.pts.map((p) => p[0])), 0, Math.max(...all) * 1.05,
+    (v) => String(Math.round(v)), CHART_METRICS[metric] + " latency, ms");
+  for (const s of series) {
+    svg.appendChild(svgEl("path", {
+      d: pathOf(s.pts.map(([t, v]) => [sx(t), sy(v)])),
+      class: "arm " + s.stat, stroke: ARM_COLORS[s.arm], "data-series": s.arm + " " + s.stat,
+    }));
+  }
+}
+
+async function renderCharts() {
+  let history;
+  try {
+    const resp = await fetch("/api/stats/history", { cache: "no-store" });
+    if (!resp.ok) return;
+    history = await resp.json();
+  } catch (err) {
+    return;
+  }
+  const metric = document.getElementById("chart-metric").value;
+  const stat = document.getElementById("chart-stat").value;
+  drawSpeedup(document.getElementById("speedup-chart"), history, metric, stat);
+  drawLatency(document.getElementById("latency-chart"), history, metric);
+  document.getElementById("charts").setAttribute("data-history", String(history.length));
+}
+
+for (const id of ["chart-metric", "chart-stat"]) {
+  document.getElementById(id).addEventListener("change", renderCharts);
+}
