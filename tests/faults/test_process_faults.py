@@ -1,0 +1,131 @@
+"""A real `specproxy serve` stopped under load: SIGTERM drains, SIGKILL loses only its stated
+in-memory buffer and the restart replays the spill file; no process is left behind either way.
+
+SIGKILL's stated bound: records still in memory when the process dies are lost. The store keeps
+at most `store.max_buffer` rows in memory (more go to the spill file, which survives the kill)
+plus the batch being written, so at most max_buffer + batch_size records per SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.faults.conftest import RUN, fault_row
+from tests.faults.serve_proc import Serve, stored_rows
+from tests.faults.upstream import FaultUpstream
+from tests.proctree import descendants, wait_gone
+from tests.proxy.conftest import CHAT, chat
+
+pytestmark = pytest.mark.timeout(300)
+
+STREAMS = 50
+MAX_BUFFER = 20
+BATCH = 10
+
+
+def _toml(upstream: FaultUpstream, tmp_path: Path, store_url: str) -> str:
+    return f"""
+baseline_url = "{upstream.url}"
+speculative_url = "{upstream.url}"
+run_id = "{RUN}"
+[store]
+url = "{store_url}"
+spill_path = "{tmp_path}/spill/spill.jsonl"
+max_buffer = {MAX_BUFFER}
+batch_size = {BATCH}
+flush_interval_s = 0.1
+"""
+
+
+async def test_sigterm_under_load_drains_every_stream(
+    faulty: FaultUpstream, tmp_path: Path
+) -> None:
+    db = tmp_path / "store.db"
+    serve = Serve(tmp_path, _toml(faulty, tmp_path, f"sqlite:///{db}"))
+    await serve.ready()
+    rss_before = serve.rss_bytes()
+    all_started = asyncio.Event()
+    started = 0
+
+    async def client(session: aiohttp.ClientSession) -> bytes:
+        nonlocal started
+        headers = {"x-fault": "slow_sse"}
+        async with session.post(serve.url + CHAT, json=chat(stream=True), headers=headers) as r:
+            assert r.status == 200
+            first = await r.content.readany()
+            started += 1
+            if started == STREAMS:
+                all_started.set()
+            return first + await r.read()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        tasks = [asyncio.create_task(client(session)) for _ in range(STREAMS)]
+        await all_started.wait()
+        rss_load = serve.rss_bytes()
+        children = descendants(serve.pid)
+        os.kill(serve.pid, signal.SIGTERM)  # every stream is mid-way
+        bodies = await asyncio.gather(*tasks)
+    assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)  # drained, not cut
+    assert await serve.wait() == 0
+    rows = stored_rows(db, RUN)
+    assert len(rows) == STREAMS == len({r[0] for r in rows})
+    assert {(kind, status) for _, kind, status in rows} == {(None, 200)}
+    assert not wait_gone(children, timeout_s=30)
+    fault_row(f"SIGTERM under load ({STREAMS} streams)", "all complete, [DONE]",
+              f"{STREAMS} x ok", 0, rss_before, rss_load)  # fmt: skip
+
+
+async def test_sigkill_during_a_store_outage_then_restart_replays_the_spill(
+    faulty: FaultUpstream, tmp_path: Path
+) -> None:
+    db = tmp_path / "store.db"
+    toml = _toml(faulty, tmp_path, f"sqlite:///{db}?timeout=0.05")
+    first = Serve(tmp_path, toml)
+    await first.ready()
+    rss_before = first.rss_bytes()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # store outage: rows buffer, then spill
+    sent = 200
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(sent):
+                headers = {"x-fault": "ok"}
+                async with session.post(first.url + CHAT, json=chat(), headers=headers) as r:
+                    assert r.status == 200
+                    await r.read()
+        for _ in range(1200):  # until everything past the memory bound is on disk
+            if await first.metric("specproxy_store_spilled_total") >= sent - MAX_BUFFER - BATCH:
+                break
+            await asyncio.sleep(0.1)
+        rss_after = first.rss_bytes()
+        children = descendants(first.pid)
+        os.kill(first.pid, signal.SIGKILL)
+        assert await first.wait() == -signal.SIGKILL
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert not wait_gone(children, timeout_s=30)  # the reader and tracker died with it
+
+    second = Serve(tmp_path, toml)  # same spill path: it claims the dead process's file
+    await second.ready()
+    for _ in range(1200):
+        if await second.metric("specproxy_store_pending") == 0 and stored_rows(db, RUN):
+            break
+        await asyncio.sleep(0.1)
+    rows = stored_rows(db, RUN)
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids))  # replayed once
+    lost = sent - len(ids)
+    assert 0 <= lost <= MAX_BUFFER + BATCH  # the stated bound: what was still in memory
+    assert {(kind, status) for _, kind, status in rows} == {(None, 200)}
+    os.kill(second.pid, signal.SIGTERM)
+    assert await second.wait() == 0
+    fault_row("SIGKILL in store outage + restart", f"{sent} x 200",
+              f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip
