@@ -14,11 +14,18 @@ package importing its own names. Modules outside the package (stdlib, aiohttp, .
 
 The walker is tested on constructed packages too, so that the real check cannot pass because the
 walker sees nothing.
+
+Because parent packages are not edges, a package whose `__init__` imports its modules can still
+break at run time: `config` importing `store.registry` runs `store/__init__`, which must then not
+import a module that imports `config` back. The slow test imports every module first, each in a
+clean `sys.modules`, which is the check for that.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -106,6 +113,64 @@ def test_appkeys_is_a_leaf_at_run_time() -> None:
     names = set(_imported(ast.Module(body=top_level, type_ignores=[]), "specproxy.appkeys", False))
     assert "aiohttp" in names  # the walker sees its imports
     assert not {name for name in names if name.split(".")[0] == "specproxy"}
+
+
+# Imports every module of a package first, each in a sys.modules without the package; prints the
+# number of modules, then one line per module that fails to import.
+_EACH_FIRST = """
+import importlib, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+names = sorted(
+    m.name for m in pkgutil.walk_packages(package.__path__, sys.argv[1] + ".")
+    if not m.name.endswith(".__main__")
+)
+print(len(names))
+for name in names:
+    for loaded in [m for m in sys.modules if m.split(".")[0] == sys.argv[1]]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        print(name, repr(exc))
+"""
+
+
+def import_each_first(package: str, path: Path) -> tuple[int, list[str]]:
+    """(modules tried, failures) of importing every module of `package` (found on `path`) first."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _EACH_FIRST, package],
+        capture_output=True,
+        text=True,
+        cwd=path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]  # e.g. walking the package failed
+    out = proc.stdout.splitlines()
+    return int(out[0]), out[1:]
+
+
+@pytest.mark.slow
+def test_every_module_imports_first() -> None:
+    count, failures = import_each_first("specproxy", SRC.parent)
+    assert count > 80
+    assert failures == []
+
+
+def test_import_each_first_finds_a_package_init_cycle(tmp_path: Path) -> None:
+    """The shape the ast walk does not see: a leaf reached through a package that imports back."""
+    _package(
+        tmp_path,
+        {
+            "cfg.py": "from pkg.store.reg import SCHEMES\nclass Config: ...\n",
+            "store/__init__.py": "from pkg.store.backend import Backend\n",
+            "store/backend.py": "from pkg.cfg import Config\nclass Backend: ...\n",
+            "store/reg.py": "SCHEMES = ('a',)\n",
+        },
+    )
+    assert find_cycle(import_graph(tmp_path / "pkg")) is None
+    count, failures = import_each_first("pkg", tmp_path)
+    assert count == 4  # cfg, store, store.backend, store.reg
+    assert [line.split()[0] for line in failures] == ["pkg.cfg"]
+    assert "partially initialized" in failures[0]
 
 
 def _package(root: Path, files: Mapping[str, str]) -> Path:
