@@ -21,6 +21,7 @@ average is printed at start and end. With `--pin`, processes are pinned (Linux t
 
     .venv/bin/python benchmarks/bench_proxy.py --mode all --pin 0,1,1,0 [--rounds 3000]
         [--seconds 5] [--connections 64] [--trials 3] [--streams 20] [--events 64] [--gap-ms 20]
+        [--workers N]   # the proxy target is `specproxy serve --workers N` (CPU of all workers)
 """
 
 from __future__ import annotations
@@ -283,9 +284,13 @@ async def latency(ports: dict[str, int], rounds: int) -> dict[str, list[float]]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
+    """User + system CPU time of a process and its live children so far (Linux /proc): with
+    `--workers`, the target is `specproxy serve`'s parent and the workers are its children."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = [int(c) for c in children.read_text().split()] if children.exists() else []
+    return own + sum(cpu_seconds(kid) for kid in kids)
 
 
 async def throughput(port: int, connections: int, seconds: float, pid: int) -> tuple[float, float]:
@@ -425,6 +430,34 @@ def spawn(role: str, cpu: int | None, *extra: str) -> tuple[subprocess.Popen[str
     return proc, int(proc.stdout.readline())
 
 
+def spawn_serve(
+    upstream: str, workers: int, store: str | None, cpu: int | None
+) -> tuple[subprocess.Popen[str], int]:
+    """`specproxy serve --workers N` in front of `upstream`; returns once it answers."""
+    import socket
+    import tempfile
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = store or f"sqlite:///{tempfile.mkdtemp(prefix='bench-serve-')}/bench.db"
+    cmd = [sys.executable, "-m", "specproxy", "serve", "--workers", str(workers)]
+    cmd += ["--port", str(port), "--baseline", upstream, "--speculative", upstream]
+    cmd += ["--store", store]
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, text=True)
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                break
+        except OSError:
+            time.sleep(0.1)
+    time.sleep(1.0)  # every worker listening, not just the first
+    return proc, port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=["upstream", "sse-upstream", "bare", "proxy"])
@@ -441,6 +474,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--ring", type=int, help="size of the proxy's in-memory record ring")
     parser.add_argument("--store", metavar="URL", help="proxy records into this store instead")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="measure `specproxy serve --workers N` (SQLite store in a temp dir, or --store)",
+    )
     parser.add_argument("--streams", type=int, default=20, help="streams per target per trial")
     parser.add_argument("--events", type=int, default=64, help="SSE events per stream")
     parser.add_argument("--gap-ms", type=float, default=20.0, help="pacing of the SSE mock")
@@ -498,9 +536,12 @@ def _targets(
         url = f"http://127.0.0.1:{up_port}"
         bare, bare_port = spawn("bare", cpus[1], "--upstream-url", url)
         procs.append(bare)
-        extra = ["--ring", str(args.ring)] if args.ring is not None else []
-        extra += ["--store", args.store] if args.store else []
-        proxy, proxy_port = spawn("proxy", cpus[2], "--upstream-url", url, *extra)
+        if args.workers:
+            proxy, proxy_port = spawn_serve(url, args.workers, args.store, cpus[2])
+        else:
+            extra = ["--ring", str(args.ring)] if args.ring is not None else []
+            extra += ["--store", args.store] if args.store else []
+            proxy, proxy_port = spawn("proxy", cpus[2], "--upstream-url", url, *extra)
         procs.append(proxy)
         ports = {"direct": up_port, "bare": bare_port, "proxy": proxy_port}
         yield ports, {"direct": up.pid, "bare": bare.pid, "proxy": proxy.pid}
