@@ -28,5 +28,24 @@ def test_writes_the_report_with_the_flags_settings(
 
 def test_an_empty_store_is_exit_code_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'e.db'}"
+    asyncio.run(_empty_store(url))
     assert main(["report", "--store", url, "--out", str(tmp_path / "x"), "--run-id", "r"]) == 1
     assert capsys.readouterr().out.strip() == f"no records in {url} for run r"
+
+
+def test_a_missing_store_is_exit_code_2_and_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'missing.db'}"
+    assert main(["report", "--store", url, "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == f"specproxy: error: no store at {url}"
+    assert not (tmp_path / "missing.db").exists() and not (tmp_path / "x").exists()
+
+
+async def _empty_store(url: str) -> None:
+    from specproxy.config import StoreConfig
+    from specproxy.store.factory import open_store
+
+    store = open_store(StoreConfig(url=url))
+    await store.start()
+    await store.close()
