@@ -8,6 +8,7 @@ colour in every figure (speculative blue, baseline orange).
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,13 +16,17 @@ import numpy as np
 import numpy.typing as npt
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 __all__ = [
     "ARM_COLOURS",
     "acceptance_png",
     "latency_cdf_png",
+    "log_ticks",
     "speedup_over_time_png",
     "speedup_vs_load_png",
+    "time_axis",
 ]
 
 ARM_COLOURS = {"speculative": "#1f6fb4", "baseline": "#e07b1a"}
@@ -29,6 +34,33 @@ _DPI = 110
 _SIZE = (6.4, 3.6)
 
 FloatArray = npt.NDArray[np.float64]
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Plain 1-2-5 ticks (..., 20, 50, 100, 200, ...) spanning [low, high] on a log axis; with
+    a narrow range also 3 and 7 per decade, so at least three ticks show."""
+    if not (low > 0 and high >= low):
+        return []
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    for mantissas in ((1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)):
+        ticks = [
+            float(f"{m * 10.0**e:.6g}")
+            for e in range(first, last + 1)
+            for m in mantissas
+            if low <= m * 10.0**e <= high
+        ]
+        if len(ticks) >= 3:
+            return ticks
+    return ticks
+
+
+def time_axis(t: Sequence[float]) -> tuple[FloatArray, str]:
+    """Times since the first as the axis values and label: seconds for runs under 5 minutes,
+    else minutes (a one-minute demo reads 0-60 s, not 0.0-1.0 min)."""
+    since = np.asarray(t, dtype=np.float64) - (t[0] if len(t) else 0.0)
+    if since.size and since[-1] >= 300.0:
+        return since / 60.0, "minutes since the first stats run"
+    return since, "seconds since the first stats run"
 
 
 def latency_cdf_png(series: Mapping[str, FloatArray], *, title: str, xlabel: str) -> bytes:
@@ -47,10 +79,21 @@ def latency_cdf_png(series: Mapping[str, FloatArray], *, title: str, xlabel: str
             ax.axvline(float(np.quantile(x, q)) * 1e3, color=colour, linestyle=style, lw=0.9)
     if drawn:
         ax.set_xscale("log")
-        ax.legend(loc="lower right", fontsize=8)
+        low, high = ax.get_xlim()
+        ax.xaxis.set_major_locator(FixedLocator(log_ticks(low, high)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(low, high)
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [
+            Line2D([], [], color="#444444", linestyle=":", lw=0.9, label="P50"),
+            Line2D([], [], color="#444444", linestyle="--", lw=0.9, label="P99"),
+        ]
+        ax.legend(handles=handles, loc="lower right", fontsize=8)
     else:
         _empty(ax)
-    ax.set_xlabel(f"{xlabel} (ms, log scale; dotted P50, dashed P99)")
+    ax.set_xlabel(f"{xlabel} (ms, log scale)")
     ax.set_ylabel("share of requests")
     ax.set_ylim(0, 1.01)
     ax.set_title(title)
@@ -68,12 +111,11 @@ def speedup_over_time_png(
     """A speedup's estimate after each stats run, with its confidence band; 1.0 = no change."""
     fig, ax = _figure()
     if len(t):
-        t0 = t[0]
-        minutes = (np.asarray(t, dtype=np.float64) - t0) / 60.0
-        ax.fill_between(minutes, lower, upper, color=ARM_COLOURS["speculative"], alpha=0.2, lw=0)
-        ax.plot(minutes, estimate, color=ARM_COLOURS["speculative"], marker="o", ms=3)
+        x, label = time_axis(t)
+        ax.fill_between(x, lower, upper, color=ARM_COLOURS["speculative"], alpha=0.2, lw=0)
+        ax.plot(x, estimate, color=ARM_COLOURS["speculative"], marker="o", ms=3, label="estimate")
         ax.axhline(1.0, color="#777777", lw=0.9, linestyle="--")
-        ax.set_xlabel("minutes since the first stats run")
+        ax.set_xlabel(label)
     else:
         _empty(ax, "no stats run had enough samples for this CI yet")
     ax.set_ylabel("speedup (baseline / speculative)")
