@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import prometheus_client
 import pytest
@@ -29,6 +29,7 @@ from specproxy.appkeys import (
 from specproxy.config import Config, StoreConfig
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm
+from specproxy.stats.result import StatsResult
 
 
 def closed_url() -> str:
@@ -127,8 +128,8 @@ async def test_stats_endpoint_is_503_until_a_provider_is_registered(
     latest: dict[str, Any] | None = None
 
     async def stats_ctx(app: web.Application) -> AsyncIterator[None]:
-        def provider() -> Mapping[str, Any] | None:
-            return latest
+        def provider() -> StatsResult | None:
+            return cast(StatsResult | None, latest)  # any JSON: the endpoint only serialises
 
         app[STATS] = provider
         yield

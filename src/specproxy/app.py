@@ -26,7 +26,6 @@ setting keys it declares in `specproxy.appkeys`.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, web
@@ -55,6 +54,7 @@ from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx
 from specproxy.stats.context import stats_ctx
+from specproxy.stats.result import to_json
 from specproxy.store.context import store_ctx
 from specproxy.ui import add_ui_routes
 
@@ -212,4 +212,4 @@ async def _stats(request: web.Request) -> web.Response:
             status=503,
             content_type="application/json",
         )
-    return web.Response(body=json.dumps(result).encode(), content_type="application/json")
+    return web.Response(body=to_json(result).encode(), content_type="application/json")

@@ -24,10 +24,12 @@ Set in on_startup, after every cleanup_ctx has started:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
+
+from specproxy.stats.result import StatsResult  # a leaf module too
 
 if TYPE_CHECKING:
     from aiohttp import ClientSession
@@ -58,7 +60,7 @@ __all__ = [
     "StatsProvider",
 ]
 
-StatsProvider = Callable[[], Mapping[str, Any] | None]
+StatsProvider = Callable[[], StatsResult | None]
 
 CONFIG: web.AppKey[Config] = web.AppKey("config")
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from rich.console import Console
 
 from specproxy.demo.view import ClientTally, plain_line, render
 from specproxy.report.summary import arm_rows, main_window, speedup_rows
+from specproxy.stats.result import StatsResult
 
 
 def test_view_renders_without_stats_and_with_them() -> None:
@@ -14,7 +17,7 @@ def test_view_renders_without_stats_and_with_them() -> None:
     console = Console(record=True, width=120)
     console.print(render(None, tally))
     assert "waiting for stats" in console.export_text()
-    window = {
+    window: dict[str, Any] = {  # a partial result: only what the view reads
         "design": "split",
         "samples": {"baseline": 3, "speculative": 3},
         "metrics": {
@@ -32,7 +35,9 @@ def test_view_renders_without_stats_and_with_them() -> None:
         "engine": {"speculative": {"acceptance_rate": 0.61}},
         "diagnosis": {"summary": "speculation helps", "reasons": [{"message": "why"}]},
     }
-    result = {"results": {"all": {"5m": {**window, "window_s": 300.0}, "all": window}}}
+    result = cast(
+        StatsResult, {"results": {"all": {"5m": {**window, "window_s": 300.0}, "all": window}}}
+    )
     assert main_window(result) is window
     assert arm_rows(result)[0] == (
         "speculative", "3", "100.0 ms", "200.0 ms", "100.0 ms", "100.0 ms", "61.0%"

@@ -88,7 +88,8 @@ async def test_stats_job_speedup_ci_contains_the_direct_ratio(
         f"direct ratio of medians {direct_ratio:.2f}"
     )
     assert speedup["status"] == "ok"
-    assert speedup["lower"] <= direct_ratio <= speedup["upper"]
+    lower, upper = speedup["lower"], speedup["upper"]
+    assert lower is not None and upper is not None and lower <= direct_ratio <= upper
     engine = result["engine"]
     assert engine["speculative"]["acceptance_rate"] is not None
     assert engine["baseline"]["acceptance_rate"] is None

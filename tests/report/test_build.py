@@ -8,6 +8,7 @@ import json
 import re
 import uuid
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.report.build import collect, write_report
 from specproxy.report.summary import fmt_ratio, main_window
 from specproxy.stats.job import compute_stats
+from specproxy.stats.result import StatsResult
 from specproxy.store.factory import open_store
 
 RUN = "r1"
@@ -75,12 +77,12 @@ def _samples() -> list[EngineSample]:
     return out
 
 
-async def _fill(url: str, *, history: bool) -> list[tuple[float, dict[str, object]]]:
+async def _fill(url: str, *, history: bool) -> list[tuple[float, StatsResult]]:
     store = open_store(StoreConfig(url=url))
     await store.start()
     try:
         records = _records(np.random.default_rng(7))
-        written = []
+        written: list[tuple[float, StatsResult]] = []
         for cut in (200, 400) if history else (400,):
             for rec in records[cut - 200 if history else 0 : cut]:
                 store.record(rec)
@@ -90,7 +92,8 @@ async def _fill(url: str, *, history: bool) -> list[tuple[float, dict[str, objec
             if history:
                 cfg = StatsConfig(warmup_requests=WARMUP, resamples=500)
                 result = await compute_stats(store, run_id=RUN, stats_cfg=cfg, window_end=T0 + 100)
-                await store.write_stats(run_id=RUN, t=result["computed_at"], result=result)
+                stored = cast(dict[str, Any], result)
+                await store.write_stats(run_id=RUN, t=result["computed_at"], result=stored)
                 written.append((result["computed_at"], result))
         return written
     finally:
@@ -147,8 +150,9 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     series = figure["speedup_over_time"]["median"]
     assert series["t"] == [t for t, _ in history]
     for (_, result), est in zip(history, series["estimate"], strict=True):
-        block = main_window(result)["metrics"]["e2e"]["speedup"]["median"]  # type: ignore[index]
-        assert est == block["estimate"]
+        window = main_window(result)
+        assert window is not None
+        assert est == window["metrics"]["e2e"]["speedup"]["median"]["estimate"]
 
     # Acceptance per position: the mean over the stored scrapes.
     assert figure["position_acceptance"] == pytest.approx([0.8, 0.645, 0.4, 0.2])
@@ -222,7 +226,8 @@ async def test_report_selects_what_the_job_selected_across_a_restart() -> None:
         result = await compute_stats(
             store, run_id=RUN, stats_cfg=job_settings, scrape_cfg=scrape, window_end=T0 + 100
         )
-        await store.write_stats(run_id=RUN, t=result["computed_at"], result=result)
+        stored = cast(dict[str, Any], result)
+        await store.write_stats(run_id=RUN, t=result["computed_at"], result=stored)
         data = await collect(store, run_id=RUN, settings=StatsConfig(resamples=100))
     finally:
         await store.close()

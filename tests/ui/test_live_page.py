@@ -13,7 +13,7 @@ import json
 import math
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -29,6 +29,7 @@ from specproxy.report.summary import (
     fmt_ratio,
     main_window,
 )
+from specproxy.stats.result import StatsResult
 from tests.conftest import require_binary
 
 pytestmark = pytest.mark.slow
@@ -90,12 +91,12 @@ async def _chromium(binary: str, profile: Path, *args: str) -> str:
     return out.decode()
 
 
-async def _stats(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+async def _stats(session: aiohttp.ClientSession, url: str) -> StatsResult | None:
     async with session.get(url + "/api/stats") as resp:
-        return await resp.json() if resp.status == 200 else None
+        return cast(StatsResult, await resp.json()) if resp.status == 200 else None
 
 
-def _has_data(result: dict[str, Any] | None) -> bool:
+def _has_data(result: StatsResult | None) -> bool:
     window = main_window(result)
     return window is not None and all(window["metrics"]["e2e"]["n"][a] > 5 for a in ARMS)
 
@@ -106,7 +107,7 @@ def _same(shown: str, value: Any) -> bool:
     return math.isclose(float(shown), float(value), rel_tol=0, abs_tol=0)
 
 
-def _check(dom: _Dom, result: dict[str, Any]) -> None:
+def _check(dom: _Dom, result: StatsResult) -> None:
     window = main_window(result)
     assert window is not None
     metrics = window["metrics"]
@@ -126,7 +127,8 @@ def _check(dom: _Dom, result: dict[str, Any]) -> None:
                 fmt_ms(metrics["tpot"]["summary"][arm]["median"]),
             ),
         }
-        rate = (window["engine"].get(arm) or {}).get("acceptance_rate")
+        engine = window["engine"].get(arm)
+        rate = engine["acceptance_rate"] if engine is not None else None
         expected["acceptance_rate"] = (rate, f"{rate:.1%}" if rate is not None else "-")
         for field, (value, text) in expected.items():
             shown_value, shown_text = row[field]
@@ -147,6 +149,12 @@ def _check(dom: _Dom, result: dict[str, Any]) -> None:
                 assert _same(ci[0]["data-lower"], block["lower"])
                 assert _same(ci[0]["data-upper"], block["upper"])
                 assert ci[1] == fmt_ci(block)
+    # The page takes its columns and labels from the result's settings, not from a copy.
+    settings = result["settings"]
+    assert settings.get("statistics") == list(STATISTICS)
+    assert {m: spec["label"] for m, spec in settings.get("metrics", {}).items()} == METRICS
+    headers = ["".join(text).strip() for tag, _, text in dom.elements if tag == "th"]
+    assert headers[: 1 + len(STATISTICS)] == ["metric", *STATISTICS]
     (summary,) = [t for a, t in dom.find(id="diagnosis-summary")]
     assert summary == f"diagnosis: {window['diagnosis']['summary']}"
 

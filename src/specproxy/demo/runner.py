@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from specproxy.demo.view import ClientTally, plain_line, render
 from specproxy.errors import ConfigError
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
 from specproxy.prompts import load_prompts
+from specproxy.stats.result import StatsResult
 
 __all__ = ["DEFAULT_STORE", "DemoOptions", "DemoOutcome", "run_demo"]
 
@@ -74,7 +75,7 @@ class DemoOutcome:
     store: str
     proxy_url: str
     report_dir: Path | None
-    final_stats: Mapping[str, Any] | None
+    final_stats: StatsResult | None
     results: list[ClientResult] = field(default_factory=list)
     interrupted: bool = False
 
@@ -240,7 +241,7 @@ async def _model(session: aiohttp.ClientSession, proxy_url: str) -> str:
         raise ConfigError(f"the arms list no model at {proxy_url}/v1/models") from exc
 
 
-def _latest(app: web.Application) -> Mapping[str, Any] | None:
+def _latest(app: web.Application) -> StatsResult | None:
     provider = app.get(STATS)
     return provider() if provider is not None else None
 
@@ -267,7 +268,7 @@ async def _show(
             console.print(plain_line(_latest(app), tally), soft_wrap=True)
 
 
-async def _final_stats(app: web.Application) -> Mapping[str, Any] | None:
+async def _final_stats(app: web.Application) -> StatsResult | None:
     """One last stats run over every record, so the report and /api/stats agree.
 
     The load has stopped: the store is flushed, the periodic job stopped (no later run can

@@ -10,9 +10,7 @@ result, which is what /api/stats and the report show.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from rich import box
@@ -22,6 +20,7 @@ from rich.text import Text
 
 from specproxy.loadgen import ClientResult
 from specproxy.records import Arm
+from specproxy.stats.result import StatsResult
 
 __all__ = ["MAX_REASONS", "ClientTally", "plain_line", "render"]
 
@@ -56,9 +55,7 @@ class ClientTally:
         return float(np.quantile(values, q)) if values else None
 
 
-def render(
-    stats: Mapping[str, Any] | None, tally: ClientTally, *, title: str = "live"
-) -> RenderableType:
+def render(stats: StatsResult | None, tally: ClientTally, *, title: str = "live") -> RenderableType:
     """The whole view: per-arm latency, then speedups, acceptance, verdicts and diagnosis."""
     from specproxy.report.summary import arm_rows, diagnosis_lines
 
@@ -105,7 +102,7 @@ def render(
     return Group(*parts)
 
 
-def _speedup_table(stats: Mapping[str, Any]) -> Table:
+def _speedup_table(stats: StatsResult) -> Table:
     """metric | verdict | median | p99: speedup with its CI, one row per metric (fits 80 cols)."""
     from specproxy.report.summary import speedup_rows, verdict_rows
 
@@ -126,7 +123,7 @@ def _speedup_table(stats: Mapping[str, Any]) -> Table:
     return table
 
 
-def plain_line(stats: Mapping[str, Any] | None, tally: ClientTally) -> str:
+def plain_line(stats: StatsResult | None, tally: ClientTally) -> str:
     """One status line for logs and CI (no terminal)."""
     head = f"sent {tally.sent}, errors {tally.errors}"
     if stats is None:

@@ -15,7 +15,7 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,7 @@ from specproxy.report.data import FloatArray, ReportData
 from specproxy.report.html import render_html
 from specproxy.report.summary import main_window
 from specproxy.stats.compare import REQUIRED_COLUMNS
+from specproxy.stats.result import METRIC_COLUMNS, StatsResult
 from specproxy.store.base import Store
 from specproxy.store.factory import open_store
 
@@ -103,17 +104,17 @@ async def collect(
     if not any(len(a["t_start"]) for a in arrays.values()):
         return None
     engine = await store.read_engine_samples(run_id=run_id)
-    history: list[tuple[float, Mapping[str, Any]]] = list(
-        await store.read_stats_history(run_id=run_id)
-    )
+    history = [  # stored by the stats job: `StatsResult`s as JSON
+        (t, cast(StatsResult, r)) for t, r in await store.read_stats_history(run_id=run_id)
+    ]
     if stats_at is not None:
-        chosen = [i for i, (_, r) in enumerate(history) if r.get("computed_at") == stats_at]
+        chosen = [i for i, (_, r) in enumerate(history) if r["computed_at"] == stats_at]
         if chosen:
             history = history[: chosen[-1] + 1]
     last = history[-1][1] if history else None
     settings = _settings_from(last, settings)
     scrape = _scrape_from(last)
-    until = last.get("window_end") if last is not None else None
+    until = last["window_end"] if last is not None else None
     data = _gather(run_id, arrays, engine, settings, scrape, until=until)
     if last is None or not _consistent(last, data):
         # No history (a bench run), or records the last stats run did not see: compute afresh.
@@ -139,7 +140,7 @@ def _gather(
         stats=None,
         stats_t=None,
         history=[],
-        latency={"e2e": {}, "ttft": {}, "tpot": {}},
+        latency={metric: {} for metric in METRIC_COLUMNS},
         t_start={},
         e2e_aligned={},
         excluded_warmup={},
@@ -160,7 +161,7 @@ def _gather(
         data.shadows[arm.value] = int(np.sum(np.asarray(a["shadow"], dtype=bool)))
         data.t_start[arm.value] = np.asarray(a["t_start"], dtype=np.float64)[keep]
         data.e2e_aligned[arm.value] = np.asarray(a["e2e_s"], dtype=np.float64)[keep]
-        for metric, column in (("e2e", "e2e_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s")):
+        for metric, column in METRIC_COLUMNS.items():
             values = np.asarray(a[column], dtype=np.float64)[keep]
             data.latency[metric][arm.value] = values[np.isfinite(values) & (values > 0)]
         starts += [float(a["t_start"][0]), float(a["t_start"][-1])]
@@ -168,12 +169,12 @@ def _gather(
     return data
 
 
-def _consistent(result: Mapping[str, Any], data: ReportData) -> bool:
+def _consistent(result: StatsResult, data: ReportData) -> bool:
     """Does the stats result describe exactly the records the figures are drawn from?"""
     window = main_window(result)
     if window is None:
         return False
-    if window.get("design") != "split":
+    if window["design"] != "split":
         return True  # paired n counts pairs, not records: nothing to compare
     n = window["metrics"]["e2e"]["n"]
     return all(
@@ -218,7 +219,7 @@ async def _latest_run(store: Store) -> str | None:
 
 async def _compute_stats(
     store: Store, run_id: str, settings: StatsConfig, scrape: ScrapeConfig
-) -> tuple[float, Mapping[str, Any]]:
+) -> tuple[float, StatsResult]:
     """A store without stats history (a bench run): compute the comparison once."""
     from specproxy.stats.job import compute_stats
 
@@ -226,38 +227,38 @@ async def _compute_stats(
     return float(result["computed_at"]), result
 
 
-def _scrape_from(stats: Mapping[str, Any] | None) -> ScrapeConfig:
-    """The restart warm-up the stats result was computed with (the defaults before it was kept)."""
+def _scrape_from(stats: StatsResult | None) -> ScrapeConfig:
+    """The restart warm-up the stats result was computed with."""
     default = ScrapeConfig()
-    raw = (stats or {}).get("settings")
-    if not isinstance(raw, Mapping):
+    if stats is None:
         return default
-    requests = raw.get("restart_warmup_requests", default.warmup_requests)
-    seconds = raw.get("restart_warmup_seconds", default.warmup_seconds)
-    if not isinstance(requests, int) or isinstance(requests, bool) or requests < 0:
-        return default
-    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
-        return default
-    return dataclasses.replace(default, warmup_requests=requests, warmup_seconds=float(seconds))
-
-
-def _settings_from(stats: Mapping[str, Any] | None, fallback: StatsConfig) -> StatsConfig:
-    raw = (stats or {}).get("settings")
-    if not isinstance(raw, Mapping):
-        return fallback
-    known = {
-        k: raw[k]
-        for k in ("resamples", "confidence", "alpha", "p99_tolerance", "warmup_requests", "seed")
-        if k in raw
-    }
+    raw = stats["settings"]
     try:
-        return StatsConfig(**{**_config_dict(fallback), **known})
-    except (ConfigError, TypeError):
+        return dataclasses.replace(
+            default,
+            warmup_requests=raw["restart_warmup_requests"],
+            warmup_seconds=float(raw["restart_warmup_seconds"]),
+        )
+    except ConfigError:
+        return default
+
+
+def _settings_from(stats: StatsResult | None, fallback: StatsConfig) -> StatsConfig:
+    if stats is None:
         return fallback
-
-
-def _config_dict(cfg: StatsConfig) -> dict[str, Any]:
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    raw = stats["settings"]
+    try:
+        return dataclasses.replace(
+            fallback,
+            resamples=raw["resamples"],
+            confidence=raw["confidence"],
+            alpha=raw["alpha"],
+            p99_tolerance=raw["p99_tolerance"],
+            warmup_requests=raw["warmup_requests"],
+            seed=raw["seed"],
+        )
+    except ConfigError:
+        return fallback
 
 
 def _draw_and_write(data: ReportData, out_dir: Path) -> None:
@@ -286,11 +287,11 @@ def _draw(data: ReportData) -> None:
             t, est, lo, hi, title=f"E2E {label} speedup over time (band: CI)"
         )
     data.positions = mean_position_acceptance(data.engine)
-    window = main_window(data.stats) or {}
-    spec_engine = (window.get("engine") or {}).get(Arm.SPECULATIVE.value) or {}
+    window = main_window(data.stats)
+    spec_engine = window["engine"].get(Arm.SPECULATIVE.value) if window is not None else None
     data.figures["acceptance"] = figures.acceptance_png(
         data.positions,
-        overall=spec_engine.get("acceptance_rate"),
+        overall=spec_engine["acceptance_rate"] if spec_engine is not None else None,
         title="Draft acceptance per position (speculative arm)",
     )
     _load_figure(data)
@@ -346,7 +347,7 @@ def _aligned_e2e(data: ReportData, arm: str) -> FloatArray:
 
 
 def speedup_series(
-    history: Sequence[tuple[float, Mapping[str, Any]]], metric: str, statistic: str
+    history: Sequence[tuple[float, StatsResult]], metric: str, statistic: str
 ) -> tuple[list[float], list[float], list[float], list[float]]:
     """(t, estimate, lower, upper) of one speedup over the stats history (whole-run window)."""
     t: list[float] = []
@@ -357,13 +358,16 @@ def speedup_series(
         window = main_window(result)
         if window is None:
             continue
-        s = window["metrics"][metric]["speedup"].get(statistic) or {}
-        if s.get("status") != "ok" or s.get("lower") is None or s.get("upper") is None:
+        s = window["metrics"][metric]["speedup"].get(statistic)
+        if s is None or s["status"] != "ok":
+            continue
+        estimate, lower, upper = s["estimate"], s["lower"], s["upper"]
+        if estimate is None or lower is None or upper is None:
             continue
         t.append(when)
-        est.append(float(s["estimate"]))
-        lo.append(float(s["lower"]))
-        hi.append(float(s["upper"]))
+        est.append(estimate)
+        lo.append(lower)
+        hi.append(upper)
     return t, est, lo, hi
 
 

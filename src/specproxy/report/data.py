@@ -6,15 +6,14 @@ without importing each other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from specproxy.config import StatsConfig
 from specproxy.records import EngineSample
+from specproxy.stats.result import StatsResult
 
 __all__ = ["FloatArray", "ReportData"]
 
@@ -26,9 +25,9 @@ class ReportData:
     """Everything one report shows, gathered from the store (no I/O after this)."""
 
     run_id: str
-    stats: Mapping[str, Any] | None  # the stats job's last result
+    stats: StatsResult | None  # the stats job's last result
     stats_t: float | None
-    history: list[tuple[float, Mapping[str, Any]]]
+    history: list[tuple[float, StatsResult]]
     latency: dict[str, dict[str, FloatArray]]  # metric -> arm -> values used
     t_start: dict[str, FloatArray]  # arm -> start times of the requests used
     e2e_aligned: dict[str, FloatArray]  # arm -> E2E of those requests, same order as t_start

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
-from typing import Any
 
 from specproxy.report.data import ReportData
 from specproxy.report.summary import (
@@ -22,7 +21,9 @@ from specproxy.report.summary import (
     fmt_ms,
     fmt_ratio,
     main_window,
+    needed_more,
 )
+from specproxy.stats.result import WindowResult
 
 __all__ = ["render_html"]
 
@@ -110,10 +111,10 @@ def render_html(data: ReportData) -> str:
     return "\n".join(parts)
 
 
-def _verdicts(window: Any) -> list[str]:
+def _verdicts(window: WindowResult) -> list[str]:
     out = ["<h2>Verdicts</h2><div class='verdicts'>"]
     for metric, label in METRICS.items():
-        verdict = str(window["metrics"][metric].get("verdict"))
+        verdict = window["metrics"][metric]["verdict"]
         out.append(
             f"<div class='verdict {_e(verdict)}' data-metric='{metric}'>{label}"
             f"<b>{_e(verdict)}</b></div>"
@@ -128,7 +129,7 @@ def _verdicts(window: Any) -> list[str]:
     return out
 
 
-def _speedups(window: Any) -> list[str]:
+def _speedups(window: WindowResult) -> list[str]:
     out = [
         "<h2>Speedups</h2><p class='sub'>speedup = baseline / speculative for the statistic; "
         "above 1 means speculation is faster.</p><table id='speedups'><tr><th>metric</th>",
@@ -138,19 +139,18 @@ def _speedups(window: Any) -> list[str]:
     for metric, label in METRICS.items():
         out.append(f"<tr><td>{label}</td>")
         for stat in STATISTICS:
-            s = window["metrics"][metric]["speedup"].get(stat) or {}
-            if s.get("status") == "ok":
-                cell = f"{fmt_ratio(s.get('estimate'))} <span class='sub'>{fmt_ci(s)}</span>"
+            s = window["metrics"][metric]["speedup"].get(stat)
+            if s is not None and s["status"] == "ok":
+                cell = f"{fmt_ratio(s['estimate'])} <span class='sub'>{fmt_ci(s)}</span>"
             else:
-                needed = max((s.get("n_needed") or {"": 0}).values())
-                cell = f"<span class='sub'>needs {needed} more per arm</span>"
+                cell = f"<span class='sub'>needs {needed_more(s)} more per arm</span>"
             out.append(f"<td data-metric='{metric}' data-stat='{stat}'>{cell}</td>")
         out.append("</tr>")
     out.append("</table>")
     return out
 
 
-def _arms(window: Any) -> list[str]:
+def _arms(window: WindowResult) -> list[str]:
     out = [
         "<h2>Per arm</h2><table id='arms'><tr><th>arm</th><th>n</th><th>E2E median</th>"
         "<th>E2E P90</th><th>E2E P99</th><th>TTFT median</th><th>TPOT median</th>"
@@ -159,25 +159,26 @@ def _arms(window: Any) -> list[str]:
     metrics = window["metrics"]
     for arm in ARMS:
         e2e = metrics["e2e"]["summary"].get(arm, {})
-        engine = (window.get("engine") or {}).get(arm) or {}
-        rate, length = engine.get("acceptance_rate"), engine.get("mean_acceptance_length")
+        engine = window["engine"].get(arm)
+        rate = engine["acceptance_rate"] if engine is not None else None
+        length = engine["mean_acceptance_length"] if engine is not None else None
         out.append(
             f"<tr data-arm='{arm}'><td>{arm}</td><td>{metrics['e2e']['n'].get(arm, 0)}</td>"
             f"<td>{fmt_ms(e2e.get('median'))}</td><td>{fmt_ms(e2e.get('p90'))}</td>"
             f"<td>{fmt_ms(e2e.get('p99'))}</td>"
             f"<td>{fmt_ms(metrics['ttft']['summary'].get(arm, {}).get('median'))}</td>"
             f"<td>{fmt_ms(metrics['tpot']['summary'].get(arm, {}).get('median'))}</td>"
-            f"<td>{f'{rate:.1%}' if isinstance(rate, (int, float)) else '-'}</td>"
-            f"<td>{f'{length:.2f}' if isinstance(length, (int, float)) else '-'}</td></tr>"
+            f"<td>{f'{rate:.1%}' if rate is not None else '-'}</td>"
+            f"<td>{f'{length:.2f}' if length is not None else '-'}</td></tr>"
         )
     out.append("</table>")
     return out
 
 
-def _methodology(data: ReportData, window: Any) -> list[str]:
+def _methodology(data: ReportData, window: WindowResult | None) -> list[str]:
     s = data.settings
     n = window["metrics"]["e2e"]["n"] if window is not None else {}
-    design = window.get("design", "split") if window is not None else "split"
+    design = window["design"] if window is not None else "split"
     design_text = (
         "paired: mirrored requests sent to both arms, resampled as pairs"
         if design == "paired"

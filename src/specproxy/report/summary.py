@@ -7,8 +7,10 @@ the same choices and the same formats, so the three views print identical number
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
+
+from specproxy.stats import result as schema
+from specproxy.stats.result import STATISTICS, StatsResult, WindowResult
 
 __all__ = [
     "ARMS",
@@ -20,34 +22,33 @@ __all__ = [
     "fmt_ms",
     "fmt_ratio",
     "main_window",
+    "needed_more",
     "speedup_rows",
     "verdict_rows",
 ]
 
 ARMS = ("speculative", "baseline")
-METRICS = {"e2e": "E2E", "ttft": "TTFT", "tpot": "TPOT"}
-STATISTICS = ("median", "mean", "p90", "p99")
+# metric -> label, and STATISTICS, both from the result's one declaration (`stats.result`)
+METRICS: dict[str, str] = {name: spec.label for name, spec in schema.METRICS.items()}
 
 
-def main_window(result: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+def main_window(result: StatsResult | None) -> WindowResult | None:
     """The comparison to show: all models together over the whole run (`results.all.all`).
 
     Falls back to the longest window when the job was configured without a whole-run window.
     """
-    if not result:
+    if not result or not result["results"]:
         return None
-    results = result.get("results")
-    if not isinstance(results, Mapping) or not results:
-        return None
+    results = result["results"]
     per_window = results.get("all") or results[sorted(results)[0]]
-    if not isinstance(per_window, Mapping) or not per_window:
+    if not per_window:
         return None
-    key = "all" if "all" in per_window else max(per_window, key=_window_seconds(per_window))
-    chosen = per_window[key]
-    return chosen if isinstance(chosen, Mapping) else None
+    if "all" in per_window:
+        return per_window["all"]
+    return max(per_window.values(), key=_window_seconds)
 
 
-def arm_rows(result: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
+def arm_rows(result: StatsResult | None) -> list[tuple[str, ...]]:
     """(arm, n, E2E p50, E2E p99, TTFT p50, TPOT p50, acceptance) per arm."""
     window = main_window(result)
     if window is None:
@@ -56,8 +57,8 @@ def arm_rows(result: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for arm in ARMS:
         e2e = metrics["e2e"]["summary"].get(arm, {})
-        engine = (window.get("engine") or {}).get(arm) or {}
-        acceptance = engine.get("acceptance_rate")
+        engine = window["engine"].get(arm)
+        acceptance = engine["acceptance_rate"] if engine is not None else None
         rows.append(
             (
                 arm,
@@ -66,14 +67,14 @@ def arm_rows(result: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
                 fmt_ms(e2e.get("p99")),
                 fmt_ms(metrics["ttft"]["summary"].get(arm, {}).get("median")),
                 fmt_ms(metrics["tpot"]["summary"].get(arm, {}).get("median")),
-                f"{acceptance:.1%}" if isinstance(acceptance, (int, float)) else "-",
+                f"{acceptance:.1%}" if acceptance is not None else "-",
             )
         )
     return rows
 
 
 def speedup_rows(
-    result: Mapping[str, Any] | None, statistics: tuple[str, ...] = ("median", "p99")
+    result: StatsResult | None, statistics: tuple[str, ...] = ("median", "p99")
 ) -> list[tuple[str, str, str, str]]:
     """(metric, statistic, estimate, CI) for each metric and statistic."""
     window = main_window(result)
@@ -83,30 +84,34 @@ def speedup_rows(
     for metric, label in METRICS.items():
         block = window["metrics"][metric]["speedup"]
         for stat in statistics:
-            s = block.get(stat) or {}
-            if s.get("status") == "ok":
-                rows.append((label, stat, fmt_ratio(s.get("estimate")), fmt_ci(s)))
+            s = block.get(stat)
+            if s is not None and s["status"] == "ok":
+                rows.append((label, stat, fmt_ratio(s["estimate"]), fmt_ci(s)))
             else:
-                needed = max((s.get("n_needed") or {"": 0}).values())
-                rows.append((label, stat, "-", f"needs {needed} more per arm"))
+                rows.append((label, stat, "-", f"needs {needed_more(s)} more per arm"))
     return rows
 
 
-def verdict_rows(result: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+def needed_more(speedup: schema.Speedup | None) -> int:
+    """The most samples an arm still needs for a statistic (0 when unknown)."""
+    return max(speedup["n_needed"].values(), default=0) if speedup is not None else 0
+
+
+def verdict_rows(result: StatsResult | None) -> list[tuple[str, str]]:
     """(metric, verdict) from the anytime-valid tests."""
     window = main_window(result)
     if window is None:
         return []
-    return [(label, str(window["metrics"][m].get("verdict"))) for m, label in METRICS.items()]
+    return [(label, window["metrics"][m]["verdict"]) for m, label in METRICS.items()]
 
 
-def diagnosis_lines(result: Mapping[str, Any] | None) -> list[str]:
+def diagnosis_lines(result: StatsResult | None) -> list[str]:
     window = main_window(result)
     if window is None:
         return []
-    diagnosis = window.get("diagnosis") or {}
-    lines = [f"diagnosis: {diagnosis.get('summary', '-')}"]
-    lines += [f"  - {r['message']}" for r in diagnosis.get("reasons", [])]
+    diagnosis = window["diagnosis"]
+    lines = [f"diagnosis: {diagnosis['summary']}"]
+    lines += [f"  - {r['message']}" for r in diagnosis["reasons"]]
     return lines
 
 
@@ -118,16 +123,13 @@ def fmt_ratio(value: Any) -> str:
     return f"{value:.3f}x" if isinstance(value, (int, float)) else "-"
 
 
-def fmt_ci(block: Mapping[str, Any]) -> str:
-    lower, upper = block.get("lower"), block.get("upper")
-    if not isinstance(lower, (int, float)) or not isinstance(upper, (int, float)):
+def fmt_ci(block: schema.Interval) -> str:
+    lower, upper = block["lower"], block["upper"]
+    if lower is None or upper is None:
         return "-"
     return f"[{lower:.3f}, {upper:.3f}]"
 
 
-def _window_seconds(per_window: Mapping[str, Any]) -> Any:
-    def seconds(key: str) -> float:
-        value = (per_window.get(key) or {}).get("window_s")
-        return float(value) if isinstance(value, (int, float)) else float("inf")
-
-    return seconds
+def _window_seconds(window: WindowResult) -> float:
+    seconds = window["window_s"]
+    return float(seconds) if seconds is not None else float("inf")

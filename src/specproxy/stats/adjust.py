@@ -22,6 +22,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+from specproxy.stats import result as schema
+
 __all__ = ["MIN_ADJUST_N", "AdjustedSpeedup", "adjusted_speedup"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -39,7 +41,7 @@ class AdjustedSpeedup:
     r_squared: float
     covariates: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> schema.Adjusted:
         return {
             "estimate": self.estimate,
             "lower": self.lower,

@@ -41,6 +41,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from specproxy.stats import result as schema
 from specproxy.stats.quantile import QUANTILE_LEVELS, point_statistic
 
 __all__ = [
@@ -78,8 +79,12 @@ class Interval:
     lower: float
     upper: float
 
-    def to_dict(self) -> dict[str, float | None]:
-        return {k: _finite(getattr(self, k)) for k in ("estimate", "lower", "upper")}
+    def to_dict(self) -> schema.Interval:
+        return {
+            "estimate": _finite(self.estimate),
+            "lower": _finite(self.lower),
+            "upper": _finite(self.upper),
+        }
 
 
 def _finite(value: float) -> float | None:

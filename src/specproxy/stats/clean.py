@@ -30,6 +30,7 @@ import numpy.typing as npt
 from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.records import Arm, EngineSample
 from specproxy.scrape.derive import date_restart
+from specproxy.stats import result as schema
 from specproxy.store.base import ArmArrays
 
 __all__ = [
@@ -151,7 +152,7 @@ class OutlierSummary:
     low_fence: float
     high_fence: float
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> schema.Outliers:
         return {
             "count": self.count,
             "fraction": self.fraction,

@@ -1,18 +1,17 @@
 """`specproxy stats --store URL`: compute the comparison once from a store and print it.
 
 The text report gives, per model and window, the design, the sample sizes, each metric's verdict
-and speedup CIs, and the diagnosis; `--json` prints the full result (schema in `stats.job`).
+and speedup CIs, and the diagnosis; `--json` prints the full result (schema in `stats.result`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-from typing import Any
 
 from specproxy.config import StatsConfig, StoreConfig
 from specproxy.stats.job import compute_stats
+from specproxy.stats.result import StatsResult, to_json
 
 __all__ = ["configure", "run"]
 
@@ -29,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=StatsConfig().seed, help="bootstrap seed")
 
 
-def _text_report(result: dict[str, Any]) -> str:
+def _text_report(result: StatsResult) -> str:
     lines = [f"run {result['run_id']}: windows end at {result['window_end']:.0f}"]
     for model, windows in result["results"].items():
         for window, res in windows.items():
@@ -41,19 +40,18 @@ def _text_report(result: dict[str, Any]) -> str:
             for metric, block in res["metrics"].items():
                 cells = []
                 for stat, ci in block["speedup"].items():
-                    if ci["status"] != "ok" or ci["estimate"] is None:
+                    estimate, lower, upper = ci["estimate"], ci["lower"], ci["upper"]
+                    if ci["status"] != "ok" or estimate is None or lower is None or upper is None:
                         cells.append(f"{stat} insufficient")
                     else:
-                        cells.append(
-                            f"{stat} {ci['estimate']:.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}]"
-                        )
+                        cells.append(f"{stat} {estimate:.3f} [{lower:.3f}, {upper:.3f}]")
                 lines.append(f"  {metric:<5} {block['verdict']:<12} " + "; ".join(cells))
             lines.append(f"  diagnosis: {res['diagnosis']['summary']}")
             lines.extend(f"    - {r['message']}" for r in res["diagnosis"]["reasons"])
     return "\n".join(lines)
 
 
-async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
+async def _run_once(args: argparse.Namespace) -> StatsResult:
     from specproxy.store.factory import open_store
     from specproxy.store.sqlite import require_existing_store
 
@@ -73,5 +71,5 @@ async def _run_once(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     result = asyncio.run(_run_once(args))
-    print(json.dumps(result, indent=2) if args.json else _text_report(result))
+    print(to_json(result, indent=2) if args.json else _text_report(result))
     return 0

@@ -7,22 +7,22 @@ result, and series of a model or window that disappeared vanish instead of going
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specproxy import metrics as names
+from specproxy.stats.result import StatsResult
 
 __all__ = ["StatsCollector", "register_stats_collector"]
 
 
 class StatsCollector(Collector):
-    """Turns `latest()` (the job's result dict, or None before the first run) into gauges."""
+    """Turns `latest()` (the job's result, or None before the first run) into gauges."""
 
     def __init__(
         self,
-        latest: Callable[[], dict[str, Any] | None],
+        latest: Callable[[], StatsResult | None],
         leader: Callable[[], bool | None] | None = None,
     ) -> None:
         self._latest = latest
@@ -71,18 +71,24 @@ class StatsCollector(Collector):
                         verdict.add_metric(
                             labels, {s: s == block["verdict"] for s in names.VERDICT_STATES}
                         )
-                        seq = block["sequential"] or {}
-                        slowdown.add_metric(labels, 1.0 if seq.get("p99_slower") else 0.0)
+                        seq = block["sequential"]
+                        slower = seq is not None and seq["p99_slower"]
+                        slowdown.add_metric(labels, 1.0 if slower else 0.0)
                         for stat, ci in block["speedup"].items():
-                            for bound in ("estimate", "lower", "upper"):
-                                if ci[bound] is not None:
-                                    speedup.add_metric([*labels, stat, bound], ci[bound])
+                            bounds = (
+                                ("estimate", ci["estimate"]),
+                                ("lower", ci["lower"]),
+                                ("upper", ci["upper"]),
+                            )
+                            for bound, value in bounds:
+                                if value is not None:
+                                    speedup.add_metric([*labels, stat, bound], value)
         yield from (speedup, samples, verdict, slowdown, last_run)
 
 
 def register_stats_collector(
     registry: CollectorRegistry,
-    latest: Callable[[], dict[str, Any] | None],
+    latest: Callable[[], StatsResult | None],
     leader: Callable[[], bool | None] | None = None,
 ) -> StatsCollector:
     """Create the collector on the injected registry (never the global one)."""

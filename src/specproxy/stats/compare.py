@@ -2,7 +2,7 @@
 
 `compare_window` is pure: it takes per-arm column arrays that are already restricted to the
 window and model (and stripped of warm-up records, see `clean.warmup_mask`), engine summaries and
-a Generator, and returns the JSON-able dict documented in `specproxy.stats.job`.
+a Generator, and returns a `result.WindowComparison` (the schema is `specproxy.stats.result`).
 
 Design choice: when at least as many complete mirrored pairs exist as primary requests on the
 smaller arm (mirror fraction >= 50 %), the speedup CIs use the paired bootstrap over pairs;
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,12 @@ from specproxy.stats.clean import count_outliers, usable_mask
 from specproxy.stats.diagnosis import DiagnosisInput, EngineSummary, diagnose
 from specproxy.stats.quantile import STATISTICS, point_statistic, samples_needed
 from specproxy.stats.ranktests import rank_tests
+from specproxy.stats.result import (
+    METRIC_COLUMNS,
+    MetricResult,
+    Speedup,
+    WindowComparison,
+)
 from specproxy.stats.samplesize import samples_for_median_change
 from specproxy.stats.sequential import compare_sequential
 
@@ -44,7 +50,6 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 ArmArrays = dict[str, npt.NDArray[Any]]
 
-METRIC_COLUMNS: Final[dict[str, str]] = {"e2e": "e2e_s", "ttft": "ttft_s", "tpot": "tpot_s"}
 REQUIRED_COLUMNS: Final[tuple[str, ...]] = (
     "t_start",
     "model",
@@ -53,9 +58,7 @@ REQUIRED_COLUMNS: Final[tuple[str, ...]] = (
     "disconnected",
     "shadow",
     "pair_id",
-    "e2e_s",
-    "ttft_s",
-    "tpot_s",
+    *METRIC_COLUMNS.values(),
     "prompt_tokens",
     "output_tokens",
 )
@@ -99,16 +102,21 @@ def _subset(arrays: ArmArrays, mask: npt.NDArray[Any]) -> ArmArrays:
 
 def _speedup_block(
     intervals: dict[str, Interval], n_b: int, n_s: int, confidence: float
-) -> dict[str, Any]:
-    block: dict[str, Any] = {}
+) -> dict[str, Speedup]:
+    block: dict[str, Speedup] = {}
     for stat, interval in intervals.items():
         needed = {
             Arm.BASELINE.value: samples_needed(stat, n_b, confidence),
             Arm.SPECULATIVE.value: samples_needed(stat, n_s, confidence),
         }
         if any(needed.values()):
-            block[stat] = {"status": "insufficient", "n_needed": needed}
-            block[stat].update({"estimate": None, "lower": None, "upper": None})
+            block[stat] = {
+                "status": "insufficient",
+                "n_needed": needed,
+                "estimate": None,
+                "lower": None,
+                "upper": None,
+            }
         else:
             block[stat] = {"status": "ok", "n_needed": needed, **interval.to_dict()}
     return block
@@ -120,7 +128,7 @@ def _metric_block(
     paired: tuple[FloatArray, FloatArray] | None,
     settings: CompareSettings,
     rng: np.random.Generator,
-) -> dict[str, Any]:
+) -> MetricResult:
     column = METRIC_COLUMNS[metric]
     base = _positive(primary[0][column])
     spec = _positive(primary[1][column])
@@ -144,7 +152,7 @@ def _metric_block(
             resamples=settings.resamples,
             confidence=settings.confidence,
         )
-    block: dict[str, Any] = {
+    block: MetricResult = {
         "n": {Arm.BASELINE.value: int(b_used.size), Arm.SPECULATIVE.value: int(s_used.size)},
         "speedup": _speedup_block(intervals, b_used.size, s_used.size, settings.confidence),
         "summary": {
@@ -158,6 +166,8 @@ def _metric_block(
         "rank_tests": rank_tests(base, spec, rng, settings.confidence).to_dict(),
         "samples_for_5pct_median": samples_for_median_change(base, spec, alpha=settings.alpha),
         "adjusted": None,
+        "sequential": None,
+        "verdict": "inconclusive",
     }
     if b_used.size and s_used.size:
         seq = compare_sequential(
@@ -165,9 +175,6 @@ def _metric_block(
         )
         block["sequential"] = seq.to_dict()
         block["verdict"] = seq.verdict
-    else:
-        block["sequential"] = None
-        block["verdict"] = "inconclusive"
     if metric == "e2e":
         b_rows, s_rows = primary
         adj = adjusted_speedup(
@@ -193,8 +200,8 @@ def compare_window(
     engine: dict[Arm, EngineSummary],
     settings: CompareSettings,
     rng: np.random.Generator,
-) -> dict[str, Any]:
-    """Everything for one window and model (see `specproxy.stats.job` for the schema)."""
+) -> WindowComparison:
+    """Everything for one window and model (schema: `stats.result.WindowComparison`)."""
     base_all = _subset(arrays[Arm.BASELINE], usable_mask(arrays[Arm.BASELINE]))
     spec_all = _subset(arrays[Arm.SPECULATIVE], usable_mask(arrays[Arm.SPECULATIVE]))
     primary = (
@@ -203,8 +210,10 @@ def compare_window(
     )
     pair_b, pair_s = _pairs(base_all, spec_all)
     n_primary = min(len(primary[0]["t_start"]), len(primary[1]["t_start"]))
-    design = "paired" if pair_b.size > 0 and pair_b.size >= n_primary else "split"
-    metrics: dict[str, Any] = {}
+    design: Literal["split", "paired"] = (
+        "paired" if pair_b.size > 0 and pair_b.size >= n_primary else "split"
+    )
+    metrics: dict[str, MetricResult] = {}
     for metric, column in METRIC_COLUMNS.items():
         paired: tuple[FloatArray, FloatArray] | None = None
         if design == "paired":

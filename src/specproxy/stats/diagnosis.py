@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from specproxy.records import EngineSample
+from specproxy.stats import result as schema
 
 __all__ = [
     "HIGH_DRAFT_COST",
@@ -63,7 +64,7 @@ class EngineSummary:
     requests_running: float | None = None
     kv_cache_usage: float | None = None
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> schema.EngineArm:
         return {
             "samples": self.samples,
             "restarts": self.restarts,
@@ -132,7 +133,7 @@ class Diagnosis:
     reasons: list[Reason] = field(default_factory=list)
     implied_draft_cost: float | None = None
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> schema.Diagnosis:
         return {
             "summary": self.summary,
             "reasons": [{"code": r.code, "message": r.message} for r in self.reasons],

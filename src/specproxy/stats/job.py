@@ -16,40 +16,9 @@ Warm-up exclusion is decided on the whole run, per arm and across models, by
 requests of the run, and the first `scrape.warmup_requests` usable requests (plus those within
 `scrape.warmup_seconds`) after every restart the scraper reported, dated by `clean.restart_times`.
 
-Result schema (version 1; every float may be null when undefined; arms are "baseline" and
-"speculative"; windows are labelled "5m", "1h", "90s", "all"):
-
-    {
-      "schema_version": 1, "run_id": str, "computed_at": unix_s, "duration_s": float,
-      "window_end": unix_s,            # windows are [window_end - w, window_end]
-      "settings": {"resamples", "confidence", "alpha", "p99_tolerance", "warmup_requests", "seed",
-                   "restart_warmup_requests", "restart_warmup_seconds"},  # the last two: scrape.*
-      "results": {MODEL or "all": {WINDOW: {
-        "window_s": float | null,
-        "design": "split" | "paired",  # paired when mirrored pairs >= primary requests
-        "pairs": int,
-        "samples": {ARM: int},         # usable requests after warm-up exclusion
-        "excluded_warmup": {ARM: int},  # usable requests left out as warm-up
-        "metrics": {"e2e" | "ttft" | "tpot": {
-          "n": {ARM: int},
-          "speedup": {"median" | "mean" | "p90" | "p99": {
-              "status": "ok" | "insufficient", "n_needed": {ARM: int},
-              "estimate", "lower", "upper"}},          # baseline/speculative, > 1 = faster
-          "summary": {ARM: {"median", "mean", "p90", "p99"}},        # seconds
-          "outliers": {ARM: {"count", "fraction", "low_fence", "high_fence"}},
-          "rank_tests": {"mann_whitney_p", "hl_speedup", "hl_lower", "hl_upper"},
-          "samples_for_5pct_median": int | null,      # per arm, 80 % power
-          "adjusted": null | {"estimate", "lower", "upper", "n", "r_squared",
-                              "covariates"},          # e2e only: length-adjusted speedup
-          "sequential": null | {"p99_ratio_lower", "p99_ratio_upper", "median_ratio_lower",
-                                "median_ratio_upper", "p99_slower", "median_faster",
-                                "median_slower", "verdict"},  # ratios are spec/base
-          "verdict": "faster" | "slower" | "inconclusive"}},
-        "engine": {ARM: {"samples", "restarts", "acceptance_rate", "mean_acceptance_length",
-                         "num_speculative_tokens", "requests_running", "kv_cache_usage"}},
-        "diagnosis": {"summary": str, "reasons": [{"code", "message"}],
-                      "implied_draft_cost": float | null}}}}
-    }
+The result is a `result.StatsResult` (schema version `result.SCHEMA_VERSION`): its TypedDicts
+are the schema, and `result.STATISTICS` / `result.METRICS` the lists it iterates over, which it
+also publishes in `settings` for readers that are not Python (ui/app.js).
 """
 
 from __future__ import annotations
@@ -60,7 +29,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -76,6 +45,7 @@ from specproxy.stats.compare import (
 )
 from specproxy.stats.diagnosis import summarise_engine
 from specproxy.stats.leader import Leadership
+from specproxy.stats.result import SCHEMA_VERSION, StatsResult, WindowResult, settings_lists
 from specproxy.store.base import ArmArrays, Store
 
 __all__ = [
@@ -87,7 +57,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 1
 
 
 def window_label(window_s: float | None) -> str:
@@ -123,8 +92,8 @@ def compute_from_arrays(
     scrape_cfg: ScrapeConfig | None = None,
     window_end: float | None = None,
     model_label: Callable[[str], str] | None = None,
-) -> dict[str, Any]:
-    """The whole result (schema in the module docstring) from a run's arrays; CPU only.
+) -> StatsResult:
+    """The whole result (`result.StatsResult`) from a run's arrays; CPU only.
 
     `model_label` bounds the per-model results (`fleet.models.ModelLabels.label`): models it
     maps to the same label are compared together under that label.
@@ -162,9 +131,9 @@ def compute_from_arrays(
         p99_tolerance=stats_cfg.p99_tolerance,
     )
     rng = np.random.default_rng(stats_cfg.seed)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, WindowResult]] = {}
     for model in ["all", *models]:
-        per_window: dict[str, Any] = {}
+        per_window: dict[str, WindowResult] = {}
         for window_s in stats_cfg.windows_s:
             since = -math.inf if window_s is None else window_end - window_s
             selected: dict[Arm, ArmArrays] = {}
@@ -191,6 +160,7 @@ def compute_from_arrays(
                 "excluded_warmup": n_excluded,
             }
         results[model] = per_window
+    statistics, metrics = settings_lists()
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
@@ -206,6 +176,8 @@ def compute_from_arrays(
             "seed": stats_cfg.seed,
             "restart_warmup_requests": scrape_cfg.warmup_requests,
             "restart_warmup_seconds": scrape_cfg.warmup_seconds,
+            "statistics": statistics,
+            "metrics": metrics,
         },
         "results": results,
     }
@@ -219,7 +191,7 @@ async def compute_stats(
     scrape_cfg: ScrapeConfig | None = None,
     window_end: float | None = None,
     model_label: Callable[[str], str] | None = None,
-) -> dict[str, Any]:
+) -> StatsResult:
     """Read the run from the store, then compute in a worker thread."""
     arrays = await store.read_arrays(run_id=run_id, columns=REQUIRED_COLUMNS)
     samples = await store.read_engine_samples(run_id=run_id)
@@ -258,7 +230,7 @@ class StatsJob:
         self._clock = clock
         self._leadership = leadership
         self.leader: bool | None = None  # None until the first interval asked
-        self._latest: dict[str, Any] | None = None
+        self._latest: StatsResult | None = None
         self._task: asyncio.Task[None] | None = None
         if registry is not None:
             register_stats_collector(registry, self.latest, self.is_leader)
@@ -267,11 +239,11 @@ class StatsJob:
         """Whether this process computed the latest result (None before the first interval)."""
         return self.leader
 
-    def latest(self) -> dict[str, Any] | None:
-        """The last result (schema in the module docstring), None before the first run."""
+    def latest(self) -> StatsResult | None:
+        """The last result, None before the first run."""
         return self._latest
 
-    async def run_once(self) -> dict[str, Any]:
+    async def run_once(self) -> StatsResult:
         """Compute now, publish, and append to the store's history."""
         result = await compute_stats(
             self._store,
@@ -284,21 +256,23 @@ class StatsJob:
         self._latest = result
         try:
             await self._store.write_stats(
-                run_id=self._run_id, t=result["computed_at"], result=result
+                run_id=self._run_id,
+                t=result["computed_at"],
+                result=cast(dict[str, Any], result),  # stored as JSON
             )
         except Exception:  # history is best effort; the live result is already published
             log.exception("stats: could not write the history row")
         return result
 
-    async def follow_once(self) -> dict[str, Any] | None:
+    async def follow_once(self) -> StatsResult | None:
         """Publish the latest result the leader stored (recent ones only: bounded read)."""
         since = self._clock() - 3 * self._stats_cfg.interval_s - 60.0
         rows = await self._store.read_stats_history(run_id=self._run_id, since=since)
         if rows:
-            self._latest = rows[-1][1]
+            self._latest = cast(StatsResult, rows[-1][1])  # what a leader stored
         return self._latest
 
-    async def step(self) -> dict[str, Any] | None:
+    async def step(self) -> StatsResult | None:
         """One interval: compute if this process leads, else serve the leader's result."""
         leader = True if self._leadership is None else await self._leadership.is_leader()
         if leader != self.leader:

@@ -9,10 +9,12 @@ minimum n; for P99 at 95 % that is 368 per arm. Below it we say "insufficient", 
 from __future__ import annotations
 
 import math
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
+from specproxy.stats.result import STATISTICS, Statistic
 
 __all__ = [
     "QUANTILE_LEVELS",
@@ -23,8 +25,7 @@ __all__ = [
     "samples_needed",
 ]
 
-Statistic = Literal["median", "mean", "p90", "p99"]
-STATISTICS: Final[tuple[Statistic, ...]] = ("median", "mean", "p90", "p99")
+# STATISTICS and Statistic are declared in `stats.result` (the one list) and re-exported here.
 QUANTILE_LEVELS: Final[dict[str, float]] = {"median": 0.5, "p90": 0.9, "p99": 0.99}
 
 

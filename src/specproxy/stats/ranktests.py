@@ -18,6 +18,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+from specproxy.stats import result as schema
+
 __all__ = ["HL_MAX_N", "RankTests", "hodges_lehmann", "rank_tests"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -33,16 +35,17 @@ class RankTests:
     hl_lower: float
     hl_upper: float
 
-    def to_dict(self) -> dict[str, float | None]:
+    def to_dict(self) -> schema.RankTests:
         return {
-            k: (float(v) if math.isfinite(v) else None)
-            for k, v in (
-                ("mann_whitney_p", self.mann_whitney_p),
-                ("hl_speedup", self.hl_speedup),
-                ("hl_lower", self.hl_lower),
-                ("hl_upper", self.hl_upper),
-            )
+            "mann_whitney_p": _finite(self.mann_whitney_p),
+            "hl_speedup": _finite(self.hl_speedup),
+            "hl_lower": _finite(self.hl_lower),
+            "hl_upper": _finite(self.hl_upper),
         }
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
 
 
 def _count_le(a: FloatArray, b_sorted: FloatArray, d: float) -> int:

@@ -36,11 +36,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 import scipy.special as sp
+
+from specproxy.stats import result as schema
+from specproxy.stats.result import Verdict
 
 __all__ = [
     "DEFAULT_TUNED_FOR_N",
@@ -52,7 +55,7 @@ __all__ = [
 ]
 
 FloatArray = npt.NDArray[np.float64]
-Verdict = Literal["faster", "slower", "inconclusive"]
+# Verdict is declared in `stats.result` and re-exported here.
 DEFAULT_TUNED_FOR_N: Final = 5000
 
 
@@ -146,7 +149,7 @@ class SequentialResult:
             return "faster"
         return "inconclusive"
 
-    def to_dict(self) -> dict[str, float | bool | str | None]:
+    def to_dict(self) -> schema.Sequential:
         def finite(x: float) -> float | None:
             return x if math.isfinite(x) else None
 

@@ -2,11 +2,11 @@
 // The choices and number formats mirror specproxy/report/summary.py, so the page, the demo's
 // terminal view and the report print identical numbers. Every number cell also carries the raw
 // JSON value in data-value, which the headless-browser test compares with /api/stats.
+// The metrics and statistics are not listed here: the result names them in `settings`
+// (`metrics`: {name: {column, label}}, `statistics`: [...]), from specproxy/stats/result.py.
 "use strict";
 
 const ARMS = ["speculative", "baseline"];
-const METRICS = { e2e: "E2E", ttft: "TTFT", tpot: "TPOT" };
-const STATISTICS = ["median", "mean", "p90", "p99"];
 const params = new URLSearchParams(window.location.search);
 const INTERVAL_S = Math.max(0.2, Number(params.get("interval") || 2));
 
@@ -45,7 +45,17 @@ function numCell(text, value, attrs) {
   return td;
 }
 
-function renderVerdicts(win) {
+// {metric: label} and [statistic] as the result declares them.
+function metricLabels(result) {
+  const metrics = (result.settings || {}).metrics || {};
+  return Object.fromEntries(Object.entries(metrics).map(([name, m]) => [name, m.label]));
+}
+
+function statisticList(result) {
+  return (result.settings || {}).statistics || [];
+}
+
+function renderVerdicts(win, METRICS) {
   const box = document.getElementById("verdicts");
   box.replaceChildren();
   for (const [metric, label] of Object.entries(METRICS)) {
@@ -61,7 +71,9 @@ function renderVerdicts(win) {
   list.replaceChildren(...(diag.reasons || []).map((r) => el("li", { "data-code": r.code }, r.message)));
 }
 
-function renderSpeedups(win) {
+function renderSpeedups(win, METRICS, STATISTICS) {
+  const head = document.querySelector("#speedups thead tr");
+  head.replaceChildren(el("th", {}, "metric"), ...STATISTICS.map((s) => el("th", {}, s)));
   const body = document.querySelector("#speedups tbody");
   body.replaceChildren();
   for (const [metric, label] of Object.entries(METRICS)) {
@@ -128,8 +140,8 @@ async function poll() {
       setStatus("no comparison yet", false);
       return;
     }
-    renderVerdicts(win);
-    renderSpeedups(win);
+    renderVerdicts(win, metricLabels(result));
+    renderSpeedups(win, metricLabels(result), statisticList(result));
     renderArms(win);
     const when = isNum(result.computed_at)
       ? new Date(result.computed_at * 1000).toLocaleTimeString() : "?";

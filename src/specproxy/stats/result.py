@@ -1,0 +1,232 @@
+"""The stats job's result, typed: its JSON schema, and the one list of metrics and statistics.
+
+The result is plain JSON-able data (it is served at `GET /api/stats`, stored in the store's
+history and read back by followers and the report), so its schema is a tree of `TypedDict`s:
+the object the job builds, the JSON it serves and the row the store returns are the same value,
+and `mypy --strict` checks every producer (`stats.compare`, `stats.job`) and every reader
+(`stats.collector`, `stats.cli`, `report`, `demo`) against this one declaration.
+`ui/app.js` reads the lists below from the result's `settings` (`metrics`, `statistics`).
+
+    StatsResult
+      settings: Settings                         job knobs + `statistics` + `metrics`
+      results: {MODEL or "all": {WINDOW: WindowResult}}      windows "5m", "1h", "90s", "all"
+        WindowResult: design, pairs, samples, excluded_warmup, engine, diagnosis,
+          metrics: {METRIC: MetricResult}
+            MetricResult: n, summary, outliers, rank_tests, samples_for_5pct_median,
+              adjusted, sequential, verdict,
+              speedup: {STATISTIC: Speedup}      baseline / speculative, > 1 = faster
+
+Arms are keyed by `Arm.value` ("baseline", "speculative"); every float may be null when it is
+undefined (too few samples, an empty arm).
+
+How to extend (each is a change in one place, plus the code that computes the new value):
+- a new statistic: add it to `STATISTICS` (and its point estimate and minimum sample size in
+  `stats.quantile`). The comparison, the gauges, the report, the demo view and /ui all iterate
+  over this tuple; the HTML and the page build their columns from it.
+- a new compared metric (a `RequestRecord` column): add it to `METRICS` (name -> column, label).
+- a new field of a block: add the key to its TypedDict here, then set it where the block is built
+  (`stats.compare` for windows and metrics, `stats.job` for the top level). mypy then fails on a
+  producer that forgets it and on a reader that misspells it. A field that results stored by an
+  older version lack is declared `NotRequired[...]` and read with `.get`.
+- bump `SCHEMA_VERSION` only for a change that breaks existing readers (a renamed or removed key).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final, Literal, NamedTuple, NotRequired, TypedDict
+
+__all__ = [
+    "METRICS",
+    "METRIC_COLUMNS",
+    "SCHEMA_VERSION",
+    "STATISTICS",
+    "Adjusted",
+    "Diagnosis",
+    "EngineArm",
+    "Interval",
+    "Metric",
+    "MetricResult",
+    "MetricSpec",
+    "Outliers",
+    "RankTests",
+    "Reason",
+    "Sequential",
+    "Settings",
+    "Speedup",
+    "Statistic",
+    "StatsResult",
+    "Verdict",
+    "WindowComparison",
+    "WindowResult",
+    "settings_lists",
+    "to_json",
+]
+
+SCHEMA_VERSION: Final = 1
+
+Statistic = Literal["median", "mean", "p90", "p99"]
+STATISTICS: Final[tuple[Statistic, ...]] = ("median", "mean", "p90", "p99")
+
+Metric = Literal["e2e", "ttft", "tpot"]
+
+
+class MetricSpec(NamedTuple):
+    """A compared latency: the record column it reads and the label people see."""
+
+    column: str
+    label: str
+
+
+METRICS: Final[dict[Metric, MetricSpec]] = {
+    "e2e": MetricSpec("e2e_s", "E2E"),
+    "ttft": MetricSpec("ttft_s", "TTFT"),
+    "tpot": MetricSpec("tpot_s", "TPOT"),
+}
+METRIC_COLUMNS: Final[dict[str, str]] = {name: m.column for name, m in METRICS.items()}
+
+Verdict = Literal["faster", "slower", "inconclusive"]
+
+
+class Interval(TypedDict):
+    """A point estimate with its confidence bounds."""
+
+    estimate: float | None
+    lower: float | None
+    upper: float | None
+
+
+class Speedup(Interval):
+    """statistic(baseline) / statistic(speculative); bounds are null while `insufficient`."""
+
+    status: Literal["ok", "insufficient"]
+    n_needed: dict[str, int]  # per arm: more samples the statistic needs (0 = enough)
+
+
+class Outliers(TypedDict):
+    """Values beyond the log-IQR fences (counted, never removed)."""
+
+    count: int
+    fraction: float
+    low_fence: float | None
+    high_fence: float | None
+
+
+class RankTests(TypedDict):
+    mann_whitney_p: float | None
+    hl_speedup: float | None  # Hodges-Lehmann shift, as a speedup
+    hl_lower: float | None
+    hl_upper: float | None
+
+
+class Adjusted(Interval):
+    """The E2E speedup adjusted for output (and prompt) length by regression."""
+
+    n: int
+    r_squared: float | None
+    covariates: list[str]
+
+
+class Sequential(TypedDict):
+    """Anytime-valid tests; ratios are speculative / baseline."""
+
+    p99_ratio_lower: float | None
+    p99_ratio_upper: float | None
+    median_ratio_lower: float | None
+    median_ratio_upper: float | None
+    p99_slower: bool
+    median_faster: bool
+    median_slower: bool
+    verdict: Verdict
+
+
+class MetricResult(TypedDict):
+    """One metric of one window: both arms' summaries and every comparison."""
+
+    n: dict[str, int]  # per arm: samples used
+    speedup: dict[str, Speedup]  # per statistic (`STATISTICS`)
+    summary: dict[str, dict[str, float | None]]  # per arm, per statistic; seconds
+    outliers: dict[str, Outliers]  # per arm
+    rank_tests: RankTests
+    samples_for_5pct_median: int | None  # per arm, 80 % power
+    adjusted: Adjusted | None  # e2e only
+    sequential: Sequential | None  # None while an arm is empty
+    verdict: Verdict
+
+
+class EngineArm(TypedDict):
+    """One arm's scraped engine metrics over the window."""
+
+    samples: int
+    restarts: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    num_speculative_tokens: int | None
+    requests_running: float | None
+    kv_cache_usage: float | None
+
+
+class Reason(TypedDict):
+    code: str
+    message: str
+
+
+class Diagnosis(TypedDict):
+    summary: str
+    reasons: list[Reason]
+    implied_draft_cost: float | None
+
+
+class WindowComparison(TypedDict):
+    """The comparison of the arms over one window of one model (`stats.compare`)."""
+
+    design: Literal["split", "paired"]  # paired when mirrored pairs >= primary requests
+    pairs: int
+    samples: dict[str, int]  # per arm: usable requests after warm-up exclusion
+    metrics: dict[str, MetricResult]  # per metric (`METRICS`)
+    engine: dict[str, EngineArm]  # per arm
+    diagnosis: Diagnosis
+
+
+class WindowResult(WindowComparison):
+    """One window of one model (or of all models), as the job publishes it (`stats.job`)."""
+
+    window_s: float | None  # None: the whole run
+    excluded_warmup: dict[str, int]  # per arm: usable requests left out as warm-up
+
+
+class Settings(TypedDict):
+    """The knobs the result was computed with, and the lists its readers iterate over."""
+
+    resamples: int
+    confidence: float
+    alpha: float
+    p99_tolerance: float
+    warmup_requests: int
+    seed: int
+    restart_warmup_requests: int  # scrape.warmup_requests
+    restart_warmup_seconds: float  # scrape.warmup_seconds
+    statistics: NotRequired[list[str]]  # `STATISTICS` (absent in results stored before)
+    metrics: NotRequired[dict[str, dict[str, str]]]  # `METRICS`: {name: {column, label}}
+
+
+class StatsResult(TypedDict):
+    """The whole result of one stats run (`GET /api/stats`)."""
+
+    schema_version: int
+    run_id: str
+    computed_at: float  # Unix time
+    duration_s: float
+    window_end: float  # Unix time; windows are [window_end - w, window_end]
+    settings: Settings
+    results: dict[str, dict[str, WindowResult]]  # model or "all" -> window label -> result
+
+
+def settings_lists() -> tuple[list[str], dict[str, dict[str, str]]]:
+    """The `statistics` and `metrics` entries of `Settings`, from `STATISTICS` and `METRICS`."""
+    return list(STATISTICS), {name: m._asdict() for name, m in METRICS.items()}
+
+
+def to_json(result: StatsResult, *, indent: int | None = None) -> str:
+    """The result as JSON text (what `/api/stats` and `specproxy stats --json` print)."""
+    return json.dumps(result, indent=indent)
