@@ -9,9 +9,10 @@ points, evenly thinned, the newest always kept, so a long run stays a small resp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from specproxy.report.summary import ARMS, METRICS, main_window
+from specproxy.stats.result import StatsResult
 
 __all__ = ["CHART_STATISTICS", "MAX_POINTS", "chart_points"]
 
@@ -54,7 +55,7 @@ def chart_points(
     """One point per stored result that has a comparison, oldest first, at most `limit`."""
     points = []
     for t, result in rows:
-        window = main_window(result)
+        window = main_window(cast(StatsResult, result))  # stored by the stats job
         if window is not None:
             points.append(_point(float(t), window))
     if len(points) <= limit:
