@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import numpy as np
@@ -87,7 +88,10 @@ async def test_open_loop_count_and_split(aiohttp_server: AiohttpServer) -> None:
     assert [r.index for r in results] == list(range(60))
     assert sorted(seen) == list(range(60))
     assert len(spec.bodies) + len(base.bodies) == 60
-    assert 15 < len(spec.bodies) < 45  # both arms get a share of a random split
+    assert len(spec.bodies) == len(base.bodies) == 30  # balanced rounds, not a random split
+    # each round sends one prompt to both arms: the arms see the same prompts
+    prompts = sorted(json.dumps(b["messages"]) for b in spec.bodies)
+    assert prompts == sorted(json.dumps(b["messages"]) for b in base.bodies)
     assert all(r.ok for r in results)
     assert all(r.lateness_ns >= 0 for r in results)
 

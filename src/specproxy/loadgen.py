@@ -202,13 +202,19 @@ class LoadGenerator:
         self.skipped = 0  # open-loop arrivals dropped because max_inflight was reached
         self._rng = np.random.default_rng(seed)
         self._index = 0
+        self._round: tuple[Prompt, list[int]] | None = None
 
     def _next(self) -> tuple[int, Target, Prompt]:
+        """Balanced rounds: each prompt (drawn at random) goes to every target once, in an
+        order shuffled per round, so the arms get the same prompts and counts within one."""
         index = self._index
         self._index += 1
-        target = self.targets[int(self._rng.integers(len(self.targets)))]
-        prompt = self.prompts[int(self._rng.integers(len(self.prompts)))]
-        return index, target, prompt
+        slot = index % len(self.targets)
+        if slot == 0 or self._round is None:
+            prompt = self.prompts[int(self._rng.integers(len(self.prompts)))]
+            self._round = (prompt, [int(i) for i in self._rng.permutation(len(self.targets))])
+        prompt, order = self._round
+        return index, self.targets[order[slot]], prompt
 
     async def send(
         self, index: int, target: Target, prompt: Prompt, *, lateness_ns: int = 0

@@ -91,3 +91,52 @@ def test_cli_json_summary(tmp_path: Path) -> None:
     assert block["run_id"] == "cli" and block["arms"][0]["arm"] == "speculative"
     assert block["arms"][0]["n"] == 12
     assert block["overhead"]["parse_p50_s"] > 0
+    arm = block["arms"][0]
+    # throughput as vllm bench serve prints it, over the block's wall time
+    assert block["throughput"]["requests_per_s"] == pytest.approx(12 / block["wall_s"])
+    assert arm["throughput"]["output_tokens_per_s"] == pytest.approx(
+        arm["output_tokens"] / block["wall_s"]
+    )
+    assert arm["output_tokens"] > 0
+    # the JSON's acceptance is the table's: a value always has its source
+    assert (arm["acceptance_rate"] is None) == (arm["acceptance_source"] is None)
+    assert block["speedups"] == {}  # one arm: nothing to compare
+
+
+def test_tables_print_cis_and_no_p99_without_its_samples() -> None:
+    from rich.console import Console
+
+    from specproxy.bench.harness import BlockResult
+    from specproxy.bench.summary import ArmSummary
+    from specproxy.records import Arm
+
+    def arm(which: Arm, n: int, acceptance: float | None) -> ArmSummary:
+        return ArmSummary(which, n, 0, 0.1, 0.3, 0.01, 0.002, 2.5, acceptance, 3.0, 1000, 5000)
+
+    block = BlockResult(
+        run_id="r",
+        temperature=0.0,
+        arms=[arm(Arm.SPECULATIVE, 100, None), arm(Arm.BASELINE, 400, None)],
+        overhead=None,
+        engine_acceptance={"speculative": 0.61, "baseline": None},
+        wall_s=10.0,
+        speedups={
+            "e2e": {
+                "median": {"status": "ok", "estimate": 2.16, "lower": 1.89, "upper": 2.42},
+                "p99": {"status": "insufficient", "n_needed": {"speculative": 268, "baseline": 0}},
+            }
+        },
+    )
+    console = Console(record=True, width=160)
+    console.print(cli._block_table(block))
+    for line in (*cli._speedup_lines(block), *cli._throughput_lines(block)):
+        console.print(line)
+    text = console.export_text()
+    assert "needs 268 more" in text and "300.0 ms" in text  # P99 only for the arm with 400
+    assert "E2E speedup (baseline / speculative, 95% CI): median 2.16x [1.89, 2.42]" in text
+    assert "p99: needs 268 more per arm" in text
+    assert "61.0%" in text  # the engine's acceptance, as the JSON gives it
+    assert "throughput all: 50.00 req/s, 1000.0 output tok/s, 1200.0 total tok/s" in text
+    data = cli._jsonable(block)
+    assert data["arms"][0]["acceptance_rate"] == 0.61
+    assert data["arms"][0]["acceptance_source"] == "engine"

@@ -59,3 +59,35 @@ def test_summary_per_arm() -> None:
     assert overhead is not None
     assert overhead.parse_p50_s == pytest.approx(1e-5)
     assert overhead.parse_share == pytest.approx(1e-5 / 0.1)
+
+
+def test_speedups_carry_cis_and_never_a_p99_without_its_samples() -> None:
+    import numpy as np
+
+    from specproxy.bench.summary import speedups
+
+    rng = np.random.default_rng(1)
+    results = [_result(Arm.SPECULATIVE, float(v)) for v in rng.lognormal(np.log(50), 0.2, 400)]
+    results += [_result(Arm.BASELINE, float(v)) for v in rng.lognormal(np.log(100), 0.2, 400)]
+    ci = speedups(results, resamples=400)["e2e"]
+    median, p99 = ci["median"], ci["p99"]
+    assert median["status"] == "ok" and median["lower"] < 2.0 < median["upper"]
+    assert median["lower"] <= median["estimate"] <= median["upper"]
+    assert p99["status"] == "ok"  # 400 >= 368 per arm: a 95% P99 CI exists
+    few = speedups(results[:100] + results[400:500], resamples=200)["e2e"]
+    assert few["median"]["status"] == "ok"
+    assert few["p99"] == {
+        "status": "insufficient",
+        "n_needed": {"baseline": 268, "speculative": 268},
+    }
+
+
+def test_speedups_need_both_arms() -> None:
+    from specproxy.bench.summary import speedups
+
+    assert speedups([_result(Arm.SPECULATIVE, 10.0)] * 5) == {}
+
+
+def test_summary_totals_tokens_for_throughput() -> None:
+    (spec,) = summarise([_result(Arm.SPECULATIVE, 10.0), _result(Arm.SPECULATIVE, 12.0)])
+    assert spec.output_tokens == 18  # 9 completion tokens each

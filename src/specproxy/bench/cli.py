@@ -1,7 +1,32 @@
 """`specproxy bench`: flags -> `harness.run_bench`, then one table per temperature.
 
-The tables (per arm: n, errors, E2E/TTFT/TPOT, tokens per event, acceptance) and the harness's
-own overhead are printed; `--json FILE` writes the same summary for machines.
+Per block it prints, per arm: n, errors, E2E p50/p99, TTFT and TPOT p50, tokens per event and
+acceptance; a P99 only once the arm has the samples its distribution-free 95% CI needs (368),
+else how many it lacks. Then the speedups (baseline / speculative) of E2E and TPOT, median and
+P99, each with its bootstrap CI from the stats module (`bench.summary.speedups`); throughput per
+arm and overall (requests/s, output tokens/s, total tokens/s, as `vllm bench serve` prints
+them, over the block's wall time); and the harness's own overhead.
+
+`--json FILE` writes a list with one object per block (temperature):
+
+    run_id: str                    the block's run id in the store
+    temperature: float
+    wall_s: float                  the block's wall-clock time
+    arms: [                        one per arm, speculative first ("proxy" through --proxy)
+      {arm, n, errors, e2e_p50_s, e2e_p99_s, ttft_p50_s, tpot_p50_s, tokens_per_event,
+       acceptance_rate,            what the table shows: the engine's counter deltas over the
+       acceptance_source,          block ("engine") when scraped, else the mean per-request
+                                   rate vLLM reported ("requests"), else null (no speculation)
+       mean_acceptance_length, prompt_tokens, output_tokens,
+       throughput: {requests_per_s, output_tokens_per_s, total_tokens_per_s}}
+    ]
+    throughput: {requests_per_s, output_tokens_per_s, total_tokens_per_s}   all arms together
+    speedups: {e2e|tpot: {median|p99: {status: "ok", estimate, lower, upper}
+                                      | {status: "insufficient", n_needed: {arm: int}}}}
+    engine_acceptance: {arm: float | null}
+    overhead: {parse_p50_s, parse_p99_s, lateness_p50_s, lateness_p99_s, e2e_p50_s} | null
+
+Times are seconds, rates per second.
 """
 
 from __future__ import annotations
@@ -18,10 +43,11 @@ from rich.console import Console
 from rich.table import Table
 
 from specproxy.bench.harness import BlockResult, run_bench
-from specproxy.bench.summary import HarnessOverhead
+from specproxy.bench.summary import CONFIDENCE, ArmSummary, HarnessOverhead
 from specproxy.errors import ConfigError
 from specproxy.loadgen import Target
 from specproxy.records import Arm
+from specproxy.stats.quantile import samples_needed
 
 __all__ = ["DEFAULT_STORE", "configure", "run"]
 
@@ -89,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     )
     for block in blocks:
         console.print(_block_table(block))
+        for line in (*_speedup_lines(block), *_throughput_lines(block)):
+            console.print(line, highlight=False)
         console.print(_overhead_line(block.overhead, open_loop=args.rate is not None))
     if args.proxy is None:
         console.print(
@@ -132,6 +160,31 @@ def _warmup(text: str) -> int | None:
     raise ConfigError(f"--warmup must be 'auto' or a count, got {text!r}")
 
 
+def _acceptance(block: BlockResult, summary: ArmSummary) -> tuple[float | None, str | None]:
+    """The acceptance shown for an arm, and where it came from (JSON: the same value)."""
+    name = summary.arm.value if summary.arm is not None else "proxy"
+    engine = block.engine_acceptance.get(name)
+    if engine is not None:
+        return engine, "engine"
+    if summary.acceptance_rate is not None:
+        return summary.acceptance_rate, "requests"
+    return None, None
+
+
+def _throughput(requests: int, prompt: int, output: int, wall_s: float) -> dict[str, float]:
+    wall = wall_s if wall_s > 0 else float("nan")
+    return {
+        "requests_per_s": requests / wall,
+        "output_tokens_per_s": output / wall,
+        "total_tokens_per_s": (prompt + output) / wall,
+    }
+
+
+def _p99_cell(summary: ArmSummary) -> str:
+    missing = samples_needed("p99", summary.n, CONFIDENCE)
+    return _ms(summary.e2e_p99_s) if missing == 0 else f"needs {missing} more"
+
+
 def _block_table(block: BlockResult) -> Table:
     table = Table(title=f"run {block.run_id}: temperature {block.temperature:g}")
     for column in ("arm", "n", "err", "E2E p50", "E2E p99", "TTFT p50", "TPOT p50", "tok/event"):
@@ -139,26 +192,61 @@ def _block_table(block: BlockResult) -> Table:
     table.add_column("acceptance", justify="right")
     for s in block.arms:
         name = s.arm.value if s.arm is not None else "proxy"
-        engine = block.engine_acceptance.get(name)
-        acceptance = engine if engine is not None else s.acceptance_rate
+        acceptance, _ = _acceptance(block, s)
         table.add_row(
             name,
             str(s.n),
             str(s.errors),
             _ms(s.e2e_p50_s),
-            _ms(s.e2e_p99_s),
+            _p99_cell(s),
             _ms(s.ttft_p50_s),
             _ms(s.tpot_p50_s),
             f"{s.tokens_per_event:.2f}" if s.tokens_per_event is not None else "-",
             f"{acceptance:.1%}" if acceptance is not None else "-",
         )
-    by_arm = {s.arm: s for s in block.arms}
-    spec, base = by_arm.get(Arm.SPECULATIVE), by_arm.get(Arm.BASELINE)
-    if spec and base and spec.e2e_p50_s and base.e2e_p50_s:
-        table.caption = (
-            f"median E2E speedup (baseline / speculative): {base.e2e_p50_s / spec.e2e_p50_s:.2f}x"
-        )
     return table
+
+
+def _speedup_lines(block: BlockResult) -> list[str]:
+    """One line per metric: median and P99 speedups with their 95% CIs, or what they lack."""
+    lines = []
+    for metric, label in (("e2e", "E2E"), ("tpot", "TPOT")):
+        cells = []
+        for stat, ci in block.speedups.get(metric, {}).items():
+            if ci["status"] == "ok":
+                cells.append(f"{stat} {ci['estimate']:.2f}x [{ci['lower']:.2f}, {ci['upper']:.2f}]")
+            else:
+                cells.append(f"{stat}: needs {max(ci['n_needed'].values())} more per arm")
+        if cells:
+            lines.append(f"{label} speedup (baseline / speculative, 95% CI): " + "; ".join(cells))
+    return lines
+
+
+def _throughput_lines(block: BlockResult) -> list[str]:
+    lines = []
+    for s in block.arms:
+        t = _throughput(s.n, s.prompt_tokens, s.output_tokens, block.wall_s)
+        name = s.arm.value if s.arm is not None else "proxy"
+        lines.append(_throughput_text(name, t))
+    if len(block.arms) > 1:
+        lines.append(_throughput_text("all", _block_throughput(block)))
+    return lines
+
+
+def _block_throughput(block: BlockResult) -> dict[str, float]:
+    return _throughput(
+        sum(s.n for s in block.arms),
+        sum(s.prompt_tokens for s in block.arms),
+        sum(s.output_tokens for s in block.arms),
+        block.wall_s,
+    )
+
+
+def _throughput_text(name: str, t: dict[str, float]) -> str:
+    return (
+        f"throughput {name}: {t['requests_per_s']:.2f} req/s, "
+        f"{t['output_tokens_per_s']:.1f} output tok/s, {t['total_tokens_per_s']:.1f} total tok/s"
+    )
 
 
 def _overhead_line(overhead: HarnessOverhead | None, *, open_loop: bool) -> str:
@@ -181,7 +269,13 @@ def _ms(seconds: float | None) -> str:
 
 
 def _jsonable(block: BlockResult) -> dict[str, Any]:
+    """The documented --json object of one block (schema in the module docstring)."""
     data = asdict(block)
-    for arm in data["arms"]:
-        arm["arm"] = arm["arm"].value if arm["arm"] is not None else None
+    for arm, summary in zip(data["arms"], block.arms, strict=True):
+        arm["arm"] = summary.arm.value if summary.arm is not None else "proxy"
+        arm["acceptance_rate"], arm["acceptance_source"] = _acceptance(block, summary)
+        arm["throughput"] = _throughput(
+            summary.n, summary.prompt_tokens, summary.output_tokens, block.wall_s
+        )
+    data["throughput"] = _block_throughput(block)
     return data

@@ -1,7 +1,8 @@
 """The offline harness behind `specproxy bench`: a controlled comparison without live traffic.
 
-It drives one endpoint (`--url`), two arms directly (`--speculative` + `--baseline`, a random
-50/50 split, no proxy in between), or the proxy (`--proxy`). Warm-up requests are sent first and
+It drives one endpoint (`--url`), two arms directly (`--speculative` + `--baseline`, balanced:
+each prompt goes to both arms in turn, `loadgen.LoadGenerator`; no proxy in between), or the
+proxy (`--proxy`). Warm-up requests are sent first and
 never recorded; then `--requests` requests per temperature, closed loop (`--concurrency`) or open
 loop (`--rate`). Direct runs write the same `RequestRecord` rows as the proxy into the store, so
 `specproxy stats` and `specproxy report` apply unchanged; through the proxy, the proxy records.
@@ -14,14 +15,20 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specproxy.bench.summary import ArmSummary, HarnessOverhead, harness_overhead, summarise
+from specproxy.bench.summary import (
+    ArmSummary,
+    HarnessOverhead,
+    harness_overhead,
+    speedups,
+    summarise,
+)
 from specproxy.bench.warmup import is_stable, per_token_latency
 from specproxy.config import StoreConfig
 from specproxy.errors import ConfigError, ScrapeError
@@ -46,6 +53,8 @@ class BlockResult:
     overhead: HarnessOverhead | None
     engine_acceptance: dict[str, float | None]  # arm -> acceptance from /metrics deltas
     wall_s: float
+    # metric -> statistic -> CI or insufficient (`summary.speedups`); empty with one arm
+    speedups: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 async def run_bench(
@@ -99,6 +108,7 @@ async def run_bench(
                         if r.arm is not None:
                             store.record(r.to_record(run_id=block_id, options=options))
                     await store.flush()
+                cis = await asyncio.to_thread(speedups, results, seed=seed + i)
                 blocks.append(
                     BlockResult(
                         run_id=block_id,
@@ -107,6 +117,7 @@ async def run_bench(
                         overhead=harness_overhead(results),
                         engine_acceptance=_engine_acceptance(before, after, block_id),
                         wall_s=wall,
+                        speedups=cis,
                     )
                 )
             return blocks

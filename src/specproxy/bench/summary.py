@@ -8,13 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from specproxy.loadgen import ClientResult
 from specproxy.records import Arm
 
-__all__ = ["ArmSummary", "HarnessOverhead", "harness_overhead", "summarise"]
+__all__ = [
+    "BENCH_STATISTICS",
+    "ArmSummary",
+    "HarnessOverhead",
+    "harness_overhead",
+    "speedups",
+    "summarise",
+]
+
+BENCH_STATISTICS = ("median", "p99")
+CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +42,8 @@ class ArmSummary:
     tokens_per_event: float | None
     acceptance_rate: float | None  # mean of the per-request rates vLLM reported
     mean_acceptance_length: float | None
+    prompt_tokens: int = 0  # totals over the successful requests (for throughput)
+    output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +106,50 @@ def _summary(arm: Arm | None, rows: list[ClientResult]) -> ArmSummary:
         mean_acceptance_length=_mean(
             [r.mean_acceptance_length for r in ok if r.mean_acceptance_length is not None]
         ),
+        prompt_tokens=sum(r.measures.prompt_tokens or 0 for r in ok),
+        output_tokens=sum(r.measures.output_tokens or 0 for r in ok),
     )
+
+
+def speedups(
+    results: Sequence[ClientResult], *, seed: int = 0, resamples: int = 2000
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Speedup = baseline / speculative of E2E and TPOT, median and P99, each with its bootstrap
+    CI from the stats module (`split_speedup_intervals`, the stats job's own), or
+    {"status": "insufficient", "n_needed": {arm: more}} while an arm lacks the samples the
+    statistic's distribution-free CI needs (a P99 needs 368 per arm at 95%)."""
+    from specproxy.stats.bootstrap import split_speedup_intervals
+    from specproxy.stats.quantile import samples_needed
+
+    ok = [r for r in results if r.ok]
+    values: dict[str, dict[Arm, list[float]]] = {"e2e": {}, "tpot": {}}
+    for r in ok:
+        if r.arm is None:
+            continue
+        values["e2e"].setdefault(r.arm, []).append(r.e2e_ns / 1e9)
+        if r.measures.tpot_s is not None:
+            values["tpot"].setdefault(r.arm, []).append(r.measures.tpot_s)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    rng = np.random.default_rng(seed)
+    for metric, by_arm in values.items():
+        base = np.asarray(by_arm.get(Arm.BASELINE, []), dtype=np.float64)
+        spec = np.asarray(by_arm.get(Arm.SPECULATIVE, []), dtype=np.float64)
+        if base.size == 0 or spec.size == 0:
+            continue
+        cis = split_speedup_intervals(
+            base, spec, statistics=BENCH_STATISTICS, rng=rng, resamples=resamples
+        )
+        out[metric] = {}
+        for stat in BENCH_STATISTICS:
+            needed = {
+                arm.value: samples_needed(stat, arr.size, CONFIDENCE)
+                for arm, arr in ((Arm.BASELINE, base), (Arm.SPECULATIVE, spec))
+            }
+            if any(needed.values()):
+                out[metric][stat] = {"status": "insufficient", "n_needed": needed}
+            else:
+                out[metric][stat] = {"status": "ok", **cis[stat].to_dict()}
+    return out
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
