@@ -170,6 +170,7 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     assert len(embedded) == len(pngs)
     assert all(base64.b64decode(b).startswith(b"\x89PNG") for b in embedded)
     assert "http://" not in html and "https://" not in html  # self-contained
+    assert re.search(r"Requests from .* to .* \(\d+ s\)\.", html)  # a short run in seconds
     speedup = window["metrics"]["e2e"]["speedup"]["median"]["estimate"]
     assert fmt_ratio(speedup) in html
     for section in ("Verdicts", "Speedups", "Per arm", "Diagnosis", "Methodology"):

@@ -235,7 +235,9 @@ def _span(data: ReportData) -> str:
     if data.span is None:
         return ""
     start, end = data.span
-    return f"Requests from {_time(start)} to {_time(end)} ({(end - start) / 60:.1f} min)."
+    seconds = end - start
+    length = f"{seconds:.0f} s" if seconds < 300 else f"{seconds / 60:.1f} min"
+    return f"Requests from {_time(start)} to {_time(end)} ({length})."
 
 
 def _time(t: float | None) -> str:
