@@ -4,6 +4,8 @@ Processes (each its own interpreter, uvloop everywhere):
   upstream  a raw-asyncio HTTP/1.1 server answering every POST with the real vLLM non-streaming
             body (`chat_nonstream_spec.json`): as cheap as possible, so it is not the bottleneck;
   sse-upstream  (streaming mode) a paced SSE mock: `--events` chunks `--gap-ms` apart;
+  replay-upstream  (stream-throughput mode) replays the recorded vLLM chat stream, one event
+            per HTTP chunk, `--replay-gap-ms` apart;
   bare      the few-line aiohttp pass-through (one ClientSession, read body, post, return or
             stream through);
   proxy     specproxy's app (routing, JSON body parse, usage parse, record, Prometheus), with the
@@ -16,11 +18,15 @@ per trial, then the median over trials. Throughput: closed loop, `--connections`
 connections for `--seconds` per target, trials alternating bare / proxy; beside req/s it prints
 requests per CPU-second of the target process, which is what one process could serve with a
 core to itself (req/s on a shared machine mostly measures the other tenants). Streaming:
-sequential streams, interleaved; added TTFT and added inter-event gap at p50/p99. The load
+sequential streams, interleaved; added TTFT and added inter-event gap at p50/p99. Streaming
+throughput: closed loop, `--stream-connections` clients each streaming the recorded vLLM chat
+stream back to back, trials alternating bare / proxy; streams/s and events/s (events counted at
+the client), each also per CPU-second of the target, and the proxy/bare ratio. The load
 average is printed at start and end. With `--pin`, processes are pinned (Linux taskset).
 
     .venv/bin/python benchmarks/bench_proxy.py --mode all --pin 0,1,1,0 [--rounds 3000]
         [--seconds 5] [--connections 64] [--trials 3] [--streams 20] [--events 64] [--gap-ms 20]
+        [--stream-connections 32] [--replay-gap-ms 1]
         [--workers N]   # the proxy target is `specproxy serve --workers N` (CPU of all workers)
 """
 
@@ -138,6 +144,71 @@ def run_sse_upstream(port: int, events: int, gap_s: float) -> None:
 
     async def main() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    _run(main())
+
+
+FIXTURES = BODY.parent
+
+
+def run_replay_upstream(port: int, gap_s: float) -> None:
+    """Replays a recorded vLLM chat stream (`chat_stream_{usage,nousage}_spec.sse`, the one
+    that matches the request's `include_usage`), one event per HTTP chunk as uvicorn writes
+    them, `gap_s` apart (0: all at once). Raw asyncio, so that it is not the bottleneck."""
+    head = (
+        b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+    replies = {}
+    for usage in (True, False):
+        raw = (FIXTURES / f"chat_stream_{'usage' if usage else 'nousage'}_spec.sse").read_bytes()
+        events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+        replies[usage] = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+        replies[usage][-1] += b"0\r\n\r\n"
+
+    class Upstream(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: Any = transport
+            self.buf = b""
+
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            while True:
+                head_end = self.buf.find(b"\r\n\r\n")
+                if head_end < 0:
+                    return
+                lowered = self.buf[:head_end].lower()
+                at = lowered.find(b"content-length:")
+                line_end = lowered.find(b"\r\n", at)
+                stop = line_end if line_end > 0 else len(lowered)
+                length = int(lowered[at + 15 : stop]) if at >= 0 else 0
+                end = head_end + 4 + length
+                if len(self.buf) < end:
+                    return
+                get = self.buf.startswith(b"GET")
+                body = self.buf[head_end + 4 : end]
+                self.buf = self.buf[end:]
+                if get:  # the proxy's scraper: nothing to scrape
+                    self.transport.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    continue
+                chunks = replies[b'"include_usage":true' in body]
+                if not gap_s:
+                    self.transport.write(head + b"".join(chunks))
+                    continue
+                self.transport.write(head)
+                loop = asyncio.get_running_loop()
+                for i, piece in enumerate(chunks):
+                    loop.call_later((i + 1) * gap_s, self._write, piece)
+
+        def _write(self, piece: bytes) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(piece)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Upstream, "127.0.0.1", port, backlog=4096)
         print(server.sockets[0].getsockname()[1], flush=True)
         await asyncio.Event().wait()
 
@@ -375,6 +446,91 @@ async def stream_latency(
     return out
 
 
+async def stream_throughput(
+    port: int, connections: int, seconds: float, pid: int
+) -> tuple[float, float, float, float]:
+    """Closed-loop streams: (streams/s, events/s, streams/CPU-s, events/CPU-s of the target).
+
+    `connections` keep-alive clients (specproxy's lean client, the same for every target) each
+    send a streamed chat request as soon as the previous stream ended; events are counted at the
+    client by their blank-line ends. The first quarter (at most 1 s) is warm-up."""
+    from specproxy.proxy.upstream import UpstreamPool
+
+    pool = UpstreamPool("127.0.0.1", port, connect_timeout=5.0, read_timeout=60.0)
+    headers = [("Content-Type", "application/json")]
+    streams = events = 0
+    start = time.perf_counter()
+    stop = start + seconds
+    warm_until = start + min(1.0, seconds / 4)
+    started_at: float | None = None
+    cpu_at_start = 0.0
+
+    async def loop() -> None:
+        nonlocal streams, events, started_at, cpu_at_start
+        while time.perf_counter() < stop:
+            resp = await pool.post(PATH, STREAM_BODY, headers)
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}")
+            n = 0
+            tail = b""
+            while data := await resp.readany():
+                tail += data
+                n += tail.count(b"\n\n")
+                tail = tail[tail.rfind(b"\n\n") + 2 :] if b"\n\n" in tail else tail
+            resp.release()
+            now = time.perf_counter()
+            if now >= warm_until:
+                if started_at is None:
+                    started_at = now
+                    cpu_at_start = cpu_seconds(pid)
+                    continue
+                streams += 1
+                events += n
+
+    await asyncio.gather(*(loop() for _ in range(connections)))
+    cpu = cpu_seconds(pid) - cpu_at_start
+    await pool.close()
+    assert started_at is not None
+    wall = time.perf_counter() - started_at
+    return streams / wall, events / wall, streams / cpu, events / cpu
+
+
+def report_stream_throughput(
+    ports: dict[str, int], pids: dict[str, int], args: argparse.Namespace
+) -> None:
+    import uvloop
+
+    print(
+        f"streaming throughput: a recorded vLLM chat stream (chat_stream_*_spec.sse, 12 events"
+        f" to the client) replayed {args.replay_gap_ms:g} ms apart, {args.stream_connections}"
+        f" connections, {args.seconds:.0f} s per trial, {args.trials} alternating trials;"
+        " per CPU-s = per CPU-second of the target process:"
+    )
+    rates: dict[str, list[tuple[float, float, float, float]]] = {"bare": [], "proxy": []}
+    for _ in range(args.trials):
+        for name in rates:
+            rates[name].append(
+                uvloop.run(
+                    stream_throughput(
+                        ports[name], args.stream_connections, args.seconds, pids[name]
+                    )
+                )
+            )
+    medians = {}
+    for name, values in rates.items():
+        med = medians[name] = [statistics.median(v[i] for v in values) for i in range(4)]
+        print(
+            f"  {name:8} streams/s median {med[0]:6.0f}  events/s median {med[1]:7.0f}"
+            f"   streams/CPU-s median {med[2]:6.0f}  events/CPU-s median {med[3]:7.0f}"
+            f"   (streams/s trials: {', '.join(f'{v[0]:.0f}' for v in values)})"
+        )
+    bare, proxy = medians["bare"], medians["proxy"]
+    print(
+        f"  proxy/bare streams/s {proxy[0] / bare[0]:.2f}x, streams/CPU-s"
+        f" {proxy[2] / bare[2]:.2f}x (target >= 0.9x)"
+    )
+
+
 def report_stream(ports: dict[str, int], args: argparse.Namespace) -> None:
     import uvloop
 
@@ -460,13 +616,16 @@ def spawn_serve(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--role", choices=["upstream", "sse-upstream", "bare", "proxy"])
+    parser.add_argument(
+        "--role", choices=["upstream", "sse-upstream", "replay-upstream", "bare", "proxy"]
+    )
     parser.add_argument("--upstream-url")
     parser.add_argument(
         "--mode",
-        choices=["nonstream", "stream", "all"],
+        choices=["nonstream", "stream", "stream-throughput", "all"],
         default="nonstream",
-        help="non-streaming latency + throughput, streaming TTFT/gaps, or both",
+        help="non-streaming latency + throughput, streaming TTFT/gaps, streaming throughput"
+        " (streams/s, events/s), or all three",
     )
     parser.add_argument("--rounds", type=int, default=3000, help="latency rounds per trial")
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -483,6 +642,15 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=64, help="SSE events per stream")
     parser.add_argument("--gap-ms", type=float, default=20.0, help="pacing of the SSE mock")
     parser.add_argument(
+        "--stream-connections", type=int, default=32, help="streaming throughput connections"
+    )
+    parser.add_argument(
+        "--replay-gap-ms",
+        type=float,
+        default=1.0,
+        help="streaming throughput: pacing of the recorded stream's events (0: all at once)",
+    )
+    parser.add_argument(
         "--pin",
         metavar="CPUS",
         help="pin upstream,bare,proxy,loadgen to these 4 CPUs, e.g. 0,1,1,0 (Linux taskset)",
@@ -492,6 +660,8 @@ def main() -> None:
         return run_upstream(0)
     if args.role == "sse-upstream":
         return run_sse_upstream(0, args.events, args.gap_ms / 1000.0)
+    if args.role == "replay-upstream":
+        return run_replay_upstream(0, args.replay_gap_ms / 1000.0)
     if args.role == "bare":
         return run_bare(0, args.upstream_url)
     if args.role == "proxy":
@@ -514,6 +684,10 @@ def main() -> None:
         sse = ["--events", str(args.events), "--gap-ms", str(args.gap_ms)]
         with _targets(args, "sse-upstream", cpus, sse) as (ports, _):
             report_stream(ports, args)
+    if args.mode in ("stream-throughput", "all"):
+        replay = ["--replay-gap-ms", str(args.replay_gap_ms)]
+        with _targets(args, "replay-upstream", cpus, replay) as (ports, pids):
+            report_stream_throughput(ports, pids, args)
     print(f"load average at end: {_loadavg()}")
 
 
