@@ -426,7 +426,7 @@ async def stream_latency(
     """Sequential streams, interleaved across targets round by round (3 warm-up rounds).
 
     The client is specproxy's lean HTTP/1.1 client: cheap, and the same for every target."""
-    from specproxy.proxy.upstream import UpstreamPool
+    from specproxy.proxy.transports.lean import UpstreamPool
 
     pools = {
         name: UpstreamPool("127.0.0.1", port, connect_timeout=5.0, read_timeout=60.0)
@@ -454,7 +454,7 @@ async def stream_throughput(
     `connections` keep-alive clients (specproxy's lean client, the same for every target) each
     send a streamed chat request as soon as the previous stream ended; events are counted at the
     client by their blank-line ends. The first quarter (at most 1 s) is warm-up."""
-    from specproxy.proxy.upstream import UpstreamPool
+    from specproxy.proxy.transports.lean import UpstreamPool
 
     pool = UpstreamPool("127.0.0.1", port, connect_timeout=5.0, read_timeout=60.0)
     headers = [("Content-Type", "application/json")]

@@ -22,6 +22,7 @@ from pytest_aiohttp import AiohttpServer
 
 from specproxy.app import create_app
 from specproxy.config import Config
+from specproxy.errors import ErrorKind
 from specproxy.loadgen import LoadGenerator, RequestOptions, Target
 from specproxy.prompts import Prompt
 from specproxy.proxy.recorder import MemoryRecorder
@@ -80,8 +81,8 @@ def test_token_ids_stand_in_for_usage_only_when_every_event_had_them() -> None:
 def test_failed_request_has_no_tpot_and_an_unfinished_one_ends_now() -> None:
     events = _Events(first_content_at=1.0, n_events=2, usage={"completion_tokens": 5})
     timings = RequestTimings(request_start=0.0, upstream_start=0.5, events=events)
-    timings.fail("broken", 200)
-    timings.fail("disconnected", 499)  # the first failure and the first status win
+    timings.fail(ErrorKind.BROKEN, 200)
+    timings.fail(ErrorKind.DISCONNECTED, 499)  # the first failure and the first status win
     m = derive(timings, now=4.0)
     assert m.e2e_s == 4.0 and m.upstream_s == 3.5 and m.ttft_s == 1.0
     assert m.tpot_s is None and m.error_kind == "broken" and m.status == 200

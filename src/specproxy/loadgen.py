@@ -31,8 +31,10 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
+from specproxy.errors import ErrorKind
 from specproxy.prompts import Prompt
 from specproxy.proxy.sse import SSEScanner
+from specproxy.proxy.transports.aio import upstream_error
 from specproxy.records import Arm, RequestRecord
 from specproxy.timing import Measures, RequestTimings, derive
 
@@ -114,7 +116,7 @@ class ClientResult:
         return self.measures.status
 
     @property
-    def error_kind(self) -> str | None:
+    def error_kind(self) -> ErrorKind | None:
         return self.measures.error_kind
 
     @property
@@ -237,17 +239,15 @@ class LoadGenerator:
                     arm = Arm(served_by)
                 if resp.status >= 400:
                     await resp.read()
-                    timings.fail("http_4xx" if resp.status < 500 else "http_5xx")
+                    timings.fail(ErrorKind.HTTP_4XX if resp.status < 500 else ErrorKind.HTTP_5XX)
                 elif resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                     parse_ns = await _read_events(resp, timings)
                 else:
                     parse_ns = _read_body(await resp.read(), timings)
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
-            timings.fail("connect")
-        except TimeoutError:
-            timings.fail("timeout")
-        except (aiohttp.ClientError, json.JSONDecodeError, UnicodeDecodeError):
-            timings.fail("broken")
+        except (aiohttp.ClientError, TimeoutError, ConnectionRefusedError) as exc:
+            timings.fail(upstream_error(exc).kind)  # the proxy's one mapping of aiohttp's errors
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            timings.fail(ErrorKind.BROKEN)
         end = time.perf_counter()
         timings.request_end = end
         if timings.upstream_end is None:

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.values import MutexValue
 
 from specproxy import __version__
+from specproxy.errors import ErrorKind
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -59,6 +60,9 @@ PROXY_OVERHEAD = "specproxy_proxy_overhead_seconds"  # labels: arm, model; e2e m
 REQUEST_ACCEPTANCE_LENGTH = "specproxy_request_acceptance_length"  # labels: arm, model
 REQUESTS = "specproxy_requests"  # counter -> specproxy_requests_total{arm,status,model}
 UPSTREAM_ERRORS = "specproxy_upstream_errors"  # counter -> ..._total{arm,kind,model}
+# The `kind` values it counts: failures of the engine's answer, not the client leaving or the
+# proxy cancelling a shadow.
+UPSTREAM_ERROR_KINDS: tuple[ErrorKind, ...] = tuple(k for k in ErrorKind if not k.verdict_free)
 SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (shadow cap reached)
 # The proxy answered itself (bad JSON, too deep, too large, bad method): ..._total{reason}.
 REJECTED = "specproxy_rejected_requests"  # reason: proxy.limits.Rejection's values
@@ -220,7 +224,7 @@ class ProxyMetrics:
         )
         self.upstream_errors = Counter(
             UPSTREAM_ERRORS,
-            "Upstream failures by arm and kind (connect, timeout, broken, http_4xx, http_5xx).",
+            f"Upstream failures by arm and kind ({', '.join(UPSTREAM_ERROR_KINDS)}).",
             ["arm", "kind", "model"],
             registry=registry,
         )

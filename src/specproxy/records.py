@@ -11,6 +11,8 @@ import enum
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
+from specproxy.errors import ErrorKind
+
 __all__ = [
     "MODEL_MAX_BYTES",
     "RECORD_FIELDS",
@@ -77,9 +79,8 @@ class RequestRecord:
     mean_acceptance_length: float | None = None
     pair_id: str | None = None  # shared by a primary request and its mirrored shadow
     shadow: bool = False  # True when the response was read for timing and never returned
-    error_kind: str | None = (
-        None  # None on success; e.g. "connect", "timeout", "http_4xx", "broken"
-    )
+    error_kind: ErrorKind | None = None  # None on success
+
     disconnected: bool = False  # the client went away before the response finished
     engine_url: str | None = None  # the arm's endpoint that served it (None: never sent)
 
@@ -87,10 +88,15 @@ class RequestRecord:
         bounded = bound_model(self.model)
         if bounded is not self.model:
             object.__setattr__(self, "model", bounded)
+        kind = self.error_kind
+        if kind is not None and type(kind) is not ErrorKind:  # a stored or hand-made string
+            object.__setattr__(self, "error_kind", ErrorKind(kind))
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)
         row["arm"] = self.arm.value
+        if self.error_kind is not None:
+            row["error_kind"] = self.error_kind.value
         return row
 
     @classmethod

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from specproxy.errors import ErrorKind
 from specproxy.records import Arm, RequestRecord
 
 __all__ = ["ContentEvents", "Measures", "RequestTimings", "derive"]
@@ -66,13 +67,13 @@ class RequestTimings:
     upstream_end: float | None = None  # last upstream byte
     request_end: float | None = None
     status: int = 0  # the status the client got (0 until known)
-    error_kind: str | None = None  # the first failure; None while all goes well
+    error_kind: ErrorKind | None = None  # the first failure; None while all goes well
     disconnected: bool = False  # the client went away before the response finished
     events: ContentEvents | None = None  # a streamed (text/event-stream) response
     usage: Mapping[str, Any] | None = None  # a non-streaming body's `usage`
     speculative: Mapping[str, Any] | None = None  # its `metrics.speculative_decoding`
 
-    def fail(self, kind: str, status: int | None = None) -> None:
+    def fail(self, kind: ErrorKind, status: int | None = None) -> None:
         """Note a failure; the first one wins, and `status` only fills a status not yet known."""
         if self.error_kind is None:
             self.error_kind = kind
@@ -97,7 +98,7 @@ class Measures:
     max_gap_s: float | None = None
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
-    error_kind: str | None = None
+    error_kind: ErrorKind | None = None
     disconnected: bool = False
 
     def record(

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from specproxy.bench.summary import harness_overhead, summarise
+from specproxy.errors import ErrorKind
 from specproxy.loadgen import ClientResult
 from specproxy.records import Arm
 from specproxy.timing import RequestTimings, derive
@@ -38,7 +39,7 @@ def _result(arm: Arm, e2e_ms: float, *, ok: bool = True) -> ClientResult:
                 upstream_start=0.0,
                 request_end=e2e_ms / 1e3,
                 status=200 if ok else 500,
-                error_kind=None if ok else "http_5xx",
+                error_kind=None if ok else ErrorKind.HTTP_5XX,
                 events=_Events(first_content_at=e2e_ms / 1e4),
             )
         ),

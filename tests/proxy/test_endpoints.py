@@ -11,6 +11,7 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 from specproxy.app import create_app
 from specproxy.appkeys import FLEET
 from specproxy.config import Config, OutlierConfig, RoutingConfig
+from specproxy.errors import ErrorKind
 from specproxy.proxy.endpoints import verdict
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm
@@ -20,10 +21,10 @@ from tests.proxy.fake_upstream import FakeUpstream
 
 def test_verdicts() -> None:
     assert verdict(None) is True
-    assert verdict("http_4xx") is True  # the client's fault, not the engine's
-    for kind in ("connect", "timeout", "broken", "http_5xx"):
+    assert verdict(ErrorKind.HTTP_4XX) is True  # the client's fault, not the engine's
+    for kind in (ErrorKind.CONNECT, ErrorKind.TIMEOUT, ErrorKind.BROKEN, ErrorKind.HTTP_5XX):
         assert verdict(kind) is False
-    assert verdict("disconnected") is None and verdict("cancelled") is None
+    assert verdict(ErrorKind.DISCONNECTED) is None and verdict(ErrorKind.CANCELLED) is None
 
 
 async def test_arm_of_two_endpoints_balances_and_survives_one_dying(

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.errors import ErrorKind
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.report.build import collect, write_report
 from specproxy.report.summary import fmt_ratio, main_window
@@ -52,7 +53,7 @@ def _records(rng: np.random.Generator, n: int = 400) -> list[RequestRecord]:
                 tpot_s=(e2e - ttft) / 63,
                 prompt_tokens=20,
                 output_tokens=64,
-                error_kind="http_5xx" if failed else None,
+                error_kind=ErrorKind.HTTP_5XX if failed else None,
             )
         )
     return rows
@@ -209,7 +210,7 @@ async def test_report_selects_what_the_job_selected_across_a_restart() -> None:
                     _records(np.random.default_rng(i), n=2)[1],
                     t_start=T0 + 12.05 + 0.4 * i,
                     status=502,
-                    error_kind="connect",
+                    error_kind=ErrorKind.CONNECT,
                 )
             )
         spec = Arm.SPECULATIVE

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.errors import ErrorKind
 from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.stats.job import StatsJob, compute_stats, window_label
@@ -64,7 +65,7 @@ async def store() -> AsyncIterator[MemoryStore]:
             502,
             0.1,
             0.1,
-            error_kind="http_5xx",
+            error_kind=ErrorKind.HTTP_5XX,
         )
     )
     # A request for a model nobody serves: recorded (404), but no model of the result.

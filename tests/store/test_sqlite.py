@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from specproxy.errors import ErrorKind
 from specproxy.records import RECORD_FIELDS, Arm
 from specproxy.store.base import ArmArrays, RecordQuery
 from specproxy.store.factory import open_store
@@ -57,7 +58,7 @@ def varied_record(i: int) -> Any:
         acceptance_rate=0.5 + (i % 10) / 20 if late and i % 2 else None,
         pair_id=f"pair-{i // 2}" if late else None,
         shadow=i % 4 == 0,
-        error_kind="upstream" if late and i % 11 == 0 else None,
+        error_kind=ErrorKind.BROKEN if late and i % 11 == 0 else None,
         disconnected=i % 97 == 0,
     )
 

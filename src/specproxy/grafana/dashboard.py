@@ -623,7 +623,7 @@ def _traffic_panels() -> list[_Panel]:
         "timeseries",
         "Errors by arm",
         "Failed share of requests (recording rule, fleet-wide, 5 m) and upstream failures"
-        " per second by kind.",
+        f" per second by kind ({', '.join(m.UPSTREAM_ERROR_KINDS)}).",
         [
             _Query(
                 f'{m.RECORDED_FAILED_RATIO}{{model=~"$model"}}', "{{arm}} {{model}} failed share"

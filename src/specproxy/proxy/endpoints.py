@@ -1,91 +1,69 @@
-"""Which engine endpoint of an arm serves a call, and the clients that reach it.
+"""Which engine endpoint of an arm serves a call, and the one path every measured call takes.
 
 An arm is a pool of endpoints (`fleet.pool`): `Upstreams.pick` takes the endpoint with the
-fewest calls in flight (round-robin among equals, ejected endpoints skipped) and returns what
-the request path needs to call it: absolute URLs for the aiohttp session and, for plain-http
-endpoints, a lean keep-alive client (`upstream.UpstreamPool`) of its own. `done` hands the
-outcome back, which is what ejects an endpoint that keeps failing. A call that could not even
-connect (`never_sent`) is tried on the arm's other endpoints, so a dead engine costs the
-clients only the calls that were already in flight on it. Clients of endpoints that
+fewest calls in flight (round-robin among equals, ejected endpoints skipped). Each endpoint has
+its own transports (`transports.select`), made on first use from its base URL. `done` hands the
+outcome back, which is what ejects an endpoint that keeps failing. Clients of endpoints that
 left the pool (DNS discovery) are closed once nothing was picked from them for a while.
+
+`send` and `end` are the call path shared by primary and shadow calls: pick an endpoint, send,
+try the arm's other endpoints while the failure says nothing was sent (so a dead engine costs
+the clients only the calls that were already in flight on it), note the answer's status and
+failure in the call's `Trace`; then release or drop the connection and report the outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable
-from typing import Final
+from collections.abc import Collection
 
-from aiohttp import ClientConnectorError
-from yarl import URL
-
-from specproxy.config import Config, TimeoutConfig
+from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.pool import Endpoint
-from specproxy.proxy.upstream import ConnectFailed, UpstreamPool
+from specproxy.proxy.headers import OutboundHeaders
+from specproxy.proxy.trace import Trace
+from specproxy.proxy.transports.base import Reply, UpstreamTransport
+from specproxy.proxy.transports.select import Mode, TransportFactory, Transports
 from specproxy.records import Arm
 
-__all__ = ["ENDPOINT_FAILURES", "EndpointClients", "Upstreams", "never_sent", "verdict"]
-
-# `RequestRecord.error_kind` values that say the endpoint itself failed (outlier detection).
-ENDPOINT_FAILURES: Final = frozenset(
-    {"connect", "timeout", "broken", "http_5xx", "malformed_stream", "stream_error"}
-)
-# Outcomes that say nothing about the endpoint: the client or the proxy ended the call.
-_NO_VERDICT: Final = frozenset({"disconnected", "cancelled"})
+__all__ = ["EndpointClients", "Upstreams", "verdict"]
 
 
-def never_sent(exc: BaseException) -> bool:
-    """True when the call failed before a byte of the request left: safe on another endpoint."""
-    return isinstance(exc, (ConnectFailed, ClientConnectorError))
-
-
-def verdict(error_kind: str | None) -> bool | None:
+def verdict(error_kind: ErrorKind | None) -> bool | None:
     """The outcome of a call for the endpoint's failure streak (None: no verdict)."""
     if error_kind is None:
         return True
-    if error_kind in _NO_VERDICT:
+    if error_kind.verdict_free:
         return None
-    return error_kind not in ENDPOINT_FAILURES
+    return not error_kind.engine_failure
 
 
 class EndpointClients:
-    """How the proxy calls one endpoint: session URLs per path, and the lean client if usable."""
+    """How the proxy calls one endpoint: a transport per `Mode`."""
 
-    __slots__ = ("base", "lean", "lean_paths", "urls")
+    __slots__ = ("base", "transports")
 
-    def __init__(self, base: str, paths: Iterable[str], timeouts: TimeoutConfig) -> None:
+    def __init__(self, base: str, transports: Transports) -> None:
         self.base = base
-        paths = tuple(paths)
-        self.urls = {path: URL(base + path, encoded=True) for path in paths}
-        self.lean: UpstreamPool | None = None
-        self.lean_paths: dict[str, str] = {}
-        url = URL(base)
-        if url.scheme == "http" and url.host is not None and not url.query_string:
-            self.lean = UpstreamPool(
-                url.host,
-                url.port or 80,
-                connect_timeout=timeouts.connect_s,
-                # Non-streaming calls only, silent until done: each call's deadline bounds it.
-                read_timeout=None,
-            )
-            prefix = url.raw_path.rstrip("/")
-            self.lean_paths = {path: prefix + path for path in paths}
+        self.transports = transports
 
     async def close(self) -> None:
-        if self.lean is not None:
-            await self.lean.close()
+        closed: list[UpstreamTransport] = []
+        for transport in self.transports.values():
+            if not any(t is transport for t in closed):
+                closed.append(transport)
+                await transport.close()
 
 
 class Upstreams:
     """Every arm's endpoints with their clients, created on first use."""
 
-    def __init__(self, cfg: Config, fleet: Fleet, paths: Iterable[str]) -> None:
-        self._cfg = cfg
+    def __init__(self, fleet: Fleet, transports: TransportFactory) -> None:
         self._fleet = fleet
-        self._paths = tuple(paths)
-        self._clients: dict[str, EndpointClients] = {}
-        self._inflight: dict[str, int] = {}  # calls in flight per endpoint URL, any pool
+        self._make = transports
+        # Per (arm, URL): an arm's transports carry its timeouts, even where arms share an engine.
+        self._clients: dict[tuple[Arm, str], EndpointClients] = {}
+        self._inflight: dict[tuple[Arm, str], int] = {}  # calls in flight per endpoint
         self._pruning: set[asyncio.Task[None]] = set()
 
     def pick(self, arm: Arm) -> tuple[Endpoint, EndpointClients]:
@@ -93,15 +71,14 @@ class Upstreams:
         return self._clients_for(arm, self._fleet.pool(arm).acquire())
 
     def _clients_for(self, arm: Arm, endpoint: Endpoint) -> tuple[Endpoint, EndpointClients]:
-        url = endpoint.url
-        clients = self._clients.get(url)
+        key = (arm, endpoint.url)
+        clients = self._clients.get(key)
         if clients is None:
-            timeouts = self._cfg.timeouts.for_arm(arm.value)
-            clients = self._clients[url] = EndpointClients(url, self._paths, timeouts)
+            clients = self._clients[key] = EndpointClients(key[1], self._make(*key))
             task = asyncio.get_running_loop().create_task(self.prune())
             self._pruning.add(task)
             task.add_done_callback(self._pruning.discard)
-        self._inflight[url] = self._inflight.get(url, 0) + 1
+        self._inflight[key] = self._inflight.get(key, 0) + 1
         return endpoint, clients
 
     def pick_other(
@@ -111,10 +88,62 @@ class Upstreams:
         endpoint = self._fleet.pool(arm).acquire_other(tried)
         return None if endpoint is None else self._clients_for(arm, endpoint)
 
-    def done(self, arm: Arm, endpoint: Endpoint, error_kind: str | None) -> None:
+    def done(self, arm: Arm, endpoint: Endpoint, error_kind: ErrorKind | None) -> None:
         """The call ended with `error_kind` (None: success)."""
-        self._inflight[endpoint.url] -= 1
+        self._inflight[(arm, endpoint.url)] -= 1
         self._fleet.pool(arm).release(endpoint, ok=verdict(error_kind))
+
+    async def send(
+        self,
+        trace: Trace,
+        mode: Mode,
+        target: str,
+        body: bytes | None,
+        headers: OutboundHeaders,
+        method: str = "POST",
+    ) -> Reply:
+        """Send one measured call to `trace.arm`; the reply once its headers arrived.
+
+        A failure before the headers is noted in the trace (kind and the status the client
+        gets) and raised; the endpoint the call ended on is `trace.engine` either way, for
+        `end`."""
+        arm = trace.arm
+        endpoint, clients = self.pick(arm)
+        trace.engine = endpoint
+        trace.engine_url = endpoint.url
+        tried: list[str] = []
+        while True:
+            try:
+                reply = await clients.transports[mode].send(method, target, body, headers)
+                break
+            except UpstreamError as exc:
+                tried.append(endpoint.url)
+                other = self.pick_other(arm, tried) if exc.never_sent else None
+                if other is None:
+                    trace.fail(exc.kind, exc.status)
+                    raise
+                # Nothing was sent: the arm's next endpoint serves it.
+                self.done(arm, endpoint, exc.kind)
+                endpoint, clients = other
+                trace.engine = endpoint
+                trace.engine_url = endpoint.url
+        trace.status = reply.status
+        kind = ErrorKind.of_status(reply.status)
+        if kind is not None:
+            trace.fail(kind)
+        return reply
+
+    def end(self, trace: Trace, reply: Reply | None) -> None:
+        """The call is over: keep or drop its connection, report the outcome of its endpoint."""
+        if reply is not None:
+            if trace.error_kind is None:
+                reply.release()
+            else:
+                reply.close()
+        endpoint = trace.engine
+        if endpoint is not None:
+            trace.engine = None
+            self.done(trace.arm, endpoint, trace.error_kind)
 
     @property
     def clients(self) -> int:
@@ -123,10 +152,10 @@ class Upstreams:
 
     async def prune(self) -> None:
         """Close the clients of endpoints that left every pool and have nothing in flight."""
-        live = {url for arm in Arm for url in self._fleet.endpoints(arm)}
-        for url in [u for u in self._clients if u not in live and not self._inflight.get(u)]:
-            self._inflight.pop(url, None)
-            await self._clients.pop(url).close()
+        live = {(arm, url) for arm in Arm for url in self._fleet.endpoints(arm)}
+        for key in [k for k in self._clients if k not in live and not self._inflight.get(k)]:
+            self._inflight.pop(key, None)
+            await self._clients.pop(key).close()
 
     async def close(self) -> None:
         for task in list(self._pruning):

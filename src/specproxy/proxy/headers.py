@@ -8,11 +8,11 @@ overridden). The forced-arm header is the proxy's own business and is not forwar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from specproxy.proxy.routing import FORCED_ARM_HEADER
 from specproxy.records import Arm
@@ -20,9 +20,8 @@ from specproxy.records import Arm
 __all__ = [
     "ARM_HEADER",
     "REQUEST_ID_HEADER",
+    "OutboundHeaders",
     "is_event_stream",
-    "raw_request_headers",
-    "request_headers",
     "response_headers",
     "safe_path",
 ]
@@ -50,29 +49,68 @@ _DROP_REQUEST_BYTES: Final = frozenset(name.encode() for name in _DROP_REQUEST)
 _DROP_RESPONSE: Final = _HOP_BY_HOP | {"content-length", ARM_HEADER, REQUEST_ID_HEADER}
 
 
-def request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """The client's headers that go upstream, for aiohttp's client."""
-    connection = headers.get("Connection")
-    drop = _DROP_REQUEST
-    if connection:
-        drop = drop | {token.strip().lower() for token in connection.split(",")}
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+class OutboundHeaders:
+    """The client's headers that go upstream, rendered on demand for the transport that sends
+    them: raw `name: value\\r\\n` lines (the lean transport) or a `CIMultiDict` (aiohttp's).
 
+    Made from aiohttp's parsed headers and the raw header pairs of the same request, so the raw
+    lines are the client's bytes, never decoded and re-encoded (aiohttp's parser already
+    rejected CR/LF in them).
+    """
 
-def raw_request_headers(request: web.BaseRequest) -> bytes:
-    """`request_headers` for the lean client: the client's raw header lines, minus the same
-    dropped ones, joined without decoding (aiohttp's parser already rejected CR/LF in them)."""
-    drop = _DROP_REQUEST_BYTES
-    connection = request.headers.get("Connection")
-    if connection:
-        drop = drop | {t.strip().lower().encode("latin-1") for t in connection.split(",")}
-    return b"".join(
-        [
-            name + b": " + value + b"\r\n"
-            for name, value in request.raw_headers
-            if name.lower() not in drop
-        ]
-    )
+    __slots__ = ("_headers", "_lines", "_multidict", "_raw")
+
+    def __init__(
+        self, headers: Mapping[str, str], raw: Sequence[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        self._headers = headers
+        self._raw = raw
+        self._lines: bytes | None = None
+        self._multidict: CIMultiDict[str] | None = None
+
+    @classmethod
+    def of(cls, request: web.BaseRequest) -> OutboundHeaders:
+        return cls(request.headers, request.raw_headers)
+
+    def _dropped(self) -> frozenset[str]:
+        connection = self._headers.get("Connection")
+        if not connection:
+            return _DROP_REQUEST
+        return _DROP_REQUEST | {token.strip().lower() for token in connection.split(",")}
+
+    def multidict(self) -> CIMultiDict[str]:
+        """The forwarded headers, for aiohttp's client."""
+        if self._multidict is None:
+            drop = self._dropped()
+            self._multidict = CIMultiDict(
+                (k, v) for k, v in self._headers.items() if k.lower() not in drop
+            )
+        return self._multidict
+
+    def lines(self) -> bytes:
+        """The forwarded headers as raw header lines, for the lean client."""
+        if self._lines is None:
+            if self._raw is None:
+                self._lines = "".join(
+                    [f"{k}: {v}\r\n" for k, v in self.multidict().items()]
+                ).encode("utf-8", "surrogateescape")
+            else:
+                drop = self._dropped_bytes()
+                self._lines = b"".join(
+                    [
+                        name + b": " + value + b"\r\n"
+                        for name, value in self._raw
+                        if name.lower() not in drop
+                    ]
+                )
+        return self._lines
+
+    def _dropped_bytes(self) -> frozenset[bytes]:
+        connection = self._headers.get("Connection")
+        if not connection:
+            return _DROP_REQUEST_BYTES
+        tokens = {t.strip().lower().encode("latin-1") for t in connection.split(",")}
+        return _DROP_REQUEST_BYTES | tokens
 
 
 def response_headers(

@@ -23,26 +23,18 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
-from aiohttp import ClientError, ClientSession, web
-from yarl import URL
+from aiohttp import ClientSession, web
 
 from specproxy.config import Config
+from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
 from specproxy.metrics import ProxyMetrics
-from specproxy.proxy.endpoints import Upstreams, never_sent
-from specproxy.proxy.headers import (
-    raw_request_headers,
-    request_headers,
-    response_headers,
-    safe_path,
-)
+from specproxy.proxy.endpoints import Upstreams
+from specproxy.proxy.headers import OutboundHeaders, response_headers, safe_path
 from specproxy.proxy.limits import ALLOWED_METHODS, Rejection, header_rejection, json_too_deep
 from specproxy.proxy.observe import Observer
 from specproxy.proxy.relay import (
-    UPSTREAM_ERRORS,
-    Reply,
     bad_request,
-    classify,
     cut_off,
     headers_too_large,
     json_error,
@@ -51,11 +43,13 @@ from specproxy.proxy.relay import (
     send_error,
     too_deep,
     too_large,
+    upstream_error_response,
 )
 from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
 from specproxy.proxy.shadow import Shadows
-from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
+from specproxy.proxy.transports.base import Reply
+from specproxy.proxy.transports.select import Mode, TransportFactory, default_transports
 from specproxy.proxy.usage import should_inject, with_usage
 from specproxy.records import Arm, Recorder
 
@@ -81,10 +75,12 @@ class Forwarder:
         recorder: Recorder,
         metrics: ProxyMetrics,
         fleet: Fleet | None = None,
+        transports: TransportFactory | None = None,
     ) -> None:
+        """`transports` makes each endpoint's transports (default: `default_transports` over
+        `sessions`); tests pass one that returns `MockTransport`s."""
         self._cfg = cfg
         self._run_id = cfg.run_id
-        self._sessions = dict(sessions)
         self._recorder = recorder
         fleet = fleet if fleet is not None else Fleet(cfg)
         self._observer = Observer(metrics, fleet.labels.label)
@@ -92,15 +88,11 @@ class Forwarder:
         self._mirror_enabled = cfg.routing.mirror_fraction > 0
         self._inject_usage = cfg.inject_usage
         self._max_body = cfg.max_body_bytes
-        # Each arm is a pool of endpoints; each endpoint has its own clients (see `endpoints`).
-        # Non-streaming calls to plain-http endpoints go through the lean client (`upstream`).
-        self._upstreams = Upstreams(cfg, fleet, MEASURED_ENDPOINTS)
-        self._arm_timeouts = {arm: cfg.timeouts.for_arm(arm.value) for arm in Arm}
-        self._timeouts = {arm: ArmTimeouts.of(t) for arm, t in self._arm_timeouts.items()}
+        # Each arm is a pool of endpoints; each endpoint has its own transports, chosen once per
+        # mode (`transports.select`), e.g. the lean client for plain-http engines.
+        self._upstreams = Upstreams(fleet, transports or default_transports(sessions, cfg.timeouts))
         self._new_id = RequestIds()
         self._shadows = Shadows(
-            sessions=self._sessions,
-            timeouts=self._timeouts,
             upstreams=self._upstreams,
             new_id=self._new_id,
             finish=self._finish,
@@ -174,7 +166,7 @@ class Forwarder:
                 body,
                 strip_usage,
                 upstream_body,
-                request_headers(request.headers),
+                OutboundHeaders.of(request),
                 model,
                 stream,
                 pair_id,
@@ -211,25 +203,18 @@ class Forwarder:
         except web.HTTPRequestEntityTooLarge:
             return self._reject(Rejection.BODY_TOO_LARGE, too_large(request_id, self._max_body))
         endpoint, clients = self._upstreams.pick(arm)
-        url = URL(clients.base + raw, encoded=True)
-        session = self._sessions[arm]
+        transport = clients.transports[Mode.PASSTHROUGH]
         try:
-            upstream = await session.request(
-                request.method,
-                url,
-                data=body or None,
-                headers=request_headers(request.headers),
-                allow_redirects=False,
-                timeout=self._timeouts[arm].passthrough,
+            upstream = await transport.send(
+                request.method, raw, body or None, OutboundHeaders.of(request)
             )
-        except (ClientError, TimeoutError) as exc:
-            failure = classify(exc, arm)
-            self._upstreams.done(arm, endpoint, failure.kind)
-            return json_error(failure.status, failure.error_type, str(failure), request_id, arm)
+        except UpstreamError as exc:
+            self._upstreams.done(arm, endpoint, exc.kind)
+            return upstream_error_response(exc, request_id, arm)
         except BaseException:  # cancelled: the client went away
-            self._upstreams.done(arm, endpoint, "cancelled")
+            self._upstreams.done(arm, endpoint, ErrorKind.CANCELLED)
             raise
-        self._upstreams.done(arm, endpoint, "http_5xx" if upstream.status >= 500 else None)
+        self._upstreams.done(arm, endpoint, ErrorKind.of_status(upstream.status))
         resp = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
@@ -240,11 +225,11 @@ class Forwarder:
         complete = False
         try:
             await resp.prepare(request)
-            while chunk := await upstream.content.readany():
+            while chunk := await upstream.readany():
                 await resp.write(chunk)
             await resp.write_eof()
             complete = True
-        except (ClientError, TimeoutError):
+        except UpstreamError:
             cut_off(request)
         except ConnectionError:
             pass  # the client went away
@@ -268,61 +253,26 @@ class Forwarder:
         inflight = self._observer.inflight
         inflight[arm] += 1
         upstream: Reply | None = None
-        endpoint, clients = self._upstreams.pick(arm)
-        trace.engine_url = endpoint.url
         try:
             trace.upstream_start = time.perf_counter()
-            tried: list[str] = []
-            while True:
-                lean = None if trace.stream else clients.lean
-                try:
-                    if lean is not None:
-                        timeouts = self._arm_timeouts[arm]
-                        upstream = await lean.post(
-                            clients.lean_paths[request.path],
-                            body,
-                            raw_request_headers(request),
-                            connect_s=timeouts.connect_s,
-                            deadline_s=timeouts.total_s,
-                        )
-                    else:
-                        upstream = await self._sessions[arm].post(
-                            clients.urls[request.path],
-                            data=body,
-                            headers=request_headers(request.headers),
-                            allow_redirects=False,
-                            timeout=self._timeouts[arm].stream
-                            if trace.stream
-                            else self._timeouts[arm].call,
-                        )
-                    break
-                except UPSTREAM_ERRORS as exc:
-                    failure = classify(exc, arm)
-                    tried.append(endpoint.url)
-                    other = self._upstreams.pick_other(arm, tried) if never_sent(exc) else None
-                    if other is None:
-                        trace.fail(failure.kind, failure.status)
-                        return await send_error(request, trace, failure)
-                    # Nothing was sent: the arm's next endpoint serves it.
-                    self._upstreams.done(arm, endpoint, failure.kind)
-                    endpoint, clients = other
-                    trace.engine_url = endpoint.url
-            trace.status = upstream.status
-            if upstream.status >= 400:
-                trace.fail("http_4xx" if upstream.status < 500 else "http_5xx")
+            try:
+                upstream = await self._upstreams.send(
+                    trace,
+                    Mode.measured(trace.stream),
+                    request.path,
+                    body,
+                    OutboundHeaders.of(request),
+                )
+            except UpstreamError as exc:
+                return await send_error(request, trace, exc)
             return await relay(request, trace, upstream, strip_usage)
         except asyncio.CancelledError:
             trace.disconnected = True
-            trace.fail("disconnected", STATUS_CLIENT_GONE)
+            trace.fail(ErrorKind.DISCONNECTED, STATUS_CLIENT_GONE)
             raise
         finally:
-            if upstream is not None:
-                if trace.error_kind is None:
-                    upstream.release()
-                else:
-                    upstream.close()
             inflight[arm] -= 1
-            self._upstreams.done(arm, endpoint, trace.error_kind)
+            self._upstreams.end(trace, upstream)
             self._finish(trace)
 
     # ----------------------------------------------------------------------- recording

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable, Sequence
 
 from specproxy.fleet.models import OTHER
-from specproxy.metrics import ProxyMetrics, fast_increment, fast_observe
+from specproxy.metrics import UPSTREAM_ERROR_KINDS, ProxyMetrics, fast_increment, fast_observe
 from specproxy.records import Arm, RequestRecord
 
 __all__ = ["Observer"]
@@ -51,7 +51,7 @@ class Observer:
         """One finished record: shadows count only their errors, primaries everything."""
         model = self._label(rec.model)
         if rec.shadow:
-            if rec.error_kind is not None and rec.error_kind != "cancelled":
+            if rec.error_kind in UPSTREAM_ERROR_KINDS:
                 self._metrics.upstream_errors.labels(rec.arm.value, rec.error_kind, model).inc()
             return
         arm = rec.arm
@@ -63,7 +63,7 @@ class Observer:
         count()
         kind = rec.error_kind
         if kind is not None:
-            if kind != "disconnected":
+            if kind in UPSTREAM_ERROR_KINDS:
                 self._metrics.upstream_errors.labels(arm.value, kind, model).inc()
             return
         key = (arm, rec.endpoint, rec.stream, model)

@@ -9,12 +9,11 @@ response is finished here, not by aiohttp after the handler returns.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any, Final, Protocol
+from typing import Final
 
-from aiohttp import ClientConnectorError, ClientError, web
+from aiohttp import web
 
-from specproxy.errors import error_body
+from specproxy.errors import ErrorKind, UpstreamError, error_body
 from specproxy.proxy.headers import (
     ARM_HEADER,
     REQUEST_ID_HEADER,
@@ -24,16 +23,12 @@ from specproxy.proxy.headers import (
 from specproxy.proxy.limits import ALLOW_HEADER, MAX_JSON_DEPTH
 from specproxy.proxy.sse import SSEScanner
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, Trace
-from specproxy.proxy.upstream import UpstreamError
+from specproxy.proxy.transports.base import Reply
 from specproxy.proxy.usage import usage_of
 from specproxy.records import Arm
 
 __all__ = [
-    "UPSTREAM_ERRORS",
-    "Failure",
-    "Reply",
     "bad_request",
-    "classify",
     "cut_off",
     "headers_too_large",
     "json_error",
@@ -42,61 +37,11 @@ __all__ = [
     "send_error",
     "too_deep",
     "too_large",
+    "upstream_error_response",
     "write_eof",
 ]
 
 _BUFFER_LIMIT: Final = 8 * 1024 * 1024  # non-stream bodies up to this size are sent in one write
-
-# Failures of an upstream call, from either client.
-UPSTREAM_ERRORS: Final = (ClientError, UpstreamError, TimeoutError)
-
-
-class _Body(Protocol):
-    async def readany(self) -> bytes: ...
-
-
-class Reply(Protocol):
-    """What the request path reads from an upstream response: aiohttp's or the lean client's."""
-
-    @property
-    def status(self) -> int: ...
-    @property
-    def reason(self) -> str | None: ...
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-    @property
-    def content_length(self) -> int | None: ...
-    @property
-    def content(self) -> _Body: ...
-    async def read(self) -> bytes: ...
-    def release(self) -> Any: ...
-    def close(self) -> None: ...
-
-
-class Failure(Exception):
-    """An upstream failure before any byte reached the client."""
-
-    def __init__(self, kind: str, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.status = status
-        self.error_type = error_type
-
-
-def classify(exc: BaseException, arm: Arm) -> Failure:
-    if isinstance(exc, TimeoutError):
-        return Failure("timeout", 504, "GatewayTimeout", f"the {arm.value} arm timed out")
-    if isinstance(exc, UpstreamError) and exc.kind != "connect":
-        return Failure(
-            exc.kind, 502, "BadGateway", f"the {arm.value} arm sent a broken response: {exc}"
-        )
-    if isinstance(exc, ClientError) and not isinstance(exc, ClientConnectorError):
-        # aiohttp after connecting (reset, closed before or inside the headers): the request
-        # went out, so this is a broken answer, as the lean client says for the same fault.
-        return Failure(
-            "broken", 502, "BadGateway", f"the {arm.value} arm sent a broken response: {exc}"
-        )
-    return Failure("connect", 502, "BadGateway", f"the {arm.value} arm could not be reached: {exc}")
 
 
 async def relay(
@@ -118,19 +63,19 @@ async def _stream(
     )
     scanner = trace.scanner = SSEScanner(strip_usage=strip_usage)
     perf_counter = time.perf_counter
-    content = upstream.content
+    readany = upstream.readany
     try:
         await resp.prepare(request)
     except ConnectionError:
         trace.disconnected = True
-        trace.fail("disconnected", STATUS_CLIENT_GONE)
+        trace.fail(ErrorKind.DISCONNECTED, STATUS_CLIENT_GONE)
         return resp
     while True:
         try:
-            chunk = await content.readany()
-        except UPSTREAM_ERRORS as exc:
+            chunk = await readany()
+        except UpstreamError as exc:
             trace.upstream_end = perf_counter()
-            trace.fail("timeout" if isinstance(exc, TimeoutError) else "broken")
+            trace.fail(exc.kind)
             await _flush(resp, scanner.finish())
             cut_off(request)
             trace.e2e_end = perf_counter()
@@ -142,7 +87,7 @@ async def _stream(
         out = scanner.feed(chunk, now)
         if out and not await _flush(resp, out):
             trace.disconnected = True
-            trace.fail("disconnected")
+            trace.fail(ErrorKind.DISCONNECTED)
             trace.e2e_end = perf_counter()
             return resp
     tail = scanner.finish()
@@ -152,7 +97,7 @@ async def _stream(
             trace.fail(defect)
     if (tail and not await _flush(resp, tail)) or not await write_eof(resp):
         trace.disconnected = True
-        trace.fail("disconnected")
+        trace.fail(ErrorKind.DISCONNECTED)
     trace.e2e_end = perf_counter()
     return resp
 
@@ -163,12 +108,10 @@ async def _buffered(request: web.Request, trace: Trace, upstream: Reply) -> web.
         return await _stream(request, trace, upstream, strip_usage=False)
     try:
         payload = await upstream.read()
-    except UPSTREAM_ERRORS as exc:
-        failure = classify(exc, trace.arm)
-        kind = "timeout" if failure.kind == "timeout" else "broken"
-        trace.fail(kind)
-        trace.status = failure.status  # what the client gets: nothing was sent yet
-        return await send_error(request, trace, failure)
+    except UpstreamError as exc:
+        trace.fail(exc.kind)
+        trace.status = exc.status  # what the client gets: nothing was sent yet
+        return await send_error(request, trace, exc)
     trace.upstream_end = time.perf_counter()
     if upstream.status == 200:
         trace.non_stream_usage, trace.speculative = usage_of(payload)
@@ -183,14 +126,14 @@ async def _buffered(request: web.Request, trace: Trace, upstream: Reply) -> web.
         await resp.write_eof()
     except ConnectionError:
         trace.disconnected = True
-        trace.fail("disconnected")
+        trace.fail(ErrorKind.DISCONNECTED)
     trace.e2e_end = time.perf_counter()
     return resp
 
 
-async def send_error(request: web.Request, trace: Trace, failure: Failure) -> web.StreamResponse:
+async def send_error(request: web.Request, trace: Trace, exc: UpstreamError) -> web.StreamResponse:
     """Answer an upstream failure that happened before any byte reached the client."""
-    resp = json_error(failure.status, failure.error_type, str(failure), trace.request_id, trace.arm)
+    resp = upstream_error_response(exc, trace.request_id, trace.arm)
     if not await write_eof(resp, request):
         trace.disconnected = True
     trace.e2e_end = time.perf_counter()
@@ -238,6 +181,12 @@ def json_error(
         content_type="application/json",
         headers=headers,
     )
+
+
+def upstream_error_response(exc: UpstreamError, request_id: str, arm: Arm) -> web.Response:
+    """The client's answer to an engine failure before any byte of the engine's answer."""
+    message = exc.client_message(arm.value)
+    return json_error(exc.status, exc.error_type, message, request_id, arm)
 
 
 def bad_request(request_id: str, message: str, param: str | None = None) -> web.Response:

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from aiohttp import ClientError, ClientResponse, ClientSession
-from multidict import CIMultiDict
-from yarl import URL
-
+from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.proxy.endpoints import Upstreams
-from specproxy.proxy.headers import is_event_stream
-from specproxy.proxy.relay import classify
+from specproxy.proxy.headers import OutboundHeaders, is_event_stream
 from specproxy.proxy.sse import SSEScanner
-from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
+from specproxy.proxy.transports.base import Reply
+from specproxy.proxy.transports.select import Mode
 from specproxy.proxy.usage import should_inject, usage_of, with_usage
 from specproxy.records import Arm
 
@@ -34,8 +31,6 @@ class Shadows:
     def __init__(
         self,
         *,
-        sessions: Mapping[Arm, ClientSession],
-        timeouts: Mapping[Arm, ArmTimeouts],
         upstreams: Upstreams,
         new_id: RequestIds,
         finish: Callable[[Trace], None],
@@ -43,8 +38,6 @@ class Shadows:
         cap: int,
         inject_usage: bool,
     ) -> None:
-        self._sessions = sessions
-        self._timeouts = timeouts
         self._upstreams = upstreams
         self._new_id = new_id
         self._finish = finish
@@ -76,7 +69,7 @@ class Shadows:
         body: bytes,
         injected: bool,
         injected_body: bytes,
-        headers: CIMultiDict[str],
+        headers: OutboundHeaders,
         model: str,
         stream: bool,
         pair_id: str,
@@ -101,35 +94,25 @@ class Shadows:
             received=time.perf_counter(),
             t_start=time.time(),
         )
-        target, clients = self._upstreams.pick(arm)
-        trace.engine_url = target.url
-        task = asyncio.create_task(self._run(trace, clients.urls[path], shadow_body, headers))
-        task.add_done_callback(lambda _: self._upstreams.done(arm, target, trace.error_kind))
+        task = asyncio.create_task(self._run(trace, path, shadow_body, headers))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, trace: Trace, url: URL, body: bytes, headers: CIMultiDict[str]) -> None:
+    async def _run(self, trace: Trace, path: str, body: bytes, headers: OutboundHeaders) -> None:
         """Send the mirrored request, read the answer fully with timestamps, return nothing."""
         perf_counter = time.perf_counter
-        upstream: ClientResponse | None = None
+        upstream: Reply | None = None
         try:
             trace.upstream_start = perf_counter()
-            timeouts = self._timeouts[trace.arm]
-            upstream = await self._sessions[trace.arm].post(
-                url,
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                timeout=timeouts.stream if trace.stream else timeouts.call,
+            upstream = await self._upstreams.send(
+                trace, Mode.measured(trace.stream), path, body, headers
             )
-            trace.status = upstream.status
-            if upstream.status >= 400:
-                trace.fail("http_4xx" if upstream.status < 500 else "http_5xx")
             if is_event_stream(upstream.headers):
                 scanner = trace.scanner = SSEScanner()
-                while chunk := await upstream.content.readany():
+                while chunk := await upstream.readany():
                     now = trace.upstream_end = perf_counter()
                     scanner.feed(chunk, now)
+                scanner.finish()
                 defect = scanner.defect() if upstream.status == 200 else None
                 if defect is not None:
                     trace.fail(defect)
@@ -139,16 +122,11 @@ class Shadows:
                 if upstream.status == 200:
                     trace.non_stream_usage, trace.speculative = usage_of(payload)
             trace.e2e_end = trace.upstream_end
-        except (ClientError, TimeoutError) as exc:
-            failure = classify(exc, trace.arm)
-            if upstream is not None:
-                trace.fail("timeout" if failure.kind == "timeout" else "broken")
-            else:
-                trace.fail(failure.kind, failure.status)
+        except UpstreamError as exc:  # before the headers `send` noted it in the trace already
+            trace.fail(exc.kind)
         except asyncio.CancelledError:
-            trace.fail("cancelled", STATUS_CLIENT_GONE)
+            trace.fail(ErrorKind.CANCELLED, STATUS_CLIENT_GONE)
             raise
         finally:
-            if upstream is not None:
-                upstream.close()
+            self._upstreams.end(trace, upstream)
             self._finish(trace)

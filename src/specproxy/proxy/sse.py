@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specproxy.errors import ErrorKind
+
 __all__ = ["SSEScanner", "count_token_ids"]
 
 _DATA = b"data:"
@@ -144,15 +146,15 @@ class SSEScanner:
         self._out.clear()
         return out
 
-    def defect(self) -> str | None:
+    def defect(self) -> ErrorKind | None:
         """Why a stream that ended normally (HTTP 200, clean EOF) is still no usable sample, as
         an `error_kind`: an in-stream error object ("stream_error"), or no `data: [DONE]`, which
         vLLM always sends last ("malformed_stream": garbage, or a stream cut at an event
         boundary). None for a complete stream."""
         if self.error_event:
-            return "stream_error"
+            return ErrorKind.STREAM_ERROR
         if not self.done:
-            return "malformed_stream"
+            return ErrorKind.MALFORMED_STREAM
         return None
 
     def finish(self) -> bytes:

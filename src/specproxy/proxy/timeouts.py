@@ -7,8 +7,9 @@
     passthrough  any other /v1/* call, which may or may not stream: connect, `total_s` of
                  silence (as long as a non-streaming call may be silent), `stream_total_s` in all
 
-The lean client (non-streaming calls to plain-http arms) takes `connect_s` and `total_s` as its
-connect timeout and deadline (`upstream.UpstreamPool`).
+The lean transport (measured calls to plain-http arms) takes the same bounds as numbers: a
+stream `connect_s`, `read_s` of silence and `stream_total_s` as its deadline, a non-streaming
+call `connect_s` and `total_s` as its deadline (`transports.select`).
 """
 
 from __future__ import annotations

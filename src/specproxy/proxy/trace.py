@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any, Final
 
+from specproxy.errors import ErrorKind
+from specproxy.fleet.pool import Endpoint
 from specproxy.proxy.sse import SSEScanner
 from specproxy.records import Arm, RequestRecord
 from specproxy.timing import RequestTimings, derive
@@ -42,6 +44,7 @@ class Trace:
         "disconnected",
         "e2e_end",
         "endpoint",
+        "engine",
         "engine_url",
         "error_kind",
         "model",
@@ -85,14 +88,15 @@ class Trace:
         self.upstream_end: float | None = None
         self.e2e_end: float | None = None
         self.status = 0
-        self.error_kind: str | None = None
+        self.error_kind: ErrorKind | None = None
         self.disconnected = False
         self.scanner: SSEScanner | None = None
         self.non_stream_usage: dict[str, Any] | None = None
         self.speculative: dict[str, Any] | None = None
         self.engine_url: str | None = None  # the arm's endpoint the call went to
+        self.engine: Endpoint | None = None  # that endpoint, until its outcome is reported
 
-    def fail(self, kind: str, status: int | None = None) -> None:
+    def fail(self, kind: ErrorKind, status: int | None = None) -> None:
         if self.error_kind is None:
             self.error_kind = kind
         if status is not None and not self.status:

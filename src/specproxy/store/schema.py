@@ -264,7 +264,7 @@ def request_row(rec: RequestRecord) -> tuple[Any, ...]:
         rec.mean_acceptance_length,
         rec.pair_id,
         rec.shadow,
-        rec.error_kind,
+        rec.error_kind.value if rec.error_kind is not None else None,
         rec.disconnected,
         rec.engine_url,
     )

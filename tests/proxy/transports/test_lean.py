@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from specproxy.proxy.upstream import ConnectFailed, UpstreamBroken, UpstreamPool
+from specproxy.errors import UpstreamBroken, UpstreamConnectError
+from specproxy.proxy.transports.lean import UpstreamPool
 from tests.proxy.conftest import MakeProxy
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -167,6 +168,7 @@ async def test_interim_100_continue_is_skipped() -> None:
         pool = pool_for(server)
         resp = await pool.post("/x", b"", HEADERS)
         assert resp.status == 200 and await resp.read() == OK_BODY
+        resp.close()
 
 
 async def test_no_content_has_an_empty_body() -> None:
@@ -306,7 +308,7 @@ async def test_read_timeout_and_refused_connection() -> None:
             await pool.post("/x", b"", HEADERS)
         assert pool.idle_connections == 0
     refused = UpstreamPool("127.0.0.1", server.port, connect_timeout=1.0, read_timeout=1.0)
-    with pytest.raises(ConnectFailed):
+    with pytest.raises(UpstreamConnectError):
         await refused.post("/x", b"", HEADERS)
 
 

@@ -1,25 +1,28 @@
-"""A lean HTTP/1.1 client for the proxy's non-streaming upstream calls.
+"""The lean transport: a minimal HTTP/1.1 client for plain-http engines.
 
 Why it exists: for a small non-streaming request, aiohttp's `ClientSession` request path (request
 object, payload registry, connector bookkeeping, response parser, stream reader) was about a
 quarter of the proxy's CPU time (py-spy, see benchmarks/bench_proxy.py). The proxy needs much
-less: send one POST with the client's headers on a pooled keep-alive connection, and read back
-status, headers and a body framed by Content-Length, chunked encoding or connection close. That
-is all this module does. Streaming requests, shadows, pass-through and probes keep aiohttp.
+less: send one request with the client's headers on a pooled keep-alive connection, and read
+back status, headers and a body framed by Content-Length, chunked encoding or connection close.
+That is all this module does. HEAD (a body-less answer with a length) is not for it: the
+pass-through keeps aiohttp's transport (see `select`).
 
 Semantics kept from the aiohttp session it replaces on that path:
 - keep-alive pool without a cap; a connection goes back to the pool only after a complete
   response that allows reuse (no `Connection: close`, HTTP/1.1 or explicit keep-alive);
-- connect timeout -> `TimeoutError` (504), refused/unreachable -> `ConnectFailed` (502),
-  read timeout = the longest silence while a response is awaited -> `TimeoutError`, deadline =
-  the longest time from `post` to the end of the body (a slow drip never falls silent) ->
-  `TimeoutError`;
+- connect timeout -> `UpstreamTimeout` (504), refused/unreachable -> `UpstreamConnectError`
+  (502), read timeout = the longest silence while a response is awaited -> `UpstreamTimeout`,
+  deadline = the longest time from sending to the end of the body (a slow drip never falls
+  silent) -> `UpstreamTimeout`; the three are set per call (`request`);
 - an upstream that closes, or sends garbage or a truncated response, after the request was
   written raises `UpstreamBroken`. Nothing is retried once a request byte was written, because
   the upstream may have started generating (a POST is not idempotent). Connections the upstream
   closed while idle are dropped as soon as the loop sees the close, and connections idle longer
   than `idle_timeout_s` (below uvicorn's 5 s keep-alive) are not reused, which makes the race of
   writing into a connection the server is just closing rare.
+
+It raises the errors of `specproxy.errors` itself: there is nothing to map at its boundary.
 """
 
 from __future__ import annotations
@@ -29,42 +32,31 @@ from collections.abc import Iterable
 from typing import Final, cast
 
 from multidict import CIMultiDict
+from yarl import URL
 
-__all__ = [
-    "ConnectFailed",
-    "UpstreamBroken",
-    "UpstreamError",
-    "UpstreamPool",
-    "UpstreamResponse",
-]
+from specproxy.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
+from specproxy.proxy.headers import OutboundHeaders
+
+__all__ = ["LeanTransport", "UpstreamPool", "UpstreamResponse"]
 
 _MAX_HEAD: Final = 64 * 1024  # status line + headers
 _MAX_CHUNK_LINE: Final = 4096
 _HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 
 
-class UpstreamError(Exception):
-    """The upstream could not be used; `kind` names the failure for records and metrics."""
-
-    kind = "broken"
-
-
-class ConnectFailed(UpstreamError):
-    """No connection: refused, unreachable, reset during connect."""
-
-    kind = "connect"
-
-
-class UpstreamBroken(UpstreamError):
-    """The connection closed, or the upstream sent something that is not HTTP/1.1, mid-response."""
-
-    kind = "broken"
-
-
 class _Connection(asyncio.Protocol):
     """One upstream socket: buffers what arrives and wakes the single reader waiting on it."""
 
-    __slots__ = ("buf", "closed", "deadline", "idle_since", "pool", "transport", "waiter")
+    __slots__ = (
+        "buf",
+        "closed",
+        "deadline",
+        "idle_since",
+        "pool",
+        "read_limit",
+        "transport",
+        "waiter",
+    )
 
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
@@ -74,6 +66,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.deadline: float | None = None  # loop time by which the current response must end
+        self.read_limit: float | None = None  # longest silence within the current response
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, hence no isinstance check.
@@ -122,7 +115,7 @@ class _Connection(asyncio.Protocol):
 
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
-        waiter.set_exception(TimeoutError("upstream read timed out"))
+        waiter.set_exception(UpstreamTimeout("upstream read timed out"))
 
 
 class UpstreamResponse:
@@ -162,11 +155,6 @@ class UpstreamResponse:
         self._done = mode == "length" and length == 0
         self._reusable = reusable
 
-    @property
-    def content(self) -> UpstreamResponse:
-        """The body reader (this object), named like aiohttp's so both fit one code path."""
-        return self
-
     async def read(self) -> bytes:
         """The whole body."""
         parts = []
@@ -183,7 +171,7 @@ class UpstreamResponse:
                 return piece
             if self._ended(conn):
                 break
-            await conn.wait(conn.pool.read_timeout)
+            await conn.wait(conn.read_limit)
         return b""
 
     def _ended(self, conn: _Connection) -> bool:
@@ -309,16 +297,40 @@ class UpstreamPool:
         connect_s: float | None = None,
         deadline_s: float | None = None,
     ) -> UpstreamResponse:
-        """Send `POST path` with `headers` and return once the response's status line and
-        headers arrived. `headers` are name/value pairs or ready `name: value\\r\\n` lines, without
-        Host and Content-Length (set here) or hop-by-hop headers (the caller's business).
-        `connect_s` overrides the pool's connect timeout; `deadline_s` bounds the whole call,
-        from here to the end of the body (`TimeoutError`)."""
+        """`request("POST", ...)`; `headers` may also be name/value pairs."""
         if not isinstance(headers, bytes):
             headers = "".join([f"{k}: {v}\r\n" for k, v in headers]).encode("latin-1")
+        return await self.request(
+            "POST",
+            path,
+            body,
+            headers,
+            connect_s=connect_s,
+            read_s=self.read_timeout,
+            deadline_s=deadline_s,
+        )
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None,
+        headers: bytes,
+        *,
+        connect_s: float | None = None,
+        read_s: float | None,
+        deadline_s: float | None = None,
+    ) -> UpstreamResponse:
+        """Send `method target` with `headers` and return once the response's status line and
+        headers arrived. `headers` are ready `name: value\\r\\n` lines, without Host and
+        Content-Length (set here) or hop-by-hop headers (the caller's business).
+        `connect_s` overrides the pool's connect timeout; `read_s` bounds each silence while
+        the response is awaited (None: no bound); `deadline_s` bounds the whole call, from here
+        to the end of the body."""
+        body = body or b""
         request = b"".join(
             (
-                f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\n".encode("latin-1"),
+                f"{method} {target} HTTP/1.1\r\nHost: {self._host_header}\r\n".encode("latin-1"),
                 headers,
                 b"Content-Length: %d\r\n\r\n" % len(body),
                 body,
@@ -327,6 +339,7 @@ class UpstreamPool:
         deadline = None if deadline_s is None else self.loop.time() + deadline_s
         conn = await self._acquire(connect_s)
         conn.deadline = deadline
+        conn.read_limit = read_s
         try:
             assert conn.transport is not None
             conn.transport.write(request)
@@ -368,9 +381,9 @@ class UpstreamPool:
                 self.connect_timeout if connect_s is None else connect_s,
             )
         except TimeoutError:
-            raise TimeoutError(f"connecting to {self.host}:{self.port} timed out") from None
+            raise UpstreamTimeout(f"connecting to {self.host}:{self.port} timed out") from None
         except OSError as exc:
-            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return conn
 
     def _put(self, conn: _Connection) -> None:
@@ -402,7 +415,7 @@ class UpstreamPool:
                 if buf:
                     raise UpstreamBroken("the upstream closed the connection inside the headers")
                 raise UpstreamBroken("the upstream closed the connection without a response")
-            await conn.wait(self.read_timeout)
+            await conn.wait(conn.read_limit)
 
 
 def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
@@ -449,3 +462,68 @@ def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
         else:
             mode, reusable = "close", False
     return UpstreamResponse(conn, status, status_line[13:], headers, mode, length, reusable)
+
+
+class LeanTransport:
+    """`UpstreamTransport` over an `UpstreamPool`, for one plain-http engine base URL, with the
+    timeouts of one kind of call; `with_timeouts` makes a sibling on the same connection pool."""
+
+    __slots__ = ("_connect_s", "_deadline_s", "_pool", "_prefix", "_read_s")
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_s: float,
+        read_s: float | None,
+        deadline_s: float | None,
+        pool: UpstreamPool | None = None,
+    ) -> None:
+        url = URL(base_url)
+        if not self.usable(base_url) or url.host is None:
+            raise ValueError(f"the lean transport needs a plain http:// base URL, not {base_url}")
+        self._pool = pool or UpstreamPool(
+            url.host, url.port or 80, connect_timeout=connect_s, read_timeout=read_s
+        )
+        self._prefix = url.raw_path.rstrip("/")
+        self._connect_s = connect_s
+        self._read_s = read_s
+        self._deadline_s = deadline_s
+
+    @staticmethod
+    def usable(base_url: str) -> bool:
+        """Whether this transport can reach `base_url` (http, a host, no query string)."""
+        url = URL(base_url)
+        return url.scheme == "http" and url.host is not None and not url.query_string
+
+    def with_timeouts(
+        self, *, connect_s: float, read_s: float | None, deadline_s: float | None
+    ) -> LeanTransport:
+        """The same engine and connections, other timeouts."""
+        sibling = LeanTransport.__new__(LeanTransport)
+        sibling._pool = self._pool
+        sibling._prefix = self._prefix
+        sibling._connect_s = connect_s
+        sibling._read_s = read_s
+        sibling._deadline_s = deadline_s
+        return sibling
+
+    @property
+    def pool(self) -> UpstreamPool:
+        return self._pool
+
+    async def send(
+        self, method: str, target: str, body: bytes | None, headers: OutboundHeaders
+    ) -> UpstreamResponse:
+        return await self._pool.request(
+            method,
+            self._prefix + target,
+            body,
+            headers.lines(),
+            connect_s=self._connect_s,
+            read_s=self._read_s,
+            deadline_s=self._deadline_s,
+        )
+
+    async def close(self) -> None:
+        await self._pool.close()

@@ -1,0 +1,171 @@
+"""`MockTransport` as the seam under the proxy: primary and shadow calls take one path, with one
+error mapping, whatever the engine does."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+from pytest_aiohttp import AiohttpClient
+
+from specproxy.config import Config, RoutingConfig
+from specproxy.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
+from specproxy.metrics import ProxyMetrics
+from specproxy.proxy.lifecycle import Forwarder
+from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.proxy.transports.mock import Handler, MockReply, MockRequest, MockTransport
+from specproxy.proxy.transports.select import Mode
+from specproxy.records import Arm, RequestRecord
+from tests.proxy.conftest import CHAT, chat
+
+SSE = {"Content-Type": "text/event-stream"}
+EVENTS = [
+    b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+@dataclass
+class Rig:
+    client: TestClient[web.Request, web.Application]
+    recorder: MemoryRecorder
+    forwarder: Forwarder
+    mocks: dict[Arm, MockTransport]
+
+    async def records(self, n: int) -> list[RequestRecord]:
+        """The first `n` records, once the shadows wrote theirs."""
+        await self.forwarder.close()  # waits for (cancels) running shadows
+        return list(self.recorder.records)[:n]
+
+
+class MakeRig(Protocol):
+    async def __call__(
+        self, speculative: Handler, baseline: Handler, *, mirror_fraction: float = 0.0
+    ) -> Rig: ...
+
+
+@pytest.fixture
+async def rig(aiohttp_client: AiohttpClient) -> AsyncIterator[MakeRig]:
+    forwarders: list[Forwarder] = []
+
+    async def make(speculative: Handler, baseline: Handler, *, mirror_fraction: float = 0.0) -> Rig:
+        cfg = Config(
+            baseline_url="http://baseline.invalid:8000",
+            speculative_url="http://speculative.invalid:8000",
+            routing=RoutingConfig(speculative_share=1.0, mirror_fraction=mirror_fraction),
+        )
+        mocks = {Arm.SPECULATIVE: MockTransport(speculative), Arm.BASELINE: MockTransport(baseline)}
+        recorder = MemoryRecorder()
+        forwarder = Forwarder(
+            cfg,
+            sessions={},
+            recorder=recorder,
+            metrics=ProxyMetrics(CollectorRegistry()),
+            transports=lambda arm, url: dict.fromkeys(Mode, mocks[arm]),
+        )
+        forwarders.append(forwarder)
+        app = web.Application()
+        app.router.add_post(CHAT, forwarder.measured)
+        client: TestClient[web.Request, web.Application] = await aiohttp_client(app)
+        return Rig(client, recorder, forwarder, mocks)
+
+    yield make
+    for forwarder in forwarders:
+        await forwarder.close()
+
+
+def ok(request: MockRequest) -> MockReply:
+    return MockReply(200, SSE, EVENTS)
+
+
+async def test_requests_reach_the_transport_as_the_client_sent_them(
+    rig: MakeRig,
+) -> None:
+    r = await rig(ok, ok)
+    async with r.client.post(CHAT, json=chat(stream=True), headers={"X-Tenant": "t1"}) as resp:
+        assert await resp.read() == b"".join(EVENTS)
+    (sent,) = r.mocks[Arm.SPECULATIVE].requests
+    assert (sent.method, sent.target) == ("POST", CHAT)
+    assert sent.headers["X-Tenant"] == "t1" and "Host" not in sent.headers
+    assert b'"include_usage":true' in (sent.body or b"")  # asked for on the client's behalf
+    assert not r.mocks[Arm.BASELINE].requests
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind", "status"),
+    [
+        (UpstreamConnectError("refused"), "connect", 502),
+        (UpstreamTimeout("silent"), "timeout", 504),
+        (UpstreamBroken("garbage"), "broken", 502),
+    ],
+)
+async def test_a_failure_before_the_headers_is_recorded_alike_for_primary_and_shadow(
+    rig: MakeRig, failure: Exception, kind: str, status: int
+) -> None:
+    def fails(request: MockRequest) -> MockReply:
+        raise failure
+
+    r = await rig(fails, fails, mirror_fraction=1.0)
+    async with r.client.post(CHAT, json=chat(stream=True)) as resp:
+        assert resp.status == status
+        error = (await resp.json())["error"]
+        assert error["code"] == status and error["message"].startswith("the speculative arm ")
+    primary, shadow = sorted(await r.records(2), key=lambda rec: rec.shadow)
+    assert (primary.arm, shadow.arm) == (Arm.SPECULATIVE, Arm.BASELINE) and shadow.shadow
+    for rec in (primary, shadow):
+        assert (rec.error_kind, rec.status) == (kind, status)
+        assert rec.engine_url is not None and rec.n_events == 0
+
+
+async def test_a_stream_cut_short_is_broken_for_primary_and_shadow(
+    rig: MakeRig,
+) -> None:
+    def cut(request: MockRequest) -> MockReply:
+        return MockReply(200, SSE, EVENTS[:1], error=UpstreamBroken("closed mid-body"))
+
+    r = await rig(cut, cut, mirror_fraction=1.0)
+    received = b""
+    async with r.client.post(CHAT, json=chat(stream=True)) as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):  # cut off, as the proxy's upstream was
+            async for chunk in resp.content.iter_any():
+                received += chunk
+    assert received == EVENTS[0]
+    records = await r.records(2)
+    assert len(records) == 2
+    for rec in records:
+        assert (rec.error_kind, rec.status, rec.n_events) == ("broken", 200, 1)
+        assert rec.tpot_s is None
+
+
+async def test_http_errors_pass_through_and_connections_are_kept_only_after_success(
+    rig: MakeRig,
+) -> None:
+    replies: list[MockReply] = []
+
+    def answer(request: MockRequest) -> MockReply:
+        status = 200 if len(replies) % 2 == 0 else 503
+        body = b'{"usage":{"completion_tokens":3}}' if status == 200 else b'{"error":"busy"}'
+        replies.append(
+            MockReply(
+                status, {"Content-Type": "application/json"}, [body], content_length=len(body)
+            )
+        )
+        return replies[-1]
+
+    r = await rig(answer, answer)
+    for expected in (200, 503):
+        async with r.client.post(CHAT, json=chat()) as resp:
+            assert resp.status == expected
+            await resp.read()
+    ok_rec, busy = await r.records(2)
+    assert (ok_rec.error_kind, ok_rec.output_tokens) == (None, 3)
+    assert (busy.error_kind, busy.status) == ("http_5xx", 503)
+    assert [(m.released, m.closed) for m in replies] == [(True, False), (False, True)]
