@@ -41,7 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,44 +55,64 @@ PATH = "/v1/chat/completions"
 # --------------------------------------------------------------------------- roles
 
 
-def run_upstream(port: int) -> None:
-    body = BODY.read_bytes()
-    not_found = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"  # GETs (the scraper)
-    response = (
-        b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: application/json\r\n"
-        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"  # GETs (the scraper)
 
-    class Upstream(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.transport: Any = transport
-            self.buf = b""
 
-        def data_received(self, data: bytes) -> None:
-            self.buf += data
-            while True:
-                head_end = self.buf.find(b"\r\n\r\n")
-                if head_end < 0:
-                    return
-                head = self.buf[:head_end].lower()
-                at = head.find(b"content-length:")
-                line_end = head.find(b"\r\n", at)
-                stop = line_end if line_end > 0 else len(head)
-                length = int(head[at + 15 : stop]) if at >= 0 else 0
-                end = head_end + 4 + length
-                if len(self.buf) < end:
-                    return
-                get = self.buf.startswith(b"GET")
-                self.buf = self.buf[end:]
-                self.transport.write(not_found if get else response)
+class RawServer(asyncio.Protocol):
+    """A raw-asyncio HTTP/1.1 server: frames requests by Content-Length, answers GETs 404 and
+    each POST with `answer(body)`; as cheap as possible, so it is not the bottleneck."""
 
+    def __init__(self, answer: Callable[[RawServer, bytes], None]) -> None:
+        self.answer = answer
+        self.transport: Any = None
+        self.buf = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buf[:head_end].lower()
+            at = head.find(b"content-length:")
+            line_end = head.find(b"\r\n", at)
+            stop = line_end if line_end > 0 else len(head)
+            length = int(head[at + 15 : stop]) if at >= 0 else 0
+            end = head_end + 4 + length
+            if len(self.buf) < end:
+                return
+            get = self.buf.startswith(b"GET")
+            body = self.buf[head_end + 4 : end]
+            self.buf = self.buf[end:]
+            if get:
+                self.transport.write(NOT_FOUND)
+            else:
+                self.answer(self, body)
+
+
+def serve_raw(port: int, answer: Callable[[RawServer, bytes], None]) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(Upstream, "127.0.0.1", port, backlog=4096)
+        server = await loop.create_server(
+            lambda: RawServer(answer), "127.0.0.1", port, backlog=4096
+        )
         print(server.sockets[0].getsockname()[1], flush=True)
         await asyncio.Event().wait()
 
     _run(main())
+
+
+def run_upstream(port: int) -> None:
+    """Every POST gets the real vLLM non-streaming body (`chat_nonstream_spec.json`)."""
+    body = BODY.read_bytes()
+    response = (
+        b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    serve_raw(port, lambda server, _: server.transport.write(response))
 
 
 def run_sse_upstream(port: int, events: int, gap_s: float) -> None:
@@ -156,7 +176,7 @@ FIXTURES = BODY.parent
 def run_replay_upstream(port: int, gap_s: float) -> None:
     """Replays a recorded vLLM chat stream (`chat_stream_{usage,nousage}_spec.sse`, the one
     that matches the request's `include_usage`), one event per HTTP chunk as uvicorn writes
-    them, `gap_s` apart (0: all at once). Raw asyncio, so that it is not the bottleneck."""
+    them, `gap_s` apart (0: all at once)."""
     head = (
         b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
         b"transfer-encoding: chunked\r\n\r\n"
@@ -168,51 +188,21 @@ def run_replay_upstream(port: int, gap_s: float) -> None:
         replies[usage] = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
         replies[usage][-1] += b"0\r\n\r\n"
 
-    class Upstream(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.transport: Any = transport
-            self.buf = b""
+    def write(transport: Any, piece: bytes) -> None:
+        if not transport.is_closing():
+            transport.write(piece)
 
-        def data_received(self, data: bytes) -> None:
-            self.buf += data
-            while True:
-                head_end = self.buf.find(b"\r\n\r\n")
-                if head_end < 0:
-                    return
-                lowered = self.buf[:head_end].lower()
-                at = lowered.find(b"content-length:")
-                line_end = lowered.find(b"\r\n", at)
-                stop = line_end if line_end > 0 else len(lowered)
-                length = int(lowered[at + 15 : stop]) if at >= 0 else 0
-                end = head_end + 4 + length
-                if len(self.buf) < end:
-                    return
-                get = self.buf.startswith(b"GET")
-                body = self.buf[head_end + 4 : end]
-                self.buf = self.buf[end:]
-                if get:  # the proxy's scraper: nothing to scrape
-                    self.transport.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
-                    continue
-                chunks = replies[b'"include_usage":true' in body]
-                if not gap_s:
-                    self.transport.write(head + b"".join(chunks))
-                    continue
-                self.transport.write(head)
-                loop = asyncio.get_running_loop()
-                for i, piece in enumerate(chunks):
-                    loop.call_later((i + 1) * gap_s, self._write, piece)
-
-        def _write(self, piece: bytes) -> None:
-            if not self.transport.is_closing():
-                self.transport.write(piece)
-
-    async def main() -> None:
+    def answer(server: RawServer, body: bytes) -> None:
+        chunks = replies[b'"include_usage":true' in body]
+        if not gap_s:
+            server.transport.write(head + b"".join(chunks))
+            return
+        server.transport.write(head)
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(Upstream, "127.0.0.1", port, backlog=4096)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        await asyncio.Event().wait()
+        for i, piece in enumerate(chunks):
+            loop.call_later((i + 1) * gap_s, write, server.transport, piece)
 
-    _run(main())
+    serve_raw(port, answer)
 
 
 def run_bare(port: int, upstream: str) -> None:
