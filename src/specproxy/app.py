@@ -181,13 +181,19 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    """Ready when both arms answer their /health; the body says which one does not."""
+    """Ready when each arm has an endpoint that answers /health; the body says which arm has
+    none (an arm is a pool: one live engine is enough to serve it)."""
     app = request.app
-    cfg = app[CONFIG]
     arms = list(Arm)
-    results = await asyncio.gather(
-        *(_reachable(app[SESSIONS][arm], cfg.upstream_url(arm) + "/health") for arm in arms)
-    )
+    fleet = app.get(FLEET)
+
+    async def arm_ready(arm: Arm) -> bool:
+        urls = fleet.endpoints(arm) if fleet is not None else (app[CONFIG].upstream_url(arm),)
+        session = app[SESSIONS][arm]
+        answers = await asyncio.gather(*(_reachable(session, url + "/health") for url in urls))
+        return any(answers)
+
+    results = await asyncio.gather(*(arm_ready(arm) for arm in arms))
     arm_status = {arm.value: ok for arm, ok in zip(arms, results, strict=True)}
     ready = all(results)
     return web.json_response({"ready": ready, "arms": arm_status}, status=200 if ready else 503)

@@ -64,6 +64,9 @@ async def test_arm_of_two_endpoints_balances_and_survives_one_dying(
     assert calls(one) == calls(two) == 5
 
     await s2.close()  # endpoint two dies: refused from now on
+    async with client.get("/readyz") as resp:  # one live engine is enough for the arm
+        assert resp.status == 200
+        assert (await resp.json())["arms"]["speculative"] is True
     before = len(recorder.records)
     for i in range(10):
         resp = await client.post(CHAT, json=chat(stream=i % 2 == 0))

@@ -12,11 +12,12 @@ and requests to endpoints that really went away fail and get them ejected (`pool
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+
+from specproxy.tasks import cancel_and_wait
 
 __all__ = ["MAX_ENDPOINTS", "DnsDiscovery", "Resolver", "endpoint_url", "system_resolver"]
 
@@ -111,10 +112,7 @@ class DnsDiscovery:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -19,7 +19,6 @@ owes to the requests it is streaming.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from specproxy.fleet.models import parse_models
 from specproxy.records import Arm, EngineSample, Recorder
 from specproxy.scrape.aggregate import ArmAggregate, EndpointState
 from specproxy.scrape.parse import EngineSnapshot, parse_metrics
+from specproxy.tasks import cancel_and_wait
 
 __all__ = ["MAX_BODY_BYTES", "ArmState", "EngineScraper"]
 
@@ -102,10 +102,7 @@ class EngineScraper:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def scrape_once(self) -> dict[Arm, EngineSample]:
         """Scrape every arm once, concurrently; never raises (except on cancellation)."""
