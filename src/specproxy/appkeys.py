@@ -29,8 +29,6 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from specproxy.stats.result import StatsResult  # a leaf module too
-
 if TYPE_CHECKING:
     from aiohttp import ClientSession
     from prometheus_client import CollectorRegistry
@@ -42,6 +40,7 @@ if TYPE_CHECKING:
     from specproxy.records import Arm, Recorder
     from specproxy.scrape.loop import EngineScraper
     from specproxy.stats.job import StatsJob
+    from specproxy.stats.result import StatsResult
     from specproxy.store.buffered import BufferedStore
 
 __all__ = [
@@ -60,7 +59,7 @@ __all__ = [
     "StatsProvider",
 ]
 
-StatsProvider = Callable[[], StatsResult | None]
+StatsProvider = Callable[[], "StatsResult | None"]
 
 CONFIG: web.AppKey[Config] = web.AppKey("config")
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry")
