@@ -70,8 +70,8 @@ async def test_settings_carry_the_lists_and_json_round_trips(store: MemoryStore)
     settings = result["settings"]
     assert settings.get("statistics") == ["median", "mean", "p90", "p99"]
     assert settings.get("metrics") == {
-        "e2e": {"column": "e2e_s", "label": "E2E"},
-        "ttft": {"column": "ttft_s", "label": "TTFT"},
-        "tpot": {"column": "tpot_s", "label": "TPOT"},
+        "e2e": {"column": "e2e_s", "label": "E2E", "title": "End-to-end latency"},
+        "ttft": {"column": "ttft_s", "label": "TTFT", "title": "Time to first token"},
+        "tpot": {"column": "tpot_s", "label": "TPOT", "title": "Time per output token"},
     }
     assert json.loads(to_json(result)) == json.loads(json.dumps(result))

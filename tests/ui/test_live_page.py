@@ -155,6 +155,8 @@ def _check(dom: _Dom, result: StatsResult) -> None:
     assert {m: spec["label"] for m, spec in settings.get("metrics", {}).items()} == METRICS
     headers = ["".join(text).strip() for tag, _, text in dom.elements if tag == "th"]
     assert headers[: 1 + len(STATISTICS)] == ["metric", *STATISTICS]
+    options = [(a["value"], "".join(t).strip()) for tag, a, t in dom.elements if tag == "option"]
+    assert options[: len(METRICS)] == list(METRICS.items())  # the chart's metric picker
     (summary,) = [t for a, t in dom.find(id="diagnosis-summary")]
     assert summary == f"diagnosis: {window['diagnosis']['summary']}"
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specproxy import metrics as m
+from specproxy.stats.result import METRICS, STATISTICS
 
 __all__ = [
     "DASHBOARD_FILENAME",
@@ -49,12 +50,8 @@ Json = dict[str, Any]
 DASHBOARD_UID = "specproxy-ab"
 DASHBOARD_FILENAME = "specproxy.json"
 SCHEMA_VERSION = 39
-COMPARED_METRICS = (
-    ("e2e", "End-to-end latency"),
-    ("ttft", "Time to first token"),
-    ("tpot", "Time per output token"),
-)
-STATISTICS = ("median", "mean", "p90", "p99")
+# The compared metrics and the statistics: the stats result's own lists (`stats.result`).
+COMPARED_METRICS = tuple((name, spec.title) for name, spec in METRICS.items())
 QUANTILES = (0.5, 0.9, 0.99)
 
 DATASOURCE: Json = {"type": "prometheus", "uid": "${datasource}"}

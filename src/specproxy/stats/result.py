@@ -72,16 +72,18 @@ Metric = Literal["e2e", "ttft", "tpot"]
 
 
 class MetricSpec(NamedTuple):
-    """A compared latency: the record column it reads and the label people see."""
+    """A compared latency: the record column it reads, its short label (tables, /ui) and its
+    title (dashboard rows)."""
 
     column: str
     label: str
+    title: str
 
 
 METRICS: Final[dict[Metric, MetricSpec]] = {
-    "e2e": MetricSpec("e2e_s", "E2E"),
-    "ttft": MetricSpec("ttft_s", "TTFT"),
-    "tpot": MetricSpec("tpot_s", "TPOT"),
+    "e2e": MetricSpec("e2e_s", "E2E", "End-to-end latency"),
+    "ttft": MetricSpec("ttft_s", "TTFT", "Time to first token"),
+    "tpot": MetricSpec("tpot_s", "TPOT", "Time per output token"),
 }
 METRIC_COLUMNS: Final[dict[str, str]] = {name: m.column for name, m in METRICS.items()}
 
@@ -207,7 +209,7 @@ class Settings(TypedDict):
     restart_warmup_requests: int  # scrape.warmup_requests
     restart_warmup_seconds: float  # scrape.warmup_seconds
     statistics: NotRequired[list[str]]  # `STATISTICS` (absent in results stored before)
-    metrics: NotRequired[dict[str, dict[str, str]]]  # `METRICS`: {name: {column, label}}
+    metrics: NotRequired[dict[str, dict[str, str]]]  # `METRICS`: {name: {column, label, title}}
 
 
 class StatsResult(TypedDict):

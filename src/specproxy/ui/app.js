@@ -148,7 +148,7 @@ async function poll() {
     const run = result.run_id ? "run " + result.run_id + ", " : "";
     setStatus(run + "stats computed at " + when + ", design " + (win.design || "split"), false);
     document.body.setAttribute("data-computed-at", String(result.computed_at));
-    if (typeof renderCharts === "function") await renderCharts();  // charts.js
+    if (typeof renderCharts === "function") await renderCharts(metricLabels(result));  // charts.js
   } catch (err) {
     setStatus("cannot read /api/stats: " + err.message, true);
   }

@@ -7,7 +7,7 @@
 const SVG_NS = "http://www.w3.org/2000/svg";
 const CHART = { width: 640, height: 230, left: 56, right: 12, top: 22, bottom: 28 };
 const ARM_COLORS = { speculative: "#1f6feb", baseline: "#d9822b" };
-const CHART_METRICS = { e2e: "E2E", ttft: "TTFT", tpot: "TPOT" };
+let chartLabels = {};  // {metric: label}, from the stats result's settings (see app.js)
 
 function svgEl(tag, attrs, text) {
   const node = document.createElementNS(SVG_NS, tag);
@@ -102,7 +102,7 @@ function drawLatency(svg, history, metric) {
   }
   const all = series.flatMap((s) => s.pts.map((p) => p[1]));
   const { sx, sy } = frame(svg, series.flatMap((s) => s.pts.map((p) => p[0])), 0, Math.max(...all) * 1.05,
-    (v) => String(Math.round(v)), CHART_METRICS[metric] + " latency, ms");
+    (v) => String(Math.round(v)), (chartLabels[metric] || metric) + " latency, ms");
   for (const s of series) {
     svg.appendChild(svgEl("path", {
       d: pathOf(s.pts.map(([t, v]) => [sx(t), sy(v)])),
@@ -111,7 +111,26 @@ function drawLatency(svg, history, metric) {
   }
 }
 
-async function renderCharts() {
+// One <option> per metric the result declares, keeping the current choice.
+function fillMetricPicker(labels) {
+  const pick = document.getElementById("chart-metric");
+  const names = Object.keys(labels);
+  if (names.join(",") === Array.from(pick.options, (o) => o.value).join(",")) return;
+  const chosen = names.includes(pick.value) ? pick.value : names[0];
+  pick.replaceChildren(...names.map((n) => {
+    const option = document.createElement("option");
+    option.value = n;
+    option.textContent = labels[n];
+    return option;
+  }));
+  pick.value = chosen;
+}
+
+async function renderCharts(labels) {
+  if (labels) {
+    chartLabels = labels;
+    fillMetricPicker(labels);
+  }
   let history;
   try {
     const resp = await fetch("/api/stats/history", { cache: "no-store" });
