@@ -57,6 +57,7 @@ __all__ = [
     "percentile_interval",
     "split_replicates",
     "split_speedup_intervals",
+    "windowed_quantile_replicates",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -210,11 +211,11 @@ def histogram_replicates(
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[stat] = (weights @ coarse.means) / weights.sum(axis=1)
         else:
-            out[stat] = _windowed_quantile(fine, QUANTILE_LEVELS[stat], rng, resamples)
+            out[stat] = windowed_quantile_replicates(fine, QUANTILE_LEVELS[stat], rng, resamples)
     return out
 
 
-def _windowed_quantile(
+def windowed_quantile_replicates(
     hist: LogHistogram, p: float, rng: np.random.Generator, resamples: int
 ) -> FloatArray:
     """Replicates of the lower order statistic at rank floor((T-1)p) of a Poisson reweighting."""

@@ -21,6 +21,8 @@ import numpy.typing as npt
 
 from specproxy.records import Arm
 from specproxy.stats.adjust import adjusted_speedup
+from specproxy.stats.blockboot import ArmBlocks, BlockBootstrapResult, block_speedup_intervals
+from specproxy.stats.blocklength import unit_seconds
 from specproxy.stats.bootstrap import (
     DEFAULT_RESAMPLES,
     Interval,
@@ -35,8 +37,10 @@ from specproxy.stats.result import (
     METRIC_COLUMNS,
     MetricResult,
     Speedup,
+    TimeBlocks,
     WindowComparison,
 )
+from specproxy.stats.result import Interval as IntervalResult
 from specproxy.stats.samplesize import samples_for_median_change
 from specproxy.stats.sequential import compare_sequential
 
@@ -79,6 +83,44 @@ def _positive(values: npt.NDArray[Any]) -> FloatArray:
     return v[np.isfinite(v) & (v > 0)]
 
 
+def _positive_times(values: npt.NDArray[Any], times: npt.NDArray[Any]) -> FloatArray:
+    """The start times of the values `_positive` keeps."""
+    v = np.asarray(values, dtype=np.float64)
+    return np.asarray(times, dtype=np.float64)[np.isfinite(v) & (v > 0)]
+
+
+def _time_blocks(
+    intervals: dict[str, Interval],
+    values: tuple[FloatArray, FloatArray],
+    times: tuple[FloatArray, FloatArray],
+    settings: CompareSettings,
+    rng: np.random.Generator,
+) -> BlockBootstrapResult | None:
+    """Block bootstrap over time units of the window (see `blockboot`); the i.i.d. intervals
+    already computed are kept as its i.i.d. half. None when an arm is empty."""
+    b_t, s_t = times
+    if b_t.size == 0 or s_t.size == 0:
+        return None
+    t0 = float(min(b_t.min(), s_t.min()))
+    span = float(max(b_t.max(), s_t.max())) - t0
+    unit = unit_seconds(span)
+    units = int(span // unit) + 1
+    arms = [
+        ArmBlocks.from_values(np.floor((t - t0) / unit).astype(np.int64), v, units)
+        for v, t in zip(values, times, strict=True)
+    ]
+    return block_speedup_intervals(
+        arms[0],
+        arms[1],
+        statistics=list(intervals),
+        rng=rng,
+        resamples=settings.resamples,
+        confidence=settings.confidence,
+        estimates={k: v.estimate for k, v in intervals.items()},
+        iid=intervals,
+    )
+
+
 def _pairs(base: ArmArrays, spec: ArmArrays) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """Indices into each arm of the records sharing a pair id."""
 
@@ -101,10 +143,15 @@ def _subset(arrays: ArmArrays, mask: npt.NDArray[Any]) -> ArmArrays:
 
 
 def _speedup_block(
-    intervals: dict[str, Interval], n_b: int, n_s: int, confidence: float
+    intervals: dict[str, Interval],
+    n_b: int,
+    n_s: int,
+    confidence: float,
+    blocks: BlockBootstrapResult | None,
 ) -> dict[str, Speedup]:
     block: dict[str, Speedup] = {}
     for stat, interval in intervals.items():
+        timed = blocks.intervals[stat] if blocks is not None else None
         needed = {
             Arm.BASELINE.value: samples_needed(stat, n_b, confidence),
             Arm.SPECULATIVE.value: samples_needed(stat, n_s, confidence),
@@ -118,22 +165,60 @@ def _speedup_block(
                 "upper": None,
             }
         else:
-            block[stat] = {"status": "ok", "n_needed": needed, **interval.to_dict()}
+            shown = _typed(timed.interval if timed is not None else interval)
+            block[stat] = {
+                "status": "ok",
+                "n_needed": needed,
+                "estimate": shown["estimate"],
+                "lower": shown["lower"],
+                "upper": shown["upper"],
+            }
+        block[stat]["method"] = timed.reported if timed is not None else "iid"
+        block[stat]["iid"] = _typed(interval)
+        block[stat]["block"] = _typed(timed.block) if timed is not None else None
+        block[stat]["differs"] = timed.differs if timed is not None else False
+        block[stat]["interval_note"] = timed.reason if timed is not None else None
     return block
+
+
+def _time_blocks_result(blocks: BlockBootstrapResult | None) -> TimeBlocks | None:
+    if blocks is None:
+        return None
+    plan = blocks.plan
+    return {
+        "units": plan.units,
+        "block_units": plan.block_units,
+        "blocks": plan.blocks,
+        "politis_white": round(plan.politis_white, 3),
+        "reliable": plan.reliable,
+    }
+
+
+def _typed(interval: Interval) -> IntervalResult:
+    return {
+        "estimate": _finite(interval.estimate),
+        "lower": _finite(interval.lower),
+        "upper": _finite(interval.upper),
+    }
 
 
 def _metric_block(
     metric: str,
     primary: tuple[ArmArrays, ArmArrays],
-    paired: tuple[FloatArray, FloatArray] | None,
+    paired: tuple[FloatArray, FloatArray, FloatArray] | None,
     settings: CompareSettings,
     rng: np.random.Generator,
 ) -> MetricResult:
     column = METRIC_COLUMNS[metric]
     base = _positive(primary[0][column])
     spec = _positive(primary[1][column])
+    times = (
+        _positive_times(primary[0][column], primary[0]["t_start"]),
+        _positive_times(primary[1][column], primary[1]["t_start"]),
+    )
     if paired is not None:
-        b_used, s_used = paired
+        b_used, s_used, pair_t = paired
+        times = (pair_t, pair_t)  # both members of a pair in the same time unit
         intervals = paired_speedup_intervals(
             b_used,
             s_used,
@@ -152,9 +237,11 @@ def _metric_block(
             resamples=settings.resamples,
             confidence=settings.confidence,
         )
+    blocks = _time_blocks(intervals, (b_used, s_used), times, settings, rng)
     block: MetricResult = {
         "n": {Arm.BASELINE.value: int(b_used.size), Arm.SPECULATIVE.value: int(s_used.size)},
-        "speedup": _speedup_block(intervals, b_used.size, s_used.size, settings.confidence),
+        "speedup": _speedup_block(intervals, b_used.size, s_used.size, settings.confidence, blocks),
+        "time_blocks": _time_blocks_result(blocks),
         "summary": {
             arm.value: {stat: _finite(point_statistic(v, stat)) for stat in STATISTICS}
             for arm, v in ((Arm.BASELINE, b_used), (Arm.SPECULATIVE, s_used))
@@ -215,12 +302,16 @@ def compare_window(
     )
     metrics: dict[str, MetricResult] = {}
     for metric, column in METRIC_COLUMNS.items():
-        paired: tuple[FloatArray, FloatArray] | None = None
+        paired: tuple[FloatArray, FloatArray, FloatArray] | None = None
         if design == "paired":
             b = np.asarray(base_all[column], dtype=np.float64)[pair_b]
             s = np.asarray(spec_all[column], dtype=np.float64)[pair_s]
+            t = np.minimum(
+                np.asarray(base_all["t_start"], dtype=np.float64)[pair_b],
+                np.asarray(spec_all["t_start"], dtype=np.float64)[pair_s],
+            )
             ok = np.isfinite(b) & np.isfinite(s) & (b > 0) & (s > 0)
-            paired = (b[ok], s[ok])
+            paired = (b[ok], s[ok], t[ok])
         metrics[metric] = _metric_block(metric, primary, paired, settings, rng)
     metrics_ok = metrics["tpot"]["speedup"]["median"]
     if metrics_ok["status"] != "ok":

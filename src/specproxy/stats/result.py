@@ -56,6 +56,7 @@ __all__ = [
     "Speedup",
     "Statistic",
     "StatsResult",
+    "TimeBlocks",
     "Verdict",
     "WindowComparison",
     "WindowResult",
@@ -103,6 +104,23 @@ class Speedup(Interval):
 
     status: Literal["ok", "insufficient"]
     n_needed: dict[str, int]  # per arm: more samples the statistic needs (0 = enough)
+    # `stats.blockboot`: estimate/lower/upper are the time-block interval ("block") unless the
+    # window has too few time blocks ("iid"); both are kept, and why they differ materially
+    method: NotRequired[Literal["block", "iid"]]
+    iid: NotRequired[Interval]
+    block: NotRequired[Interval | None]
+    differs: NotRequired[bool]  # log-width ratio outside [1/1.25, 1.25]
+    interval_note: NotRequired[str | None]
+
+
+class TimeBlocks(TypedDict):
+    """The block bootstrap's blocks (`stats.blocklength`): time units, units per block, why."""
+
+    units: int
+    block_units: int
+    blocks: int
+    politis_white: float
+    reliable: bool  # at least 20 blocks
 
 
 class Outliers(TypedDict):
@@ -154,6 +172,7 @@ class MetricResult(TypedDict):
     adjusted: Adjusted | None  # e2e only
     sequential: Sequential | None  # None while an arm is empty
     verdict: Verdict
+    time_blocks: NotRequired[TimeBlocks | None]  # None while an arm is empty
 
 
 class EngineArm(TypedDict):
