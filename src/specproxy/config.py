@@ -139,7 +139,9 @@ class StoreConfig:
     batch_size: int = 2000
     max_buffer: int = 200_000  # records held in memory before spilling to `spill_path`
     spill_path: str = "specproxy-spill.jsonl"
-    retention_days: float | None = None  # None keeps everything
+    retention_days: float | None = None  # raw rows (requests, engine samples, stats); None = keep
+    # per-minute rollups (the statistics of big windows); kept longer than rows. None = keep
+    rollup_retention_days: float | None = None
 
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
@@ -155,6 +157,12 @@ class StoreConfig:
             self.retention_days is None or self.retention_days > 0,
             "store.retention_days",
             "must be > 0",
+        )
+        rollup = self.rollup_retention_days
+        _check(
+            rollup is None or (self.retention_days is not None and rollup >= self.retention_days),
+            "store.rollup_retention_days",
+            "needs store.retention_days and must be at least it (rollups outlive raw rows)",
         )
 
 

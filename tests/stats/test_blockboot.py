@@ -19,8 +19,8 @@ import numpy.typing as npt
 import pytest
 import scipy.signal
 
+from specproxy.loggrid import GRID_ERROR_BOUND, GRID_LOG_WIDTH
 from specproxy.stats.blockboot import ArmBlocks, _block_quantile, _regroup, block_speedup_intervals
-from specproxy.stats.loggrid import GRID_ERROR_BOUND, GRID_LOG_WIDTH
 from specproxy.stats.quantile import STATISTICS
 
 FloatArray = npt.NDArray[np.float64]

@@ -73,7 +73,7 @@ async def test_sqlite_v1_store_is_upgraded(tmp_path: Path) -> None:
     await _check_upgraded(f"sqlite:///{db}", tmp_path)
     with sqlite3.connect(db) as conn:
         versions = [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
-    assert versions == [1, 2, 3]
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
 
 
 async def test_postgres_v1_store_is_upgraded(pg_url: str, tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ async def test_postgres_v1_store_is_upgraded(pg_url: str, tmp_path: Path) -> Non
         versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version")]
     finally:
         await conn.close()
-    assert sorted(versions) == [1, 2, 3]
+    assert sorted(versions) == list(range(1, SCHEMA_VERSION + 1))
 
 
 async def test_two_stores_migrating_at_once_apply_each_version_once(
@@ -112,7 +112,7 @@ async def test_two_stores_migrating_at_once_apply_each_version_once(
         versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version")]
     finally:
         await conn.close()
-    assert sorted(versions) == [1, 2, 3]
+    assert sorted(versions) == list(range(1, SCHEMA_VERSION + 1))
     await asyncio.gather(*(s.close() for s in stores))
 
 

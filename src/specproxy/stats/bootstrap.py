@@ -41,6 +41,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from specproxy.loggrid import GRID_REL_WIDTH
 from specproxy.stats import result as schema
 from specproxy.stats.quantile import QUANTILE_LEVELS, point_statistic
 
@@ -64,7 +65,7 @@ FloatArray = npt.NDArray[np.float64]
 
 DEFAULT_RESAMPLES: Final = 2000
 HISTOGRAM_MIN_N: Final = 20_000  # per arm; above it the histogram engine is used
-HISTOGRAM_REL_WIDTH: Final = 2e-4  # bins are 0.02 % wide, well below a P50 CI at n = 1M
+HISTOGRAM_REL_WIDTH: Final = GRID_REL_WIDTH  # 0.02 % wide; the rollups' fixed grid shares it
 HISTOGRAM_MEAN_REL_WIDTH: Final = 1e-2  # the mean needs every bin, so its bins are coarser
 # Worst-case relative error the binning adds to a CI bound of a quantile ratio / a mean ratio.
 HISTOGRAM_ERROR_BOUND: Final = math.expm1(math.log1p(HISTOGRAM_REL_WIDTH))

@@ -30,7 +30,7 @@ from specproxy.stats.bootstrap import (
     split_speedup_intervals,
 )
 from specproxy.stats.clean import count_outliers, usable_mask
-from specproxy.stats.diagnosis import DiagnosisInput, EngineSummary, diagnose
+from specproxy.stats.diagnosis import Diagnosis, DiagnosisInput, EngineSummary, diagnose
 from specproxy.stats.quantile import STATISTICS, point_statistic, samples_needed
 from specproxy.stats.ranktests import rank_tests
 from specproxy.stats.result import (
@@ -49,6 +49,8 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "CompareSettings",
     "compare_window",
+    "diagnose_metrics",
+    "speedup_block",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -101,10 +103,10 @@ def _time_blocks(
     b_t, s_t = times
     if b_t.size == 0 or s_t.size == 0:
         return None
-    t0 = float(min(b_t.min(), s_t.min()))
-    span = float(max(b_t.max(), s_t.max())) - t0
-    unit = unit_seconds(span)
-    units = int(span // unit) + 1
+    first = float(min(b_t.min(), s_t.min()))
+    unit = unit_seconds(float(max(b_t.max(), s_t.max())) - first)
+    t0 = math.floor(first / unit) * unit  # minute units coincide with the rollups' minutes
+    units = int((float(max(b_t.max(), s_t.max())) - t0) // unit) + 1
     arms = [
         ArmBlocks.from_values(np.floor((t - t0) / unit).astype(np.int64), v, units)
         for v, t in zip(values, times, strict=True)
@@ -142,7 +144,7 @@ def _subset(arrays: ArmArrays, mask: npt.NDArray[Any]) -> ArmArrays:
     return {k: np.asarray(v)[mask] for k, v in arrays.items()}
 
 
-def _speedup_block(
+def speedup_block(
     intervals: dict[str, Interval],
     n_b: int,
     n_s: int,
@@ -181,7 +183,7 @@ def _speedup_block(
     return block
 
 
-def _time_blocks_result(blocks: BlockBootstrapResult | None) -> TimeBlocks | None:
+def time_blocks_result(blocks: BlockBootstrapResult | None) -> TimeBlocks | None:
     if blocks is None:
         return None
     plan = blocks.plan
@@ -240,8 +242,8 @@ def _metric_block(
     blocks = _time_blocks(intervals, (b_used, s_used), times, settings, rng)
     block: MetricResult = {
         "n": {Arm.BASELINE.value: int(b_used.size), Arm.SPECULATIVE.value: int(s_used.size)},
-        "speedup": _speedup_block(intervals, b_used.size, s_used.size, settings.confidence, blocks),
-        "time_blocks": _time_blocks_result(blocks),
+        "speedup": speedup_block(intervals, b_used.size, s_used.size, settings.confidence, blocks),
+        "time_blocks": time_blocks_result(blocks),
         "summary": {
             arm.value: {stat: _finite(point_statistic(v, stat)) for stat in STATISTICS}
             for arm, v in ((Arm.BASELINE, b_used), (Arm.SPECULATIVE, s_used))
@@ -313,6 +315,22 @@ def compare_window(
             ok = np.isfinite(b) & np.isfinite(s) & (b > 0) & (s > 0)
             paired = (b[ok], s[ok], t[ok])
         metrics[metric] = _metric_block(metric, primary, paired, settings, rng)
+    diagnosis = diagnose_metrics(metrics, engine)
+    return {
+        "design": design,
+        "pairs": int(pair_b.size),
+        "samples": {
+            Arm.BASELINE.value: len(base_all["t_start"]),
+            Arm.SPECULATIVE.value: len(spec_all["t_start"]),
+        },
+        "metrics": metrics,
+        "engine": {arm.value: summary.to_dict() for arm, summary in engine.items()},
+        "diagnosis": diagnosis.to_dict(),
+    }
+
+
+def diagnose_metrics(metrics: dict[str, Any], engine: dict[Arm, EngineSummary]) -> Diagnosis:
+    """The diagnosis tree on a window's metric blocks (raw-row or rollup comparisons alike)."""
     metrics_ok = metrics["tpot"]["speedup"]["median"]
     if metrics_ok["status"] != "ok":
         metrics_ok = metrics["e2e"]["speedup"]["median"]
@@ -325,7 +343,7 @@ def compare_window(
         if ttft_median is not None and spec_summary["median"]
         else None
     )
-    diagnosis = diagnose(
+    return diagnose(
         DiagnosisInput(
             speedup=_nan(metrics_ok["estimate"]),
             speedup_lower=_nan(metrics_ok["lower"]),
@@ -337,17 +355,6 @@ def compare_window(
             ttft_share=share,
         )
     )
-    return {
-        "design": design,
-        "pairs": int(pair_b.size),
-        "samples": {
-            Arm.BASELINE.value: len(base_all["t_start"]),
-            Arm.SPECULATIVE.value: len(spec_all["t_start"]),
-        },
-        "metrics": metrics,
-        "engine": {arm.value: summary.to_dict() for arm, summary in engine.items()},
-        "diagnosis": diagnosis.to_dict(),
-    }
 
 
 def _nan(x: float | None) -> float:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -47,9 +48,11 @@ from specproxy.stats.result import Verdict
 
 __all__ = [
     "DEFAULT_TUNED_FOR_N",
+    "RankedArm",
     "SequentialResult",
     "Verdict",
     "compare_sequential",
+    "compare_sequential_ranked",
     "count_boundaries",
     "quantile_confidence_sequence",
 ]
@@ -165,12 +168,45 @@ class SequentialResult:
         }
 
 
+OrderStatistic = Callable[[int], float]  # 1-based rank -> value
+
+
+@dataclass(frozen=True, slots=True)
+class RankedArm:
+    """An arm seen only through its size and its order statistics (raw values or a histogram)."""
+
+    n: int
+    order_statistic: OrderStatistic
+
+    @classmethod
+    def of_values(cls, values: FloatArray) -> RankedArm:
+        ordered = np.sort(values)
+        return cls(int(ordered.size), lambda k: float(ordered[k - 1]))
+
+    @classmethod
+    def of_histogram(cls, values_of_bins: FloatArray, counts: npt.NDArray[np.int64]) -> RankedArm:
+        """Bins in increasing order, each represented by one value (its centre): order statistics
+        are then within half a bin of the exact ones (`loggrid.GRID_ERROR_BOUND`)."""
+        cum = np.cumsum(counts)
+        return cls(
+            int(cum[-1]) if cum.size else 0,
+            lambda k: float(values_of_bins[int(np.searchsorted(cum, k, side="left"))]),
+        )
+
+
+def _cs(arm: RankedArm, p: float, alpha: float, tuned_for_n: int) -> tuple[float, float]:
+    k_lo, k_hi = count_boundaries(arm.n, p, alpha, tuned_for_n)
+    lower = arm.order_statistic(k_lo) if 1 <= k_lo <= arm.n else -math.inf
+    upper = arm.order_statistic(k_hi) if 1 <= k_hi <= arm.n else math.inf
+    return lower, upper
+
+
 def _ratio_bounds(
-    baseline: FloatArray, speculative: FloatArray, p: float, alpha: float, tuned_for_n: int
+    baseline: RankedArm, speculative: RankedArm, p: float, alpha: float, tuned_for_n: int
 ) -> tuple[float, float]:
     """Time-uniform bounds on Q_spec(p) / Q_base(p), each arm's CS at alpha / 2."""
-    b_lo, b_hi = quantile_confidence_sequence(baseline, p, alpha / 2, tuned_for_n)
-    s_lo, s_hi = quantile_confidence_sequence(speculative, p, alpha / 2, tuned_for_n)
+    b_lo, b_hi = _cs(baseline, p, alpha / 2, tuned_for_n)
+    s_lo, s_hi = _cs(speculative, p, alpha / 2, tuned_for_n)
     with np.errstate(divide="ignore", invalid="ignore"):
         lower = s_lo / b_hi if math.isfinite(b_hi) and b_hi > 0 and s_lo > 0 else 0.0
         upper = s_hi / b_lo if b_lo > 0 and math.isfinite(s_hi) else math.inf
@@ -186,6 +222,24 @@ def compare_sequential(
     tuned_for_n: int = DEFAULT_TUNED_FOR_N,
 ) -> SequentialResult:
     """Run the P99-slowdown and median tests on positive latencies of both arms."""
+    return compare_sequential_ranked(
+        RankedArm.of_values(baseline),
+        RankedArm.of_values(speculative),
+        alpha=alpha,
+        tolerance=tolerance,
+        tuned_for_n=tuned_for_n,
+    )
+
+
+def compare_sequential_ranked(
+    baseline: RankedArm,
+    speculative: RankedArm,
+    *,
+    alpha: float = 0.05,
+    tolerance: float = 0.05,
+    tuned_for_n: int = DEFAULT_TUNED_FOR_N,
+) -> SequentialResult:
+    """`compare_sequential` for arms given by their order statistics (e.g. rollup histograms)."""
     p99_lo, p99_hi = _ratio_bounds(baseline, speculative, 0.99, alpha, tuned_for_n)
     med_lo, med_hi = _ratio_bounds(baseline, speculative, 0.5, alpha, tuned_for_n)
     return SequentialResult(

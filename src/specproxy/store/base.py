@@ -24,6 +24,7 @@ from typing import Any
 
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.store.arrays import ArmArrays, check_columns
+from specproxy.store.rollups import RollupRows
 
 __all__ = ["ArmArrays", "RecordQuery", "Store"]
 
@@ -110,6 +111,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def _read_arrays(self, query: RecordQuery) -> dict[Arm, ArmArrays]:
         """`read_arrays` for a checked query: both arms, one entry each."""
+
+    @abc.abstractmethod
+    async def read_rollups(
+        self,
+        *,
+        run_id: str,
+        metric: str,
+        since_minute: int,
+        until_minute: int,
+        model: str | None = None,
+        with_bins: bool = True,
+    ) -> dict[Arm, RollupRows]:
+        """Per-minute rollups (see `specproxy.rollup`) of `metric` for minutes in
+        [since_minute, until_minute), per arm, rows of every model when `model` is None (the
+        caller sums them); `with_bins=False` reads only the per-minute summaries."""
 
     @abc.abstractmethod
     async def read_engine_samples(

@@ -17,6 +17,7 @@ import abc
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import EngineSample, RequestRecord
+from specproxy.rollup import ROLLUP_UNIT_S
 from specproxy.store.base import Store
 from specproxy.store.spill import Row, SpillSet
 
@@ -78,6 +80,10 @@ class BufferedStore(Store):
     @abc.abstractmethod
     async def _purge(self, before: float) -> int:
         """Delete rows older than `before` (Unix time); return how many went."""
+
+    @abc.abstractmethod
+    async def _purge_rollups(self, before_minute: int) -> int:
+        """Delete rollups of minutes before `before_minute`; return how many rows went."""
 
     def _rejects_rows(self, exc: BaseException) -> bool:
         """Whether a failed write means bad rows (never succeeds) rather than an outage.
@@ -354,11 +360,25 @@ class BufferedStore(Store):
 
     async def _maybe_purge(self) -> None:
         days = self.cfg.retention_days
+        rollup_days = self.cfg.rollup_retention_days
         now = time.time()
-        if days is None or now < self._next_purge:
+        if (days is None and rollup_days is None) or now < self._next_purge:
             return
         self._next_purge = now + PURGE_INTERVAL_S
-        await self.purge_older_than(now - days * 86400.0)
+        if days is not None:
+            await self.purge_older_than(now - days * 86400.0)
+        if rollup_days is not None:
+            await self.purge_rollups_older_than(now - rollup_days * 86400.0)
+
+    async def purge_rollups_older_than(self, before: float) -> int:
+        """Rollup retention: delete rollups of minutes that ended before `before`."""
+        async with self._lock:
+            if not await self._try_open():
+                raise StoreError("store unavailable")
+            removed = await self._purge_rollups(math.floor(before / ROLLUP_UNIT_S))
+        if removed:
+            log.info("retention: removed %d rollup rows older than %.0f", removed, before)
+        return removed
 
     async def purge_older_than(self, before: float) -> int:
         """Retention: delete requests, engine samples and stats older than `before`."""

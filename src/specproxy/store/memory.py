@@ -13,15 +13,18 @@ from typing import Any
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.rollup import rollup_records
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.registry import register_backend
+from specproxy.store.rollups import RollupRows, rollup_rows_from
 from specproxy.store.schema import REQUEST_COLUMNS
 
 __all__ = ["MemoryStore"]
 
 RequestKey = tuple[str, str, str, bool]
+RollupKey = tuple[str, int, str, str, str]  # run_id, minute, model, arm, metric
 
 
 @register_backend("memory")
@@ -34,14 +37,29 @@ class MemoryStore(BufferedStore):
         self._rows: dict[RequestKey, RequestRecord] = {}
         self._samples: dict[tuple[str, str, float], EngineSample] = {}
         self._stats: list[tuple[str, float, dict[str, Any]]] = []
+        self._minutes: dict[RollupKey, list[float]] = {}
+        self._bins: dict[RollupKey, dict[int, int]] = {}
 
     async def _open(self) -> None:
         self._check_up()
 
     async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
         self._check_up()
+        new: list[RequestRecord] = []
         for rec in requests:
-            self._rows.setdefault((rec.run_id, rec.request_id, rec.arm.value, rec.shadow), rec)
+            key = (rec.run_id, rec.request_id, rec.arm.value, rec.shadow)
+            if key not in self._rows:
+                self._rows[key] = rec
+                new.append(rec)
+        batch = rollup_records(new)  # additive, as the SQL stores' upserts
+        for run_id, minute, model, arm, metric, n, total, total_sq in batch.summaries:
+            acc = self._minutes.setdefault((run_id, minute, model, arm, metric), [0, 0.0, 0.0])
+            acc[0] += n
+            acc[1] += total
+            acc[2] += total_sq
+        for run_id, minute, model, arm, metric, b, count in batch.bins:
+            hist = self._bins.setdefault((run_id, minute, model, arm, metric), {})
+            hist[b] = hist.get(b, 0) + count
         for s in engine:
             self._samples.setdefault((s.run_id, s.arm.value, s.t), s)
 
@@ -59,6 +77,40 @@ class MemoryStore(BufferedStore):
         removed = len(old_rows) + len(old_samples) + len(self._stats) - len(kept)
         self._stats = kept
         return removed
+
+    async def _purge_rollups(self, before_minute: int) -> int:
+        old = [k for k in self._minutes if k[1] < before_minute]
+        removed = 0
+        for k in old:
+            del self._minutes[k]
+            removed += 1 + len(self._bins.pop(k, {}))
+        return removed
+
+    async def read_rollups(
+        self,
+        *,
+        run_id: str,
+        metric: str,
+        since_minute: int,
+        until_minute: int,
+        model: str | None = None,
+    ) -> dict[Arm, RollupRows]:
+        """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
+        out: dict[Arm, RollupRows] = {}
+        for arm in Arm:
+            keys = [
+                k
+                for k in self._minutes
+                if k[0] == run_id
+                and k[4] == metric
+                and since_minute <= k[1] < until_minute
+                and k[3] == arm.value
+                and (model is None or k[2] == model)
+            ]
+            minutes = [(k[1], int(v[0]), v[1], v[2]) for k in keys for v in [self._minutes[k]]]
+            bins = [(k[1], b, c) for k in keys for b, c in self._bins.get(k, {}).items()]
+            out[arm] = rollup_rows_from(minutes, bins)
+        return out
 
     def _check_up(self) -> None:
         if self.fail_writes:

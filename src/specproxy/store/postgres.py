@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.rollup import rollup_records
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
@@ -32,6 +33,15 @@ from specproxy.store.queries import (
     with_arm,
 )
 from specproxy.store.registry import register_backend
+from specproxy.store.rollups import (
+    RollupRows,
+    delete_rollups_sql,
+    read_bins_sql,
+    read_minutes_sql,
+    rollup_rows_from,
+    upsert_bins_sql,
+    upsert_minutes_sql,
+)
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
     REQUEST_COLUMNS,
@@ -55,8 +65,11 @@ _TEMP_TABLES = (
     "CREATE TEMP TABLE incoming_requests (LIKE requests) ON COMMIT DELETE ROWS",
     "CREATE TEMP TABLE incoming_engine (LIKE engine_samples) ON COMMIT DELETE ROWS",
 )
+# RETURNING names the rows actually inserted, so only they are rolled up (a replayed batch's
+# duplicates are not added to the rollups twice)
 _MOVE_REQUESTS = (
-    f"INSERT INTO requests ({_COLS}) SELECT {_COLS} FROM incoming_requests ON CONFLICT DO NOTHING"
+    f"INSERT INTO requests ({_COLS}) SELECT {_COLS} FROM incoming_requests ON CONFLICT DO NOTHING "
+    "RETURNING run_id, request_id, arm, shadow"
 )
 _MOVE_ENGINE = (
     f"INSERT INTO engine_samples ({_ENGINE_COLS}) SELECT {_ENGINE_COLS} FROM incoming_engine "
@@ -135,7 +148,17 @@ class PostgresStore(BufferedStore):
                     records=[request_row(r) for r in requests],
                     columns=REQUEST_COLUMNS,
                 )
-                await conn.execute(_MOVE_REQUESTS)
+                new = {
+                    (r["run_id"], r["request_id"], r["arm"], r["shadow"])
+                    for r in await conn.fetch(_MOVE_REQUESTS)
+                }
+                inserted = [
+                    r for r in requests if (r.run_id, r.request_id, r.arm.value, r.shadow) in new
+                ]
+                batch = await asyncio.to_thread(rollup_records, inserted)
+                if batch.summaries:
+                    await conn.executemany(upsert_minutes_sql("postgresql"), batch.summaries)
+                    await conn.executemany(upsert_bins_sql("postgresql"), batch.bins)
             if engine:
                 await conn.copy_records_to_table(
                     "incoming_engine",
@@ -155,6 +178,38 @@ class PostgresStore(BufferedStore):
                 status = await conn.execute(sql, before)
                 removed += int(status.split()[-1])
         return removed
+
+    async def _purge_rollups(self, before_minute: int) -> int:
+        removed = 0
+        async with self.pool.acquire() as conn, conn.transaction():
+            for sql in delete_rollups_sql("postgresql"):
+                status = await conn.execute(sql, before_minute)
+                removed += int(status.split()[-1])
+        return removed
+
+    async def read_rollups(
+        self,
+        *,
+        run_id: str,
+        metric: str,
+        since_minute: int,
+        until_minute: int,
+        model: str | None = None,
+    ) -> dict[Arm, RollupRows]:
+        """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
+        with_model = model is not None
+        out: dict[Arm, RollupRows] = {}
+        for arm in Arm:
+            params: tuple[Any, ...] = (run_id, metric, since_minute, until_minute, arm.value)
+            params += (model,) if with_model else ()
+            minutes = await self._fetch(
+                read_minutes_sql("postgresql", with_model=with_model), *params
+            )
+            bins = await self._fetch(read_bins_sql("postgresql", with_model=with_model), *params)
+            out[arm] = await asyncio.to_thread(
+                rollup_rows_from, [tuple(r) for r in minutes], [tuple(r) for r in bins]
+            )
+        return out
 
     async def _close_backend(self) -> None:
         if self._pool is not None:

@@ -176,10 +176,60 @@ _V2_POSTGRESQL = (
 _V3_SQLITE = ("ALTER TABLE requests ADD COLUMN engine_url TEXT",)
 _V3_POSTGRESQL = ("ALTER TABLE requests ADD COLUMN IF NOT EXISTS engine_url TEXT",)
 
+# Version 4: per-minute additive rollups (issue 14): a summary and a fixed-grid histogram per
+# (run, minute, model, arm, metric); the stats job reads these instead of rows for big windows.
+_V4_SQLITE = (
+    """CREATE TABLE IF NOT EXISTS rollup_minutes (
+        run_id TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        minute INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        total REAL NOT NULL,
+        total_sq REAL NOT NULL,
+        PRIMARY KEY (run_id, metric, minute, model, arm)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS rollup_bins (
+        run_id TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        minute INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        bin INTEGER NOT NULL,
+        count INTEGER NOT NULL,
+        PRIMARY KEY (run_id, metric, minute, model, arm, bin)
+    ) WITHOUT ROWID""",
+)
+_V4_POSTGRESQL = (
+    """CREATE TABLE IF NOT EXISTS rollup_minutes (
+        run_id TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        minute BIGINT NOT NULL,
+        model TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        n BIGINT NOT NULL,
+        total DOUBLE PRECISION NOT NULL,
+        total_sq DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run_id, metric, minute, model, arm)
+    )""",
+    """CREATE TABLE IF NOT EXISTS rollup_bins (
+        run_id TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        minute BIGINT NOT NULL,
+        model TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        bin INTEGER NOT NULL,
+        count BIGINT NOT NULL,
+        PRIMARY KEY (run_id, metric, minute, model, arm, bin)
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
     Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
     Migration(3, "engine endpoint of each request", _V3_SQLITE, _V3_POSTGRESQL),
+    Migration(4, "per-minute additive rollups", _V4_SQLITE, _V4_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -32,6 +32,7 @@ from specproxy.children import die_with_parent
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.rollup import rollup_records
 from specproxy.store.arrays import ArmArrays, arrow_to_arrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
@@ -45,6 +46,15 @@ from specproxy.store.queries import (
     with_arm,
 )
 from specproxy.store.registry import register_backend
+from specproxy.store.rollups import (
+    RollupRows,
+    delete_rollups_sql,
+    read_bins_sql,
+    read_minutes_sql,
+    rollup_rows_from,
+    upsert_bins_sql,
+    upsert_minutes_sql,
+)
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
     REQUEST_COLUMNS,
@@ -186,7 +196,10 @@ class SqliteStore(BufferedStore):
     def _write_sync(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
         def insert(conn: sqlite3.Connection) -> None:
             if requests:
-                conn.executemany(_INSERT_REQUEST, [request_row(r) for r in requests])
+                inserted = _insert_requests(conn, requests)
+                batch = rollup_records(inserted)
+                conn.executemany(upsert_minutes_sql("sqlite"), batch.summaries)
+                conn.executemany(upsert_bins_sql("sqlite"), batch.bins)
             if engine:
                 conn.executemany(_INSERT_ENGINE, [engine_row(s, "sqlite") for s in engine])
 
@@ -210,6 +223,17 @@ class SqliteStore(BufferedStore):
 
     async def _purge(self, before: float) -> int:
         return await self._on_writer(self._purge_sync, before)
+
+    def _purge_rollups_sync(self, before_minute: int) -> int:
+        def delete(conn: sqlite3.Connection) -> int:
+            return sum(
+                conn.execute(sql, (before_minute,)).rowcount for sql in delete_rollups_sql("sqlite")
+            )
+
+        return self._in_transaction(delete)
+
+    async def _purge_rollups(self, before_minute: int) -> int:
+        return await self._on_writer(self._purge_rollups_sync, before_minute)
 
     def _close_sync(self) -> None:
         if self._conn is not None:
@@ -275,6 +299,30 @@ class SqliteStore(BufferedStore):
             _adbc_reader_process(), read_arms_adbc, self.path, self.timeout_s, query
         )
 
+    async def read_rollups(
+        self,
+        *,
+        run_id: str,
+        metric: str,
+        since_minute: int,
+        until_minute: int,
+        model: str | None = None,
+    ) -> dict[Arm, RollupRows]:
+        """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
+        with_model = model is not None
+
+        def fetch(conn: sqlite3.Connection) -> dict[Arm, RollupRows]:
+            out: dict[Arm, RollupRows] = {}
+            for arm in Arm:
+                params: tuple[Any, ...] = (run_id, metric, since_minute, until_minute, arm.value)
+                params += (model,) if with_model else ()
+                minutes = conn.execute(read_minutes_sql("sqlite", with_model=with_model), params)
+                bins = conn.execute(read_bins_sql("sqlite", with_model=with_model), params)
+                out[arm] = rollup_rows_from(minutes.fetchall(), bins.fetchall())
+            return out
+
+        return await self._read(fetch)
+
     async def read_engine_samples(
         self, *, run_id: str, since: float | None = None, arm: Arm | None = None
     ) -> list[EngineSample]:
@@ -337,6 +385,27 @@ def _typed_export_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
     for i in _BOOL_INDEXES:
         values[i] = bool(values[i])
     return tuple(values)
+
+
+def _insert_requests(
+    conn: sqlite3.Connection, requests: list[RequestRecord]
+) -> list[RequestRecord]:
+    """Insert rows, ignoring duplicates; return the records that were actually new (so a batch
+    replayed from the spill file is not rolled up twice)."""
+    rows = [request_row(r) for r in requests]
+    before = conn.total_changes
+    conn.execute("SAVEPOINT requests_batch")
+    conn.executemany(_INSERT_REQUEST, rows)
+    if conn.total_changes - before == len(rows):
+        conn.execute("RELEASE requests_batch")
+        return requests
+    conn.execute("ROLLBACK TO requests_batch")
+    conn.execute("RELEASE requests_batch")
+    return [
+        r
+        for r, row in zip(requests, rows, strict=True)
+        if conn.execute(_INSERT_REQUEST, row).rowcount == 1
+    ]
 
 
 @dataclass(frozen=True, slots=True)

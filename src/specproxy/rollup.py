@@ -1,0 +1,112 @@
+"""Per-minute mergeable rollups: the unit the statistics work on when a window is too big for rows.
+
+A leaf shared by the store (which writes rollups with the rows) and the statistics (which read
+them); it depends on nothing but the records and the grid.
+
+For every (run, minute, model, arm, metric) a rollup holds
+  * a summary: count n, sum, sum of squares (exact; the mean and its block replicates use them);
+  * a sparse histogram on the fixed grid of `loggrid.py` (bins 0.02 % wide, the Poisson path's
+    width, so the documented bound `GRID_ERROR_BOUND` holds for quantiles from rollups).
+Both are sums over requests, so rollups merge by addition: every replica upserts the rollups of
+the rows it flushes with `count = count + excluded.count`, in the same transaction as the rows,
+and any number of replicas, batches or retries add up to the rollup of all rows (a batch is
+written once: the store retries a failed transaction as a whole).
+
+What is rolled up: primary (non-shadow) requests that are usable for the statistics (HTTP 200, no
+error kind, client still connected) with a finite positive metric value, exactly the rows the
+split-design comparison uses. Minute = floor(t_start / 60).
+
+The length adjustment's regression is NOT rolled up: it needs per-request covariates; windows
+analysed from rollups report it as unavailable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from specproxy.loggrid import bin_index
+from specproxy.records import RequestRecord
+
+__all__ = [
+    "ROLLUP_METRICS",
+    "ROLLUP_UNIT_S",
+    "BinRow",
+    "RollupBatch",
+    "SummaryRow",
+    "merge_batches",
+    "minute_of",
+    "rollup_records",
+    "usable_for_rollup",
+]
+
+ROLLUP_UNIT_S: Final = 60.0  # one minute: the rollups' (and the block bootstrap's) time unit
+# metric name -> record attribute (the same names as `compare.METRIC_COLUMNS`)
+ROLLUP_METRICS: Final[dict[str, str]] = {"e2e": "e2e_s", "ttft": "ttft_s", "tpot": "tpot_s"}
+
+# (run_id, minute, model, arm, metric, n, sum, sum_sq)
+SummaryRow = tuple[str, int, str, str, str, int, float, float]
+# (run_id, minute, model, arm, metric, bin, count)
+BinRow = tuple[str, int, str, str, str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RollupBatch:
+    """Additive rollup rows of a batch of records."""
+
+    summaries: list[SummaryRow]
+    bins: list[BinRow]
+
+
+def minute_of(t: float) -> int:
+    return math.floor(t / ROLLUP_UNIT_S)
+
+
+def usable_for_rollup(rec: RequestRecord) -> bool:
+    return rec.status == 200 and rec.error_kind is None and not rec.disconnected and not rec.shadow
+
+
+def rollup_records(records: Iterable[RequestRecord]) -> RollupBatch:
+    """The rollup rows of `records` (one summary per key, one row per occupied bin)."""
+    groups: dict[tuple[str, int, str, str, str], list[float]] = {}
+    for rec in records:
+        if not usable_for_rollup(rec):
+            continue
+        minute = minute_of(rec.t_start)
+        for metric, attr in ROLLUP_METRICS.items():
+            value = getattr(rec, attr)
+            if value is None or not math.isfinite(value) or value <= 0:
+                continue
+            key = (rec.run_id, minute, rec.model, rec.arm.value, metric)
+            groups.setdefault(key, []).append(float(value))
+    summaries: list[SummaryRow] = []
+    bins: list[BinRow] = []
+    for key, values in groups.items():
+        v = np.asarray(values, dtype=np.float64)
+        summaries.append((*key, int(v.size), float(v.sum()), float(v @ v)))
+        b, c = np.unique(bin_index(v), return_counts=True)
+        bins.extend((*key, int(i), int(n)) for i, n in zip(b, c, strict=True))
+    return RollupBatch(summaries, bins)
+
+
+def merge_batches(batches: Sequence[RollupBatch]) -> RollupBatch:
+    """Add rollup rows with equal keys (what the stores' additive upserts do)."""
+    summaries: dict[tuple[str, int, str, str, str], list[float]] = {}
+    bins: dict[tuple[str, int, str, str, str, int], int] = {}
+    for batch in batches:
+        for run_id, minute, model, arm, metric, n, total, total_sq in batch.summaries:
+            acc = summaries.setdefault((run_id, minute, model, arm, metric), [0, 0.0, 0.0])
+            acc[0] += n
+            acc[1] += total
+            acc[2] += total_sq
+        for run_id, minute, model, arm, metric, b, count in batch.bins:
+            k = (run_id, minute, model, arm, metric, b)
+            bins[k] = bins.get(k, 0) + count
+    return RollupBatch(
+        [(*k, int(v[0]), float(v[1]), float(v[2])) for k, v in summaries.items()],
+        [(*k, c) for k, c in bins.items()],
+    )

@@ -1,0 +1,107 @@
+"""One window's comparison computed from per-minute rollups instead of rows (pure, CPU only).
+
+Same schema as `compare.compare_window` (documented in `stats.job`), with `"source": "rollups"`.
+What rollups can give, and how:
+  * speedup CIs: the time-block bootstrap over minutes (`blockboot`), the i.i.d. interval beside it
+    from a per-observation Poisson bootstrap on the same histograms;
+  * summaries: quantiles from the grid histogram (within half a bin, `loggrid.GRID_ERROR_BOUND`),
+    the mean exact from the sums;
+  * the anytime-valid tests: the same confidence sequences, whose order statistics are read off
+    the histogram (`sequential.RankedArm.of_histogram`);
+  * NOT available (null, with `"unavailable"` naming them): rank tests, outlier counts and the
+    length adjustment (they need each request), the sample-size estimate. The design is always
+    "split": pairs need request ids.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import numpy as np
+
+from specproxy.loggrid import bin_centres
+from specproxy.records import Arm
+from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
+from specproxy.stats.compare import METRIC_COLUMNS, CompareSettings, diagnose_metrics, speedup_block
+from specproxy.stats.diagnosis import EngineSummary
+from specproxy.stats.quantile import STATISTICS
+from specproxy.stats.sequential import RankedArm, compare_sequential_ranked
+
+__all__ = ["UNAVAILABLE_FROM_ROLLUPS", "compare_rollup_window"]
+
+UNAVAILABLE_FROM_ROLLUPS: Final = (
+    "rank_tests",
+    "outliers",
+    "adjusted",
+    "samples_for_5pct_median",
+)
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _ranked(arm: ArmBlocks) -> RankedArm:
+    bins, counts = arm.pooled()
+    return RankedArm.of_histogram(bin_centres(bins), counts)
+
+
+def _metric_block(
+    base: ArmBlocks, spec: ArmBlocks, settings: CompareSettings, rng: np.random.Generator
+) -> dict[str, Any]:
+    result = block_speedup_intervals(
+        base,
+        spec,
+        statistics=STATISTICS,
+        rng=rng,
+        resamples=settings.resamples,
+        confidence=settings.confidence,
+    )
+    iid = {k: v.iid for k, v in result.intervals.items()}
+    block: dict[str, Any] = {
+        "n": {Arm.BASELINE.value: base.n, Arm.SPECULATIVE.value: spec.n},
+        "speedup": speedup_block(iid, base.n, spec.n, settings.confidence, result),
+        "time_blocks": result.plan.to_dict(),
+        "summary": {
+            arm.value: {stat: _finite(blocks.point_statistic(stat)) for stat in STATISTICS}
+            for arm, blocks in ((Arm.BASELINE, base), (Arm.SPECULATIVE, spec))
+        },
+        **dict.fromkeys(UNAVAILABLE_FROM_ROLLUPS),
+    }
+    if base.n and spec.n:
+        seq = compare_sequential_ranked(
+            _ranked(base), _ranked(spec), alpha=settings.alpha, tolerance=settings.p99_tolerance
+        )
+        block["sequential"] = seq.to_dict()
+        block["verdict"] = seq.verdict
+    else:
+        block["sequential"] = None
+        block["verdict"] = "inconclusive"
+    return block
+
+
+def compare_rollup_window(
+    arms: dict[str, dict[Arm, ArmBlocks]],
+    *,
+    engine: dict[Arm, EngineSummary],
+    settings: CompareSettings,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """Everything rollups allow for one window and model; `arms[metric][arm]`."""
+    metrics = {
+        metric: _metric_block(
+            arms[metric][Arm.BASELINE], arms[metric][Arm.SPECULATIVE], settings, rng
+        )
+        for metric in METRIC_COLUMNS
+    }
+    return {
+        "source": "rollups",
+        "design": "split",
+        "pairs": 0,
+        "samples": {arm.value: arms["e2e"][arm].n for arm in Arm},
+        "metrics": metrics,
+        "unavailable": list(UNAVAILABLE_FROM_ROLLUPS),
+        "engine": {arm.value: summary.to_dict() for arm, summary in engine.items()},
+        "diagnosis": diagnose_metrics(metrics, engine).to_dict(),
+    }

@@ -1,0 +1,195 @@
+"""Rows and rollups agree on the same data within the documented binning bound.
+
+The rollup path bins every value on the fixed grid; the exact path keeps the values. With the
+same bootstrap weights every quantile replicate of the rollup path is within exp(+-d/2) of the
+exact weighted order statistic, so ratio CI bounds agree within `GRID_ERROR_BOUND` (0.02 %),
+means agree exactly (sums are stored), and the anytime-valid bounds (order statistics) within the
+same bound.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from specproxy.loggrid import GRID_ERROR_BOUND, bin_centres
+from specproxy.records import Arm, RequestRecord
+from specproxy.rollup import minute_of, rollup_records
+from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
+from specproxy.stats.compare import CompareSettings, compare_window
+from specproxy.stats.quantile import QUANTILE_LEVELS, STATISTICS
+from specproxy.stats.rollupcompare import UNAVAILABLE_FROM_ROLLUPS, compare_rollup_window
+from specproxy.stats.sequential import RankedArm, compare_sequential, compare_sequential_ranked
+from specproxy.store.rollups import RollupRows, rollup_rows_from
+
+FloatArray = npt.NDArray[np.float64]
+T0 = 1_700_000_040.0  # a minute boundary
+MINUTES = 60
+BOUND = math.log1p(GRID_ERROR_BOUND) + 1e-12
+
+
+def _records(seed: int = 1, per_minute: int = 40) -> list[RequestRecord]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for arm, scale in ((Arm.BASELINE, 1.0), (Arm.SPECULATIVE, 1.3)):
+        n = MINUTES * per_minute
+        t = np.sort(rng.uniform(T0, T0 + MINUTES * 60, n))
+        e2e = rng.lognormal(0.0, 0.5, n) / scale
+        for i in range(n):
+            out.append(
+                RequestRecord(
+                    request_id=f"{arm.value}-{i}",
+                    run_id="run",
+                    arm=arm,
+                    t_start=float(t[i]),
+                    model="m",
+                    endpoint="completions",
+                    stream=True,
+                    status=200,
+                    e2e_s=float(e2e[i]),
+                    upstream_s=float(e2e[i]),
+                    ttft_s=float(e2e[i]) / 5,
+                    tpot_s=float(e2e[i]) / 50,
+                    prompt_tokens=10,
+                    output_tokens=40,
+                )
+            )
+    return out
+
+
+def _rows(records: list[RequestRecord], arm: Arm, metric: str) -> RollupRows:
+    batch = rollup_records(records)
+    minutes = [
+        (s[1], s[5], s[6], s[7]) for s in batch.summaries if s[3] == arm.value and s[4] == metric
+    ]
+    bins = [(b[1], b[5], b[6]) for b in batch.bins if b[3] == arm.value and b[4] == metric]
+    return rollup_rows_from(minutes, bins)
+
+
+def _raw(records: list[RequestRecord], arm: Arm) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    mine = [r for r in records if r.arm is arm]
+    values = np.array([r.e2e_s for r in mine])
+    units = np.array([minute_of(r.t_start) - minute_of(T0) for r in mine], dtype=np.int64)
+    return values, units
+
+
+def _exact_ci(
+    values: tuple[FloatArray, FloatArray],
+    units: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    weights: FloatArray,
+    block_units: int,
+    stat: str,
+) -> tuple[float, float]:
+    reps = []
+    for v, u in zip(values, units, strict=True):
+        order = np.argsort(v)
+        w = weights[:, u[order] // block_units]  # per-observation weight = its block's weight
+        if stat == "mean":
+            reps.append((w @ v[order]) / w.sum(axis=1))
+            continue
+        rank = np.floor((w.sum(axis=1) - 1) * QUANTILE_LEVELS[stat])
+        idx = (np.cumsum(w, axis=1) <= rank[:, None]).sum(axis=1)
+        reps.append(v[order][idx])
+    lo, hi = np.quantile(reps[0] / reps[1], [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+def test_rollup_block_cis_agree_with_the_exact_bootstrap_within_the_grid_bound() -> None:
+    records = _records()
+    arms = {
+        arm: ArmBlocks.from_rollups(_rows(records, arm, "e2e"), minute_of(T0), MINUTES)
+        for arm in Arm
+    }
+    raw = {arm: _raw(records, arm) for arm in Arm}
+    block_units, resamples, seed = 3, 400, 11
+    result = block_speedup_intervals(
+        arms[Arm.BASELINE],
+        arms[Arm.SPECULATIVE],
+        statistics=STATISTICS,
+        rng=np.random.default_rng(seed),
+        resamples=resamples,
+        block_units=block_units,
+    )
+    draws = np.random.default_rng(seed).poisson(1.0, size=(resamples, MINUTES // block_units))
+    weights = draws.astype(np.float64)
+    values = (raw[Arm.BASELINE][0], raw[Arm.SPECULATIVE][0])
+    units = (raw[Arm.BASELINE][1], raw[Arm.SPECULATIVE][1])
+    for stat in STATISTICS:
+        lo, hi = _exact_ci(values, units, weights, block_units, stat)
+        block = result.intervals[stat].block
+        tol = 1e-12 if stat == "mean" else BOUND
+        assert abs(math.log(block.lower / lo)) <= tol, stat
+        assert abs(math.log(block.upper / hi)) <= tol, stat
+
+
+def test_rollups_from_the_grid_equal_blocks_built_from_the_values() -> None:
+    records = _records(seed=2)
+    for arm in Arm:
+        values, units = _raw(records, arm)
+        from_rows = ArmBlocks.from_rollups(_rows(records, arm, "e2e"), minute_of(T0), MINUTES)
+        from_values = ArmBlocks.from_values(units, values, MINUTES)
+        assert from_rows.unit.tolist() == from_values.unit.tolist()
+        assert from_rows.bins.tolist() == from_values.bins.tolist()
+        assert from_rows.counts.tolist() == from_values.counts.tolist()
+        assert np.allclose(from_rows.unit_sum, from_values.unit_sum, rtol=1e-12)
+
+
+def test_sequential_bounds_from_histograms_agree_within_the_grid_bound() -> None:
+    records = _records(seed=3)
+    b, _ = _raw(records, Arm.BASELINE)
+    s, _ = _raw(records, Arm.SPECULATIVE)
+    exact = compare_sequential(b, s).to_dict()
+    ranked = []
+    for arm in (Arm.BASELINE, Arm.SPECULATIVE):
+        blocks = ArmBlocks.from_rollups(_rows(records, arm, "e2e"), minute_of(T0), MINUTES)
+        bins, counts = blocks.pooled()
+        ranked.append(RankedArm.of_histogram(bin_centres(bins), counts))
+    binned = compare_sequential_ranked(ranked[0], ranked[1]).to_dict()
+    for key in ("p99_ratio_lower", "p99_ratio_upper", "median_ratio_lower", "median_ratio_upper"):
+        e, r = exact[key], binned[key]
+        assert isinstance(e, float) and isinstance(r, float)
+        assert abs(math.log(r / e)) <= 2 * BOUND, key  # a ratio of two order statistics
+    assert exact["verdict"] == binned["verdict"]
+
+
+def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
+    records = _records(seed=4)
+    arms = {
+        metric: {
+            arm: ArmBlocks.from_rollups(_rows(records, arm, metric), minute_of(T0), MINUTES)
+            for arm in Arm
+        }
+        for metric in ("e2e", "ttft", "tpot")
+    }
+    settings = CompareSettings(resamples=300)
+    got = compare_rollup_window(arms, engine={}, settings=settings, rng=np.random.default_rng(0))
+    assert got["source"] == "rollups" and got["unavailable"] == list(UNAVAILABLE_FROM_ROLLUPS)
+    raw_arrays = {
+        arm: {
+            "t_start": np.array([r.t_start for r in records if r.arm is arm]),
+            "model": np.array([r.model for r in records if r.arm is arm], dtype=object),
+            "status": np.array([200.0 for r in records if r.arm is arm]),
+            "error_kind": np.array([None for r in records if r.arm is arm], dtype=object),
+            "disconnected": np.zeros(sum(r.arm is arm for r in records), dtype=bool),
+            "shadow": np.zeros(sum(r.arm is arm for r in records), dtype=bool),
+            "pair_id": np.array([None for r in records if r.arm is arm], dtype=object),
+            **{
+                c: np.array([float(getattr(r, c)) for r in records if r.arm is arm])
+                for c in ("e2e_s", "ttft_s", "tpot_s", "prompt_tokens", "output_tokens")
+            },
+        }
+        for arm in Arm
+    }
+    exact = compare_window(raw_arrays, engine={}, settings=settings, rng=np.random.default_rng(0))
+    for metric, block in got["metrics"].items():
+        assert set(block) == set(exact["metrics"][metric]), metric
+        for stat in STATISTICS:
+            assert block["speedup"][stat]["status"] == "ok"
+            e = exact["metrics"][metric]["summary"]["baseline"][stat]
+            r = block["summary"]["baseline"][stat]
+            assert r == pytest.approx(e, rel=0.01)  # linear vs lower order statistic at n=2400
+        assert block["verdict"] == exact["metrics"][metric]["verdict"]
+    assert set(got) - {"source", "unavailable"} == set(exact)
