@@ -194,6 +194,9 @@ class StatsConfig:
     p99_tolerance: float = 0.05  # "slower" means spec P99 > baseline P99 * (1 + tolerance)
     warmup_requests: int = 20  # first requests per arm excluded after start
     seed: int = 0
+    # rows vs rollups: a run with at most this many usable requests on its larger arm is analysed
+    # from its rows (exact, every test); beyond it from per-minute rollups (cost ~ minutes x bins)
+    raw_rows_max: int = 200_000
 
     def __post_init__(self) -> None:
         _check(self.interval_s > 0, "stats.interval_s", "must be > 0")
@@ -208,6 +211,7 @@ class StatsConfig:
         _check(0.0 < self.alpha < 0.5, "stats.alpha", "must be in (0, 0.5)")
         _check(self.p99_tolerance >= 0, "stats.p99_tolerance", "must be >= 0")
         _check(self.warmup_requests >= 0, "stats.warmup_requests", "must be >= 0")
+        _check(self.raw_rows_max >= 0, "stats.raw_rows_max", "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,3 +36,9 @@ def test_rank_tests_subsample_large_arms_and_handle_empty() -> None:
     out = rank_tests(rng.lognormal(size=25_000), rng.lognormal(size=25_000), rng)
     assert out.hl_lower < 1.0 < out.hl_upper
     assert np.isnan(rank_tests(np.array([]), np.ones(3), rng).mann_whitney_p)
+
+
+def test_hodges_lehmann_of_identical_constant_arms_terminates() -> None:
+    # all values equal (e.g. a fixed TTFT): the bisection used to loop forever at span 0
+    estimate, lower, upper = hodges_lehmann(np.full(50, 0.1), np.full(60, 0.1))
+    assert abs(estimate) <= 1e-12 and lower <= estimate <= upper

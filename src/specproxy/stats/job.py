@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.records import Arm, EngineSample
+from specproxy.rollup import ROLLUP_METRICS
 from specproxy.stats.clean import usable_mask, warmup_exclusion
 from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.compare import (
@@ -45,7 +46,14 @@ from specproxy.stats.compare import (
 )
 from specproxy.stats.diagnosis import summarise_engine
 from specproxy.stats.leader import Leadership
-from specproxy.stats.result import SCHEMA_VERSION, StatsResult, WindowResult, settings_lists
+from specproxy.stats.result import (
+    SCHEMA_VERSION,
+    Settings,
+    StatsResult,
+    WindowResult,
+    settings_lists,
+)
+from specproxy.stats.rollupjob import compute_from_rollups
 from specproxy.store.base import ArmArrays, Store
 
 __all__ = [
@@ -53,6 +61,7 @@ __all__ = [
     "StatsJob",
     "compute_from_arrays",
     "compute_stats",
+    "result_settings",
     "window_label",
 ]
 
@@ -160,26 +169,38 @@ def compute_from_arrays(
                 "excluded_warmup": n_excluded,
             }
         results[model] = per_window
-    statistics, metrics = settings_lists()
+    horizons = [float(np.max(a["t_start"])) for a in arrays.values() if len(a["t_start"])]
+    horizon = max(horizons) if horizons else None
+    computed_at = time.time()
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
-        "computed_at": time.time(),
+        "source": "rows",
+        "computed_at": computed_at,
         "duration_s": time.perf_counter() - started,
         "window_end": window_end,
-        "settings": {
-            "resamples": stats_cfg.resamples,
-            "confidence": stats_cfg.confidence,
-            "alpha": stats_cfg.alpha,
-            "p99_tolerance": stats_cfg.p99_tolerance,
-            "warmup_requests": stats_cfg.warmup_requests,
-            "seed": stats_cfg.seed,
-            "restart_warmup_requests": scrape_cfg.warmup_requests,
-            "restart_warmup_seconds": scrape_cfg.warmup_seconds,
-            "statistics": statistics,
-            "metrics": metrics,
-        },
+        "data_horizon": horizon,
+        "lag_s": computed_at - horizon if horizon is not None else None,
+        "settings": result_settings(stats_cfg, scrape_cfg),
         "results": results,
+    }
+
+
+def result_settings(stats_cfg: StatsConfig, scrape_cfg: ScrapeConfig) -> Settings:
+    """The settings block of a result (both the row and the rollup path)."""
+    statistics, metrics = settings_lists()
+    return {
+        "resamples": stats_cfg.resamples,
+        "confidence": stats_cfg.confidence,
+        "alpha": stats_cfg.alpha,
+        "p99_tolerance": stats_cfg.p99_tolerance,
+        "warmup_requests": stats_cfg.warmup_requests,
+        "seed": stats_cfg.seed,
+        "restart_warmup_requests": scrape_cfg.warmup_requests,
+        "restart_warmup_seconds": scrape_cfg.warmup_seconds,
+        "raw_rows_max": stats_cfg.raw_rows_max,
+        "statistics": statistics,
+        "metrics": metrics,
     }
 
 
@@ -192,7 +213,46 @@ async def compute_stats(
     window_end: float | None = None,
     model_label: Callable[[str], str] | None = None,
 ) -> StatsResult:
-    """Read the run from the store, then compute in a worker thread."""
+    """Read the run from the store, then compute in a worker thread.
+
+    Rows or rollups (`stats.raw_rows_max`, see `rollupjob`): the per-minute summaries tell how
+    many usable requests the run holds without touching its rows.
+    """
+    lo, hi = -(2**62), 2**62  # every minute of the run
+    sizes = await store.read_rollups(
+        run_id=run_id, metric="e2e", since_minute=lo, until_minute=hi, with_bins=False
+    )
+    if max(int(r.n.sum()) for r in sizes.values()) > stats_cfg.raw_rows_max:
+        rollups = {
+            m: await store.read_rollups(run_id=run_id, metric=m, since_minute=lo, until_minute=hi)
+            for m in ROLLUP_METRICS
+        }
+        samples = await store.read_engine_samples(run_id=run_id)
+        started = time.perf_counter()
+        scrape_cfg = scrape_cfg or ScrapeConfig()
+        out = await asyncio.to_thread(
+            compute_from_rollups,
+            rollups,
+            samples,
+            windows=[(w, window_label(w)) for w in stats_cfg.windows_s],
+            stats_cfg=stats_cfg,
+            scrape_cfg=scrape_cfg,
+            window_end=window_end,
+        )
+        computed_at = time.time()
+        horizon = out.data_horizon
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_id,
+            "source": "rollups",
+            "computed_at": computed_at,
+            "duration_s": time.perf_counter() - started,
+            "window_end": out.window_end,
+            "data_horizon": horizon,
+            "lag_s": computed_at - horizon if horizon is not None else None,
+            "settings": result_settings(stats_cfg, scrape_cfg),
+            "results": out.results,
+        }
     arrays = await store.read_arrays(run_id=run_id, columns=REQUIRED_COLUMNS)
     samples = await store.read_engine_samples(run_id=run_id)
     return await asyncio.to_thread(

@@ -60,6 +60,8 @@ def _kth_difference(a: FloatArray, b_sorted: FloatArray, k: int, span: float) ->
     tol = max(span, 1e-300) * 1e-12
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:  # adjacent floats: identical values (span 0) would loop forever
+            break
         if _count_le(a, b_sorted, mid) >= k:
             hi = mid
         else:

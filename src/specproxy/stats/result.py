@@ -227,6 +227,7 @@ class Settings(TypedDict):
     seed: int
     restart_warmup_requests: int  # scrape.warmup_requests
     restart_warmup_seconds: float  # scrape.warmup_seconds
+    raw_rows_max: NotRequired[int]  # stats.raw_rows_max: above it the rollup path (rollupjob)
     statistics: NotRequired[list[str]]  # `STATISTICS` (absent in results stored before)
     metrics: NotRequired[dict[str, dict[str, str]]]  # `METRICS`: {name: {column, label, title}}
 
@@ -239,6 +240,10 @@ class StatsResult(TypedDict):
     computed_at: float  # Unix time
     duration_s: float
     window_end: float  # Unix time; windows are [window_end - w, window_end]
+    source: NotRequired[Literal["rows", "rollups"]]  # rollups above stats.raw_rows_max
+    data_horizon: NotRequired[float | None]  # newest data seen (rows: last t_start; rollups:
+    # the end of the last minute holding data); None while the store is empty
+    lag_s: NotRequired[float | None]  # computed_at - data_horizon
     settings: Settings
     results: dict[str, dict[str, WindowResult]]  # model or "all" -> window label -> result
 

@@ -94,6 +94,7 @@ class MemoryStore(BufferedStore):
         since_minute: int,
         until_minute: int,
         model: str | None = None,
+        with_bins: bool = True,
     ) -> dict[Arm, RollupRows]:
         """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
         out: dict[Arm, RollupRows] = {}
@@ -108,7 +109,11 @@ class MemoryStore(BufferedStore):
                 and (model is None or k[2] == model)
             ]
             minutes = [(k[1], int(v[0]), v[1], v[2]) for k in keys for v in [self._minutes[k]]]
-            bins = [(k[1], b, c) for k in keys for b, c in self._bins.get(k, {}).items()]
+            bins = [
+                (k[1], b, c)
+                for k in (keys if with_bins else [])
+                for b, c in self._bins.get(k, {}).items()
+            ]
             out[arm] = rollup_rows_from(minutes, bins)
         return out
 

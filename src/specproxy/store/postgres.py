@@ -195,6 +195,7 @@ class PostgresStore(BufferedStore):
         since_minute: int,
         until_minute: int,
         model: str | None = None,
+        with_bins: bool = True,
     ) -> dict[Arm, RollupRows]:
         """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
         with_model = model is not None
@@ -205,7 +206,11 @@ class PostgresStore(BufferedStore):
             minutes = await self._fetch(
                 read_minutes_sql("postgresql", with_model=with_model), *params
             )
-            bins = await self._fetch(read_bins_sql("postgresql", with_model=with_model), *params)
+            bins = (
+                await self._fetch(read_bins_sql("postgresql", with_model=with_model), *params)
+                if with_bins
+                else []
+            )
             out[arm] = await asyncio.to_thread(
                 rollup_rows_from, [tuple(r) for r in minutes], [tuple(r) for r in bins]
             )

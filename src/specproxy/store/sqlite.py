@@ -307,6 +307,7 @@ class SqliteStore(BufferedStore):
         since_minute: int,
         until_minute: int,
         model: str | None = None,
+        with_bins: bool = True,
     ) -> dict[Arm, RollupRows]:
         """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
         with_model = model is not None
@@ -317,8 +318,12 @@ class SqliteStore(BufferedStore):
                 params: tuple[Any, ...] = (run_id, metric, since_minute, until_minute, arm.value)
                 params += (model,) if with_model else ()
                 minutes = conn.execute(read_minutes_sql("sqlite", with_model=with_model), params)
-                bins = conn.execute(read_bins_sql("sqlite", with_model=with_model), params)
-                out[arm] = rollup_rows_from(minutes.fetchall(), bins.fetchall())
+                bins = (
+                    conn.execute(read_bins_sql("sqlite", with_model=with_model), params).fetchall()
+                    if with_bins
+                    else []
+                )
+                out[arm] = rollup_rows_from(minutes.fetchall(), bins)
             return out
 
         return await self._read(fetch)

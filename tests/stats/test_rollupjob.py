@@ -1,0 +1,152 @@
+"""The job switches from rows to rollups above `stats.raw_rows_max`, with the same schema; warm-up
+minutes; freshness fields on both paths."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.rollup import rollup_records
+from specproxy.stats.job import compute_stats
+from specproxy.stats.rollupjob import warmup_minutes
+from specproxy.store.memory import MemoryStore
+from specproxy.store.rollups import rollup_rows_from
+
+RUN = "r"
+T0 = 60_000.0  # minute 1000
+
+
+def _records(minutes: int, per_minute: int, seed: int = 0) -> list[RequestRecord]:
+    rng = np.random.default_rng(seed)
+    out = []
+    n = minutes * per_minute
+    for i in range(n):
+        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
+        tpot = float(rng.lognormal(np.log(0.02), 0.3)) / (1.5 if arm is Arm.SPECULATIVE else 1.0)
+        out.append(
+            RequestRecord(
+                request_id=f"q{i}",
+                run_id=RUN,
+                arm=arm,
+                t_start=T0 + i * 60.0 / per_minute,
+                model="m",
+                endpoint="completions",
+                stream=True,
+                status=200,
+                e2e_s=0.1 + 100 * tpot,
+                upstream_s=0.1 + 100 * tpot,
+                ttft_s=0.1,
+                tpot_s=tpot,
+                prompt_tokens=20,
+                output_tokens=101,
+            )
+        )
+    return out
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MemoryStore]:
+    s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
+    await s.start()
+    for rec in _records(minutes=40, per_minute=60):
+        s.record(rec)
+    await s.flush()
+    yield s
+    await s.close()
+
+
+SCRAPE = ScrapeConfig(warmup_requests=0, warmup_seconds=0.0)
+
+
+async def test_small_runs_use_rows_and_big_ones_rollups_with_one_schema(store: MemoryStore) -> None:
+    end = T0 + 40 * 60
+    rows = await compute_stats(
+        store,
+        run_id=RUN,
+        stats_cfg=StatsConfig(windows_s=(600.0, None), resamples=200, warmup_requests=0),
+        scrape_cfg=SCRAPE,
+        window_end=end,
+    )
+    small_limit = StatsConfig(
+        windows_s=(600.0, None), resamples=200, warmup_requests=0, raw_rows_max=1000
+    )
+    rolled = await compute_stats(
+        store, run_id=RUN, stats_cfg=small_limit, scrape_cfg=SCRAPE, window_end=end
+    )
+    assert rows["source"] == "rows" and rolled["source"] == "rollups"
+    assert set(rolled) == set(rows)
+    for label in ("10m", "all"):
+        r, w = rows["results"]["all"][label], rolled["results"]["all"][label]
+        if label == "all":
+            assert r["samples"] == w["samples"] == {"baseline": 1200, "speculative": 1200}
+        for metric in ("e2e", "tpot"):
+            for stat in ("median", "mean", "p90"):
+                a = r["metrics"][metric]["speedup"][stat]
+                b = w["metrics"][metric]["speedup"][stat]
+                assert b["estimate"] == pytest.approx(a["estimate"], rel=0.02), (label, stat)
+            assert r["metrics"][metric]["verdict"] == w["metrics"][metric]["verdict"] == "faster"
+    json.dumps(rolled, allow_nan=False)
+
+
+async def test_results_carry_their_data_horizon_and_lag(store: MemoryStore) -> None:
+    cfg = StatsConfig(windows_s=(None,), resamples=100, warmup_requests=0)
+    for limit in (10**9, 100):
+        result = await compute_stats(
+            store,
+            run_id=RUN,
+            stats_cfg=StatsConfig(
+                windows_s=cfg.windows_s, resamples=100, warmup_requests=0, raw_rows_max=limit
+            ),
+            scrape_cfg=SCRAPE,
+        )
+        last_start = T0 + (40 * 60 - 1) * 1.0
+        if result["source"] == "rows":
+            assert result["data_horizon"] == pytest.approx(last_start)
+        else:  # the end of the last minute holding data
+            assert result["data_horizon"] == T0 + 40 * 60
+        horizon = result.get("data_horizon")
+        assert horizon is not None
+        assert result.get("lag_s") == pytest.approx(result["computed_at"] - horizon)
+
+
+def test_warmup_minutes_cover_the_first_requests_and_each_restart() -> None:
+    recs = _records(minutes=10, per_minute=10)  # 5 per arm per minute
+    batch = rollup_records(recs)
+    minutes = [
+        (s[1], s[5], s[6], s[7]) for s in batch.summaries if s[3] == "baseline" and s[4] == "e2e"
+    ]
+    rows = rollup_rows_from(minutes, [])
+    first = 1000
+    assert warmup_minutes(rows, [], warmup_requests=7, restart_requests=0, restart_seconds=0) == {
+        first,
+        first + 1,
+    }
+    got = warmup_minutes(
+        rows, [T0 + 4 * 60 + 10], warmup_requests=0, restart_requests=6, restart_seconds=0
+    )
+    assert got == {first + 4, first + 5}
+    got = warmup_minutes(
+        rows, [T0 + 4 * 60 + 10], warmup_requests=0, restart_requests=1, restart_seconds=150
+    )
+    assert got == {first + 4, first + 5, first + 6}
+
+
+async def test_rollup_path_excludes_restart_minutes(store: MemoryStore) -> None:
+    store.record_engine(EngineSample(T0 + 600, RUN, Arm.SPECULATIVE, True))
+    store.record_engine(EngineSample(T0 + 610, RUN, Arm.SPECULATIVE, True, restarted=True))
+    await store.flush()
+    cfg = StatsConfig(windows_s=(None,), resamples=100, warmup_requests=0, raw_rows_max=10)
+    result = await compute_stats(
+        store,
+        run_id=RUN,
+        stats_cfg=cfg,
+        scrape_cfg=ScrapeConfig(warmup_requests=1, warmup_seconds=0),
+    )
+    res = result["results"]["all"]["all"]
+    assert res["excluded_warmup"]["baseline"] == 0
+    assert res["excluded_warmup"]["speculative"] == 30  # one whole minute
