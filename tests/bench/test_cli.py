@@ -33,6 +33,10 @@ def _args(**kw: object) -> argparse.Namespace:
         ({"url": "http://a", "warmup": "some"}, "--warmup"),
         ({"url": "http://a", "requests": 0}, "--requests"),
         ({"url": "http://a", "rate": -1.0}, "--rate"),
+        ({"url": "http://a", "rate_sweep": "1,x"}, "--rate-sweep"),
+        ({"url": "http://a", "concurrency_sweep": "0"}, "> 0"),
+        ({"url": "http://a", "concurrency_sweep": "1.5"}, "whole numbers"),
+        ({"url": "http://a", "max_seconds": 0.0}, "--max-seconds"),
     ],
 )
 def test_bad_arguments(kw: dict[str, object], message: str) -> None:

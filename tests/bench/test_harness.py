@@ -84,3 +84,64 @@ async def test_open_loop_through_a_proxy_records_nothing(aiohttp_server: Aiohttp
     assert len(fake.bodies) >= 20 + 10  # at least two warm-up windows
     (summary,) = blocks[0].arms
     assert summary.arm is None and summary.n == 10
+
+
+async def test_concurrency_sweep_gives_one_balanced_block_per_level(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    spec, base = FakeOpenAI(acceptance=0.8), FakeOpenAI(acceptance=0.0)
+    spec_url = str((await aiohttp_server(spec.app())).make_url("")).rstrip("/")
+    base_url = str((await aiohttp_server(base.app())).make_url("")).rstrip("/")
+    blocks = await run_bench(
+        [Target(spec_url, Arm.SPECULATIVE), Target(base_url, Arm.BASELINE)],
+        prompts_path=None,
+        model=None,
+        requests=20,
+        concurrency=1,
+        rate=None,
+        warmup=0,
+        temperatures=[0.0],
+        endpoint="completions",
+        stream=True,
+        max_tokens=8,
+        store_url=None,
+        run_id="s",
+        seed=1,
+        console=Console(quiet=True),
+        loads=[(1, None), (4, None)],
+    )
+    assert [(b.run_id, b.concurrency, b.rate) for b in blocks] == [
+        ("s-c1", 1, None),
+        ("s-c4", 4, None),
+    ]
+    for block in blocks:
+        assert [s.n for s in block.arms] == [10, 10]  # balanced: each prompt to both arms
+        assert block.speedups["e2e"]["median"]["status"] == "ok"
+        assert block.speedups["e2e"]["p99"]["status"] == "insufficient"  # 10 < 368
+
+
+async def test_max_seconds_ends_a_block_before_its_request_count(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    fake = FakeOpenAI()
+    url = str((await aiohttp_server(fake.app())).make_url("")).rstrip("/")
+    (block,) = await run_bench(
+        [Target(url, Arm.BASELINE)],
+        prompts_path=None,
+        model=None,
+        requests=1_000_000,
+        concurrency=2,
+        rate=None,
+        warmup=0,
+        temperatures=[0.0],
+        endpoint="completions",
+        stream=False,
+        max_tokens=4,
+        store_url=None,
+        run_id="m",
+        seed=1,
+        console=Console(quiet=True),
+        max_seconds=0.5,
+    )
+    assert 0 < block.arms[0].n < 1_000_000  # the deadline, not the count, ended it
+    assert block.wall_s >= 0.5

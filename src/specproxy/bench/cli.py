@@ -11,6 +11,8 @@ them, over the block's wall time); and the harness's own overhead.
 
     run_id: str                    the block's run id in the store
     temperature: float
+    concurrency: int | null        closed-loop clients of the block (null when open loop)
+    rate: float | null             open-loop arrivals per second (null when closed loop)
     wall_s: float                  the block's wall-clock time
     arms: [                        one per arm, speculative first ("proxy" through --proxy)
       {arm, n, errors, e2e_p50_s, e2e_p99_s, ttft_p50_s, tpot_p50_s, tokens_per_event,
@@ -26,7 +28,8 @@ them, over the block's wall time); and the harness's own overhead.
     engine_acceptance: {arm: float | null}
     overhead: {parse_p50_s, parse_p99_s, lateness_p50_s, lateness_p99_s, e2e_p50_s} | null
 
-Times are seconds, rates per second.
+Times are seconds, rates per second. `--rate-sweep` / `--concurrency-sweep` run one block per
+load level and end with the E2E median speedup against load; `--max-seconds` bounds each block.
 """
 
 from __future__ import annotations
@@ -67,6 +70,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, default=8, help="closed-loop clients")
     load.add_argument("--rate", type=float, help="open-loop Poisson arrivals per second")
+    sweep = parser.add_mutually_exclusive_group()
+    sweep.add_argument(
+        "--rate-sweep",
+        metavar="R1,R2,..",
+        help="one open-loop block per arrival rate: speedup against load",
+    )
+    sweep.add_argument(
+        "--concurrency-sweep", metavar="C1,C2,..", help="one closed-loop block per client count"
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, help="end each block after this long (or --requests)"
+    )
     parser.add_argument(
         "--warmup",
         default="auto",
@@ -86,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
     targets = _targets(args)
     temperatures = _temperatures(args.temperatures)
     warmup = _warmup(args.warmup)
+    loads = _loads(args)
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise ConfigError("--max-seconds must be > 0")
     if args.requests < 1:
         raise ConfigError("--requests must be >= 1")
     if args.rate is not None and args.rate <= 0:
@@ -111,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
             run_id=args.run_id or f"bench-{int(time.time())}",
             seed=args.seed,
             console=console,
+            loads=loads,
+            max_seconds=args.max_seconds,
         )
     )
     for block in blocks:
@@ -118,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
         for line in (*_speedup_lines(block), *_throughput_lines(block)):
             console.print(line, highlight=False)
         console.print(_overhead_line(block.overhead, open_loop=args.rate is not None))
+    if len(blocks) > 1:
+        for line in _sweep_lines(blocks):
+            console.print(line, highlight=False)
     if args.proxy is None:
         console.print(
             f"rows written to {args.store} (run ids: {', '.join(b.run_id for b in blocks)})"
@@ -140,6 +163,41 @@ def _targets(args: argparse.Namespace) -> list[Target]:
     if not all(direct):
         raise ConfigError("--speculative and --baseline go together")
     return [Target(args.speculative, Arm.SPECULATIVE), Target(args.baseline, Arm.BASELINE)]
+
+
+def _loads(args: argparse.Namespace) -> list[tuple[int, float | None]] | None:
+    """The load levels of a sweep, or None for the single --concurrency / --rate level."""
+    text = getattr(args, "rate_sweep", None) or getattr(args, "concurrency_sweep", None)
+    if not text:
+        return None
+    flag = "--rate-sweep" if getattr(args, "rate_sweep", None) else "--concurrency-sweep"
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"{flag} must be numbers separated by commas: {text!r}") from exc
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(f"{flag} values must be > 0")
+    if flag == "--rate-sweep":
+        return [(args.concurrency, v) for v in values]
+    if any(v != int(v) for v in values):
+        raise ConfigError("--concurrency-sweep values must be whole numbers")
+    return [(int(v), None) for v in values]
+
+
+def _sweep_lines(blocks: list[BlockResult]) -> list[str]:
+    """Speedup against load: one line per block, the E2E median speedup with its CI."""
+    lines = ["speedup against load (E2E median, baseline / speculative, 95% CI):"]
+    for block in blocks:
+        load = f"{block.rate:g} req/s" if block.rate is not None else f"{block.concurrency} clients"
+        ci = block.speedups.get("e2e", {}).get("median")
+        if ci is None:
+            text = "-"
+        elif ci["status"] == "ok":
+            text = f"{ci['estimate']:.2f}x [{ci['lower']:.2f}, {ci['upper']:.2f}]"
+        else:
+            text = f"needs {max(ci['n_needed'].values())} more per arm"
+        lines.append(f"  T={block.temperature:g}, {load}: {text}")
+    return lines
 
 
 def _temperatures(text: str) -> list[float]:

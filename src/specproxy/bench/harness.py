@@ -55,6 +55,8 @@ class BlockResult:
     wall_s: float
     # metric -> statistic -> CI or insufficient (`summary.speedups`); empty with one arm
     speedups: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    concurrency: int | None = None  # the block's load: closed-loop clients, or
+    rate: float | None = None  # open-loop arrivals per second
 
 
 async def run_bench(
@@ -74,8 +76,16 @@ async def run_bench(
     run_id: str,
     seed: int,
     console: Console,
+    loads: Sequence[tuple[int, float | None]] | None = None,
+    max_seconds: float | None = None,
 ) -> list[BlockResult]:
-    """Warm up, then one measured block per temperature; rows go to `store_url` if given."""
+    """Warm up, then one measured block per temperature and load; rows go to `store_url`.
+
+    `loads` is a sweep of (concurrency, rate) levels (default: the one given), each block
+    bounded by `requests` and, if given, `max_seconds`. With several temperatures or loads each
+    block gets its own run id: `<run-id>-t<temperature>` and `-c<clients>` / `-r<rate>`.
+    """
+    levels = list(loads) if loads else [(concurrency, rate)]
     prompts = load_prompts(prompts_path)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
     connector = aiohttp.TCPConnector(limit=0)
@@ -94,13 +104,20 @@ async def run_bench(
                 session, targets, prompts, base, warmup, concurrency, rate, seed, console
             )
             blocks = []
-            for i, temperature in enumerate(temperatures):
-                block_id = run_id if len(temperatures) == 1 else f"{run_id}-t{temperature:g}"
+            grid = [(t, load) for t in temperatures for load in levels]
+            for i, (temperature, (clients, arrivals)) in enumerate(grid):
+                block_id = run_id
+                if len(temperatures) > 1:
+                    block_id += f"-t{temperature:g}"
+                if len(levels) > 1:
+                    block_id += f"-r{arrivals:g}" if arrivals is not None else f"-c{clients}"
                 options = _with(base, temperature=temperature)
                 gen = LoadGenerator(session, targets, prompts, options, seed=seed + 1 + i)
                 before = await _scrape_all(session, targets)
                 t0 = time.perf_counter()
-                results = await _measured(gen, requests, concurrency, rate, temperature, console)
+                results = await _measured(
+                    gen, requests, clients, arrivals, temperature, console, max_seconds
+                )
                 wall = time.perf_counter() - t0
                 after = await _scrape_all(session, targets)
                 if store is not None:
@@ -118,6 +135,8 @@ async def run_bench(
                         engine_acceptance=_engine_acceptance(before, after, block_id),
                         wall_s=wall,
                         speedups=cis,
+                        concurrency=clients if arrivals is None else None,
+                        rate=arrivals,
                     )
                 )
             return blocks
@@ -175,6 +194,7 @@ async def _measured(
     rate: float | None,
     temperature: float,
     console: Console,
+    max_seconds: float | None = None,
 ) -> list[ClientResult]:
     columns = (
         TextColumn(f"temperature {temperature:g}"),
@@ -189,8 +209,12 @@ async def _measured(
             progress.advance(task)
 
         if rate is not None:
-            return await gen.run_open_loop(rate, count=count, on_result=advance)
-        return await gen.run_closed_loop(concurrency, count=count, on_result=advance)
+            return await gen.run_open_loop(
+                rate, count=count, duration_s=max_seconds, on_result=advance
+            )
+        return await gen.run_closed_loop(
+            concurrency, count=count, duration_s=max_seconds, on_result=advance
+        )
 
 
 async def _scrape_all(session: aiohttp.ClientSession, targets: Sequence[Target]) -> dict[Arm, Any]:
