@@ -73,6 +73,7 @@ class RequestOptions:
     stream: bool = True
     temperature: float = 0.0
     max_tokens_cap: int | None = None  # clamp the prompts' own budgets (fast demos, tests)
+    ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (fixed lengths)
     headers: tuple[tuple[str, str], ...] = ()
 
     def body(self, prompt: Prompt) -> dict[str, Any]:
@@ -91,6 +92,8 @@ class RequestOptions:
             body["prompt"] = prompt.text()
         if self.stream:
             body["stream_options"] = {"include_usage": True}
+        if self.ignore_eos:
+            body["ignore_eos"] = True
         return body
 
 

@@ -66,6 +66,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arm", choices=[a.value for a in Arm], default=Arm.BASELINE.value)
     parser.add_argument("--model", help="model name (default: the first of GET /v1/models)")
     parser.add_argument("--prompts", help="JSONL prompts: plain, chat messages or ShareGPT")
+    data = parser.add_argument_group("synthetic dataset (instead of --prompts)")
+    data.add_argument(
+        "--dataset",
+        choices=["prompts", "random"],
+        default="prompts",
+        help="random: synthetic prompts of --input-len / --output-len tokens",
+    )
+    data.add_argument("--input-len", type=int, default=128, help="prompt tokens (random)")
+    data.add_argument("--output-len", type=int, default=128, help="output tokens (random)")
+    data.add_argument(
+        "--range-ratio",
+        type=float,
+        default=0.0,
+        help="lengths uniform in len x [1 - r, 1 + r]; 0: fixed (random)",
+    )
+    data.add_argument("--num-prompts", type=int, default=1000, help="distinct prompts (random)")
+    data.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="ask vLLM to generate exactly max_tokens (fixed output lengths)",
+    )
     parser.add_argument("--requests", type=int, default=1000, help="measured requests per block")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, default=8, help="closed-loop clients")
@@ -102,6 +123,17 @@ def run(args: argparse.Namespace) -> int:
     temperatures = _temperatures(args.temperatures)
     warmup = _warmup(args.warmup)
     loads = _loads(args)
+    prompt_set = None
+    if getattr(args, "dataset", "prompts") == "random":
+        from specproxy.prompts.synthetic import synthetic_prompts
+
+        prompt_set = synthetic_prompts(
+            args.num_prompts,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            range_ratio=args.range_ratio,
+            seed=args.seed,
+        )
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise ConfigError("--max-seconds must be > 0")
     if args.requests < 1:
@@ -131,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
             console=console,
             loads=loads,
             max_seconds=args.max_seconds,
+            prompt_set=prompt_set,
+            ignore_eos=getattr(args, "ignore_eos", False),
         )
     )
     for block in blocks:

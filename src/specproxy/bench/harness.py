@@ -33,7 +33,7 @@ from specproxy.bench.warmup import is_stable, per_token_latency
 from specproxy.config import StoreConfig
 from specproxy.errors import ConfigError, ScrapeError
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
-from specproxy.prompts import load_prompts
+from specproxy.prompts import Prompt, load_prompts
 from specproxy.records import Arm, EngineSample
 from specproxy.store.base import Store
 
@@ -78,6 +78,8 @@ async def run_bench(
     console: Console,
     loads: Sequence[tuple[int, float | None]] | None = None,
     max_seconds: float | None = None,
+    prompt_set: Sequence[Prompt] | None = None,
+    ignore_eos: bool = False,
 ) -> list[BlockResult]:
     """Warm up, then one measured block per temperature and load; rows go to `store_url`.
 
@@ -86,7 +88,7 @@ async def run_bench(
     block gets its own run id: `<run-id>-t<temperature>` and `-c<clients>` / `-r<rate>`.
     """
     levels = list(loads) if loads else [(concurrency, rate)]
-    prompts = load_prompts(prompts_path)
+    prompts = list(prompt_set) if prompt_set is not None else load_prompts(prompts_path)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
     connector = aiohttp.TCPConnector(limit=0)
     store: Store | None = None
@@ -97,7 +99,9 @@ async def run_bench(
         if store_url is not None:
             store = await _open_store(store_url)
         try:
-            base = RequestOptions(model=model, endpoint=endpoint, stream=stream)
+            base = RequestOptions(
+                model=model, endpoint=endpoint, stream=stream, ignore_eos=ignore_eos
+            )
             if max_tokens is not None:
                 base = _with(base, max_tokens_cap=max_tokens)
             await _warm_up(
