@@ -126,3 +126,31 @@ def test_live_owner_keeps_its_spill_file(tmp_path: Path) -> None:
     chunks = list(other.backlog[0].chunks(10))
     assert [r.request_id for c in chunks for r in c.requests] == ["req-1", "req-2"]
     other.close()
+
+
+async def test_read_only_start_leaves_spill_files_alone_and_refuses_writes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stats / report open the store read-only: the writer's spill files stay for the writer."""
+    db = tmp_path / "store.db"
+    cfg = store_config(f"sqlite:///{db}?timeout=0.05", tmp_path, max_buffer=1000)
+    writer = open_store(cfg)
+    await writer.start()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    for i in range(30):
+        writer.record(make_record(i))
+    await writer.close()  # the store was locked: the rows wait in a spill file
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    spilled = _spill_files(tmp_path)
+    assert spilled
+    caplog.clear()
+    reader = open_store(cfg)
+    await reader.start(read_only=True)
+    assert await _count(reader) == (0, 0)  # nothing replayed by a reader
+    with pytest.raises(StoreError, match="read-only"):
+        reader.record(make_record(99))
+    await reader.close()
+    assert _spill_files(tmp_path) == spilled
+    assert not [r for r in caplog.records if "spill" in r.getMessage()]

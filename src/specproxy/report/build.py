@@ -60,8 +60,8 @@ async def write_report(
     stats_at: float | None = None,
 ) -> Path | None:
     """Open the store at `store_url`, then `report_from_store`; None when nothing was recorded."""
-    store: Store = open_store(StoreConfig(url=store_url))
-    await store.start()
+    store = open_store(StoreConfig(url=store_url))
+    await store.start(read_only=True)  # a report never writes, replays spill files or migrates
     try:
         return await report_from_store(
             store, run_id=run_id, out_dir=out_dir, settings=settings, stats_at=stats_at

@@ -58,7 +58,7 @@ async def _run_once(args: argparse.Namespace) -> StatsResult:
     stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)  # validated before I/O
     require_existing_store(args.store)
     store = open_store(StoreConfig(url=args.store))
-    await store.start()
+    await store.start(read_only=True)
     try:
         run_id = args.run_id
         if run_id is None:

@@ -62,6 +62,7 @@ class BufferedStore(Store):
         self._open_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._next_purge = 0.0
+        self._read_only = False
 
     # -- backend hooks -------------------------------------------------------------------------
 
@@ -125,10 +126,17 @@ class BufferedStore(Store):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, read_only: bool = False) -> None:
+        """Open the store; `read_only` (stats, report, export) opens it for reading alone: no
+        flusher, no spill files claimed or replayed, and `record` refuses."""
         if self._started:
             return
         self._started = True
+        self._read_only = read_only
+        if read_only:
+            if not await self._try_open():
+                raise StoreError(f"cannot open store {self.cfg.url}")
+            return
         await asyncio.to_thread(self._spill.claim_leftovers)
         await self._try_open()
         self._task = asyncio.create_task(self._run(), name=f"store-flusher-{self.run_id}")
@@ -137,6 +145,10 @@ class BufferedStore(Store):
         if self._closed:
             return
         self._closed = True
+        if self._read_only:
+            with contextlib.suppress(Exception):
+                await self._close_backend()
+            return
         self._stop.set()
         self._wake.set()
         if self._task is not None:
@@ -160,6 +172,8 @@ class BufferedStore(Store):
     # -- writing -------------------------------------------------------------------------------
 
     def record(self, rec: RequestRecord) -> None:
+        if self._read_only:
+            raise StoreError("store opened read-only")
         self._enqueue(rec, self._requests)
 
     def record_engine(self, sample: EngineSample) -> None:
