@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from pytest_aiohttp import AiohttpServer
 from rich.console import Console
 
-from specproxy.bench.harness import run_bench
+from specproxy.bench.harness import BlockResult, run_bench
 from specproxy.config import StoreConfig
 from specproxy.loadgen import Target
 from specproxy.records import Arm
@@ -92,24 +93,8 @@ async def test_concurrency_sweep_gives_one_balanced_block_per_level(
     spec, base = FakeOpenAI(acceptance=0.8), FakeOpenAI(acceptance=0.0)
     spec_url = str((await aiohttp_server(spec.app())).make_url("")).rstrip("/")
     base_url = str((await aiohttp_server(base.app())).make_url("")).rstrip("/")
-    blocks = await run_bench(
-        [Target(spec_url, Arm.SPECULATIVE), Target(base_url, Arm.BASELINE)],
-        prompts_path=None,
-        model=None,
-        requests=20,
-        concurrency=1,
-        rate=None,
-        warmup=0,
-        temperatures=[0.0],
-        endpoint="completions",
-        stream=True,
-        max_tokens=8,
-        store_url=None,
-        run_id="s",
-        seed=1,
-        console=Console(quiet=True),
-        loads=[(1, None), (4, None)],
-    )
+    targets = [Target(spec_url, Arm.SPECULATIVE), Target(base_url, Arm.BASELINE)]
+    blocks = await _quick_bench(targets, 20, run_id="s", loads=[(1, None), (4, None)])
     assert [(b.run_id, b.concurrency, b.rate) for b in blocks] == [
         ("s-c1", 1, None),
         ("s-c4", 4, None),
@@ -125,23 +110,32 @@ async def test_max_seconds_ends_a_block_before_its_request_count(
 ) -> None:
     fake = FakeOpenAI()
     url = str((await aiohttp_server(fake.app())).make_url("")).rstrip("/")
-    (block,) = await run_bench(
-        [Target(url, Arm.BASELINE)],
+    (block,) = await _quick_bench(
+        [Target(url, Arm.BASELINE)], 1_000_000, run_id="m", concurrency=2, max_seconds=0.5
+    )
+    assert 0 < block.arms[0].n < 1_000_000  # the deadline, not the count, ended it
+    assert block.wall_s >= 0.5
+
+
+async def _quick_bench(
+    targets: list[Target], requests: int, *, run_id: str, concurrency: int = 1, **kw: Any
+) -> list[BlockResult]:
+    """run_bench without warm-up or store: completions, 8 tokens, temperature 0."""
+    return await run_bench(
+        targets,
         prompts_path=None,
         model=None,
-        requests=1_000_000,
-        concurrency=2,
+        requests=requests,
+        concurrency=concurrency,
         rate=None,
         warmup=0,
         temperatures=[0.0],
         endpoint="completions",
-        stream=False,
-        max_tokens=4,
+        stream=True,
+        max_tokens=8,
         store_url=None,
-        run_id="m",
+        run_id=run_id,
         seed=1,
         console=Console(quiet=True),
-        max_seconds=0.5,
+        **kw,
     )
-    assert 0 < block.arms[0].n < 1_000_000  # the deadline, not the count, ended it
-    assert block.wall_s >= 0.5

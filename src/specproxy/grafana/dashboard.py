@@ -185,6 +185,17 @@ def _arm_colors() -> list[Json]:
     ]
 
 
+def _right_axis(series: str, unit: str) -> Json:
+    """Series matching the regex `series` on a right-hand axis in their own `unit`."""
+    return {
+        "matcher": {"id": "byRegexp", "options": series},
+        "properties": [
+            {"id": "unit", "value": unit},
+            {"id": "custom.axisPlacement", "value": "right"},
+        ],
+    }
+
+
 def _legend_options(*calcs: str) -> Json:
     return {
         "legend": {
@@ -606,13 +617,7 @@ def _traffic_panels() -> list[_Panel]:
         defaults=_timeseries(),
         overrides=[
             *_arm_colors(),
-            {
-                "matcher": {"id": "byRegexp", "options": ".* in flight"},
-                "properties": [
-                    {"id": "unit", "value": "suffix: req"},
-                    {"id": "custom.axisPlacement", "value": "right"},
-                ],
-            },
+            _right_axis(".* in flight", "suffix: req"),
         ],
         options=_legend_options("lastNotNull", "mean"),
     )
@@ -636,13 +641,7 @@ def _traffic_panels() -> list[_Panel]:
         defaults=_timeseries(drawStyle="bars", fillOpacity=60),
         overrides=[
             *_arm_colors(),
-            {
-                "matcher": {"id": "byRegexp", "options": ".* upstream .*"},
-                "properties": [
-                    {"id": "unit", "value": "reqps"},
-                    {"id": "custom.axisPlacement", "value": "right"},
-                ],
-            },
+            _right_axis(".* upstream .*", "reqps"),
         ],
         options=_legend_options("lastNotNull", "max"),
     )
