@@ -103,6 +103,7 @@ RECORDED_FAILED_RATIO = "arm:specproxy_requests_failed:ratio_rate5m"
 RECORDED_TOKENS_PER_EVENT = "arm:specproxy_tokens_per_event:mean5m"
 RECORDED_P99_RATIO = "specproxy:request_duration_seconds:p99_ratio_5m"
 STATS_LAST_RUN = "specproxy_stats_last_run_timestamp_seconds"  # the result's computed_at
+STATS_DATA_LAG = "specproxy_stats_data_lag_seconds"  # computed_at - newest data the result saw
 STATS_LEADER = "specproxy_stats_leader"  # 1 in the replica that computes, 0 in followers
 
 

@@ -195,6 +195,13 @@ async def test_job_publishes_gauges_and_history(store: MemoryStore) -> None:
     assert 'bound="lower",metric="tpot",model="m-b",statistic="median",window="all"' in text
     assert 'specproxy_p99_slowdown{metric="e2e",model="all",window="all"} 0.0' in text
     assert "specproxy_stats_last_run_timestamp_seconds" in text
+    # freshness: the newest record started at 1000 + 1599 * 0.1; lag = computed_at - that
+    latest = job.latest()
+    assert latest is not None and latest.get("data_horizon") == pytest.approx(1159.9)
+    lag = latest.get("lag_s")
+    assert lag is not None and lag == pytest.approx(latest["computed_at"] - 1159.9)
+    lag_lines = [x for x in text.splitlines() if x.startswith("specproxy_stats_data_lag_seconds ")]
+    assert [float(x.split()[1]) for x in lag_lines] == [pytest.approx(lag)]
     history = await store.read_stats_history(run_id=RUN)
     assert len(history) == 1 and history[0][1]["run_id"] == RUN
 

@@ -51,6 +51,10 @@ class StatsCollector(Collector):
             labels=["model", "window", "metric"],
         )
         last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")
+        data_lag = GaugeMetricFamily(
+            names.STATS_DATA_LAG,
+            "Age of the newest data the last stats result saw, at the time it was computed.",
+        )
         is_leader = self._leader() if self._leader is not None else None
         if is_leader is not None:
             leader = GaugeMetricFamily(
@@ -62,6 +66,9 @@ class StatsCollector(Collector):
         result = self._latest()
         if result is not None:
             last_run.add_metric([], float(result["computed_at"]))
+            lag = result.get("lag_s")
+            if lag is not None:
+                data_lag.add_metric([], float(lag))
             for model, windows in result["results"].items():
                 for window, res in windows.items():
                     for arm, n in res["samples"].items():
@@ -83,7 +90,7 @@ class StatsCollector(Collector):
                             for bound, value in bounds:
                                 if value is not None:
                                     speedup.add_metric([*labels, stat, bound], value)
-        yield from (speedup, samples, verdict, slowdown, last_run)
+        yield from (speedup, samples, verdict, slowdown, last_run, data_lag)
 
 
 def register_stats_collector(
