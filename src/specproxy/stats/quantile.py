@@ -14,7 +14,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.stats.result import STATISTICS, Statistic
+from specproxy.stats.result import STATISTIC_LEVELS, STATISTICS, Statistic
 
 __all__ = [
     "QUANTILE_LEVELS",
@@ -26,7 +26,9 @@ __all__ = [
 ]
 
 # STATISTICS and Statistic are declared in `stats.result` (the one list) and re-exported here.
-QUANTILE_LEVELS: Final[dict[str, float]] = {"median": 0.5, "p90": 0.9, "p99": 0.99}
+QUANTILE_LEVELS: Final[dict[str, float]] = {
+    name: level for name, level in STATISTIC_LEVELS.items() if level is not None
+}
 
 
 def point_statistic(values: npt.NDArray[Any], statistic: str) -> float:

@@ -20,9 +20,11 @@ Arms are keyed by `Arm.value` ("baseline", "speculative"); every float may be nu
 undefined (too few samples, an empty arm).
 
 How to extend (each is a change in one place, plus the code that computes the new value):
-- a new statistic: add it to `STATISTICS` (and its point estimate and minimum sample size in
-  `stats.quantile`). The comparison, the gauges, the report, the demo view and /ui all iterate
-  over this tuple; the HTML and the page build their columns from it.
+- a new quantile statistic (say "p95"): add it to `Statistic` and `STATISTIC_LEVELS` (0.95). Its
+  point estimate, bootstrap interval and minimum sample size follow from the level
+  (`stats.quantile`, `stats.bootstrap`); the comparison, the gauges, the CLI, the report, the demo
+  view, the dashboard's statistic picker and /ui all iterate over `STATISTICS`. (A statistic that
+  is not a quantile also needs its own estimator where "mean" has one.)
 - a new compared metric (a `RequestRecord` column): add it to `METRICS` (name -> column, label).
 - a new field of a block: add the key to its TypedDict here, then set it where the block is built
   (`stats.compare` for windows and metrics, `stats.job` for the top level). mypy then fails on a
@@ -41,6 +43,7 @@ __all__ = [
     "METRIC_COLUMNS",
     "SCHEMA_VERSION",
     "STATISTICS",
+    "STATISTIC_LEVELS",
     "Adjusted",
     "Diagnosis",
     "EngineArm",
@@ -67,7 +70,14 @@ __all__ = [
 SCHEMA_VERSION: Final = 1
 
 Statistic = Literal["median", "mean", "p90", "p99"]
-STATISTICS: Final[tuple[Statistic, ...]] = ("median", "mean", "p90", "p99")
+# Every compared statistic, in display order, with its quantile level (None: not a quantile).
+STATISTIC_LEVELS: Final[dict[Statistic, float | None]] = {
+    "median": 0.5,
+    "mean": None,
+    "p90": 0.9,
+    "p99": 0.99,
+}
+STATISTICS: Final[tuple[Statistic, ...]] = tuple(STATISTIC_LEVELS)
 
 Metric = Literal["e2e", "ttft", "tpot"]
 
