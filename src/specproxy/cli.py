@@ -45,6 +45,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "specproxy.bench.cli",
         "offline harness: drive endpoints directly or through the proxy",
     ),
+    "ingest": (
+        "specproxy.bench.ingest_cli",
+        "store a `vllm bench serve --save-detailed` result as one arm of a run",
+    ),
     "stats": ("specproxy.stats.cli", "compute the comparison once from a store"),
     "report": ("specproxy.report.cli", "write the HTML report with plots from a store"),
     "export": ("specproxy.store.cli", "export records as csv, parquet or jsonl"),

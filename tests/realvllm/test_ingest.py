@@ -1,0 +1,81 @@
+"""`specproxy ingest` on results `vllm bench serve --save-result --save-detailed` wrote against
+the real speculative and baseline vLLM servers (vllm.benchmarks.serve's add_cli_args/main, run
+by the vLLM venv's Python): every request lands in the store and the stats job compares them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specproxy.bench.ingest import records_from_vllm_bench
+from specproxy.realvllm.model_dir import SERVED_MODEL_NAME, build_model_dir
+from specproxy.records import Arm
+from tests.realvllm.conftest import Engines
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+PROMPTS = 40  # 20 per arm survive the stats job's default warm-up exclusion
+_BENCH = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
+def vllm_bench_serve(python: str, url: str, out: Path, tokenizer: Path) -> dict[str, object]:
+    """Run vLLM's own benchmark against `url`; return the JSON it saved."""
+    argv = [
+        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+        "--model", SERVED_MODEL_NAME, "--tokenizer", str(tokenizer),
+        "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "24",
+        "--num-prompts", str(PROMPTS), "--max-concurrency", "2", "--ignore-eos",
+        "--save-result", "--save-detailed", "--result-dir", str(out.parent),
+        "--result-filename", out.name, "--disable-tqdm",
+    ]  # fmt: skip
+    done = subprocess.run(
+        [python, "-c", _BENCH, *argv], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result: dict[str, object] = json.loads(out.read_text())
+    return result
+
+
+def test_ingest_real_vllm_bench_results(engines: Engines, tmp_path: Path) -> None:
+    python = os.environ["SPECPROXY_VLLM_PYTHON"]
+    tokenizer = build_model_dir()
+    store = f"sqlite:///{tmp_path / 'ingest.db'}"
+    for arm in Arm:
+        out = tmp_path / f"{arm.value}.json"
+        result = vllm_bench_serve(python, engines.urls[arm], out, tokenizer)
+        keep = os.environ.get("SPECPROXY_KEEP_BENCH_RESULT")
+        if keep:  # how the committed fixture was produced
+            Path(keep, f"vllm_bench_serve_{arm.value}.json").write_text(out.read_text())
+        records = records_from_vllm_bench(result, arm=arm, run_id="r")
+        assert len(records) == PROMPTS
+        assert all(r.status == 200 and r.output_tokens == 24 for r in records)  # ignore_eos
+        assert all(r.ttft_s is not None and 0 < r.ttft_s < r.e2e_s for r in records)
+        done = subprocess.run(
+            [sys.executable, "-m", "specproxy", "ingest", str(out), "--arm", arm.value,
+             "--run-id", "r", "--store", store],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert f"ingested {PROMPTS} requests as {arm.value}" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "specproxy", "stats", "--store", store, "--run-id", "r", "--json",
+         "--resamples", "200"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    window = json.loads(done.stdout)["results"]["all"]["all"]
+    total = {a: window["samples"][a] + window["excluded_warmup"][a] for a in window["samples"]}
+    assert total == {"speculative": PROMPTS, "baseline": PROMPTS}
+    assert window["metrics"]["e2e"]["speedup"]["median"]["status"] == "ok"
