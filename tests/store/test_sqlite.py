@@ -261,3 +261,30 @@ def test_sqlite3_reader_uses_one_snapshot_for_both_arms(tmp_path: Path) -> None:
     assert out[Arm.BASELINE]["t_start"].tolist() == [1.0]
     assert np.isnan(out[Arm.BASELINE]["e2e_s"][0]) and len(out[Arm.SPECULATIVE]["e2e_s"]) == 0
     conn.close()
+
+
+async def test_read_only_start_opens_the_file_read_only(tmp_path: Path) -> None:
+    """stats / report: a current store is opened with mode=ro, never written or migrated."""
+    db = tmp_path / "ro.db"
+    cfg = store_config(f"sqlite:///{db}", tmp_path)
+    writer = open_store(cfg)
+    await writer.start()
+    for i in range(5):
+        writer.record(make_record(i))
+    await writer.flush()
+    await writer.close()
+    before = db.stat().st_mtime_ns
+    reader = open_store(cfg)
+    assert isinstance(reader, SqliteStore)
+    reader.array_reader = "sqlite3"
+    await reader.start(read_only=True)
+    try:
+        arrays = await reader.read_arrays(run_id="run", columns=["request_id"])
+        assert sum(len(a["request_id"]) for a in arrays.values()) == 5
+        conn = reader._conn
+        assert conn is not None
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            await reader._on_writer(conn.execute, "CREATE TABLE x (a)")
+    finally:
+        await reader.close()
+    assert db.stat().st_mtime_ns == before

@@ -12,6 +12,7 @@ query `?timeout=SECONDS` sets how long a write waits for a lock before it counts
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import json
@@ -168,6 +169,12 @@ class SqliteStore(BufferedStore):
         return conn
 
     def _open_sync(self) -> None:
+        if self._read_only and self._schema_is_current():
+            # stats / report / export: a read-only connection, nothing to migrate
+            self._conn = sqlite3.connect(
+                f"file:{Path(self.path).resolve()}?mode=ro", uri=True, timeout=self.timeout_s
+            )
+            return
         conn = self._connect()
         try:
             migrate_sqlite(conn)
@@ -175,6 +182,19 @@ class SqliteStore(BufferedStore):
             conn.close()
             raise
         self._conn = conn
+
+    def _schema_is_current(self) -> bool:
+        """Whether the file exists and needs no migration (an older one is migrated first)."""
+        if not Path(self.path).is_file():
+            return False
+        uri = f"file:{Path(self.path).resolve()}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=self.timeout_s)) as conn:
+            try:
+                query = "SELECT COALESCE(MAX(version), 0) FROM schema_version"
+                row = conn.execute(query).fetchone()
+            except sqlite3.OperationalError:  # no schema_version table yet
+                return False
+            return not migrations_after(int(row[0]))
 
     async def _open(self) -> None:
         await self._on_writer(self._open_sync)
