@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from specproxy.records import Arm, EngineSample
@@ -85,3 +87,28 @@ def test_summarise_engine_averages_up_samples() -> None:
     s = summarise_engine(samples)
     assert s.acceptance_rate == pytest.approx(0.7)
     assert (s.restarts, s.num_speculative_tokens, s.requests_running) == (1, 3, 4)
+
+
+def _with_verdict(verdict: str | None, lo: float, hi: float) -> DiagnosisInput:
+    d = _input(2.16, lo, hi, acceptance_rate=0.8, mean_acceptance_length=3.0)
+    return dataclasses.replace(d, e2e_verdict=verdict)
+
+
+def test_headline_names_its_metric_and_statistic_with_the_interval() -> None:
+    out = diagnose(_with_verdict("faster", 1.89, 2.42))
+    assert out.summary == "speculation helps: TPOT median 2.16x [1.89, 2.42]"
+
+
+def test_headline_never_says_helps_while_the_e2e_verdict_is_inconclusive() -> None:
+    out = diagnose(_with_verdict("inconclusive", 1.89, 2.42))
+    assert out.summary == "no verdict yet: TPOT median 2.16x [1.89, 2.42]"
+    assert "helps" not in out.summary
+    why = [r for r in out.reasons if r.code == "ci_ahead_of_verdict"]
+    assert why and "anytime-valid" in why[0].message
+    assert "working" not in [r.code for r in out.reasons]
+
+
+def test_an_e2e_slower_verdict_wins_over_a_favourable_decode_interval() -> None:
+    out = diagnose(_with_verdict("slower", 1.89, 2.42))
+    assert out.summary.startswith("speculation hurts end to end")
+    assert "helps" not in out.summary

@@ -35,6 +35,7 @@ from specproxy.stats.quantile import STATISTICS, point_statistic, samples_needed
 from specproxy.stats.ranktests import rank_tests
 from specproxy.stats.result import (
     METRIC_COLUMNS,
+    METRICS,
     MetricResult,
     Speedup,
     TimeBlocks,
@@ -331,8 +332,10 @@ def compare_window(
 
 def diagnose_metrics(metrics: dict[str, Any], engine: dict[Arm, EngineSummary]) -> Diagnosis:
     """The diagnosis tree on a window's metric blocks (raw-row or rollup comparisons alike)."""
+    metric = "tpot"
     metrics_ok = metrics["tpot"]["speedup"]["median"]
     if metrics_ok["status"] != "ok":
+        metric = "e2e"
         metrics_ok = metrics["e2e"]["speedup"]["median"]
     e2e = metrics["e2e"]
     needed = max(e2e["speedup"]["p99"]["n_needed"].values())
@@ -353,6 +356,9 @@ def diagnose_metrics(metrics: dict[str, Any], engine: dict[Arm, EngineSummary]) 
             speculative=engine.get(Arm.SPECULATIVE, EngineSummary()),
             baseline=engine.get(Arm.BASELINE, EngineSummary()),
             ttft_share=share,
+            metric=METRICS[metric].label if metric in METRICS else metric,
+            statistic="median",
+            e2e_verdict=e2e["verdict"],
         )
     )
 

@@ -123,6 +123,9 @@ class DiagnosisInput:
     speculative: EngineSummary
     baseline: EngineSummary
     ttft_share: float | None = None  # median TTFT / median E2E on the speculative arm
+    metric: str = "TPOT"  # label of the metric `speedup` measures (the headline names it)
+    statistic: str = "median"
+    e2e_verdict: str | None = None  # anytime-valid E2E verdict; None: not computed
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,45 @@ class Diagnosis:
             "reasons": [{"code": r.code, "message": r.message} for r in self.reasons],
             "implied_draft_cost": self.implied_draft_cost,
         }
+
+
+def _headline(
+    d: DiagnosisInput, ci: str, helps: bool, hurts: bool, reasons: list[Reason]
+) -> tuple[str, bool]:
+    """The summary sentence, naming its metric and statistic, and whether it says "helps".
+
+    It never contradicts the anytime-valid E2E verdict: "helps" needs a CI above 1 AND an E2E
+    verdict that is not "slower" or "inconclusive"; an E2E "slower" verdict wins over any CI. When
+    a fixed-sample CI excludes 1 but the anytime-valid test has not decided, a reason says why.
+    """
+    if d.e2e_verdict == "slower":
+        return f"speculation hurts end to end (anytime-valid E2E verdict: slower); {ci}", False
+    if helps and d.e2e_verdict == "inconclusive":
+        reasons.append(
+            Reason(
+                "ci_ahead_of_verdict",
+                "the 95% interval excludes 1, but it is a fixed-sample statement about this "
+                "window; the anytime-valid E2E test, which stays valid however often the "
+                "dashboard is read, has not crossed its bound yet, so no verdict is given",
+            )
+        )
+        return f"no verdict yet: {ci}", False
+    if hurts and d.e2e_verdict == "inconclusive":
+        reasons.append(
+            Reason(
+                "ci_ahead_of_verdict",
+                "the 95% interval is below 1, but the anytime-valid E2E test has not crossed "
+                "its bound yet, so no verdict is given",
+            )
+        )
+        return f"leaning slower, no verdict yet: {ci}", False
+    if helps:
+        return f"speculation helps: {ci}", True
+    if hurts:
+        return f"speculation hurts: {ci}", False
+    if math.isfinite(d.speedup):
+        return f"no clear effect yet: {ci}", False
+    return "no data yet", False
 
 
 def diagnose(d: DiagnosisInput) -> Diagnosis:
@@ -211,15 +253,8 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "speculation only speeds up decoding",
             )
         )
-    ci = f"{d.speedup:.2f}x (CI {d.speedup_lower:.2f}-{d.speedup_upper:.2f})"
-    if helps:
-        summary = f"speculation helps: {ci}"
-    elif hurts:
-        summary = f"speculation hurts: {ci}"
-    elif math.isfinite(d.speedup):
-        summary = f"no clear effect yet: {ci}"
-    else:
-        summary = "no data yet"
+    ci = f"{d.metric} {d.statistic} {d.speedup:.2f}x [{d.speedup_lower:.2f}, {d.speedup_upper:.2f}]"
+    summary, helps = _headline(d, ci, helps, hurts, reasons)
     if helps and not reasons:
         reasons.append(Reason("working", "speculation works as intended"))
     return Diagnosis(summary=summary, reasons=reasons, implied_draft_cost=cost)
