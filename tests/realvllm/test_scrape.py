@@ -8,6 +8,7 @@ rate at position i = (steps that accepted more than i drafts) / steps.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import aiohttp
@@ -60,4 +61,4 @@ async def test_scraper_reads_real_acceptance_and_positions(
         page = await resp.text()
     assert 'specproxy_engine_draft_acceptance_ratio{arm="speculative"}' in page
     assert 'specproxy_engine_position_acceptance_ratio{arm="speculative",position="3"}' in page
-    assert 'specproxy_engine_up{arm="baseline"} 1.0' in page
+    assert re.search(r'specproxy_engine_up\{arm="baseline",endpoint="[^"]+"\} 1\.0', page)
