@@ -9,6 +9,7 @@ from specproxy.stats.diagnosis import (
     DiagnosisInput,
     EngineSummary,
     diagnose,
+    draft_step_share,
     implied_draft_cost,
     summarise_engine,
 )
@@ -112,3 +113,17 @@ def test_an_e2e_slower_verdict_wins_over_a_favourable_decode_interval() -> None:
     out = diagnose(_with_verdict("slower", 1.89, 2.42))
     assert out.summary.startswith("speculation hurts end to end")
     assert "helps" not in out.summary
+
+
+def test_draft_cost_from_measured_step_times() -> None:
+    assert draft_step_share(0.026, 0.020) == pytest.approx(0.3)
+    assert draft_step_share(None, 0.02) is None and draft_step_share(0.02, 0.0) is None
+    slow = dataclasses.replace(
+        _input(0.95, 0.9, 1.0, acceptance_rate=0.7),
+        speculative_step_s=0.030,
+        baseline_step_s=0.020,
+    )
+    assert codes(slow) == ["draft_step_share"]
+    assert "50% longer" in diagnose(slow).reasons[0].message
+    cheap = dataclasses.replace(slow, speculative_step_s=0.024)  # 20 % < 30 %
+    assert codes(cheap) == []

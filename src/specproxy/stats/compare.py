@@ -68,6 +68,7 @@ REQUIRED_COLUMNS: Final[tuple[str, ...]] = (
     *METRIC_COLUMNS.values(),
     "prompt_tokens",
     "output_tokens",
+    "mean_gap_s",
 )
 
 
@@ -316,7 +317,9 @@ def compare_window(
             ok = np.isfinite(b) & np.isfinite(s) & (b > 0) & (s > 0)
             paired = (b[ok], s[ok], t[ok])
         metrics[metric] = _metric_block(metric, primary, paired, settings, rng)
-    diagnosis = diagnose_metrics(metrics, engine)
+    diagnosis = diagnose_metrics(
+        metrics, engine, steps=(_median_step(primary[0]), _median_step(primary[1]))
+    )
     return {
         "design": design,
         "pairs": int(pair_b.size),
@@ -330,8 +333,24 @@ def compare_window(
     }
 
 
-def diagnose_metrics(metrics: dict[str, Any], engine: dict[Arm, EngineSummary]) -> Diagnosis:
-    """The diagnosis tree on a window's metric blocks (raw-row or rollup comparisons alike)."""
+def _median_step(arrays: ArmArrays) -> float | None:
+    """Median per-request mean gap between streamed content events (one engine step each)."""
+    gaps = arrays.get("mean_gap_s")
+    if gaps is None:
+        return None
+    v = np.asarray(gaps, dtype=np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    return float(np.median(v)) if v.size else None
+
+
+def diagnose_metrics(
+    metrics: dict[str, Any],
+    engine: dict[Arm, EngineSummary],
+    *,
+    steps: tuple[float | None, float | None] = (None, None),
+) -> Diagnosis:
+    """The diagnosis tree on a window's metric blocks (raw-row or rollup comparisons alike);
+    `steps` = (baseline, speculative) median step times when the rows are at hand."""
     metric = "tpot"
     metrics_ok = metrics["tpot"]["speedup"]["median"]
     if metrics_ok["status"] != "ok":
@@ -359,6 +378,8 @@ def diagnose_metrics(metrics: dict[str, Any], engine: dict[Arm, EngineSummary]) 
             metric=METRICS[metric].label if metric in METRICS else metric,
             statistic="median",
             e2e_verdict=e2e["verdict"],
+            baseline_step_s=steps[0],
+            speculative_step_s=steps[1],
         )
     )
 

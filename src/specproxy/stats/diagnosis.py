@@ -33,6 +33,7 @@ from specproxy.stats import result as schema
 
 __all__ = [
     "HIGH_DRAFT_COST",
+    "HIGH_DRAFT_STEP_SHARE",
     "HIGH_KV_CACHE_USAGE",
     "HIGH_RUNNING_REQUESTS",
     "LOW_ACCEPTANCE",
@@ -41,6 +42,7 @@ __all__ = [
     "EngineSummary",
     "Reason",
     "diagnose",
+    "draft_step_share",
     "implied_draft_cost",
     "summarise_engine",
 ]
@@ -49,6 +51,7 @@ LOW_ACCEPTANCE: Final = 0.5
 HIGH_RUNNING_REQUESTS: Final = 32.0
 HIGH_KV_CACHE_USAGE: Final = 0.9
 HIGH_DRAFT_COST: Final = 0.2
+HIGH_DRAFT_STEP_SHARE: Final = 0.3  # extra time of a speculative step over a target step
 PREFILL_DOMINATED: Final = 0.5  # median TTFT / median E2E
 
 
@@ -96,6 +99,19 @@ def summarise_engine(samples: Sequence[EngineSample]) -> EngineSummary:
     )
 
 
+def draft_step_share(
+    speculative_step_s: float | None, baseline_step_s: float | None
+) -> float | None:
+    """Measured draft cost: how much longer a speculative step (k drafts + verification) takes
+    than a baseline (target-only) step, as a fraction of the target step; from step timing the
+    records already have, independent of the speedup model."""
+    if not speculative_step_s or not baseline_step_s or baseline_step_s <= 0:
+        return None
+    if not (math.isfinite(speculative_step_s) and math.isfinite(baseline_step_s)):
+        return None
+    return speculative_step_s / baseline_step_s - 1.0
+
+
 def implied_draft_cost(speedup: float, acceptance_length: float, k: int) -> float | None:
     """c solving speedup = L / (1 + k*c); None when it cannot be computed."""
     if k <= 0 or not math.isfinite(speedup) or speedup <= 0 or acceptance_length <= 0:
@@ -126,6 +142,10 @@ class DiagnosisInput:
     metric: str = "TPOT"  # label of the metric `speedup` measures (the headline names it)
     statistic: str = "median"
     e2e_verdict: str | None = None  # anytime-valid E2E verdict; None: not computed
+    # median gap between streamed content events (one engine step each, vLLM emits one chunk
+    # per step) per arm, seconds; None when not streamed
+    speculative_step_s: float | None = None
+    baseline_step_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +155,14 @@ class Diagnosis:
     summary: str
     reasons: list[Reason] = field(default_factory=list)
     implied_draft_cost: float | None = None
+    draft_step_share: float | None = None  # measured: spec step / baseline step - 1
 
     def to_dict(self) -> schema.Diagnosis:
         return {
             "summary": self.summary,
             "reasons": [{"code": r.code, "message": r.message} for r in self.reasons],
             "implied_draft_cost": self.implied_draft_cost,
+            "draft_step_share": self.draft_step_share,
         }
 
 
@@ -245,6 +267,18 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "tokens, or prompt-lookup (n-gram) drafting if you are not already",
             )
         )
+    share = draft_step_share(d.speculative_step_s, d.baseline_step_s)
+    if share is not None and share > HIGH_DRAFT_STEP_SHARE and not helps:
+        reasons.append(
+            Reason(
+                "draft_step_share",
+                f"a speculative step takes {share:.0%} longer than a target step (median gap "
+                f"between streamed chunks, {(d.speculative_step_s or 0.0) * 1e3:.1f} vs "
+                f"{(d.baseline_step_s or 0.0) * 1e3:.1f} ms): drafting costs more than "
+                f"{HIGH_DRAFT_STEP_SHARE:.0%} of a target step; use a cheaper draft or fewer "
+                "speculative tokens",
+            )
+        )
     if d.ttft_share is not None and d.ttft_share > PREFILL_DOMINATED and not helps:
         reasons.append(
             Reason(
@@ -257,4 +291,6 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
     summary, helps = _headline(d, ci, helps, hurts, reasons)
     if helps and not reasons:
         reasons.append(Reason("working", "speculation works as intended"))
-    return Diagnosis(summary=summary, reasons=reasons, implied_draft_cost=cost)
+    return Diagnosis(
+        summary=summary, reasons=reasons, implied_draft_cost=cost, draft_step_share=share
+    )

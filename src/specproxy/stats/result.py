@@ -206,6 +206,8 @@ class Diagnosis(TypedDict):
     summary: str
     reasons: list[Reason]
     implied_draft_cost: float | None
+    # measured draft cost: speculative step / baseline step - 1 (median streamed-chunk gaps)
+    draft_step_share: NotRequired[float | None]
 
 
 class WindowComparison(TypedDict):
