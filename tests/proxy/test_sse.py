@@ -20,9 +20,13 @@ STREAMS = [
 
 
 def chunkings(data: bytes, seed: int) -> list[list[bytes]]:
-    """Whole stream, one byte at a time, and random splits (seeded)."""
+    """Whole stream, one byte at a time, one event per chunk (how vLLM writes; the scanner's
+    no-copy path), two events per chunk, and random splits (seeded)."""
     rng = random.Random(seed)
-    out = [[data], [data[i : i + 1] for i in range(len(data))]]
+    events = [e + b"\n\n" for e in data.split(b"\n\n") if e]
+    assert b"".join(events) == data
+    pairs = [b"".join(events[i : i + 2]) for i in range(0, len(events), 2)]
+    out = [[data], [data[i : i + 1] for i in range(len(data))], events, pairs]
     for _ in range(20):
         cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 60)))
         out.append([data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)])

@@ -62,14 +62,18 @@ async def _stream(
         headers=response_headers(upstream.headers, trace.arm, trace.request_id),
     )
     scanner = trace.scanner = SSEScanner(strip_usage=strip_usage)
+    # The per-event loop: a read, a clock reading, a byte scan, a write; names bound once.
     perf_counter = time.perf_counter
     readany = upstream.readany
+    feed = scanner.feed
     try:
         await resp.prepare(request)
     except ConnectionError:
         trace.disconnected = True
         trace.fail(ErrorKind.DISCONNECTED, STATUS_CLIENT_GONE)
         return resp
+    write = resp.write
+    now: float | None = None  # arrival of the last chunk
     while True:
         try:
             chunk = await readany()
@@ -80,16 +84,21 @@ async def _stream(
             cut_off(request)
             trace.e2e_end = perf_counter()
             return resp
-        now = perf_counter()
         if not chunk:
             break
+        now = perf_counter()
+        out = feed(chunk, now)
+        if out:
+            try:
+                await write(out)
+            except ConnectionError:
+                trace.upstream_end = now
+                trace.disconnected = True
+                trace.fail(ErrorKind.DISCONNECTED)
+                trace.e2e_end = perf_counter()
+                return resp
+    if now is not None:
         trace.upstream_end = now
-        out = scanner.feed(chunk, now)
-        if out and not await _flush(resp, out):
-            trace.disconnected = True
-            trace.fail(ErrorKind.DISCONNECTED)
-            trace.e2e_end = perf_counter()
-            return resp
     tail = scanner.finish()
     if upstream.status == 200 and is_event_stream(upstream.headers):
         defect = scanner.defect()  # relayed as it came, but never a usable sample

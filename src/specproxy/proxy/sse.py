@@ -17,6 +17,7 @@ held back only until the next event arrives (for n=1 the usage chunk follows at 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from specproxy.errors import ErrorKind
@@ -24,6 +25,7 @@ from specproxy.errors import ErrorKind
 __all__ = ["SSEScanner", "count_token_ids"]
 
 _DATA = b"data:"
+_DATA_SPACE = b"data: "
 _DONE = b"[DONE]"
 _USAGE = b'"usage"'
 _TOKEN_IDS = b'"token_ids":'
@@ -32,16 +34,9 @@ _FINGERPRINT = b'"system_fingerprint":'
 _ERROR = b'{"error"'
 # Byte patterns of an event that may carry no generated text; such events get an exact JSON check.
 # vLLM writes compact JSON; the spaced forms cover servers that use json.dumps defaults.
-_MAYBE_EMPTY = (
-    b'"content":""',
-    b'"text":""',
-    b'"delta":{}',
-    b'"content":null',
-    b'"content": ""',
-    b'"text": ""',
-    b'"delta": {}',
-    b'"content": null',
-)
+# One search for `"content":""`, `"text":""`, `"delta":{}` and `"content":null`, each also with a
+# space after the colon.
+_MAYBE_EMPTY = re.compile(rb'"content": ?(?:""|null)|"text": ?""|"delta": ?\{\}')
 _CONTENT_KEYS = ("content", "text", "reasoning", "reasoning_content", "tool_calls", "token_ids")
 _DECODER = json.JSONDecoder()
 
@@ -127,19 +122,32 @@ class SSEScanner:
         stripping usage)."""
         if not self._sep_known:
             self._detect_separator(chunk)
-        buf = self._buf
-        buf += chunk
         sep = self._sep
-        start = 0
-        end = buf.find(sep, self._scan_from)
-        while end >= 0:
-            stop = end + len(sep)
-            self._event(bytes(buf[start:stop]), now)
-            start = stop
-            end = buf.find(sep, start)
-        if start:
-            del buf[:start]
-        self._scan_from = max(len(buf) - len(sep) + 1, 0)
+        n = len(sep)
+        event = self._event
+        buf = self._buf
+        if buf:  # an event began in an earlier chunk: scan on in the buffer
+            buf += chunk
+            start = 0
+            end = buf.find(sep, self._scan_from)
+            while end >= 0:
+                stop = end + n
+                event(bytes(buf[start:stop]), now)
+                start = stop
+                end = buf.find(sep, start)
+            if start:
+                del buf[:start]
+        else:  # the usual case: events straight from the chunk, no copy into the buffer
+            start = 0
+            end = chunk.find(sep)
+            while end >= 0:
+                stop = end + n
+                event(chunk[start:stop], now)
+                start = stop
+                end = chunk.find(sep, start)
+            if start < len(chunk):
+                buf += chunk[start:] if start else chunk
+        self._scan_from = len(buf) - n + 1 if len(buf) >= n else 0
         if not self.strip_usage:
             return chunk
         out = b"".join(self._out)
@@ -176,7 +184,11 @@ class SSEScanner:
 
     def _event(self, event: bytes, now: float) -> None:
         self.last_event_at = now
-        payload = _data_payload(event[: -len(self._sep)])
+        body_end = len(event) - len(self._sep)
+        if event.startswith(_DATA_SPACE) and event.find(b"\n", 0, body_end) < 0:
+            payload: bytes | None = event[6:body_end]  # one `data: ` line: vLLM's every event
+        else:
+            payload = _data_payload(event[:body_end])
         if payload is None:
             self._emit(event)
             return
@@ -190,11 +202,19 @@ class SSEScanner:
             self.error_event = True
             self._emit(event)
             return
-        tokens = count_token_ids(payload)
+        tokens = count_token_ids(payload) if _TOKEN_IDS in payload else None
         if tokens is None:
             self.token_ids_complete = False
-        if tokens or not any(p in payload for p in _MAYBE_EMPTY) or _has_content(payload):
-            self._content(now, tokens or 0)
+        if tokens or _MAYBE_EMPTY.search(payload) is None or _has_content(payload):
+            last = self.last_content_at  # a content event: timed
+            if last is None:
+                self.first_content_at = now
+            else:
+                self.gaps.append(now - last)
+            self.last_content_at = now
+            self.n_events += 1
+            if tokens:
+                self.token_ids += tokens
         if (
             self.strip_usage
             and (_FINISHED[0] in payload or _FINISHED[1] in payload)
@@ -203,16 +223,6 @@ class SSEScanner:
             self._held.append(event)
         else:
             self._emit(event)
-
-    def _content(self, now: float, tokens: int) -> None:
-        last = self.last_content_at
-        if last is None:
-            self.first_content_at = now
-        else:
-            self.gaps.append(now - last)
-        self.last_content_at = now
-        self.n_events += 1
-        self.token_ids += tokens
 
     def _usage_event(self, event: bytes, payload: bytes) -> bool:
         """Handle the final usage chunk (`choices: []` plus `usage`); False if it is not one."""

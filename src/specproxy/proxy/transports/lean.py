@@ -204,50 +204,59 @@ class UpstreamResponse:
         return self._take_chunked(buf)
 
     def _take_chunked(self, buf: bytearray) -> bytes:
-        out = []
-        while True:
-            if self._chunk_left == -1:  # expecting a size line
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > _MAX_CHUNK_LINE:
-                        raise UpstreamBroken("chunk size line too long")
+        """Chunked framing, parsed by position over the buffer and consumed with one delete."""
+        out: list[bytes] = []
+        pos = 0
+        left = self._chunk_left  # -1: a size line is next; -2: trailers; 0: the data's CRLF
+        size_of = len(buf)
+        view = memoryview(buf)
+        try:
+            while True:
+                if left == -1:  # expecting a size line
+                    end = buf.find(b"\r\n", pos)
+                    if end < 0:
+                        if size_of - pos > _MAX_CHUNK_LINE:
+                            raise UpstreamBroken("chunk size line too long")
+                        break
+                    size_text = bytes(view[pos:end]).split(b";", 1)[0].strip()
+                    if not size_text or size_text.strip(_HEX_DIGITS):
+                        raise UpstreamBroken(f"bad chunk size {size_text[:20]!r}")
+                    size = int(size_text, 16)
+                    pos = end + 2
+                    left = -2 if size == 0 else size  # after the last chunk: trailers
+                if left == -2:  # trailers, up to an empty line
+                    end = buf.find(b"\r\n", pos)
+                    if end < 0:
+                        break
+                    last = end == pos
+                    pos = end + 2
+                    if last:
+                        self._done = True
+                        break
+                    continue
+                if left > 0:
+                    n = min(left, size_of - pos)
+                    if not n:
+                        break
+                    out.append(bytes(view[pos : pos + n]))
+                    pos += n
+                    left -= n
+                    if left:
+                        break
+                # chunk data complete: its CRLF
+                if size_of - pos < 2:
+                    left = 0
                     break
-                size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
-                if not size_text or size_text.strip(_HEX_DIGITS):
-                    raise UpstreamBroken(f"bad chunk size {size_text[:20]!r}")
-                size = int(size_text, 16)
-                del buf[: end + 2]
-                if size == 0:
-                    self._chunk_left = -2  # trailers follow
-                else:
-                    self._chunk_left = size
-            if self._chunk_left == -2:  # trailers, up to an empty line
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    break
-                del buf[: end + 2]
-                if end == 0:
-                    self._done = True
-                    break
-                continue
-            if self._chunk_left > 0:
-                n = min(self._chunk_left, len(buf))
-                if not n:
-                    break
-                out.append(bytes(buf[:n]))
-                del buf[:n]
-                self._chunk_left -= n
-                if self._chunk_left:
-                    break
-            # chunk data complete: its CRLF
-            if len(buf) < 2:
-                self._chunk_left = 0
-                break
-            if buf[:2] != b"\r\n":
-                raise UpstreamBroken("chunk not followed by CRLF")
-            del buf[:2]
-            self._chunk_left = -1
-        return b"".join(out)
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise UpstreamBroken("chunk not followed by CRLF")
+                pos += 2
+                left = -1
+        finally:
+            view.release()
+            self._chunk_left = left
+            if pos:
+                del buf[:pos]
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def release(self) -> None:
         """Done with a completely read response: pool the connection if it may be reused."""
