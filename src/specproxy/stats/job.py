@@ -45,6 +45,7 @@ from specproxy.stats.compare import (
     compare_window,
 )
 from specproxy.stats.diagnosis import summarise_engine
+from specproxy.stats.hysteresis import VerdictMemory
 from specproxy.stats.leader import Leadership
 from specproxy.stats.result import (
     SCHEMA_VERSION,
@@ -291,6 +292,7 @@ class StatsJob:
         self._leadership = leadership
         self.leader: bool | None = None  # None until the first interval asked
         self._latest: StatsResult | None = None
+        self._memory = VerdictMemory()  # whole-run verdict hysteresis (stats.hysteresis)
         self._task: asyncio.Task[None] | None = None
         if registry is not None:
             register_stats_collector(registry, self.latest, self.is_leader)
@@ -313,6 +315,7 @@ class StatsJob:
             window_end=self._clock(),
             model_label=self._model_label,
         )
+        self._memory.apply(result, tolerance=self._stats_cfg.p99_tolerance)
         self._latest = result
         try:
             await self._store.write_stats(

@@ -168,6 +168,10 @@ class Sequential(TypedDict):
     median_faster: bool
     median_slower: bool
     verdict: Verdict
+    # whole-run window of a running job (`stats.hysteresis`): bounds are the running intersection
+    # over ticks; None/0 elsewhere (sliding windows, one-off `specproxy stats`)
+    hysteresis: str | None  # "first" | "intersected" | "reset"
+    hysteresis_ticks: int
 
 
 class MetricResult(TypedDict):

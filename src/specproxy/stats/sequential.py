@@ -165,6 +165,8 @@ class SequentialResult:
             "median_faster": self.median_faster,
             "median_slower": self.median_slower,
             "verdict": self.verdict,
+            "hysteresis": None,  # set by `stats.hysteresis` on the whole-run window
+            "hysteresis_ticks": 0,
         }
 
 
