@@ -127,3 +127,23 @@ def test_draft_cost_from_measured_step_times() -> None:
     assert "50% longer" in diagnose(slow).reasons[0].message
     cheap = dataclasses.replace(slow, speculative_step_s=0.024)  # 20 % < 30 %
     assert codes(cheap) == []
+
+
+def test_zero_drafts_is_named_and_no_metrics_only_when_the_scrape_failed() -> None:
+    # random prompts on an n-gram proposer (issue 14): scraped fine, counters never moved
+    slow = _input(0.74, 0.70, 0.78)
+    scraped = dataclasses.replace(slow, speculative=EngineSummary(samples=12, up_samples=12))
+    assert codes(scraped) == ["no_drafts"]
+    assert diagnose(scraped).reasons[0].message.startswith("no drafts proposed")
+    assert diagnose(scraped).summary.startswith("speculation hurts")
+    failed = dataclasses.replace(slow, speculative=EngineSummary(samples=12, up_samples=0))
+    assert codes(failed) == ["no_engine_metrics"]
+    from_samples = summarise_engine(
+        [EngineSample(float(t), "r", Arm.SPECULATIVE, up=t % 2 == 0) for t in range(6)]
+    )
+    assert from_samples.samples == 6 and from_samples.up_samples == 3
+
+
+def test_zero_acceptance_is_named_apart_from_low_acceptance() -> None:
+    d = _input(0.8, 0.75, 0.85, acceptance_rate=0.0, mean_acceptance_length=1.0)
+    assert codes(d) == ["zero_acceptance"]

@@ -10,8 +10,10 @@ decode speedup (TPOT, else E2E) we solve for the implied c = (L / speedup - 1) /
 checked in order, each add a reason in words:
 
 1. too few samples, or an engine restarted in the window (warm-up) -> wait;
-2. acceptance rate < 50 % -> the draft does not predict this traffic (domain or temperature
-   mismatch);
+2. the speculative engine scraped fine but proposed no drafts -> "no drafts proposed" (e.g. an
+   n-gram proposer on prompts without repeats); "no metrics" only when its scrape failed;
+   acceptance exactly 0 -> every draft rejected; acceptance rate < 50 % -> the draft does not
+   predict this traffic (domain or temperature mismatch);
 3. high load (many running requests, or a nearly full KV cache) -> speculation hurts at large
    batch, where the target is compute bound and drafts steal its throughput;
 4. implied draft cost c > 0.2 -> the draft costs too much per step: a smaller draft, fewer
@@ -61,6 +63,7 @@ class EngineSummary:
 
     samples: int = 0
     restarts: int = 0
+    up_samples: int = 0  # scrapes that succeeded
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
     num_speculative_tokens: int | None = None
@@ -71,6 +74,7 @@ class EngineSummary:
         return {
             "samples": self.samples,
             "restarts": self.restarts,
+            "up_samples": self.up_samples,
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "num_speculative_tokens": self.num_speculative_tokens,
@@ -91,6 +95,7 @@ def summarise_engine(samples: Sequence[EngineSample]) -> EngineSummary:
     return EngineSummary(
         samples=len(samples),
         restarts=sum(1 for s in samples if s.restarted),
+        up_samples=len(up),
         acceptance_rate=_mean([s.acceptance_rate for s in up]),
         mean_acceptance_length=_mean([s.mean_acceptance_length for s in up]),
         num_speculative_tokens=max(ks) if ks else None,
@@ -228,15 +233,36 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
         cost = implied_draft_cost(
             d.speedup, spec.mean_acceptance_length, spec.num_speculative_tokens
         )
-    if spec.acceptance_rate is None and spec.mean_acceptance_length is None:
+    no_spec_numbers = spec.acceptance_rate is None and spec.mean_acceptance_length is None
+    if no_spec_numbers and spec.up_samples == 0:
         reasons.append(
             Reason(
                 "no_engine_metrics",
-                "no speculative-decoding metrics were scraped; the engine-level causes "
-                "cannot be checked",
+                "the speculative engine's /metrics could not be scraped in this window; the "
+                "engine-level causes cannot be checked",
             )
         )
-    if spec.acceptance_rate is not None and spec.acceptance_rate < LOW_ACCEPTANCE:
+    elif no_spec_numbers:
+        reasons.append(
+            Reason(
+                "no_drafts",
+                "no drafts proposed: the speculative engine was scraped but proposed no draft "
+                "tokens in this window (its speculative-decoding counters did not move), so "
+                "every step is a plain decode plus the proposer's overhead. An n-gram proposer "
+                "finds nothing to copy in prompts without repeated text (e.g. random prompts); "
+                "check that speculative decoding is configured if this persists",
+            )
+        )
+    if spec.acceptance_rate is not None and spec.acceptance_rate == 0.0:
+        reasons.append(
+            Reason(
+                "zero_acceptance",
+                "acceptance is 0: drafts were proposed but every draft token was rejected, so "
+                "speculation is pure overhead; the draft does not match the target (wrong or "
+                "randomly initialised draft, or a tokenizer mismatch)",
+            )
+        )
+    if spec.acceptance_rate is not None and 0.0 < spec.acceptance_rate < LOW_ACCEPTANCE:
         reasons.append(
             Reason(
                 "low_acceptance",

@@ -194,6 +194,7 @@ class EngineArm(TypedDict):
 
     samples: int
     restarts: int
+    up_samples: int  # scrapes that succeeded ("no metrics" vs "no drafts proposed")
     acceptance_rate: float | None
     mean_acceptance_length: float | None
     num_speculative_tokens: int | None
