@@ -16,8 +16,11 @@ with the `ContentEvents` attributes will do): when the first content event arriv
 there were, the gaps between them, their `token_ids`, and the final usage chunk. A content event
 is one that carries generated text, reasoning text, tool calls or token ids.
 
-To add a per-request measurement: add the raw fact to `RequestTimings` (or `ContentEvents`) if it
-is new, the field to `Measures` and `records.RequestRecord`, and its formula to `derive`.
+To add a per-request measurement: the field to `records.RequestRecord` and to `Measures`, its
+formula to `derive` and its hand-over to `Measures.record`, and its column to the store
+(`store.schema`: both dialects' DDL, a migration, `REQUEST_COLUMNS` and the row). Only a new raw
+fact also needs a field in `RequestTimings` (or `ContentEvents`, the scanner) and the one line
+that stamps it, in the proxy (`proxy.trace`) and in the load generator (`loadgen`).
 """
 
 from __future__ import annotations
