@@ -51,9 +51,11 @@ class _Connection(asyncio.Protocol):
         "buf",
         "closed",
         "deadline",
+        "expiry",
         "idle_since",
         "pool",
         "read_limit",
+        "timer",
         "transport",
         "waiter",
     )
@@ -67,6 +69,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.deadline: float | None = None  # loop time by which the current response must end
         self.read_limit: float | None = None  # longest silence within the current response
+        self.expiry = 0.0  # loop time at which the current wait times out
+        self.timer: asyncio.TimerHandle | None = None  # at or before `expiry`; re-armed lazily
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, hence no isinstance check.
@@ -92,30 +96,49 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     async def wait(self, limit_s: float | None) -> None:
-        """Until more bytes arrive or the connection closes; `TimeoutError` after `limit_s` or
-        at the response's deadline, whichever comes first."""
+        """Until more bytes arrive or the connection closes; `UpstreamTimeout` after `limit_s`
+        of silence or at the response's deadline, whichever comes first.
+
+        One timer serves many waits: a stream waits once per event, and a timer per wait
+        (create, cancel) cost more than the rest of the wait. The timer fires at or before the
+        current wait's expiry; if that wait has time left, it re-arms itself for it."""
         loop = self.pool.loop
-        if self.deadline is not None:
-            left = self.deadline - loop.time()
-            limit_s = left if limit_s is None else min(limit_s, left)
         waiter = self.waiter = loop.create_future()
-        timer = loop.call_later(limit_s, _expire, waiter) if limit_s is not None else None
+        deadline = self.deadline
+        if limit_s is not None or deadline is not None:
+            expiry = loop.time() + limit_s if limit_s is not None else deadline
+            if deadline is not None and expiry is not None and deadline < expiry:
+                expiry = deadline
+            assert expiry is not None
+            self.expiry = expiry
+            timer = self.timer
+            if timer is None or timer.when() > expiry:
+                if timer is not None:
+                    timer.cancel()
+                self.timer = loop.call_at(expiry, self._on_timer)
         try:
             await waiter
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return  # no wait in progress: the next one arms a timer again
+        loop = self.pool.loop
+        if loop.time() >= self.expiry:
+            waiter.set_exception(UpstreamTimeout("upstream read timed out"))
+        else:
+            self.timer = loop.call_at(self.expiry, self._on_timer)
 
     def close(self) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.transport is not None:
             self.transport.close()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(UpstreamTimeout("upstream read timed out"))
 
 
 class UpstreamResponse:
