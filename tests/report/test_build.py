@@ -246,3 +246,24 @@ async def test_report_selects_what_the_job_selected_across_a_restart() -> None:
     # the first excluded: spec records sit at odd tenths, 11.9 stays, 12.1 .. 13.3 go.
     kept = data.t_start["speculative"] - T0
     assert np.any(np.isclose(kept, 11.9)) and not np.any((kept > 12.0) & (kept < 13.4))
+
+
+async def test_a_stored_result_from_before_the_restart_settings_still_reports() -> None:
+    """Results stored before `settings.restart_warmup_*` existed are read with the defaults."""
+    store = open_store(StoreConfig(url="memory://"))
+    await store.start()
+    try:
+        for rec in _records(np.random.default_rng(3)):
+            store.record(rec)
+        await store.flush()
+        settings = StatsConfig(warmup_requests=WARMUP, resamples=300)
+        result = await compute_stats(store, run_id=RUN, stats_cfg=settings, window_end=T0 + 100)
+        old = cast(dict[str, Any], json.loads(json.dumps(result)))
+        del old["settings"]["restart_warmup_requests"], old["settings"]["restart_warmup_seconds"]
+        await store.write_stats(run_id=RUN, t=result["computed_at"], result=old)
+        data = await collect(store, run_id=RUN, settings=StatsConfig(resamples=100))
+    finally:
+        await store.close()
+    assert data is not None and not data.recomputed  # the old row is the one reported
+    assert data.stats is not None and "restart_warmup_requests" not in data.stats["settings"]
+    assert data.settings.warmup_requests == WARMUP  # the job's settings, read from the row

@@ -228,7 +228,7 @@ async def _compute_stats(
 
 
 def _scrape_from(stats: StatsResult | None) -> ScrapeConfig:
-    """The restart warm-up the stats result was computed with."""
+    """The restart warm-up the stats result was computed with (the defaults before it was kept)."""
     default = ScrapeConfig()
     if stats is None:
         return default
@@ -236,8 +236,8 @@ def _scrape_from(stats: StatsResult | None) -> ScrapeConfig:
     try:
         return dataclasses.replace(
             default,
-            warmup_requests=raw["restart_warmup_requests"],
-            warmup_seconds=float(raw["restart_warmup_seconds"]),
+            warmup_requests=raw.get("restart_warmup_requests", default.warmup_requests),
+            warmup_seconds=float(raw.get("restart_warmup_seconds", default.warmup_seconds)),
         )
     except ConfigError:
         return default

@@ -242,8 +242,8 @@ class Settings(TypedDict):
     p99_tolerance: float
     warmup_requests: int
     seed: int
-    restart_warmup_requests: int  # scrape.warmup_requests
-    restart_warmup_seconds: float  # scrape.warmup_seconds
+    restart_warmup_requests: NotRequired[int]  # scrape.warmup_requests (absent before 11-29)
+    restart_warmup_seconds: NotRequired[float]  # scrape.warmup_seconds (likewise)
     raw_rows_max: NotRequired[int]  # stats.raw_rows_max: above it the rollup path (rollupjob)
     statistics: NotRequired[list[str]]  # `STATISTICS` (absent in results stored before)
     metrics: NotRequired[dict[str, dict[str, str]]]  # `METRICS`: {name: {column, label, title}}
