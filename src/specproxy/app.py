@@ -48,7 +48,7 @@ from specproxy.errors import error_body
 from specproxy.fleet.context import fleet_ctx
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
-from specproxy.proxy.limits import MAX_FIELD_BYTES, PARSER_MAX_HEADERS
+from specproxy.proxy.limits import MAX_FIELD_BYTES, PARSER_MAX_HEADERS, quiet_parser_rejections
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.records import Arm, Recorder
@@ -85,6 +85,7 @@ def create_app(
         raise ValueError("recorder= replaces the store: pass with_store=False with it")
     if with_stats and not with_store:
         raise ValueError("the stats job reads the store: with_stats=True needs with_store=True")
+    quiet_parser_rejections()  # a malformed request is the client's error, not a traceback
     middlewares = []
     if admin_token is not None:
         middlewares.append(admin_guard(admin_token, protect_metrics=cfg.protect_metrics))

@@ -25,7 +25,7 @@ async def test_disconnect_storm_mid_stream(make_rig: MakeRig) -> None:
 
     async def client(session: aiohttp.ClientSession) -> None:
         nonlocal reading
-        headers = {"x-fault": "slow_sse"}
+        headers = {"x-fault": "endless_sse"}  # ends only when the client leaves
         async with session.post(url, json=chat(stream=True), headers=headers) as resp:
             assert resp.status == 200
             assert await resp.content.readany()  # mid-stream

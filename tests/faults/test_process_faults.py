@@ -2,8 +2,9 @@
 in-memory buffer and the restart replays the spill file; no process is left behind either way.
 
 SIGKILL's stated bound: records still in memory when the process dies are lost. The store keeps
-at most `store.max_buffer` rows in memory (more go to the spill file, which survives the kill)
-plus the batch being written, so at most max_buffer + batch_size records per SIGKILL.
+at most `store.max_buffer` rows in memory before it spills (the spill file survives the kill), a
+failed batch put back may add `store.batch_size` more, and one batch may be being written: at most
+max_buffer + 2 x batch_size records per SIGKILL.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ async def test_sigkill_during_a_store_outage_then_restart_replays_the_spill(
                     assert r.status == 200
                     await r.read()
         for _ in range(1200):  # until everything past the memory bound is on disk
-            if await first.metric("specproxy_store_spilled_total") >= sent - MAX_BUFFER - BATCH:
+            spilled = await first.metric("specproxy_store_spilled_total")
+            if spilled >= sent - MAX_BUFFER - 2 * BATCH:
                 break
             await asyncio.sleep(0.1)
         rss_after = first.rss_bytes()
@@ -123,7 +125,7 @@ async def test_sigkill_during_a_store_outage_then_restart_replays_the_spill(
     ids = [r[0] for r in rows]
     assert len(ids) == len(set(ids))  # replayed once
     lost = sent - len(ids)
-    assert 0 <= lost <= MAX_BUFFER + BATCH  # the stated bound: what was still in memory
+    assert 0 <= lost <= MAX_BUFFER + 2 * BATCH  # the stated bound: what was still in memory
     assert {(kind, status) for _, kind, status in rows} == {(None, 200)}
     os.kill(second.pid, signal.SIGTERM)
     assert await second.wait() == 0

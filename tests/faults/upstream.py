@@ -17,7 +17,8 @@ the proxy's probes and scraper see a live engine. Faults (`FAULTS`):
     truncated_chunked     a chunked JSON body cut before its last chunk
     error_503             503 with vLLM's JSON error body
     huge_body             a 100 MB JSON body (Content-Length), in 1 MiB writes
-    slow_sse              the fixture stream, one event every SLOW_S (for disconnects, SIGTERM)
+    slow_sse              the fixture stream, one event every SLOW_S (SIGTERM under load)
+    endless_sse           content events every SLOW_S until the proxy hangs up (disconnects)
 
 Counters say what happened on the upstream side: requests per fault, and streams that ended
 because the proxy closed the connection (`aborted`).
@@ -57,6 +58,7 @@ FAULTS: Final = (
     "error_503",
     "huge_body",
     "slow_sse",
+    "endless_sse",
 )
 
 _SSE: Final = fixture_path("chat_stream_usage_baseline.sse").read_bytes()
@@ -103,7 +105,8 @@ class FaultUpstream:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def __aenter__(self) -> FaultUpstream:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        # A head as large as the proxy lets through (its 64 KiB of client headers, plus its own).
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1 << 20)
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         return self
@@ -151,7 +154,7 @@ class FaultUpstream:
                     if not await self._fault(fault, writer):
                         return
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
         except asyncio.CancelledError:
             writer.transport.abort()
@@ -221,6 +224,12 @@ class FaultUpstream:
                 _reset(writer)
                 return False
             await _forever()
+        if fault == "endless_sse":
+            event = _EVENTS[1]  # a content event
+            while True:
+                writer.write(_chunk(event))
+                await self._drain(writer)
+                await asyncio.sleep(SLOW_S)
         if fault == "slow_sse":
             for event in _EVENTS:
                 writer.write(_chunk(event))

@@ -24,8 +24,11 @@ brackets than the bound is walked (iteratively, stopping at the first level past
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Iterable
 from typing import Any, Final
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 __all__ = [
     "ALLOWED_METHODS",
@@ -38,6 +41,7 @@ __all__ = [
     "Rejection",
     "header_rejection",
     "json_too_deep",
+    "quiet_parser_rejections",
 ]
 
 MAX_JSON_DEPTH: Final = 128  # vLLM bodies nest < 10; a tool's JSON schema rarely passes 20
@@ -57,6 +61,30 @@ class Rejection(enum.StrEnum):
     BODY_TOO_LARGE = "body_too_large"
     HEADERS_TOO_LARGE = "headers_too_large"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+
+
+class _ParserRejections(logging.Filter):
+    """aiohttp logs each request its HTTP parser rejects (an unknown method, a line too long, a
+    bad header: the client's error, already answered 400) with a full traceback, so a hostile
+    client could fill the log with them. Such a record becomes one DEBUG line without one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        _log.debug("HTTP parser rejected a request: %s", str(exc).splitlines()[0])
+        return False
+
+
+_log = logging.getLogger(__name__)
+_PARSER_FILTER: Final = _ParserRejections()
+
+
+def quiet_parser_rejections() -> None:
+    """Install the filter on aiohttp's server logger (once per process; idempotent)."""
+    logger = logging.getLogger("aiohttp.server")
+    if _PARSER_FILTER not in logger.filters:
+        logger.addFilter(_PARSER_FILTER)
 
 
 def header_rejection(raw_headers: Iterable[tuple[bytes, bytes]]) -> str | None:
