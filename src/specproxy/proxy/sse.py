@@ -184,23 +184,27 @@ class SSEScanner:
 
     def _event(self, event: bytes, now: float) -> None:
         self.last_event_at = now
+        strip = self.strip_usage  # without stripping, events need no bookkeeping (`_emit`)
         body_end = len(event) - len(self._sep)
         if event.startswith(_DATA_SPACE) and event.find(b"\n", 0, body_end) < 0:
             payload: bytes | None = event[6:body_end]  # one `data: ` line: vLLM's every event
         else:
             payload = _data_payload(event[:body_end])
         if payload is None:
-            self._emit(event)
+            if strip:
+                self._emit(event)
             return
         if payload == _DONE:
             self.done = True
-            self._emit(event)
+            if strip:
+                self._emit(event)
             return
         if _USAGE in payload and self._usage_event(event, payload):
             return
         if payload.startswith(_ERROR):
             self.error_event = True
-            self._emit(event)
+            if strip:
+                self._emit(event)
             return
         tokens = count_token_ids(payload) if _TOKEN_IDS in payload else None
         if tokens is None:
@@ -215,11 +219,9 @@ class SSEScanner:
             self.n_events += 1
             if tokens:
                 self.token_ids += tokens
-        if (
-            self.strip_usage
-            and (_FINISHED[0] in payload or _FINISHED[1] in payload)
-            and _FINGERPRINT not in payload
-        ):
+        if not strip:
+            return
+        if (_FINISHED[0] in payload or _FINISHED[1] in payload) and _FINGERPRINT not in payload:
             self._held.append(event)
         else:
             self._emit(event)

@@ -28,6 +28,7 @@ It raises the errors of `specproxy.errors` itself: there is nothing to map at it
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterable
 from typing import Final, cast
 
@@ -42,6 +43,7 @@ __all__ = ["LeanTransport", "UpstreamPool", "UpstreamResponse"]
 _MAX_HEAD: Final = 64 * 1024  # status line + headers
 _MAX_CHUNK_LINE: Final = 4096
 _HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
+_SIZE_LINE: Final = re.compile(rb"([0-9a-fA-F]{1,16})\r\n")
 
 
 class _Connection(asyncio.Protocol):
@@ -236,16 +238,21 @@ class UpstreamResponse:
         try:
             while True:
                 if left == -1:  # expecting a size line
-                    end = buf.find(b"\r\n", pos)
-                    if end < 0:
-                        if size_of - pos > _MAX_CHUNK_LINE:
-                            raise UpstreamBroken("chunk size line too long")
-                        break
-                    size_text = bytes(view[pos:end]).split(b";", 1)[0].strip()
-                    if not size_text or size_text.strip(_HEX_DIGITS):
-                        raise UpstreamBroken(f"bad chunk size {size_text[:20]!r}")
-                    size = int(size_text, 16)
-                    pos = end + 2
+                    plain = _SIZE_LINE.match(buf, pos)  # the usual bare `1a3\r\n`
+                    if plain is not None:
+                        size = int(plain.group(1), 16)
+                        pos = plain.end()
+                    else:
+                        end = buf.find(b"\r\n", pos)
+                        if end < 0:
+                            if size_of - pos > _MAX_CHUNK_LINE:
+                                raise UpstreamBroken("chunk size line too long")
+                            break
+                        size_text = bytes(view[pos:end]).split(b";", 1)[0].strip()
+                        if not size_text or size_text.strip(_HEX_DIGITS):
+                            raise UpstreamBroken(f"bad chunk size {size_text[:20]!r}")
+                        size = int(size_text, 16)
+                        pos = end + 2
                     left = -2 if size == 0 else size  # after the last chunk: trailers
                 if left == -2:  # trailers, up to an empty line
                     end = buf.find(b"\r\n", pos)
@@ -270,7 +277,7 @@ class UpstreamResponse:
                 if size_of - pos < 2:
                     left = 0
                     break
-                if buf[pos : pos + 2] != b"\r\n":
+                if not buf.startswith(b"\r\n", pos):
                     raise UpstreamBroken("chunk not followed by CRLF")
                 pos += 2
                 left = -1
