@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specproxy.proxy.usage import usage_of
+from specproxy.proxy.usage import usage_of, with_usage
 from tests.conftest import fixture_path
 from tests.proxy.conftest import CHAT, COMPLETIONS, SPEC_ONLY, Arms, MakeProxy
 from tests.proxy.fake_upstream import fixture_stream
@@ -79,3 +79,22 @@ def testusage_of_takes_the_top_level_usage_after_nested_lookalikes() -> None:
     assert usage == body["usage"]
     assert speculative == {"mean_acceptance_length": 2.5, "h": [1, 2]}
     assert usage_of(b'{"usage": 5}') == (None, None)  # not an object: full parse, no usage
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}',
+        b' {\n  "model": "m",\n  "stream": true,\n  "prompt": "}"\n}\n',
+        b'{"stream":true,"stream_options":null}',
+        b'{"stream":true,"stream_options":{"include_usage":false,"x":1}}',
+        '{"stream":true,"prompt":"é"}'.encode("utf-16"),
+    ],
+)
+def test_with_usage_sets_the_option_and_keeps_everything_else(body: bytes) -> None:
+    doc = json.loads(body)
+    got = with_usage(doc, body)
+    options = dict(doc.get("stream_options") or {})
+    assert json.loads(got) == {**doc, "stream_options": {**options, "include_usage": True}}
+    if "stream_options" not in doc and body.lstrip().startswith(b"{"):
+        assert got.startswith(body.rstrip()[:-1])  # the client's own bytes, key appended

@@ -154,7 +154,7 @@ class Forwarder:
         model = model if isinstance(model, str) else ""
         stream = doc.get("stream") is True
         strip_usage = stream and self._inject_usage and should_inject(doc)
-        upstream_body = with_usage(doc) if strip_usage else body
+        upstream_body = with_usage(doc, body) if strip_usage else body
         pair_id = None
         if self._mirror_enabled and self._router.mirror():
             pair_id = request_id

@@ -80,7 +80,7 @@ class Shadows:
         if injected:
             shadow_body = injected_body
         elif stream and self._inject_usage and should_inject(doc):
-            shadow_body = with_usage(doc)
+            shadow_body = with_usage(doc, body)
         else:
             shadow_body = body
         trace = Trace(

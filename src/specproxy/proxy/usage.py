@@ -16,6 +16,7 @@ from typing import Any, Final
 __all__ = ["should_inject", "usage_of", "with_usage"]
 
 _DECODER = json.JSONDecoder()
+_INCLUDE_USAGE: Final = b',"stream_options":{"include_usage":true}'
 
 
 def should_inject(doc: Mapping[str, Any]) -> bool:
@@ -29,8 +30,17 @@ def should_inject(doc: Mapping[str, Any]) -> bool:
     return doc.get("n") in (None, 1)
 
 
-def with_usage(doc: Mapping[str, Any]) -> bytes:
-    """The request body with `stream_options.include_usage` set."""
+def with_usage(doc: Mapping[str, Any], body: bytes | None = None) -> bytes:
+    """The request body with `stream_options.include_usage` set.
+
+    When the client sent no `stream_options` and `body` is the plain UTF-8 object `doc` was
+    parsed from, the key is appended to the client's own bytes (no re-encoding of a body that
+    can be large); otherwise `doc` is re-encoded with the option merged in.
+    """
+    if body is not None and doc and "stream_options" not in doc:
+        stripped = body.rstrip()
+        if stripped.endswith(b"}") and body.lstrip().startswith(b"{"):
+            return stripped[:-1] + _INCLUDE_USAGE + b"}"
     changed = dict(doc)
     options = dict(doc.get("stream_options") or {})
     options["include_usage"] = True
