@@ -9,7 +9,7 @@ import pytest
 
 from specproxy.errors import StoreError
 from specproxy.records import Arm
-from specproxy.store.buffered import BufferedStore
+from specproxy.store.buffered import MEMORY_FACTOR, BufferedStore
 from specproxy.store.factory import open_store
 from specproxy.store.memory import MemoryStore
 from specproxy.store.spill import SpillSet
@@ -154,3 +154,26 @@ async def test_read_only_start_leaves_spill_files_alone_and_refuses_writes(
     await reader.close()
     assert _spill_files(tmp_path) == spilled
     assert not [r for r in caplog.records if "spill" in r.getMessage()]
+
+
+async def test_unwritable_spill_keeps_at_most_twice_max_buffer_in_memory(tmp_path: Path) -> None:
+    """Store down and spill file unwritable: memory holds MEMORY_FACTOR x max_buffer rows, the
+    rest is counted as dropped (which pages) instead of growing without bound."""
+    (tmp_path / "not-a-dir").write_text("a file where the spill directory should be")
+    cfg = store_config(
+        "memory://", tmp_path, max_buffer=50, spill_path=str(tmp_path / "not-a-dir" / "s.jsonl")
+    )
+    store = open_store(cfg)
+    assert isinstance(store, MemoryStore)
+    await store.start()
+    store.fail_writes = True
+    for i in range(500):
+        store.record(make_record(i))
+    with pytest.raises(StoreError):
+        await store.flush()
+    assert store.pending == MEMORY_FACTOR * 50
+    assert store.dropped == 500 - MEMORY_FACTOR * 50
+    store.fail_writes = False
+    await store.flush()
+    assert await _count(store) == (MEMORY_FACTOR * 50, MEMORY_FACTOR * 50)
+    await store.close()

@@ -5,7 +5,8 @@ store has been failing long enough that `max_buffer` rows are waiting, appends o
 local spill file). A background task writes batches at least every `flush_interval_s`. When a
 write fails the batch goes back to the buffer and the task retries with backoff; once writes work
 again the spill files are replayed. Nothing is ever discarded silently: `dropped` counts only rows
-the database refuses for good (kept in `<spill_path>.rejected`) or unreadable spill lines.
+the database refuses for good (kept in `<spill_path>.rejected`), unreadable spill lines, and, when
+the spill file cannot be written either, rows beyond `MEMORY_FACTOR x max_buffer` held in memory.
 
 Backends implement the `_open`, `_write`, `_close_backend` and `_purge` hooks, `write_stats`, and
 the reads of `base.Store`.
@@ -20,7 +21,7 @@ import logging
 import math
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
@@ -29,13 +30,17 @@ from specproxy.rollup import ROLLUP_UNIT_S
 from specproxy.store.base import Store
 from specproxy.store.spill import Row, SpillSet
 
-__all__ = ["BufferedStore"]
+__all__ = ["MEMORY_FACTOR", "BufferedStore"]
 
 log = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY_S = 5.0
 CLOSE_FLUSH_TIMEOUT_S = 15.0
 PURGE_INTERVAL_S = 3600.0
+
+
+# Rows held in memory when the spill file cannot be written either, as a multiple of max_buffer.
+MEMORY_FACTOR: Final = 2
 
 
 class BufferedStore(Store):
@@ -52,6 +57,7 @@ class BufferedStore(Store):
         self._spill = SpillSet(cfg.spill_path)
         self._written = 0
         self._dropped = 0
+        self._spill_failing = False
         self._healthy = True
         self._opened = False
         self._closed = False
@@ -198,18 +204,31 @@ class BufferedStore(Store):
                 self._wake.set()
         except Exception:  # never let the hot path fail
             log.exception("store: could not queue a row; keeping it in memory")
-            queue.append(row)
+            self._keep_in_memory([row])
 
     def _spill_rows(self, rows: list[Row]) -> None:
         try:
             self._spill.append(rows)
         except OSError:
-            log.exception("store: spill file not writable; keeping rows in memory")
-            for row in rows:
-                if isinstance(row, RequestRecord):
-                    self._requests.append(row)
-                else:
-                    self._engine.append(row)
+            if not self._spill_failing:  # once per outage, not once per row
+                log.exception("store: spill file not writable; keeping rows in memory")
+            self._keep_in_memory(rows)
+        else:
+            self._spill_failing = False
+
+    def _keep_in_memory(self, rows: list[Row]) -> None:
+        """The last resort when neither the store nor the spill file takes rows: memory, up to
+        `MEMORY_FACTOR x max_buffer` rows in all; beyond that a row is dropped and counted
+        (`specproxy_store_dropped_total`, which pages), so a dead disk cannot exhaust memory."""
+        self._spill_failing = True
+        for row in rows:
+            if len(self._requests) + len(self._engine) >= MEMORY_FACTOR * self.cfg.max_buffer:
+                self._dropped += 1
+                continue
+            if isinstance(row, RequestRecord):
+                self._requests.append(row)
+            else:
+                self._engine.append(row)
 
     def _spill_buffers(self) -> None:
         rows: list[Row] = [*self._requests, *self._engine]
