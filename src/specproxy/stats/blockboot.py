@@ -20,8 +20,8 @@ Method:
     (a coarse pass locates each replicate's quantile group, a fine pass the bin), independent of
     the number of requests.
 
-The i.i.d. interval is computed on the same histograms by the per-observation Poisson bootstrap
-(weights per bin ~ Poisson(count)); both are returned, and when they differ materially (log-width
+The i.i.d. interval is computed on the same histograms by exact order-statistic resampling read
+off the cumulative counts (the mean: a Poisson bootstrap over 1 % bins); both are returned, and when they differ materially (log-width
 ratio outside [1/1.25, 1.25]) the result says which is used and why.
 """
 
@@ -40,10 +40,8 @@ from specproxy.stats.blocklength import MIN_BLOCKS, BlockPlan, plan_blocks
 from specproxy.stats.bootstrap import (
     DEFAULT_RESAMPLES,
     Interval,
-    LogHistogram,
     percentile_interval,
     split_replicates,
-    windowed_quantile_replicates,
 )
 from specproxy.stats.quantile import QUANTILE_LEVELS
 from specproxy.store.rollups import RollupRows
@@ -270,8 +268,8 @@ def _iid_replicates(
     raw: FloatArray | None,
 ) -> dict[str, FloatArray]:
     """i.i.d. replicates: exact order-statistic resampling of raw values when given (what
-    `bootstrap.split_replicates` does), else a per-observation Poisson bootstrap on the pooled grid
-    histogram (as `bootstrap.histogram_replicates` does); the mean always uses 1 % bins."""
+    `bootstrap.split_replicates` does), else the same resampling read off the pooled grid
+    histogram (within half a bin); the mean uses a Poisson bootstrap over 1 % bins."""
     ub, c = arm.pooled()
     centres = bin_centres(ub)
     out: dict[str, FloatArray] = {}
@@ -289,9 +287,22 @@ def _iid_replicates(
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[stat] = (w @ means) / w.sum(axis=1)
         else:
-            hist = LogHistogram(counts=c, means=centres, centres=centres, log_width=GRID_LOG_WIDTH)
-            out[stat] = windowed_quantile_replicates(hist, QUANTILE_LEVELS[stat], rng, resamples)
+            out[stat] = _order_stat_bins(centres, c, QUANTILE_LEVELS[stat], rng, resamples)
     return out
+
+
+def _order_stat_bins(
+    centres: FloatArray, counts: IntArray, p: float, rng: np.random.Generator, resamples: int
+) -> FloatArray:
+    """i.i.d. bootstrap replicates of the lower order statistic at rank floor((n-1)p) from a
+    histogram, drawn exactly: that order statistic of a resample is the value at rank
+    ceil(n U) with U ~ Beta(k, n-k+1) (as `bootstrap._order_stat_quantile`), here read off the
+    cumulative counts, so the cost is O(resamples log bins) whatever n is."""
+    n = int(counts.sum())
+    k = math.floor((n - 1) * p) + 1
+    u = rng.beta(k, n - k + 1, size=resamples)
+    rank = np.clip(np.ceil(n * u).astype(np.int64), 1, n)
+    return centres[np.searchsorted(np.cumsum(counts), rank, side="left")]
 
 
 def _log_width(interval: Interval) -> float:
