@@ -39,7 +39,8 @@ function timeLabel(t, span) {
 function frame(svg, xs, yLo, yHi, yFormat, yTitle) {
   const w = CHART.width - CHART.left - CHART.right;
   const h = CHART.height - CHART.top - CHART.bottom;
-  const x0 = Math.min(...xs), x1 = Math.max(...xs);
+  let x0 = Math.min(...xs), x1 = Math.max(...xs);
+  if (x1 === x0) { x0 -= 30; x1 += 30; }  // one stats run so far: centre it
   const span = Math.max(1, x1 - x0);
   const sx = (t) => CHART.left + ((t - x0) / span) * w;
   const sy = (v) => CHART.top + h - ((v - yLo) / (yHi - yLo)) * h;
@@ -51,9 +52,11 @@ function frame(svg, xs, yLo, yHi, yFormat, yTitle) {
     svg.appendChild(svgEl("line", { x1: CHART.left, x2: CHART.left + w, y1: sy(v), y2: sy(v), class: "grid" }));
     svg.appendChild(svgEl("text", { x: CHART.left - 6, y: sy(v) + 4, class: "tick", "text-anchor": "end" }, yFormat(v)));
   }
-  for (const t of niceTicks(x0, x1, 5)) {
-    if (t < x0 || t > x1) continue;
-    svg.appendChild(svgEl("text", { x: sx(t), y: CHART.top + h + 18, class: "tick", "text-anchor": "middle" }, timeLabel(t, span)));
+  let xTicks = niceTicks(x0, x1, 5).filter((t) => t >= x0 && t <= x1);
+  if (xTicks.length === 0) xTicks = x1 > x0 ? [x0, x1] : [x0];  // a short run: its ends
+  for (const t of xTicks) {
+    const anchor = sx(t) > CHART.left + w - 30 ? "end" : sx(t) < CHART.left + 30 ? "start" : "middle";
+    svg.appendChild(svgEl("text", { x: sx(t), y: CHART.top + h + 18, class: "tick", "text-anchor": anchor }, timeLabel(t, span)));
   }
   svg.appendChild(svgEl("text", { x: 4, y: 12, class: "axis-title" }, yTitle));
   return { sx, sy };
@@ -78,9 +81,13 @@ function drawSpeedup(svg, history, metric, stat) {
   const upper = pts.map((p) => [sx(p.t), sy(p.speedup[metric][stat][2])]);
   const lower = pts.map((p) => [sx(p.t), sy(p.speedup[metric][stat][1])]).reverse();
   svg.appendChild(svgEl("path", { d: pathOf(upper.concat(lower)) + " Z", class: "band", "data-series": "ci" }));
-  const x0 = sx(pts[0].t), x1 = sx(pts[pts.length - 1].t);
-  svg.appendChild(svgEl("line", { x1: x0, x2: Math.max(x1, x0 + 1), y1: sy(1), y2: sy(1), class: "one" }));
+  svg.appendChild(svgEl("line", { x1: CHART.left, x2: CHART.width - CHART.right, y1: sy(1), y2: sy(1), class: "one" }));
   svg.appendChild(svgEl("path", { d: pathOf(pts.map((p) => [sx(p.t), sy(p.speedup[metric][stat][0])])), class: "estimate", "data-series": "estimate" }));
+  for (const p of pts) {  // a marker per stats run, so even the first one shows
+    const [est, lo, hi] = p.speedup[metric][stat];
+    svg.appendChild(svgEl("line", { x1: sx(p.t), x2: sx(p.t), y1: sy(lo), y2: sy(hi), class: "ci-bar" }));
+    svg.appendChild(svgEl("circle", { cx: sx(p.t), cy: sy(est), r: 2.5, class: "point" }));
+  }
   const last = pts[pts.length - 1].speedup[metric][stat];
   svg.setAttribute("data-last", last.join(","));
 }
@@ -108,6 +115,9 @@ function drawLatency(svg, history, metric) {
       d: pathOf(s.pts.map(([t, v]) => [sx(t), sy(v)])),
       class: "arm " + s.stat, stroke: ARM_COLORS[s.arm], "data-series": s.arm + " " + s.stat,
     }));
+    for (const [t, v] of s.pts) {
+      svg.appendChild(svgEl("circle", { cx: sx(t), cy: sy(v), r: 2, fill: ARM_COLORS[s.arm] }));
+    }
   }
 }
 
