@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable
-from typing import Final, cast
+from collections.abc import Coroutine, Iterable
+from typing import Any, Final, cast
 
 from multidict import CIMultiDict
 from yarl import URL
@@ -551,10 +551,11 @@ class LeanTransport:
     def pool(self) -> UpstreamPool:
         return self._pool
 
-    async def send(
+    def send(
         self, method: str, target: str, body: bytes | None, headers: OutboundHeaders
-    ) -> UpstreamResponse:
-        return await self._pool.request(
+    ) -> Coroutine[Any, Any, UpstreamResponse]:
+        # The pool's coroutine itself, not one wrapping it: a frame less on every call.
+        return self._pool.request(
             method,
             self._prefix + target,
             body,
