@@ -85,8 +85,11 @@ def _reset() -> None:
 
 @pytest.fixture
 def pinned_emulator(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pin the emulator's only sources of variation: its ids and its `created` clock."""
+    """Pin the emulator's sources of variation: its ids, its `created` clock, and its event
+    framing. Like vLLM, it merges a sequence's steps into one event when its reader lags, which a
+    loaded machine decides; one event per step makes the bytes independent of load."""
     monkeypatch.setattr(emulator_server, "secrets", types.SimpleNamespace(token_hex=_token_hex))
+    monkeypatch.setattr(emulator_server, "_merge", lambda items: items)
     monkeypatch.setattr(emulator_server, "time", types.SimpleNamespace(time=lambda: 1.75e9))
 
 

@@ -57,13 +57,18 @@ class RecordingTap:
         return [len(buf) for buf in self.received]
 
     def responses_since(self, mark: list[int]) -> list[tuple[bytes, bytes]]:
-        """HTTP responses (head, decoded body) recorded after `mark`, but the scraper's."""
+        """HTTP responses (head, decoded body) recorded after `mark`, but the scraper's: its
+        /metrics pages (text/plain) and its /v1/models listings (the model-label refresh)."""
         out: list[tuple[bytes, bytes]] = []
         for i, buf in enumerate(self.received):
             start = mark[i] if i < len(mark) else 0
             if len(buf) > start:
                 out += split_http_responses(bytes(buf[start:]))
-        return [(head, body) for head, body in out if b"text/plain" not in head.lower()]
+        return [
+            (head, body)
+            for head, body in out
+            if b"text/plain" not in head.lower() and not body.startswith(b'{"object":"list"')
+        ]
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
