@@ -21,8 +21,9 @@ Method:
     the number of requests.
 
 The i.i.d. interval is computed on the same histograms by exact order-statistic resampling read
-off the cumulative counts (the mean: a Poisson bootstrap over 1 % bins); both are returned, and when they differ materially (log-width
-ratio outside [1/1.25, 1.25]) the result says which is used and why.
+off the cumulative counts (the mean: a Poisson bootstrap over 1 % bins); both are returned, and
+when they differ materially (log-width ratio outside [1/1.25, 1.25]) the result says which is
+used and why.
 """
 
 from __future__ import annotations
