@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,9 @@ from specproxy.stats.result import (
 from specproxy.stats.result import Interval as IntervalResult
 from specproxy.stats.samplesize import samples_for_median_change
 from specproxy.stats.sequential import compare_sequential
+
+if TYPE_CHECKING:
+    from specproxy.config import StatsConfig
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -80,6 +83,15 @@ class CompareSettings:
     confidence: float = 0.95
     alpha: float = 0.05
     p99_tolerance: float = 0.05
+
+    @classmethod
+    def from_config(cls, stats_cfg: StatsConfig) -> CompareSettings:
+        return cls(
+            resamples=stats_cfg.resamples,
+            confidence=stats_cfg.confidence,
+            alpha=stats_cfg.alpha,
+            p99_tolerance=stats_cfg.p99_tolerance,
+        )
 
 
 def _positive(values: npt.NDArray[Any]) -> FloatArray:

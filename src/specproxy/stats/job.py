@@ -134,12 +134,7 @@ def compute_from_arrays(
     models = sorted(
         {str(m) for a in kept.values() for m in a["model"][usable_mask(a)] if m is not None}
     )
-    settings = CompareSettings(
-        resamples=stats_cfg.resamples,
-        confidence=stats_cfg.confidence,
-        alpha=stats_cfg.alpha,
-        p99_tolerance=stats_cfg.p99_tolerance,
-    )
+    settings = CompareSettings.from_config(stats_cfg)
     rng = np.random.default_rng(stats_cfg.seed)
     results: dict[str, dict[str, WindowResult]] = {}
     for model in ["all", *models]:

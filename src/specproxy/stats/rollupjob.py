@@ -124,12 +124,7 @@ def compute_from_rollups(
         )
         for arm in Arm
     }
-    settings = CompareSettings(
-        resamples=stats_cfg.resamples,
-        confidence=stats_cfg.confidence,
-        alpha=stats_cfg.alpha,
-        p99_tolerance=stats_cfg.p99_tolerance,
-    )
+    settings = CompareSettings.from_config(stats_cfg)
     rng = np.random.default_rng(stats_cfg.seed)
     per_window: dict[str, Any] = {}
     for window_s, label in windows:
