@@ -106,12 +106,12 @@ def test_detects_a_large_slowdown_and_not_a_speedup() -> None:
     assert p99_slower_test(base, 0.5 * rng.lognormal(0.0, 0.5, 3000)).decision == "undecided"
 
 
-# A/A false alarms, one look every 100 samples per arm up to 2000 per arm, tolerance 0 (the
+# A/A false alarms, one look every 100 samples per arm up to 3000 per arm, tolerance 0 (the
 # boundary of the null, where false alarms are likeliest). RUNS runs per noise model; the assert
 # allows Monte-Carlo error: false alarms <= the 99.9% quantile of Binomial(RUNS, alpha).
-RUNS = 400
+RUNS = 500
 LOOK_EVERY = 100
-N_AA = 2000
+N_AA = 3000
 
 
 def _false_alarm_count(rho: float, seed: int) -> int:

@@ -100,12 +100,21 @@ def _floored(log_m: FloatArray) -> FloatArray:
 
 def _spec_cap(n_s: int, need: float, rate: float, strength: float) -> int:
     """Smallest K_s whose speculative evidence alone reaches `need` (n_s + 1 if none does)."""
-    counts = np.arange(n_s + 1, dtype=np.int64)
-    # Increasing in the count, so a binary search would do; one vectorised pass is simpler and
-    # costs about as much as sorting the arm.
-    log_es = _floored(_log_mixture_counts(n_s, counts, rate, strength, upper=True))
-    ok = np.nonzero(log_es >= need)[0]
-    return int(ok[0]) if ok.size else n_s + 1
+
+    def reaches(k: int) -> bool:  # increasing in k: the upper mixture grows with the count
+        one = np.array([k], dtype=np.int64)
+        return bool(_floored(_log_mixture_counts(n_s, one, rate, strength, upper=True))[0] >= need)
+
+    if not reaches(n_s):
+        return n_s + 1
+    lo, hi = 0, n_s
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reaches(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def p99_slower_test(
