@@ -17,7 +17,12 @@ import scipy.stats
 
 from specproxy.stats import p99test
 from specproxy.stats.p99test import P99TestResult, p99_slower_test
-from specproxy.stats.sequential import DEFAULT_TUNED_FOR_N, compare_sequential
+from specproxy.stats.sequential import (
+    DEFAULT_TUNED_FOR_N,
+    compare_sequential,
+    log_mixture_counts,
+    mixture_strength,
+)
 
 FloatArray = npt.NDArray[np.float64]
 ALPHA = 0.05
@@ -38,11 +43,11 @@ def _brute_force_statistic(base: FloatArray, spec: FloatArray, tol: float) -> fl
     below = np.nextafter(points, -np.inf)
     qs = np.concatenate([[np.inf], points, below])
     rate = 0.01
-    strength = p99test._strength(rate, DEFAULT_TUNED_FOR_N)
+    strength = mixture_strength(rate, DEFAULT_TUNED_FOR_N)
     kb = np.array([(base >= q).sum() for q in qs], dtype=np.int64)
     ks = np.array([(scaled > q).sum() for q in qs], dtype=np.int64)
-    log_eb = p99test._floored(p99test._log_mixture_counts(base.size, kb, rate, strength, False))
-    log_es = p99test._floored(p99test._log_mixture_counts(spec.size, ks, rate, strength, True))
+    log_eb = p99test._floored(log_mixture_counts(base.size, kb, rate, strength, False))
+    log_es = p99test._floored(log_mixture_counts(spec.size, ks, rate, strength, True))
     return float(np.min(log_eb + log_es))
 
 
@@ -97,6 +102,17 @@ def test_ties_and_atoms_do_not_crash_and_stay_undecided_for_equal_arms() -> None
     x = np.repeat(np.array([1.0, 2.0, 3.0]), 700)
     r = p99_slower_test(x, x.copy(), tolerance=0.0)
     assert r.decision == "undecided"
+
+
+def test_null_boundary_at_a_tolerance_is_the_scaled_a_a_case() -> None:
+    """spec = (1 + tol) x baseline in law with tolerance tol is the same test as A/A with
+    tolerance 0 (quantiles are scale-equivariant): the statistic is unchanged."""
+    rng = np.random.default_rng(3)
+    base, spec = rng.lognormal(0.0, 0.5, 2000), rng.lognormal(0.0, 0.5, 1500)
+    at_zero = p99_slower_test(base, spec, tolerance=0.0)
+    scaled = p99_slower_test(base, spec * 1.25, tolerance=0.25)
+    assert scaled.statistic == pytest.approx(at_zero.statistic, rel=1e-9)
+    assert scaled.decision == at_zero.decision
 
 
 def test_detects_a_large_slowdown_and_not_a_speedup() -> None:

@@ -40,9 +40,12 @@ from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
-import scipy.special as sp
 
-from specproxy.stats.sequential import DEFAULT_TUNED_FOR_N
+from specproxy.stats.sequential import (
+    DEFAULT_TUNED_FOR_N,
+    log_mixture_counts,
+    mixture_strength,
+)
 
 __all__ = ["P99Decision", "P99TestResult", "p99_slower_test"]
 
@@ -71,27 +74,6 @@ class P99TestResult:
     samples_speculative: int
 
 
-def _strength(rate: float, tuned_for_n: int) -> float:
-    # The prior strength `count_boundaries` uses, so both tests are tuned alike.
-    return max(tuned_for_n / 9.0, 2.0 / min(rate, 1.0 - rate))
-
-
-def _log_mixture_counts(
-    t: int, s: npt.NDArray[np.int64], rate: float, strength: float, upper: bool
-) -> FloatArray:
-    """log M_t(s) of the beta-binomial mixture truncated to theta > rate (upper) or < rate,
-    for an array of success counts s (the vectorised form of `sequential`'s mixture)."""
-    a, b = rate * strength, (1.0 - rate) * strength
-    sf = s.astype(np.float64)
-    f = t - sf
-    tail = sp.betaincc if upper else sp.betainc
-    with np.errstate(divide="ignore"):
-        num = sp.betaln(a + sf, b + f) + np.log(tail(a + sf, b + f, rate))
-        den = sp.betaln(a, b) + np.log(tail(a, b, rate))
-    out: FloatArray = num - den - sf * math.log(rate) - f * math.log1p(-rate)
-    return out
-
-
 def _floored(log_m: FloatArray) -> FloatArray:
     """log((1 - w) M + w) for the mixture's log M."""
     out: FloatArray = np.logaddexp(math.log1p(-_FLOOR_WEIGHT) + log_m, math.log(_FLOOR_WEIGHT))
@@ -103,7 +85,7 @@ def _spec_cap(n_s: int, need: float, rate: float, strength: float) -> int:
 
     def reaches(k: int) -> bool:  # increasing in k: the upper mixture grows with the count
         one = np.array([k], dtype=np.int64)
-        return bool(_floored(_log_mixture_counts(n_s, one, rate, strength, upper=True))[0] >= need)
+        return bool(_floored(log_mixture_counts(n_s, one, rate, strength, upper=True))[0] >= need)
 
     if not reaches(n_s):
         return n_s + 1
@@ -141,7 +123,7 @@ def p99_slower_test(
     if n_b == 0 or n_s == 0:
         return P99TestResult(-math.inf, boundary, "undecided", n_b, n_s)
     rate = 1.0 - _P  # the exceedance rate both mixtures test against
-    strength = _strength(rate, tuned_for_n)
+    strength = mixture_strength(rate, tuned_for_n)
 
     log_w = math.log(_FLOOR_WEIGHT)
     need = boundary - log_w  # log E_b >= log w, so a state with log E_s >= need always passes
@@ -164,8 +146,8 @@ def p99_slower_test(
     keep = ks < cap
     if not keep.any():  # every state already passes on the speculative evidence alone
         return P99TestResult(boundary, boundary, "slower", n_b, n_s)
-    log_eb = _floored(_log_mixture_counts(n_b, kb[keep], rate, strength, upper=False))
-    log_es = _floored(_log_mixture_counts(n_s, ks[keep], rate, strength, upper=True))
+    log_eb = _floored(log_mixture_counts(n_b, kb[keep], rate, strength, upper=False))
+    log_es = _floored(log_mixture_counts(n_s, ks[keep], rate, strength, upper=True))
     statistic = float(np.min(log_eb + log_es))
     decision: P99Decision = "slower" if statistic >= boundary else "undecided"
     return P99TestResult(statistic, boundary, decision, n_b, n_s)

@@ -54,6 +54,8 @@ __all__ = [
     "compare_sequential",
     "compare_sequential_ranked",
     "count_boundaries",
+    "log_mixture_counts",
+    "mixture_strength",
     "quantile_confidence_sequence",
 ]
 
@@ -62,15 +64,30 @@ FloatArray = npt.NDArray[np.float64]
 DEFAULT_TUNED_FOR_N: Final = 5000
 
 
-def _log_mixture(t: int, s: int, p: float, strength: float, upper: bool) -> float:
-    """log M_t(s) of the truncated beta-binomial mixture (upper: prior on theta > p)."""
+def mixture_strength(p: float, tuned_for_n: int) -> float:
+    """Prior strength r of the beta-binomial mixture, tightest near `tuned_for_n` samples."""
+    return max(tuned_for_n / 9.0, 2.0 / min(p, 1.0 - p))
+
+
+def log_mixture_counts(
+    t: int, s: npt.NDArray[np.int64], p: float, strength: float, upper: bool
+) -> FloatArray:
+    """log M_t(s) of the truncated beta-binomial mixture (upper: prior on theta > p), for an
+    array of success counts s out of t trials."""
     a, b = p * strength, (1.0 - p) * strength
-    f = t - s
+    sf = s.astype(np.float64)
+    f = t - sf
     tail = sp.betaincc if upper else sp.betainc
     with np.errstate(divide="ignore"):
-        num = sp.betaln(a + s, b + f) + np.log(tail(a + s, b + f, p))
+        num = sp.betaln(a + sf, b + f) + np.log(tail(a + sf, b + f, p))
         den = sp.betaln(a, b) + np.log(tail(a, b, p))
-    return float(num - den - s * math.log(p) - f * math.log1p(-p))
+    out: FloatArray = num - den - sf * math.log(p) - f * math.log1p(-p)
+    return out
+
+
+def _log_mixture(t: int, s: int, p: float, strength: float, upper: bool) -> float:
+    """log M_t(s) for one count."""
+    return float(log_mixture_counts(t, np.array([s], dtype=np.int64), p, strength, upper)[0])
 
 
 @functools.lru_cache(maxsize=65536)
@@ -83,7 +100,7 @@ def count_boundaries(
     """
     if t <= 0:
         return 0, t + 1
-    strength = max(tuned_for_n / 9.0, 2.0 / min(p, 1.0 - p))
+    strength = mixture_strength(p, tuned_for_n)
     threshold = math.log(1.0 / alpha)
 
     def rejects_high(s: int) -> bool:  # increasing in s
