@@ -69,6 +69,33 @@ def _read_only(directory: str) -> bool:
         return exc.errno == errno.EROFS
 
 
+def _program_paths() -> list[Path]:
+    """This checkout and its Python: what the pod's processes run. Top-most paths only."""
+    paths = sorted(
+        {Path.cwd().resolve(), Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    )
+    return [p for p in paths if not any(q != p and p.is_relative_to(q) for q in paths)]
+
+
+def _stash_hidden(empty_dir: str) -> list[tuple[Path, Path]]:
+    """A checkout under an emptyDir's path (a clone in /tmp, say) would vanish under its tmpfs:
+    bind it aside first (see `_restore`). The image has its program outside every emptyDir."""
+    stashed: list[tuple[Path, Path]] = []
+    for path in _program_paths():
+        if path.is_relative_to(empty_dir):
+            aside = Path("/run/specproxy-keep", str(path).strip("/").replace("/", "_"))
+            aside.mkdir(parents=True)
+            sh("mount", "--bind", str(path), str(aside))
+            stashed.append((path, aside))
+    return stashed
+
+
+def _restore(stashed: list[tuple[Path, Path]]) -> None:
+    for path, aside in stashed:
+        path.mkdir(parents=True, exist_ok=True)
+        sh("mount", "--bind", str(aside), str(path))
+
+
 def main() -> int:
     spec: dict[str, Any] = json.load(sys.stdin)
     uid = int(spec["uid"])
@@ -83,7 +110,9 @@ def main() -> int:
         if not os.path.isdir(empty_dir):  # e.g. /var/lib/specproxy: hide its parent here first
             sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", os.path.dirname(empty_dir))
             os.mkdir(empty_dir)
+        stashed = _stash_hidden(empty_dir)
         sh("mount", "-t", "tmpfs", "-o", f"mode=0770,uid={uid},gid={uid}", "tmpfs", empty_dir)
+        _restore(stashed)
     # readOnlyRootFilesystem: everything but the tmpfs mounts above is read-only from here on.
     sh("mount", "-o", "remount,bind,ro", "/")
     env = {**spec["env"], "PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"}
