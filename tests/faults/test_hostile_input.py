@@ -62,6 +62,7 @@ spill_path = "{workdir}/spill/spill.jsonl"
         self.run(self.serve.ready())
         self.port = self.serve.port
         self.rss_before = self.serve.rss_bytes()
+        self.rss_half: int | None = None  # after half of the requests (see the bound test)
         self.sent = 0
         self.statuses: dict[int, int] = {}
         self._log_offset = 0
@@ -185,6 +186,8 @@ def test_no_500_and_no_traceback(
     status = _send(live.port, method, path, headers, body)
     live.sent += 1
     live.statuses[status] = live.statuses.get(status, 0) + 1
+    if live.sent == EXAMPLES // 2:
+        live.rss_half = live.serve.rss_bytes()
     assert status != 500, (method, path, headers[:3], body[:200])
     logged = live.new_log()
     assert "Traceback" not in logged and " ERROR " not in logged, logged[-2000:]
@@ -201,11 +204,17 @@ def test_memory_and_store_stay_bounded(live: LiveProxy) -> None:
     assert size / len(rows) < 4096  # a record stays small, whatever model string it named
     models = stored_models(live.workdir / "store.db")
     assert max(len(m.encode()) for m in models) <= MODEL_MAX_BYTES
-    assert rss_after - live.rss_before < 64 * MiB
+    # The first half carries one-time costs (the stats job's first numpy/scipy runs, allocator
+    # arenas): about 40-60 MiB, more on a loaded machine. A leak grows with the requests, so the
+    # second half, which repeats the first's mix, must be nearly flat.
+    assert live.rss_half is not None
+    assert rss_after - live.rss_before < 128 * MiB
+    assert rss_after - live.rss_half < 32 * MiB, (live.rss_before, live.rss_half, rss_after)
     assert "Traceback" not in live.new_log()
     answers = ", ".join(f"{s}: {n}" for s, n in sorted(live.statuses.items()))
     fault_row(f"hostile input ({live.sent} requests)", answers, f"{len(rows)} records, "
-              f"{size / MiB:.1f} MiB store", 0, live.rss_before, rss_after)  # fmt: skip
+              f"{size / MiB:.1f} MiB store, {live.rss_half / MiB:.0f} MiB RSS at half", 0,
+              live.rss_before, rss_after)  # fmt: skip
 
 
 def stored_models(db: Path) -> list[str]:
