@@ -205,11 +205,13 @@ def test_memory_and_store_stay_bounded(live: LiveProxy) -> None:
     models = stored_models(live.workdir / "store.db")
     assert max(len(m.encode()) for m in models) <= MODEL_MAX_BYTES
     # The first half carries one-time costs (the stats job's first numpy/scipy runs, allocator
-    # arenas): about 40-60 MiB, more on a loaded machine. A leak grows with the requests, so the
-    # second half, which repeats the first's mix, must be nearly flat.
+    # arenas): +51 MiB on a calm machine, +103 MiB in all beside two CPU hogs. A leak grows with
+    # the requests, so the second half, which repeats the first's mix, must stay nearly flat (it
+    # shrank by 7 MiB on a calm machine); retaining the hostile bodies or model strings would add
+    # gigabytes.
     assert live.rss_half is not None
-    assert rss_after - live.rss_before < 128 * MiB
-    assert rss_after - live.rss_half < 32 * MiB, (live.rss_before, live.rss_half, rss_after)
+    assert rss_after - live.rss_before < 256 * MiB
+    assert rss_after - live.rss_half < 64 * MiB, (live.rss_before, live.rss_half, rss_after)
     assert "Traceback" not in live.new_log()
     answers = ", ".join(f"{s}: {n}" for s, n in sorted(live.statuses.items()))
     fault_row(f"hostile input ({live.sent} requests)", answers, f"{len(rows)} records, "
