@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "specproxy.bench.ingest_cli",
         "store a `vllm bench serve --save-detailed` result as one arm of a run",
     ),
+    "calibrate": (
+        "specproxy.bench.calibrate_cli",
+        "best (k, temperature) by E2E speedup over several bench --json files",
+    ),
     "stats": ("specproxy.stats.cli", "compute the comparison once from a store"),
     "report": ("specproxy.report.cli", "write the HTML report with plots from a store"),
     "export": ("specproxy.store.cli", "export records as csv, parquet or jsonl"),

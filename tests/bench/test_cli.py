@@ -37,6 +37,7 @@ def _args(**kw: object) -> argparse.Namespace:
         ({"url": "http://a", "concurrency_sweep": "0"}, "> 0"),
         ({"url": "http://a", "concurrency_sweep": "1.5"}, "whole numbers"),
         ({"url": "http://a", "max_seconds": 0.0}, "--max-seconds"),
+        ({"url": "http://a", "k": 0}, "--k"),
     ],
 )
 def test_bad_arguments(kw: dict[str, object], message: str) -> None:
@@ -91,7 +92,12 @@ def test_cli_json_summary(tmp_path: Path) -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
     assert code == 0
-    (block,) = json.loads(out.read_text())
+    data = json.loads(out.read_text())
+    (block,) = data["blocks"]
+    # one arm: nothing compared, so the advice says it has no data (and names no setting)
+    (advice,) = data["calibration"]
+    assert advice["decision"] == "no_data" and advice["best"] is None
+    assert block["k"] is None  # the fake exports no per-position counters and no --k was given
     assert block["run_id"] == "cli" and block["arms"][0]["arm"] == "speculative"
     assert block["arms"][0]["n"] == 12
     assert block["overhead"]["parse_p50_s"] > 0

@@ -10,6 +10,8 @@ import pytest
 from pytest_aiohttp import AiohttpServer
 from rich.console import Console
 
+from specproxy.bench import cli
+from specproxy.bench.calibration import advise_sweep
 from specproxy.bench.harness import BlockResult, run_bench
 from specproxy.config import StoreConfig
 from specproxy.loadgen import Target
@@ -39,8 +41,14 @@ async def test_direct_ab_sweep_writes_store(aiohttp_server: AiohttpServer, tmp_p
         run_id="b",
         seed=1,
         console=Console(quiet=True),
+        k=3,
     )
     assert [b.run_id for b in blocks] == ["b-t0", "b-t0.7"]
+    assert [b.k for b in blocks] == [3, 3]  # as given (the fakes export no per-position counters)
+    # The calibration advice ranks both temperatures of this k by their E2E median CIs.
+    (advice,) = advise_sweep(cli._jsonable(b) for b in blocks)
+    assert sorted((c.run_id, c.k) for c in advice.ranked) == [("b-t0", 3), ("b-t0.7", 3)]
+    assert advice.best is not None and advice.best.text() in advice.message
     assert len(spec.bodies) + len(base.bodies) == 6 + 2 * 40  # warm-up is sent, not recorded
     assert {b["temperature"] for b in spec.bodies[6:] + base.bodies[6:]} <= {0.0, 0.7}
     assert all(b["model"] == "fake-model" for b in spec.bodies)
@@ -139,3 +147,17 @@ async def _quick_bench(
         console=Console(quiet=True),
         **kw,
     )
+
+
+def test_k_is_read_from_the_per_position_counters() -> None:
+    """vLLM 0.32 exports one per-position counter per draft position, zeros included at start
+    (fixture lines 57-60 of metrics_spec.prom: positions 0-3 for k=4); the baseline has none."""
+    from specproxy.bench.harness import speculative_k
+    from specproxy.scrape.parse import parse_metrics
+
+    fixtures = Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-cpu"
+    spec = parse_metrics((fixtures / "metrics_spec.prom").read_text(), t=0.0)
+    base = parse_metrics((fixtures / "metrics_baseline.prom").read_text(), t=0.0)
+    assert speculative_k({Arm.SPECULATIVE: spec, Arm.BASELINE: base}) == 4
+    assert speculative_k({Arm.BASELINE: base}) is None
+    assert speculative_k({Arm.SPECULATIVE: base}) is None

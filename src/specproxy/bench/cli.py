@@ -7,10 +7,18 @@ P99, each with its bootstrap CI from the stats module (`bench.summary.speedups`)
 arm and overall (requests/s, output tokens/s, total tokens/s, as `vllm bench serve` prints
 them, over the block's wall time); and the harness's own overhead.
 
-`--json FILE` writes a list with one object per block (temperature):
+After the blocks it prints the calibration advice (`bench.calibration`): the best setting by
+E2E median speedup with its CI, whether the runner-up is distinguishable, or "do not enable".
+A k sweep is one bench run per speculative configuration (`--k`, or read from the engine), each
+with `--json`; `specproxy calibrate A.json B.json ..` then advises over all of them.
+
+`--json FILE` writes {"blocks": [...], "calibration": [...]}: one object per block
+(temperature x load level),
 
     run_id: str                    the block's run id in the store
     temperature: float
+    k: int | null                  the speculative arm's num_speculative_tokens (--k, else the
+                                   number of per-position acceptance counters it exports)
     concurrency: int | null        closed-loop clients of the block (null when open loop)
     rate: float | null             open-loop arrivals per second (null when closed loop)
     wall_s: float                  the block's wall-clock time
@@ -27,6 +35,12 @@ them, over the block's wall time); and the harness's own overhead.
                                       | {status: "insufficient", n_needed: {arm: int}}}}
     engine_acceptance: {arm: float | null}
     overhead: {parse_p50_s, parse_p99_s, lateness_p50_s, lateness_p99_s, e2e_p50_s} | null
+
+and one calibration object per load level (`calibration.Advice.to_dict`):
+
+    load: str | null; decision: "enable" | "do_not_enable" | "inconclusive" | "no_data"
+    message: str; best, runner_up: {run_id, temperature, k, estimate, lower, upper} | null
+    distinguishable: bool | null; ties, ranked: [setting]; insufficient: [{.., n_needed}]
 
 Times are seconds, rates per second. `--rate-sweep` / `--concurrency-sweep` run one block per
 load level and end with the E2E median speedup against load; `--max-seconds` bounds each block.
@@ -45,6 +59,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from specproxy.bench.calibration import Advice, advise_sweep
 from specproxy.bench.harness import BlockResult, run_bench
 from specproxy.bench.summary import CONFIDENCE, ArmSummary, HarnessOverhead
 from specproxy.errors import ConfigError
@@ -52,7 +67,7 @@ from specproxy.loadgen import Target
 from specproxy.records import Arm
 from specproxy.stats.quantile import samples_needed
 
-__all__ = ["DEFAULT_STORE", "configure", "run"]
+__all__ = ["DEFAULT_STORE", "advice_lines", "configure", "run"]
 
 DEFAULT_STORE = "sqlite:///specproxy.db"
 
@@ -109,6 +124,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="'auto' (until latency per token stabilises), or a fixed count (0: none)",
     )
     parser.add_argument("--temperatures", default="0", help="comma-separated sweep, e.g. 0,0.5,1")
+    parser.add_argument(
+        "--k",
+        type=int,
+        help="the speculative arm's num_speculative_tokens, for the calibration advice "
+        "(default: read from its /metrics when driven directly)",
+    )
     parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     parser.add_argument("--no-stream", action="store_true", help="non-streaming requests")
     parser.add_argument("--max-tokens", type=int, help="cap on each prompt's output budget")
@@ -142,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--rate must be > 0")
     if args.rate is None and args.concurrency < 1:
         raise ConfigError("--concurrency must be >= 1")
+    k = getattr(args, "k", None)
+    if k is not None and k < 1:
+        raise ConfigError("--k must be >= 1")
     # Without a terminal (CI logs, files) rich assumes 80 columns: too narrow for the tables.
     console = Console() if sys.stdout.isatty() else Console(width=120)
     blocks = asyncio.run(
@@ -165,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
             max_seconds=args.max_seconds,
             prompt_set=prompt_set,
             ignore_eos=getattr(args, "ignore_eos", False),
+            k=k,
         )
     )
     for block in blocks:
@@ -175,14 +200,32 @@ def run(args: argparse.Namespace) -> int:
     if len(blocks) > 1:
         for line in _sweep_lines(blocks):
             console.print(line, highlight=False)
+    data = [_jsonable(b) for b in blocks]
+    advice = advise_sweep(data)
+    if any(b.speedups for b in blocks):  # nothing to advise on from one arm
+        for line in advice_lines(advice):
+            console.print(line, highlight=False)
     if args.proxy is None:
         console.print(
             f"rows written to {args.store} (run ids: {', '.join(b.run_id for b in blocks)})"
         )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump([_jsonable(b) for b in blocks], fh, indent=2)
+            json.dump({"blocks": data, "calibration": [a.to_dict() for a in advice]}, fh, indent=2)
     return 0
+
+
+def advice_lines(advice: list[Advice]) -> list[str]:
+    """The calibration advice in words: one line per load level, then its ranking."""
+    lines = []
+    for a in advice:
+        where = f" at {a.load}" if a.load is not None and len(advice) > 1 else ""
+        lines.append(f"calibration{where}: {a.message}")
+        if len(a.ranked) > 1:
+            lines.append(
+                "  ranked (E2E median speedup, 95% CI): " + "; ".join(c.text() for c in a.ranked)
+            )
+    return lines
 
 
 def _targets(args: argparse.Namespace) -> list[Target]:

@@ -7,6 +7,9 @@ never recorded; then `--requests` requests per temperature, closed loop (`--conc
 loop (`--rate`). Direct runs write the same `RequestRecord` rows as the proxy into the store, so
 `specproxy stats` and `specproxy report` apply unchanged; through the proxy, the proxy records.
 A temperature sweep gives each temperature its own run id (`<run-id>-t<temperature>`).
+Each block carries the speculative arm's k (num_speculative_tokens): as given (`--k`), else the
+number of per-position acceptance counters its /metrics exports, so that blocks of several runs
+(one per speculative configuration) form a (k, temperature) sweep for `bench.calibration`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from specproxy.prompts import Prompt, load_prompts
 from specproxy.records import Arm, EngineSample
 from specproxy.store.base import Store
 
-__all__ = ["BlockResult", "run_bench"]
+__all__ = ["BlockResult", "run_bench", "speculative_k"]
 
 _WARMUP_WINDOW = 10
 _WARMUP_MAX = 200
@@ -57,6 +60,7 @@ class BlockResult:
     speedups: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     concurrency: int | None = None  # the block's load: closed-loop clients, or
     rate: float | None = None  # open-loop arrivals per second
+    k: int | None = None  # the speculative arm's num_speculative_tokens; None: unknown
 
 
 async def run_bench(
@@ -80,6 +84,7 @@ async def run_bench(
     max_seconds: float | None = None,
     prompt_set: Sequence[Prompt] | None = None,
     ignore_eos: bool = False,
+    k: int | None = None,
 ) -> list[BlockResult]:
     """Warm up, then one measured block per temperature and load; rows go to `store_url`.
 
@@ -141,6 +146,7 @@ async def run_bench(
                         speedups=cis,
                         concurrency=clients if arrivals is None else None,
                         rate=arrivals,
+                        k=k if k is not None else speculative_k(after),
                     )
                 )
             return blocks
@@ -238,6 +244,15 @@ async def _scrape_all(session: aiohttp.ClientSession, targets: Sequence[Target])
         except (aiohttp.ClientError, TimeoutError, ScrapeError):
             continue
     return snapshots
+
+
+def speculative_k(snapshots: dict[Arm, Any]) -> int | None:
+    """k as the speculative arm's /metrics shows it: one per-position acceptance counter per
+    draft position (V1 engines export them from start-up, zeros included); None when that arm
+    was not scraped (driven through the proxy) or exports no per-position counters (V0)."""
+    snap = snapshots.get(Arm.SPECULATIVE)
+    positions = getattr(snap, "accepted_per_position", None)
+    return len(positions) if positions else None
 
 
 def _engine_acceptance(
