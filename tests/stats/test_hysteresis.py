@@ -10,8 +10,16 @@ from specproxy.stats.hysteresis import VerdictMemory
 from specproxy.stats.result import StatsResult
 
 
-def _result(p99: tuple[float | None, float | None], window: str = "all") -> StatsResult:
-    seq = {
+def _two_sample(rejected: bool) -> dict[str, Any]:
+    return {"statistic": 3.0 if rejected else 0.5, "boundary": 3.0, "rejected": rejected}
+
+
+def _result(
+    p99: tuple[float | None, float | None],
+    window: str = "all",
+    crossed: tuple[bool, bool] | None = None,
+) -> StatsResult:
+    seq: dict[str, Any] = {
         "p99_ratio_lower": p99[0],
         "p99_ratio_upper": p99[1],
         "median_ratio_lower": 0.9,
@@ -21,6 +29,13 @@ def _result(p99: tuple[float | None, float | None], window: str = "all") -> Stat
         "median_slower": False,
         "verdict": "inconclusive",
     }
+    if crossed is not None:  # the two-sample P99 test's (slower, faster) rejections this tick
+        seq["p99"] = {
+            "verdict": "inconclusive",
+            "decided_by": [],
+            "slower": _two_sample(crossed[0]),
+            "faster": _two_sample(crossed[1]),
+        }
     block: dict[str, Any] = {"sequential": seq, "verdict": "inconclusive"}
     return cast(StatsResult, {"results": {"all": {window: {"metrics": {"e2e": block}}}}})
 
@@ -49,7 +64,7 @@ def test_slower_then_noise_does_not_flap_back() -> None:
 def test_an_empty_intersection_restarts_the_memory_and_says_so() -> None:
     memory = VerdictMemory()
     memory.apply(_result((1.10, 1.20)), tolerance=0.05)
-    r = _result((0.80, 0.95))
+    r = _result((0.80, 0.97))
     memory.apply(r, tolerance=0.05)
     got = r["results"]["all"]["all"]["metrics"]["e2e"]["sequential"]
     assert got is not None and got.get("hysteresis") == "reset"
@@ -65,3 +80,65 @@ def test_sliding_windows_and_missing_bounds_are_left_alone() -> None:
     memory.apply(r, tolerance=0.05)
     got = r["results"]["all"]["all"]["metrics"]["e2e"]["sequential"]
     assert got is not None and got["p99_ratio_lower"] == 0.0 and got["p99_ratio_upper"] is None
+
+
+def _seq(r: StatsResult, window: str = "all") -> dict[str, Any]:
+    got = r["results"]["all"][window]["metrics"]["e2e"]["sequential"]
+    assert got is not None
+    return cast(dict[str, Any], got)
+
+
+def test_union_bound_p99_faster_beyond_the_tolerance_is_a_faster_verdict() -> None:
+    r = _result((0.80, 0.95))  # 0.95 < 1 / 1.05
+    VerdictMemory().apply(r, tolerance=0.05)
+    assert _verdict(r) == "faster" and _seq(r)["decided_by"] == ["p99_union_bound"]
+    r = _result((0.80, 0.96))  # within the tolerance
+    VerdictMemory().apply(r, tolerance=0.05)
+    assert _verdict(r) == "inconclusive" and _seq(r)["decided_by"] == []
+
+
+def test_a_two_sample_crossing_on_the_whole_run_is_sticky() -> None:
+    memory = VerdictMemory()
+    seen, sticky = [], []
+    for crossed in (False, True, False, False):  # the statistic fell back below its boundary
+        r = _result((0.9, 1.3), crossed=(crossed, False))
+        memory.apply(r, tolerance=0.05)
+        seen.append(_verdict(r))
+        sticky.append(_seq(r)["p99"]["slower"]["sticky"])
+    assert seen == ["inconclusive", "slower", "slower", "slower"]
+    assert sticky == [False, False, True, True]
+    got = _seq(r)
+    assert got["p99_slower"] and got["p99"]["verdict"] == "slower"
+    assert got["p99"]["decided_by"] == ["two_sample"] and got["decided_by"] == ["p99_two_sample"]
+    assert got["p99"]["slower"]["rejected"] and got["p99"]["slower"]["statistic"] == 0.5
+
+
+def test_sliding_window_crossings_are_not_remembered() -> None:
+    memory = VerdictMemory()
+    memory.apply(_result((0.9, 1.3), window="5m", crossed=(True, False)), tolerance=0.05)
+    r = _result((0.9, 1.3), window="5m", crossed=(False, False))
+    memory.apply(r, tolerance=0.05)
+    assert _verdict(r, "5m") == "inconclusive"
+
+
+def test_opposite_evidence_resets_the_memory_instead_of_keeping_a_stale_verdict() -> None:
+    memory = VerdictMemory()
+    memory.apply(_result((0.9, 1.3), crossed=(True, False)), tolerance=0.05)
+    r = _result((0.9, 1.3), crossed=(False, True))  # the faster direction crosses now
+    memory.apply(r, tolerance=0.05)
+    got = _seq(r)
+    assert got["hysteresis"] == "reset" and got["hysteresis_ticks"] == 1
+    assert _verdict(r) == "faster" and got["p99"]["decided_by"] == ["two_sample"]
+    assert not got["p99"]["slower"]["rejected"]
+    # a remembered union-bound "slower" against a new two-sample "faster" is a conflict too
+    memory = VerdictMemory()
+    memory.apply(_result((1.10, 1.3)), tolerance=0.05)
+    r = _result((0.9, 1.3), crossed=(False, True))
+    memory.apply(r, tolerance=0.05)
+    assert _seq(r)["hysteresis"] == "reset" and _verdict(r) == "faster"
+
+
+def test_conflicting_evidence_within_one_tick_is_inconclusive() -> None:
+    r = _result((1.10, 1.3), crossed=(False, True))
+    VerdictMemory().apply(r, tolerance=0.05)
+    assert _verdict(r) == "inconclusive" and _seq(r)["p99"]["decided_by"] == []

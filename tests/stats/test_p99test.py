@@ -15,8 +15,14 @@ import pytest
 import scipy.signal
 import scipy.stats
 
+from specproxy.loggrid import bin_index, bin_lower_edges
 from specproxy.stats import p99test
-from specproxy.stats.p99test import P99TestResult, p99_slower_test
+from specproxy.stats.p99test import (
+    BinnedArm,
+    P99TestResult,
+    p99_slower_test,
+    p99_slower_test_binned,
+)
 from specproxy.stats.sequential import (
     DEFAULT_TUNED_FOR_N,
     compare_sequential,
@@ -120,6 +126,81 @@ def test_detects_a_large_slowdown_and_not_a_speedup() -> None:
     base = rng.lognormal(0.0, 0.5, 3000)
     assert p99_slower_test(base, 2.0 * rng.lognormal(0.0, 0.5, 3000)).decision == "slower"
     assert p99_slower_test(base, 0.5 * rng.lognormal(0.0, 0.5, 3000)).decision == "undecided"
+
+
+def _binned(values: FloatArray, width: int) -> BinnedArm:
+    """A histogram of `values` on the log grid coarsened `width` times (1: the rollups' grid)."""
+    b = bin_index(values) // width
+    bins, counts = np.unique(b, return_counts=True)
+    return BinnedArm(
+        lower=bin_lower_edges(bins * width) * (1 - 1e-9),
+        upper=bin_lower_edges((bins + 1) * width) * (1 + 1e-9),
+        counts=counts.astype(np.int64),
+    )
+
+
+@pytest.mark.parametrize("width", [1, 50, 500, 5000])  # 0.02 %, 1 %, 10 %, 170 % wide bins
+@pytest.mark.parametrize("seed", range(6))
+def test_binned_statistic_never_exceeds_the_exact_one(width: int, seed: int) -> None:
+    """Conservative: on the same data the histogram version's statistic is <= the exact one in
+    both directions, so it never says "slower" (or "faster") where the exact test would not."""
+    rng = np.random.default_rng(100 + seed)
+    factor = (0.8, 1.0, 1.05, 1.1, 1.3, 2.0)[seed]
+    base = rng.lognormal(0.0, 0.5, int(rng.integers(300, 5000)))
+    spec = factor * rng.lognormal(0.0, 0.5, int(rng.integers(300, 5000)))
+    for tol in (0.0, 0.05):
+        for b, s in ((base, spec), (spec, base)):
+            exact = p99_slower_test(b, s, tolerance=tol)
+            binned = p99_slower_test_binned(_binned(b, width), _binned(s, width), tolerance=tol)
+            assert binned.statistic <= exact.statistic + 1e-12
+            if binned.decision == "slower":
+                assert exact.decision == "slower"
+            assert (binned.samples_baseline, binned.samples_speculative) == (b.size, s.size)
+
+
+def test_binned_agrees_with_the_exact_test_on_clear_cases() -> None:
+    rng = np.random.default_rng(8)
+    base = rng.lognormal(0.0, 0.5, 5000)
+    slow, fast = 1.5 * rng.lognormal(0.0, 0.5, 5000), rng.lognormal(0.0, 0.5, 5000) / 1.5
+    same = rng.lognormal(0.0, 0.5, 5000)
+    for width in (1, 50):
+        hb = _binned(base, width)
+        assert p99_slower_test_binned(hb, _binned(slow, width)).decision == "slower"
+        assert p99_slower_test_binned(_binned(fast, width), hb).decision == "slower"  # faster
+        assert p99_slower_test_binned(hb, _binned(fast, width)).decision == "undecided"
+        assert p99_slower_test_binned(hb, _binned(same, width)).decision == "undecided"
+    # on the rollups' grid the candidate states are those of the exact walk: same statistic
+    exact = p99_slower_test(base, same)
+    assert p99_slower_test_binned(_binned(base, 1), _binned(same, 1)).statistic == pytest.approx(
+        exact.statistic, abs=0.05
+    )
+
+
+def test_binned_bound_is_taken_inside_a_bin_not_only_at_its_edges() -> None:
+    """One wide bin per arm: the exact infimum can fall inside a bin, so evaluating q only at
+    edges would overstate the evidence; the binned statistic must stay below every placement
+    of the values inside their bins."""
+    rng = np.random.default_rng(9)
+    base = BinnedArm(np.array([1.0, 2.0]), np.array([2.0, 4.0]), np.array([990, 10]))
+    spec = BinnedArm(np.array([1.0, 2.0]), np.array([2.0, 4.0]), np.array([950, 50]))
+    got = p99_slower_test_binned(base, spec, tolerance=0.0)
+    exact = []
+    for _ in range(50):  # arbitrary values inside the same bins
+        b = np.concatenate([rng.uniform(1.0, 2.0, 990), rng.uniform(2.0, 4.0, 10)])
+        s = np.concatenate([rng.uniform(1.0, 2.0, 950), rng.uniform(2.0, 4.0, 50)])
+        exact.append(p99_slower_test(b, s, tolerance=0.0).statistic)
+    assert got.statistic <= min(exact) + 1e-12
+    # the placement decides (the edges alone, q in {1, 2, 4}, would reject), so: undecided
+    assert min(exact) < got.boundary <= max(exact) and got.decision == "undecided"
+
+
+def test_binned_empty_arm_is_undecided() -> None:
+    empty = BinnedArm(np.array([1.0]), np.array([2.0]), np.array([0]))
+    full = BinnedArm(np.array([1.0]), np.array([2.0]), np.array([10]))
+    r = p99_slower_test_binned(full, empty)
+    assert r.decision == "undecided" and r.statistic == -math.inf
+    with pytest.raises(ValueError, match="tolerance"):
+        p99_slower_test_binned(full, full, tolerance=-1.0)
 
 
 # A/A false alarms, one look every 100 samples per arm up to 3000 per arm, tolerance 0 (the

@@ -192,4 +192,13 @@ def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
             r = block["summary"]["baseline"][stat]
             assert r == pytest.approx(e, rel=0.01)  # linear vs lower order statistic at n=2400
         assert block["verdict"] == exact["metrics"][metric]["verdict"]
+        # the two-sample P99 test runs on the histogram, conservatively (never above the rows')
+        seq, exact_seq = block["sequential"], exact["metrics"][metric]["sequential"]
+        assert exact_seq is not None and "p99" in exact_seq
+        assert seq["p99"]["binned"] and not exact_seq["p99"]["binned"]
+        assert seq["p99"]["verdict"] == exact_seq["p99"]["verdict"]
+        for side in ("slower", "faster"):
+            exact_stat = exact_seq["p99"][side]["statistic"]
+            assert exact_stat is not None
+            assert seq["p99"][side]["statistic"] <= exact_stat + 1e-12
     assert set(got) - {"source", "unavailable"} == set(exact)

@@ -241,10 +241,11 @@ def _verdict_panels() -> list[_Panel]:
     verdict = _Panel(
         "stat",
         "Verdict (speculative vs baseline)",
-        "Anytime-valid verdict per compared metric in the selected window: faster when the"
-        " speculative median is confidently lower, slower when its median or its P99 (beyond"
-        " the tolerance) is confidently higher, otherwise inconclusive. specproxy_verdict is a"
-        " state set; this panel shows it as 1 faster, 0 inconclusive, -1 slower.",
+        "Anytime-valid verdict per compared metric in the selected window: slower when the"
+        " speculative median or its P99 (beyond the tolerance) is confidently higher, else"
+        " faster when its median or its P99 (beyond the tolerance) is confidently lower,"
+        " otherwise inconclusive. specproxy_verdict is a state set; this panel shows it as"
+        " 1 faster, 0 inconclusive, -1 slower.",
         [_Query(_verdict_value(STATS_SELECTOR), "{{metric}}")],
         unit="none",
         width=8,
@@ -261,8 +262,11 @@ def _verdict_panels() -> list[_Panel]:
     slowdown = _Panel(
         "stat",
         "P99 slowdown test (anytime-valid)",
-        "1 while the sequential test rejects 'speculative P99 is no slower than baseline P99"
-        " (within tolerance)'. Safe to watch continuously: the error rate holds at any look.",
+        "1 while the P99 verdict is slower: one of its two anytime-valid tests (the union"
+        " bound of per-arm confidence sequences, the two-sample e-process; each at alpha/2)"
+        " rejects 'speculative P99 is no slower than baseline P99 (within tolerance)' and"
+        " neither finds it faster. Safe to watch continuously: the error rate holds at any"
+        " look. On the whole-run window a rejection is kept.",
         [_Query(_stats(m.P99_SLOWDOWN), "{{metric}}")],
         unit="bool",
         width=8,

@@ -47,7 +47,8 @@ class StatsCollector(Collector):
         )
         slowdown = GaugeMetricFamily(
             names.P99_SLOWDOWN,
-            "1 while the anytime-valid test finds speculative P99 > baseline P99 x (1+tol).",
+            "1 while the anytime-valid P99 verdict is slower: speculative P99 > baseline P99"
+            " x (1+tol) by the union-bound CS or the two-sample e-process (each at alpha/2).",
             labels=["model", "window", "metric"],
         )
         last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")

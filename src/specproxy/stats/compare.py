@@ -43,7 +43,7 @@ from specproxy.stats.result import (
 )
 from specproxy.stats.result import Interval as IntervalResult
 from specproxy.stats.samplesize import samples_for_median_change
-from specproxy.stats.sequential import compare_sequential
+from specproxy.stats.verdict import anytime_valid
 
 if TYPE_CHECKING:
     from specproxy.config import StatsConfig
@@ -273,11 +273,9 @@ def _metric_block(
         "verdict": "inconclusive",
     }
     if b_used.size and s_used.size:
-        seq = compare_sequential(
-            b_used, s_used, alpha=settings.alpha, tolerance=settings.p99_tolerance
-        )
-        block["sequential"] = seq.to_dict()
-        block["verdict"] = seq.verdict
+        seq = anytime_valid(b_used, s_used, alpha=settings.alpha, tolerance=settings.p99_tolerance)
+        block["sequential"] = seq
+        block["verdict"] = seq["verdict"]
     if metric == "e2e":
         b_rows, s_rows = primary
         adj = adjusted_speedup(

@@ -1,15 +1,27 @@
-"""Verdicts that change only when evidence crosses a bound: the running intersection of CSs.
+"""Verdicts that change only when evidence crosses a bound: intersected CSs, sticky crossings.
 
-Rule: on the whole-run window ("all"), each tick's anytime-valid bounds (P99 and median ratio,
-`sequential.py`) are intersected with every earlier tick's of the same job, per model and metric,
-and the verdict flags are recomputed from the intersection. Why this is valid: a confidence
-sequence holds at all times simultaneously with probability >= 1 - alpha, so the true ratio lies
-in the intersection of all of them with the same probability (Howard, Ramdas, McAuliffe & Sekhon
-2021, Sec. 2). Why it is hysteresis: the intersected lower bound can only rise and the upper bound
-only fall, so once "slower" (lower P99 bound > 1 + tolerance) or "faster" is reached it stays,
-and noise between ticks cannot flip it back. A verdict can change again only if the intersection
-becomes empty, which under the model happens with probability <= alpha; then the memory restarts
-from the current tick and the result says so (`hysteresis: "reset"`).
+Rule: on the whole-run window ("all"), per model and metric, the job remembers
+  * the running intersection of every tick's anytime-valid ratio bounds (P99 and median,
+    `sequential.py`), and
+  * whether each direction of the two-sample P99 e-process (`p99test.py`) has ever crossed its
+    boundary;
+and each tick re-decides the verdict with `sequential.decide` from the intersected bounds and the
+remembered crossings (`verdict.write_decision`).
+
+Why this is valid: a confidence sequence holds at all times simultaneously with probability
+>= 1 - alpha, so the true ratio lies in the intersection of all of them with the same probability
+(Howard, Ramdas, McAuliffe & Sekhon 2021, Sec. 2); an e-process crosses 1/alpha at ANY time with
+probability <= alpha (Ville), so stopping at its first crossing and keeping the rejection is a
+valid test, although the statistic (a minimum over quantiles of a product of mixtures) may fall
+back below the boundary later.
+
+Why it is hysteresis: the intersected lower bound can only rise and the upper bound only fall,
+and a crossing is never forgotten, so once "slower" or "faster" is reached it stays, and noise
+between ticks cannot flip it back. A verdict can change again only when the memory contradicts
+itself: the intersection becomes empty, or the P99 evidence points both ways (a remembered or
+new slower rejection beside a faster one). Under the model that needs an error of a test
+(probability <= alpha); the memory then restarts from the current tick and the result says so
+(`hysteresis: "reset"`).
 
 Sliding windows (5m, 1h) are not one growing sequence, so their verdicts are per tick and are
 left as computed. The memory lives in the job that computes (the leader) and starts empty.
@@ -18,14 +30,53 @@ left as computed. The memory lives in the job that computes (the leader) and sta
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Final
 
 from specproxy.stats.result import Sequential, StatsResult
+from specproxy.stats.sequential import Decision, decide
+from specproxy.stats.verdict import write_decision
 
 __all__ = ["WHOLE_RUN", "VerdictMemory"]
 
 WHOLE_RUN: Final = "all"  # `job.window_label(None)`
-_Bounds = tuple[float, float, float, float]  # p99 lo, p99 hi, median lo, median hi
+
+
+@dataclass(frozen=True, slots=True)
+class _Memory:
+    """What one (model, metric) remembers of the whole run."""
+
+    p99_lower: float
+    p99_upper: float
+    median_lower: float
+    median_upper: float
+    crossed_slower: bool  # the two-sample e-process, slower direction, ever crossed
+    crossed_faster: bool
+
+    def decision(self, tolerance: float) -> Decision:
+        return decide(
+            self.p99_lower,
+            self.p99_upper,
+            self.median_lower,
+            self.median_upper,
+            tolerance=tolerance,
+            two_sample_slower=self.crossed_slower,
+            two_sample_faster=self.crossed_faster,
+        )
+
+    def merged(self, now: _Memory) -> _Memory:
+        return _Memory(
+            max(self.p99_lower, now.p99_lower),
+            min(self.p99_upper, now.p99_upper),
+            max(self.median_lower, now.median_lower),
+            min(self.median_upper, now.median_upper),
+            self.crossed_slower or now.crossed_slower,
+            self.crossed_faster or now.crossed_faster,
+        )
+
+    def contradicts_itself(self, tolerance: float) -> bool:
+        empty = self.p99_lower > self.p99_upper or self.median_lower > self.median_upper
+        return empty or self.decision(tolerance).p99_conflict
 
 
 def _lo(x: float | None) -> float:
@@ -40,15 +91,28 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _observed(seq: Sequential) -> _Memory:
+    p99 = seq.get("p99")
+    return _Memory(
+        _lo(seq["p99_ratio_lower"]),
+        _hi(seq["p99_ratio_upper"]),
+        _lo(seq["median_ratio_lower"]),
+        _hi(seq["median_ratio_upper"]),
+        p99 is not None and p99["slower"]["rejected"],
+        p99 is not None and p99["faster"]["rejected"],
+    )
+
+
 class VerdictMemory:
-    """Running intersection of the whole-run anytime-valid bounds, per (model, metric)."""
+    """Running intersection of the whole-run bounds and sticky two-sample crossings, per
+    (model, metric)."""
 
     def __init__(self) -> None:
-        self._bounds: dict[tuple[str, str], _Bounds] = {}
+        self._memory: dict[tuple[str, str], _Memory] = {}
         self._ticks: dict[tuple[str, str], int] = {}
 
     def apply(self, result: StatsResult, *, tolerance: float) -> None:
-        """Intersect `result`'s whole-run bounds with the memory and rewrite its verdicts."""
+        """Merge `result`'s whole-run evidence into the memory and rewrite its verdicts."""
         for model, windows in result["results"].items():
             res = windows.get(WHOLE_RUN)
             if res is None:
@@ -58,47 +122,32 @@ class VerdictMemory:
                 if seq is None:
                     continue
                 key = (model, metric)
-                now: _Bounds = (
-                    _lo(seq["p99_ratio_lower"]),
-                    _hi(seq["p99_ratio_upper"]),
-                    _lo(seq["median_ratio_lower"]),
-                    _hi(seq["median_ratio_upper"]),
-                )
-                prev = self._bounds.get(key)
+                now = _observed(seq)
+                prev = self._memory.get(key)
                 state = "first"
+                merged = now
                 if prev is not None:
-                    merged: _Bounds = (
-                        max(prev[0], now[0]),
-                        min(prev[1], now[1]),
-                        max(prev[2], now[2]),
-                        min(prev[3], now[3]),
-                    )
-                    if merged[0] > merged[1] or merged[2] > merged[3]:
+                    merged, state = prev.merged(now), "intersected"
+                    if merged.contradicts_itself(tolerance):
                         merged, state = now, "reset"
                         self._ticks[key] = 0
-                    else:
-                        state = "intersected"
-                else:
-                    merged = now
-                self._bounds[key] = merged
+                self._memory[key] = merged
                 self._ticks[key] = self._ticks.get(key, 0) + 1
-                _rewrite(seq, merged, tolerance, state, self._ticks[key])
+                _rewrite(seq, merged, now, tolerance, state, self._ticks[key])
                 block["verdict"] = seq["verdict"]
 
 
-def _rewrite(seq: Sequential, b: _Bounds, tolerance: float, state: str, ticks: int) -> None:
-    seq["p99_ratio_lower"] = _finite(b[0]) if b[0] > 0 else 0.0
-    seq["p99_ratio_upper"] = _finite(b[1])
-    seq["median_ratio_lower"] = _finite(b[2]) if b[2] > 0 else 0.0
-    seq["median_ratio_upper"] = _finite(b[3])
-    seq["p99_slower"] = b[0] > 1.0 + tolerance
-    seq["median_faster"] = b[3] < 1.0
-    seq["median_slower"] = b[2] > 1.0
-    if seq["p99_slower"] or seq["median_slower"]:
-        seq["verdict"] = "slower"
-    elif seq["median_faster"]:
-        seq["verdict"] = "faster"
-    else:
-        seq["verdict"] = "inconclusive"
+def _rewrite(
+    seq: Sequential, m: _Memory, now: _Memory, tolerance: float, state: str, ticks: int
+) -> None:
+    seq["p99_ratio_lower"] = _finite(m.p99_lower) if m.p99_lower > 0 else 0.0
+    seq["p99_ratio_upper"] = _finite(m.p99_upper)
+    seq["median_ratio_lower"] = _finite(m.median_lower) if m.median_lower > 0 else 0.0
+    seq["median_ratio_upper"] = _finite(m.median_upper)
+    write_decision(seq, m.decision(tolerance))
+    p99 = seq.get("p99")
+    if p99 is not None:
+        p99["slower"]["sticky"] = m.crossed_slower and not now.crossed_slower
+        p99["faster"]["sticky"] = m.crossed_faster and not now.crossed_faster
     seq["hysteresis"] = state
     seq["hysteresis_ticks"] = ticks

@@ -27,6 +27,10 @@ produce, and states with a large K_s need not be listed: log E_b >= log w everyw
 log E_s(K_s) >= log(1/alpha) - log w the state cannot block a rejection. Only the top `cap`
 speculative values and the baseline values above them are visited.
 
+The faster direction ("speculative P99 < baseline P99 / c") is the same test with the arms'
+roles swapped. `p99_slower_test_binned` runs it on histograms (rollups) with a statistic that is
+never above the exact one for any values the bins could hold (its docstring says how).
+
 Assumptions (the same as `stats.sequential`): samples within an arm are independent, arms are
 independent of each other. Serial correlation is not covered by the proof; the A/A simulations
 in the tests measure it at lag-1 autocorrelation 0.3.
@@ -47,7 +51,13 @@ from specproxy.stats.sequential import (
     mixture_strength,
 )
 
-__all__ = ["P99Decision", "P99TestResult", "p99_slower_test"]
+__all__ = [
+    "BinnedArm",
+    "P99Decision",
+    "P99TestResult",
+    "p99_slower_test",
+    "p99_slower_test_binned",
+]
 
 FloatArray = npt.NDArray[np.float64]
 P99Decision = Literal["slower", "undecided"]
@@ -99,6 +109,46 @@ def _spec_cap(n_s: int, need: float, rate: float, strength: float) -> int:
     return lo
 
 
+def _statistic(
+    n_b: int,
+    n_s: int,
+    kb: npt.NDArray[np.int64],
+    ks: npt.NDArray[np.int64],
+    alpha: float,
+    cap: tuple[int, float],
+) -> P99TestResult:
+    """The test on the (K_b, K_s) states of every candidate q: min of the combined log e-value.
+
+    States with K_s >= the cap always pass (module docstring) and are not evaluated."""
+    boundary = math.log(1.0 / alpha)
+    rate = 1.0 - _P
+    limit, strength = cap
+    keep = ks < limit
+    if not keep.any():  # every state already passes on the speculative evidence alone
+        return P99TestResult(boundary, boundary, "slower", n_b, n_s)
+    states = np.unique(np.stack([kb[keep], ks[keep]]), axis=1)
+    log_eb = _floored(log_mixture_counts(n_b, states[0], rate, strength, upper=False))
+    log_es = _floored(log_mixture_counts(n_s, states[1], rate, strength, upper=True))
+    statistic = float(np.min(log_eb + log_es))
+    decision: P99Decision = "slower" if statistic >= boundary else "undecided"
+    return P99TestResult(statistic, boundary, decision, n_b, n_s)
+
+
+def _cap(n_s: int, alpha: float, tuned_for_n: int) -> tuple[int, float]:
+    """(cap, mixture strength): states with K_s >= cap pass on the speculative evidence alone."""
+    rate = 1.0 - _P  # the exceedance rate both mixtures test against
+    strength = mixture_strength(rate, tuned_for_n)
+    need = math.log(1.0 / alpha) - math.log(_FLOOR_WEIGHT)  # log E_b >= log w everywhere
+    return _spec_cap(n_s, need, rate, strength), strength
+
+
+def _check(alpha: float, tolerance: float) -> None:
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if tolerance < 0.0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+
+
 def p99_slower_test(
     baseline: FloatArray,
     speculative: FloatArray,
@@ -111,23 +161,16 @@ def p99_slower_test(
 
     Valid at level alpha simultaneously over all looks, provided each look sees the arms' samples
     in arrival order and later looks only append (a look is a prefix of the next one).
+    Swapping the arguments tests the other direction: "baseline P99 > (1 + tolerance) x
+    speculative P99", i.e. speculative P99 < baseline P99 / (1 + tolerance).
     """
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if tolerance < 0.0:
-        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    _check(alpha, tolerance)
     base = np.asarray(baseline, dtype=np.float64)
     spec = np.asarray(speculative, dtype=np.float64) / (1.0 + tolerance)
     n_b, n_s = int(base.size), int(spec.size)
-    boundary = math.log(1.0 / alpha)
     if n_b == 0 or n_s == 0:
-        return P99TestResult(-math.inf, boundary, "undecided", n_b, n_s)
-    rate = 1.0 - _P  # the exceedance rate both mixtures test against
-    strength = mixture_strength(rate, tuned_for_n)
-
-    log_w = math.log(_FLOOR_WEIGHT)
-    need = boundary - log_w  # log E_b >= log w, so a state with log E_s >= need always passes
-    cap = _spec_cap(n_s, need, rate, strength)
+        return P99TestResult(-math.inf, math.log(1.0 / alpha), "undecided", n_b, n_s)
+    cap, strength = _cap(n_s, alpha, tuned_for_n)
 
     # Candidate q values: the top `cap` (scaled) speculative values and the baseline values
     # above the smallest of them. States with K_s >= cap always pass (see the module docstring).
@@ -141,13 +184,65 @@ def p99_slower_test(
     kb_incl = np.searchsorted(-base_hi, -values, side="right")  # #base >= v
     ks_excl = np.searchsorted(-spec_desc, -values, side="left")  # #spec > v
     ks_incl = np.searchsorted(-spec_desc, -values, side="right")  # #spec >= v
-    kb = np.concatenate([[0], kb_incl, kb_incl])
-    ks = np.concatenate([[0], ks_excl, ks_incl])
-    keep = ks < cap
-    if not keep.any():  # every state already passes on the speculative evidence alone
-        return P99TestResult(boundary, boundary, "slower", n_b, n_s)
-    log_eb = _floored(log_mixture_counts(n_b, kb[keep], rate, strength, upper=False))
-    log_es = _floored(log_mixture_counts(n_s, ks[keep], rate, strength, upper=True))
-    statistic = float(np.min(log_eb + log_es))
-    decision: P99Decision = "slower" if statistic >= boundary else "undecided"
-    return P99TestResult(statistic, boundary, decision, n_b, n_s)
+    kb = np.concatenate([[0], kb_incl, kb_incl]).astype(np.int64)
+    ks = np.concatenate([[0], ks_excl, ks_incl]).astype(np.int64)
+    return _statistic(n_b, n_s, kb, ks, alpha, (cap, strength))
+
+
+@dataclass(frozen=True, slots=True)
+class BinnedArm:
+    """An arm known only as a histogram: disjoint bins [lower, upper) and their counts.
+
+    Bins need not be aligned across arms nor of one width (fine grid or coarser tiers)."""
+
+    lower: FloatArray
+    upper: FloatArray
+    counts: npt.NDArray[np.int64]
+
+
+def p99_slower_test_binned(
+    baseline: BinnedArm,
+    speculative: BinnedArm,
+    *,
+    alpha: float = 0.05,
+    tolerance: float = 0.05,
+    tuned_for_n: int = DEFAULT_TUNED_FOR_N,
+) -> P99TestResult:
+    """`p99_slower_test` on histograms, conservatively: its statistic is <= the exact statistic
+    of ANY values the histograms could hold, so it says "slower" only where the exact test would.
+
+    Why: restricting q to bin edges alone would be invalid (the exact infimum may lie inside a
+    bin). Instead the line is cut at every bin edge of both arms (speculative edges divided by
+    c = 1 + tolerance) and, for q in a piece [t_m, t_m+1), the combined e-value is bounded below
+    by the state with the LARGEST K_b (every baseline bin reaching above t_m counted as >= q) and
+    the SMALLEST K_s (only speculative bins lying wholly at or above c t_m+1 counted as > c q).
+    log E_b falls as K_b grows and log E_s rises with K_s, so that state's value is a lower bound
+    over the whole piece; below every edge the state is (n_b, n_s), above every edge (0, 0).
+    Swapping the arguments tests the faster direction, as for `p99_slower_test`.
+    """
+    _check(alpha, tolerance)
+    c = 1.0 + tolerance
+    b_keep, s_keep = baseline.counts > 0, speculative.counts > 0
+    b_hi, b_n = baseline.upper[b_keep], baseline.counts[b_keep].astype(np.int64)
+    s_lo, s_n = speculative.lower[s_keep] / c, speculative.counts[s_keep].astype(np.int64)
+    n_b, n_s = int(b_n.sum()), int(s_n.sum())
+    if n_b == 0 or n_s == 0:
+        return P99TestResult(-math.inf, math.log(1.0 / alpha), "undecided", n_b, n_s)
+    cap = _cap(n_s, alpha, tuned_for_n)
+    edges = np.concatenate([baseline.lower[b_keep], b_hi, s_lo, speculative.upper[s_keep] / c])
+    if n_s >= cap[0]:
+        # L: the largest speculative lower edge with >= cap counts in bins at or above it. Every
+        # piece below L ends at or below L (L is an edge), so its K_s >= cap and it passes.
+        desc = np.argsort(-s_lo, kind="stable")
+        at_or_above = np.cumsum(s_n[desc])
+        edges = edges[edges >= s_lo[desc][np.searchsorted(at_or_above, cap[0], side="left")]]
+    edges = np.unique(edges)
+    by_hi = np.argsort(b_hi, kind="stable")
+    b_cum = np.concatenate([[0], np.cumsum(b_n[by_hi])])  # counts of bins with upper <= x
+    kb_max = n_b - b_cum[np.searchsorted(b_hi[by_hi], edges[:-1], side="right")]
+    by_lo = np.argsort(s_lo, kind="stable")
+    s_cum = np.concatenate([[0], np.cumsum(s_n[by_lo])])  # counts of bins with lower < x
+    ks_min = n_s - s_cum[np.searchsorted(s_lo[by_lo], edges[1:], side="left")]
+    kb = np.concatenate([[n_b, 0], kb_max]).astype(np.int64)
+    ks = np.concatenate([[n_s, 0], ks_min]).astype(np.int64)
+    return _statistic(n_b, n_s, kb, ks, alpha, cap)

@@ -13,7 +13,7 @@ and `mypy --strict` checks every producer (`stats.compare`, `stats.job`) and eve
         WindowResult: design, pairs, samples, excluded_warmup, engine, diagnosis,
           metrics: {METRIC: MetricResult}
             MetricResult: n, summary, outliers, rank_tests, samples_for_5pct_median,
-              adjusted, sequential, verdict,
+              adjusted, sequential (with its p99 verdict), verdict,
               speedup: {STATISTIC: Speedup}      baseline / speculative, > 1 = faster
 
 Arms are keyed by `Arm.value` ("baseline", "speculative"); every float may be null when it is
@@ -52,6 +52,7 @@ __all__ = [
     "MetricResult",
     "MetricSpec",
     "Outliers",
+    "P99Verdict",
     "RankTests",
     "Reason",
     "Sequential",
@@ -60,6 +61,7 @@ __all__ = [
     "Statistic",
     "StatsResult",
     "TimeBlocks",
+    "TwoSampleP99",
     "Verdict",
     "WindowComparison",
     "WindowResult",
@@ -157,8 +159,33 @@ class Adjusted(Interval):
     covariates: list[str]
 
 
+class TwoSampleP99(TypedDict):
+    """One direction of the two-sample P99 e-process (`stats.p99test`), at level alpha / 2."""
+
+    statistic: float | None  # natural log of the combined e-value (min over candidate
+    # quantiles); None while an arm is empty
+    boundary: float  # log(2 / alpha): "rejected" once the statistic reaches it
+    rejected: bool
+    sticky: bool  # whole run of a running job: rejected at an earlier tick, kept (hysteresis)
+
+
+class P99Verdict(TypedDict):
+    """The P99 verdict (`stats.sequential.decide`): slower, faster or inconclusive, and which of
+    its two tests per direction (each at level alpha / 2) rejected."""
+
+    verdict: Verdict
+    decided_by: list[str]  # "union_bound", "two_sample": the tests behind the verdict
+    level: float  # alpha / 2, each test's level
+    union_bound_slower: bool  # p99_ratio_lower > 1 + tolerance (its CS is at level alpha / 2)
+    union_bound_faster: bool  # p99_ratio_upper < 1 / (1 + tolerance)
+    slower: TwoSampleP99  # "speculative P99 > (1 + tolerance) x baseline P99"
+    faster: TwoSampleP99  # "baseline P99 > (1 + tolerance) x speculative P99"
+    binned: bool  # from histograms (rollups): a conservative lower bound of the statistic
+
+
 class Sequential(TypedDict):
-    """Anytime-valid tests; ratios are speculative / baseline."""
+    """Anytime-valid tests; ratios are speculative / baseline. The P99 ratio bounds are at level
+    alpha / 2 (the P99 verdict's other half is the two-sample test), the median's at alpha."""
 
     p99_ratio_lower: float | None
     p99_ratio_upper: float | None
@@ -172,6 +199,10 @@ class Sequential(TypedDict):
     # over ticks; None/0 elsewhere (sliding windows, one-off `specproxy stats`)
     hysteresis: str | None  # "first" | "intersected" | "reset"
     hysteresis_ticks: int
+    # the tests behind `verdict`: "p99_union_bound", "p99_two_sample", "median" (absent in
+    # results stored before the two-sample P99 test was wired in)
+    decided_by: NotRequired[list[str]]
+    p99: NotRequired[P99Verdict]
 
 
 class MetricResult(TypedDict):

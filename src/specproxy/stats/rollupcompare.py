@@ -7,7 +7,8 @@ What rollups can give, and how:
   * summaries: quantiles from the grid histogram (within half a bin, `loggrid.GRID_ERROR_BOUND`),
     the mean exact from the sums;
   * the anytime-valid tests: the same confidence sequences, whose order statistics are read off
-    the histogram (`sequential.RankedArm.of_histogram`);
+    the histogram (`sequential.RankedArm.of_histogram`), and the two-sample P99 test bounded
+    conservatively inside each bin (`p99test.p99_slower_test_binned`);
   * NOT available (null, with `"unavailable"` naming them): rank tests, outlier counts and the
     length adjustment (they need each request), the sample-size estimate. The design is always
     "split": pairs need request ids.
@@ -20,13 +21,15 @@ from typing import Any, Final
 
 import numpy as np
 
-from specproxy.loggrid import bin_centres
+from specproxy.loggrid import bin_centres, bin_lower_edges
 from specproxy.records import Arm
 from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
 from specproxy.stats.compare import METRIC_COLUMNS, CompareSettings, diagnose_metrics, speedup_block
 from specproxy.stats.diagnosis import EngineSummary
+from specproxy.stats.p99test import BinnedArm
 from specproxy.stats.quantile import STATISTICS
-from specproxy.stats.sequential import RankedArm, compare_sequential_ranked
+from specproxy.stats.sequential import RankedArm
+from specproxy.stats.verdict import anytime_valid_binned
 
 __all__ = ["UNAVAILABLE_FROM_ROLLUPS", "compare_rollup_window"]
 
@@ -42,9 +45,23 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _ranked(arm: ArmBlocks) -> RankedArm:
+# Bin edges widened by this relative margin: `loggrid.bin_index` rounds log(v) / d, so a value
+# can sit an ulp outside the edges computed back from its bin; widening keeps the binned
+# two-sample test's bound (every value inside its bin) true in floating point.
+_EDGE_SLACK: Final = 1e-9
+
+
+def _arms(arm: ArmBlocks) -> tuple[RankedArm, BinnedArm]:
+    """The pooled histogram as order statistics (bin centres) and as bins with their edges."""
     bins, counts = arm.pooled()
-    return RankedArm.of_histogram(bin_centres(bins), counts)
+    return (
+        RankedArm.of_histogram(bin_centres(bins), counts),
+        BinnedArm(
+            lower=bin_lower_edges(bins) * (1.0 - _EDGE_SLACK),
+            upper=bin_lower_edges(bins + 1) * (1.0 + _EDGE_SLACK),
+            counts=counts,
+        ),
+    )
 
 
 def _metric_block(
@@ -70,11 +87,15 @@ def _metric_block(
         **dict.fromkeys(UNAVAILABLE_FROM_ROLLUPS),
     }
     if base.n and spec.n:
-        seq = compare_sequential_ranked(
-            _ranked(base), _ranked(spec), alpha=settings.alpha, tolerance=settings.p99_tolerance
+        (rank_b, bin_b), (rank_s, bin_s) = _arms(base), _arms(spec)
+        seq = anytime_valid_binned(
+            (rank_b, rank_s),
+            (bin_b, bin_s),
+            alpha=settings.alpha,
+            tolerance=settings.p99_tolerance,
         )
-        block["sequential"] = seq.to_dict()
-        block["verdict"] = seq.verdict
+        block["sequential"] = seq
+        block["verdict"] = seq["verdict"]
     else:
         block["sequential"] = None
         block["verdict"] = "inconclusive"

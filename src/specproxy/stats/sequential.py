@@ -24,7 +24,11 @@ What is implemented (and why it is valid):
 3. Two arms are compared by a union bound: each arm's CS is run at level alpha/2, so with
    probability >= 1 - alpha both hold at all times, and "speculative P99 > baseline P99 x (1+tol)"
    is declared only when lower_spec > (1+tol) x upper_base. Each arm is indexed by its own sample
-   count, so unequal arrival rates are fine.
+   count, so unequal arrival rates are fine. The P99 ratio is run at a level of its own
+   (`p99_alpha`; the stats job passes alpha/2 because the two-sample test of `p99test` spends
+   the other half, see `decide`).
+4. `decide` is the one rule that turns the bounds and the two-sample test's rejections into the
+   verdict (`stats.verdict` computes, `stats.hysteresis` re-decides on the whole run).
 
 The CS depends on the data only through the current order statistics, so evaluating it on the
 whole run at every job tick is exactly "continuous monitoring". On a sliding window it is a valid
@@ -48,12 +52,14 @@ from specproxy.stats.result import Verdict
 
 __all__ = [
     "DEFAULT_TUNED_FOR_N",
+    "Decision",
     "RankedArm",
     "SequentialResult",
     "Verdict",
     "compare_sequential",
     "compare_sequential_ranked",
     "count_boundaries",
+    "decide",
     "log_mixture_counts",
     "mixture_strength",
     "quantile_confidence_sequence",
@@ -146,6 +152,108 @@ def quantile_confidence_sequence(
 
 
 @dataclass(frozen=True, slots=True)
+class Decision:
+    """Which anytime-valid tests reject, and the verdicts that follow (the rule of `decide`)."""
+
+    p99_union_slower: bool
+    p99_union_faster: bool
+    p99_two_sample_slower: bool
+    p99_two_sample_faster: bool
+    median_slower: bool
+    median_faster: bool
+
+    @property
+    def p99_slower_evidence(self) -> bool:
+        return self.p99_union_slower or self.p99_two_sample_slower
+
+    @property
+    def p99_faster_evidence(self) -> bool:
+        return self.p99_union_faster or self.p99_two_sample_faster
+
+    @property
+    def p99_conflict(self) -> bool:
+        """Both directions rejected: under the model one of the tests erred."""
+        return self.p99_slower_evidence and self.p99_faster_evidence
+
+    @property
+    def p99_verdict(self) -> Verdict:
+        if self.p99_conflict:
+            return "inconclusive"
+        if self.p99_slower_evidence:
+            return "slower"
+        return "faster" if self.p99_faster_evidence else "inconclusive"
+
+    @property
+    def p99_decided_by(self) -> list[str]:
+        """The P99 tests that rejected in the direction of the P99 verdict."""
+        v = self.p99_verdict
+        if v == "inconclusive":
+            return []
+        union, two = (
+            (self.p99_union_slower, self.p99_two_sample_slower)
+            if v == "slower"
+            else (self.p99_union_faster, self.p99_two_sample_faster)
+        )
+        return [name for name, hit in (("union_bound", union), ("two_sample", two)) if hit]
+
+    @property
+    def median_verdict(self) -> Verdict:
+        if self.median_slower:
+            return "slower"
+        return "faster" if self.median_faster else "inconclusive"
+
+    @property
+    def verdict(self) -> Verdict:
+        """slower if the P99 or the median verdict is slower (a slower tail is never outweighed
+        by a faster median), else faster if either is faster, else inconclusive."""
+        both = (self.p99_verdict, self.median_verdict)
+        if "slower" in both:
+            return "slower"
+        return "faster" if "faster" in both else "inconclusive"
+
+    @property
+    def decided_by(self) -> list[str]:
+        """The tests behind `verdict`: "p99_union_bound", "p99_two_sample", "median"."""
+        v = self.verdict
+        out = [f"p99_{name}" for name in self.p99_decided_by] if self.p99_verdict == v else []
+        return [*out, "median"] if v != "inconclusive" and self.median_verdict == v else out
+
+
+def decide(
+    p99_ratio_lower: float,
+    p99_ratio_upper: float,
+    median_ratio_lower: float,
+    median_ratio_upper: float,
+    *,
+    tolerance: float,
+    two_sample_slower: bool = False,
+    two_sample_faster: bool = False,
+) -> Decision:
+    """The verdict rule, in one place.
+
+    P99, c = 1 + tolerance. Two tests per direction, each at level alpha / 2, so that each
+    direction's error is <= alpha however often it is looked at (a union bound over the tests):
+      * the union bound of per-arm CSs (ratio bounds at level alpha / 2): slower if the lower
+        bound > c, faster if the upper bound < 1 / c;
+      * the two-sample e-process of `p99test` at alpha / 2 (`two_sample_*`): slower if it
+        crosses log(2 / alpha); faster is the same test with the arms' roles swapped.
+    The P99 verdict is slower if a slower test rejects and no faster test does, faster
+    symmetrically, else inconclusive (a conflict needs an error of one of the tests, so neither
+    claim is made). The median (CS at level alpha): faster if the upper bound < 1, slower if the
+    lower bound > 1. The metric's verdict is `Decision.verdict`.
+    """
+    c = 1.0 + tolerance
+    return Decision(
+        p99_union_slower=p99_ratio_lower > c,
+        p99_union_faster=p99_ratio_upper < 1.0 / c,
+        p99_two_sample_slower=two_sample_slower,
+        p99_two_sample_faster=two_sample_faster,
+        median_slower=median_ratio_lower > 1.0,
+        median_faster=median_ratio_upper < 1.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class SequentialResult:
     """Anytime-valid statements about speculative/baseline ratios for one metric.
 
@@ -157,17 +265,34 @@ class SequentialResult:
     p99_ratio_upper: float
     median_ratio_lower: float
     median_ratio_upper: float
-    p99_slower: bool  # spec P99 > base P99 * (1 + tolerance)
-    median_faster: bool  # spec median < base median
-    median_slower: bool  # spec median > base median
+    tolerance: float
+
+    @property
+    def decision(self) -> Decision:
+        """The rule of `decide` on these bounds alone (no two-sample test)."""
+        return decide(
+            self.p99_ratio_lower,
+            self.p99_ratio_upper,
+            self.median_ratio_lower,
+            self.median_ratio_upper,
+            tolerance=self.tolerance,
+        )
+
+    @property
+    def p99_slower(self) -> bool:  # spec P99 > base P99 * (1 + tolerance)
+        return self.decision.p99_union_slower
+
+    @property
+    def median_faster(self) -> bool:  # spec median < base median
+        return self.decision.median_faster
+
+    @property
+    def median_slower(self) -> bool:  # spec median > base median
+        return self.decision.median_slower
 
     @property
     def verdict(self) -> Verdict:
-        if self.p99_slower or self.median_slower:
-            return "slower"
-        if self.median_faster:
-            return "faster"
-        return "inconclusive"
+        return self.decision.verdict
 
     def to_dict(self) -> schema.Sequential:
         def finite(x: float) -> float | None:
@@ -184,6 +309,7 @@ class SequentialResult:
             "verdict": self.verdict,
             "hysteresis": None,  # set by `stats.hysteresis` on the whole-run window
             "hysteresis_ticks": 0,
+            "decided_by": self.decision.decided_by,
         }
 
 
@@ -239,6 +365,7 @@ def compare_sequential(
     alpha: float = 0.05,
     tolerance: float = 0.05,
     tuned_for_n: int = DEFAULT_TUNED_FOR_N,
+    p99_alpha: float | None = None,
 ) -> SequentialResult:
     """Run the P99-slowdown and median tests on positive latencies of both arms."""
     return compare_sequential_ranked(
@@ -247,6 +374,7 @@ def compare_sequential(
         alpha=alpha,
         tolerance=tolerance,
         tuned_for_n=tuned_for_n,
+        p99_alpha=p99_alpha,
     )
 
 
@@ -257,16 +385,17 @@ def compare_sequential_ranked(
     alpha: float = 0.05,
     tolerance: float = 0.05,
     tuned_for_n: int = DEFAULT_TUNED_FOR_N,
+    p99_alpha: float | None = None,
 ) -> SequentialResult:
-    """`compare_sequential` for arms given by their order statistics (e.g. rollup histograms)."""
-    p99_lo, p99_hi = _ratio_bounds(baseline, speculative, 0.99, alpha, tuned_for_n)
+    """`compare_sequential` for arms given by their order statistics (e.g. rollup histograms).
+    The P99 ratio bounds are at level `p99_alpha` (default: alpha)."""
+    p99_level = alpha if p99_alpha is None else p99_alpha
+    p99_lo, p99_hi = _ratio_bounds(baseline, speculative, 0.99, p99_level, tuned_for_n)
     med_lo, med_hi = _ratio_bounds(baseline, speculative, 0.5, alpha, tuned_for_n)
     return SequentialResult(
         p99_ratio_lower=p99_lo,
         p99_ratio_upper=p99_hi,
         median_ratio_lower=med_lo,
         median_ratio_upper=med_hi,
-        p99_slower=p99_lo > 1.0 + tolerance,
-        median_faster=med_hi < 1.0,
-        median_slower=med_lo > 1.0,
+        tolerance=tolerance,
     )
