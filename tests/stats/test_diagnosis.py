@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -8,6 +9,7 @@ from specproxy.records import Arm, EngineSample
 from specproxy.stats.diagnosis import (
     DiagnosisInput,
     EngineSummary,
+    MetricVerdict,
     diagnose,
     draft_step_share,
     implied_draft_cost,
@@ -147,3 +149,115 @@ def test_zero_drafts_is_named_and_no_metrics_only_when_the_scrape_failed() -> No
 def test_zero_acceptance_is_named_apart_from_low_acceptance() -> None:
     d = _input(0.8, 0.75, 0.85, acceptance_rate=0.0, mean_acceptance_length=1.0)
     assert codes(d) == ["zero_acceptance"]
+
+
+# ------------------------------------------------------------------ the headline's rules
+
+
+def _verdicts(
+    e2e: str | None, ttft_p99: str = "inconclusive", e2e_part: str = "p99"
+) -> tuple[MetricVerdict, ...]:
+    out = []
+    if e2e is not None:
+        parts = {e2e_part: e2e} if e2e != "inconclusive" else {}
+        out.append(MetricVerdict("E2E", e2e, **parts))  # type: ignore[arg-type]
+    ttft = "slower" if ttft_p99 == "slower" else "inconclusive"
+    out.append(MetricVerdict("TTFT", ttft, p99=ttft_p99))
+    out.append(MetricVerdict("TPOT", "inconclusive"))
+    return tuple(out)
+
+
+def _headline_input(
+    e2e: str | None, ci: tuple[float, float, float], ttft_p99: str = "inconclusive"
+) -> DiagnosisInput:
+    d = _input(*ci, acceptance_rate=0.8, mean_acceptance_length=3.0)
+    return dataclasses.replace(d, e2e_verdict=e2e, verdicts=_verdicts(e2e, ttft_p99))
+
+
+CIS = {"helps": (2.16, 1.89, 2.42), "hurts": (0.80, 0.75, 0.85), "neither": (1.0, 0.9, 1.1)}
+
+
+@pytest.mark.parametrize("e2e", ["faster", "slower", "inconclusive", None])
+@pytest.mark.parametrize("ttft_p99", ["slower", "inconclusive", "faster"])
+@pytest.mark.parametrize("ci", sorted(CIS))
+def test_the_headline_never_contradicts_a_verdict_and_names_its_metric(
+    e2e: str | None, ttft_p99: str, ci: str
+) -> None:
+    out = diagnose(_headline_input(e2e, CIS[ci], ttft_p99))
+    summary = out.summary
+    assert "TPOT median" in summary  # the quoted interval names its metric and statistic
+    if e2e == "slower":
+        assert summary.startswith("speculation hurts end to end (anytime-valid: E2E P99 slower")
+    if ttft_p99 == "slower":  # a slower verdict is named, and "helps" is never said alone
+        assert "TTFT P99 slower" in summary
+        assert not summary.startswith("speculation helps")
+        assert "working" not in [r.code for r in out.reasons]
+    if e2e == "faster":
+        assert "hurts" not in summary and "no verdict" not in summary
+    if summary.startswith("speculation helps"):
+        assert e2e in ("faster", None) and ttft_p99 != "slower" and ci != "hurts"
+        assert ci == "helps" or "anytime-valid: E2E P99 faster" in summary
+    if e2e == "inconclusive" and ci != "neither":
+        assert "no verdict yet" in summary and "helps" not in summary
+        assert "ci_ahead_of_verdict" in [r.code for r in out.reasons]
+
+
+def test_an_e2e_faster_verdict_beside_an_interval_below_one_is_mixed_and_names_both() -> None:
+    out = diagnose(_headline_input("faster", CIS["hurts"]))
+    assert out.summary == "mixed: E2E P99 faster (anytime-valid) but TPOT median 0.80x [0.75, 0.85]"
+
+
+def test_a_slower_tail_elsewhere_turns_helps_into_mixed_with_a_reason() -> None:
+    out = diagnose(_headline_input("faster", CIS["helps"], ttft_p99="slower"))
+    assert out.summary == (
+        "mixed: speculation helps: TPOT median 2.16x [1.89, 2.42]; but TTFT P99 slower"
+        " (anytime-valid)"
+    )
+    [why] = [r for r in out.reasons if r.code == "slower_verdict"]
+    assert "TTFT P99 slower" in why.message
+
+
+def test_the_e2e_slower_headline_names_the_part_that_decided() -> None:
+    d = dataclasses.replace(
+        _headline_input("slower", CIS["helps"]),
+        verdicts=(MetricVerdict("E2E", "slower", median="slower", p99="slower"),),
+    )
+    assert diagnose(d).summary.startswith(
+        "speculation hurts end to end (anytime-valid: E2E median and P99 slower)"
+    )
+
+
+def test_ci_ahead_of_the_verdict_says_where_the_anytime_valid_tests_stand() -> None:
+    e2e = MetricVerdict(
+        "E2E",
+        "inconclusive",
+        median_bounds=(0.91, 1.03),
+        p99_log_e=(-2.0, math.log(4.0)),
+        p99_boundary=math.log(40.0),
+    )
+    d = dataclasses.replace(_headline_input("inconclusive", CIS["helps"]), verdicts=(e2e,))
+    [why] = [r for r in diagnose(d).reasons if r.code == "ci_ahead_of_verdict"]
+    assert "TPOT median speedup is above 1" in why.message
+    assert "[0.910, 1.030], still include 1" in why.message
+    assert "e-value is 4 of the 40 it needs" in why.message
+
+
+def test_a_p99_interval_ahead_of_the_p99_verdict_is_explained() -> None:
+    beyond = MetricVerdict(
+        "E2E",
+        "inconclusive",
+        p99_ci=(0.85, 0.93),  # speculative P99 7-18 % slower: beyond the 5 % tolerance
+        p99_log_e=(math.log(10.0), -3.0),
+        p99_boundary=math.log(40.0),
+    )
+    d = dataclasses.replace(_headline_input("inconclusive", CIS["neither"]), verdicts=(beyond,))
+    [why] = [r for r in diagnose(d).reasons if r.code == "p99_ci_ahead_of_verdict"]
+    assert why.message.startswith("the 95% interval of the E2E P99 speedup, [0.85, 0.93], is below")
+    assert "need more samples" in why.message and "e-value is 10 of the 40" in why.message
+    within = dataclasses.replace(beyond, p99_ci=(0.96, 0.99))  # within 1/1.05 = 0.952
+    d = dataclasses.replace(d, verdicts=(within,))
+    [why] = [r for r in diagnose(d).reasons if r.code == "p99_ci_ahead_of_verdict"]
+    assert "within the 5% tolerance" in why.message
+    decided = dataclasses.replace(beyond, p99="slower", verdict="slower")
+    d = dataclasses.replace(d, verdicts=(decided,))
+    assert "p99_ci_ahead_of_verdict" not in [r.code for r in diagnose(d).reasons]

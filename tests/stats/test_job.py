@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import AsyncIterator
 
@@ -204,6 +205,29 @@ async def test_job_publishes_gauges_and_history(store: MemoryStore) -> None:
     assert [float(x.split()[1]) for x in lag_lines] == [pytest.approx(lag)]
     history = await store.read_stats_history(run_id=RUN)
     assert len(history) == 1 and history[0][1]["run_id"] == RUN
+
+
+async def test_a_whole_run_crossing_stays_and_the_headline_follows_it(store: MemoryStore) -> None:
+    registry = CollectorRegistry()
+    job = StatsJob(
+        store, run_id=RUN, stats_cfg=CFG, scrape_cfg=SCRAPE, registry=registry, clock=lambda: 1160.0
+    )
+    first = await job.run_once()
+    assert "TTFT" not in first["results"]["all"]["all"]["diagnosis"]["summary"]
+    # a tick in between saw the TTFT two-sample P99 test cross (what the memory remembers)
+    between = copy.deepcopy(first)
+    seq = between["results"]["all"]["all"]["metrics"]["ttft"]["sequential"]
+    assert seq is not None and "p99" in seq and not seq["p99"]["slower"]["rejected"]
+    seq["p99"]["slower"]["rejected"] = True
+    job._memory.apply(between, tolerance=CFG.p99_tolerance)
+    latest = await job.run_once()
+    window = latest["results"]["all"]["all"]
+    assert window["metrics"]["ttft"]["verdict"] == "slower"
+    assert "TTFT P99 slower" in window["diagnosis"]["summary"]
+    text = generate_latest(registry).decode()
+    assert 'specproxy_p99_slowdown{metric="ttft",model="all",window="all"} 1.0' in text
+    # sliding windows are not remembered
+    assert latest["results"]["all"]["1m"]["metrics"]["ttft"]["verdict"] != "slower"
 
 
 async def test_job_runs_periodically_and_stops() -> None:

@@ -30,7 +30,16 @@ from specproxy.stats.bootstrap import (
     split_speedup_intervals,
 )
 from specproxy.stats.clean import count_outliers, usable_mask
-from specproxy.stats.diagnosis import Diagnosis, DiagnosisInput, EngineSummary, diagnose
+from specproxy.stats.diagnosis import (
+    HEADLINE_CODES,
+    Diagnosis,
+    DiagnosisInput,
+    EngineSummary,
+    MetricVerdict,
+    Reason,
+    diagnose,
+    headline,
+)
 from specproxy.stats.quantile import STATISTICS, point_statistic, samples_needed
 from specproxy.stats.ranktests import rank_tests
 from specproxy.stats.result import (
@@ -54,11 +63,13 @@ __all__ = [
     "CompareSettings",
     "compare_window",
     "diagnose_metrics",
+    "refresh_headline",
     "speedup_block",
 ]
 
 FloatArray = npt.NDArray[np.float64]
 ArmArrays = dict[str, npt.NDArray[Any]]
+DEFAULT_P99_TOLERANCE: Final = 0.05
 
 REQUIRED_COLUMNS: Final[tuple[str, ...]] = (
     "t_start",
@@ -82,7 +93,7 @@ class CompareSettings:
     resamples: int = DEFAULT_RESAMPLES
     confidence: float = 0.95
     alpha: float = 0.05
-    p99_tolerance: float = 0.05
+    p99_tolerance: float = DEFAULT_P99_TOLERANCE
 
     @classmethod
     def from_config(cls, stats_cfg: StatsConfig) -> CompareSettings:
@@ -328,7 +339,10 @@ def compare_window(
             paired = (b[ok], s[ok], t[ok])
         metrics[metric] = _metric_block(metric, primary, paired, settings, rng)
     diagnosis = diagnose_metrics(
-        metrics, engine, steps=(_median_step(primary[0]), _median_step(primary[1]))
+        metrics,
+        engine,
+        steps=(_median_step(primary[0]), _median_step(primary[1])),
+        tolerance=settings.p99_tolerance,
     )
     return {
         "design": design,
@@ -353,19 +367,74 @@ def _median_step(arrays: ArmArrays) -> float | None:
     return float(np.median(v)) if v.size else None
 
 
+def _metric_verdicts(metrics: dict[str, Any], tolerance: float) -> tuple[MetricVerdict, ...]:
+    """Every metric's anytime-valid verdicts as the headline reads them."""
+    out = []
+    for name, block in metrics.items():
+        label = METRICS[name].label if name in METRICS else name
+        seq = block["sequential"]
+        if seq is None:
+            out.append(MetricVerdict(label, block["verdict"], tolerance=tolerance))
+            continue
+        median = (
+            "slower"
+            if seq["median_slower"]
+            else "faster"
+            if seq["median_faster"]
+            else "inconclusive"
+        )
+        p99 = seq.get("p99")
+        ci = block["speedup"]["p99"]
+        out.append(
+            MetricVerdict(
+                label,
+                block["verdict"],
+                median=median,
+                p99=p99["verdict"]
+                if p99 is not None
+                else ("slower" if seq["p99_slower"] else "inconclusive"),
+                median_bounds=(_nan(seq["median_ratio_lower"]), _nan(seq["median_ratio_upper"])),
+                p99_log_e=(
+                    (_nan(p99["slower"]["statistic"]), _nan(p99["faster"]["statistic"]))
+                    if p99 is not None
+                    else (math.nan, math.nan)
+                ),
+                p99_boundary=p99["slower"]["boundary"] if p99 is not None else math.nan,
+                p99_ci=(_nan(ci["lower"]), _nan(ci["upper"])),
+                tolerance=tolerance,
+            )
+        )
+    return tuple(out)
+
+
+def _headline_fields(metrics: dict[str, Any], tolerance: float) -> dict[str, Any]:
+    """The `DiagnosisInput` fields the headline reads: the quoted interval (TPOT median, else
+    E2E median) and every verdict."""
+    metric = "tpot"
+    quoted = metrics["tpot"]["speedup"]["median"]
+    if quoted["status"] != "ok":
+        metric = "e2e"
+        quoted = metrics["e2e"]["speedup"]["median"]
+    return {
+        "speedup": _nan(quoted["estimate"]),
+        "speedup_lower": _nan(quoted["lower"]),
+        "speedup_upper": _nan(quoted["upper"]),
+        "metric": METRICS[metric].label if metric in METRICS else metric,
+        "statistic": "median",
+        "e2e_verdict": metrics["e2e"]["verdict"],
+        "verdicts": _metric_verdicts(metrics, tolerance),
+    }
+
+
 def diagnose_metrics(
     metrics: dict[str, Any],
     engine: dict[Arm, EngineSummary],
     *,
     steps: tuple[float | None, float | None] = (None, None),
+    tolerance: float = DEFAULT_P99_TOLERANCE,
 ) -> Diagnosis:
     """The diagnosis tree on a window's metric blocks (raw-row or rollup comparisons alike);
     `steps` = (baseline, speculative) median step times when the rows are at hand."""
-    metric = "tpot"
-    metrics_ok = metrics["tpot"]["speedup"]["median"]
-    if metrics_ok["status"] != "ok":
-        metric = "e2e"
-        metrics_ok = metrics["e2e"]["speedup"]["median"]
     e2e = metrics["e2e"]
     needed = max(e2e["speedup"]["p99"]["n_needed"].values())
     spec_summary = e2e["summary"][Arm.SPECULATIVE.value]
@@ -377,21 +446,37 @@ def diagnose_metrics(
     )
     return diagnose(
         DiagnosisInput(
-            speedup=_nan(metrics_ok["estimate"]),
-            speedup_lower=_nan(metrics_ok["lower"]),
-            speedup_upper=_nan(metrics_ok["upper"]),
+            **_headline_fields(metrics, tolerance),
             enough_samples=needed == 0,
             samples_needed=needed,
             speculative=engine.get(Arm.SPECULATIVE, EngineSummary()),
             baseline=engine.get(Arm.BASELINE, EngineSummary()),
             ttft_share=share,
-            metric=METRICS[metric].label if metric in METRICS else metric,
-            statistic="median",
-            e2e_verdict=e2e["verdict"],
             baseline_step_s=steps[0],
             speculative_step_s=steps[1],
         )
     )
+
+
+def refresh_headline(window: WindowComparison, *, tolerance: float) -> None:
+    """Re-derive the headline of a window whose verdicts changed after it was diagnosed (the
+    whole-run hysteresis, `stats.hysteresis`), so that it never contradicts them; the other
+    reasons are kept as they were."""
+    diagnosis = window["diagnosis"]
+    kept = [
+        Reason(r["code"], r["message"])
+        for r in diagnosis["reasons"]
+        if r["code"] not in HEADLINE_CODES
+    ]
+    d = DiagnosisInput(
+        **_headline_fields(dict(window["metrics"]), tolerance),
+        enough_samples=True,  # not read by the headline
+        samples_needed=0,
+        speculative=EngineSummary(),
+        baseline=EngineSummary(),
+    )
+    diagnosis["summary"] = headline(d, kept)
+    diagnosis["reasons"] = [{"code": r.code, "message": r.message} for r in kept]
 
 
 def _nan(x: float | None) -> float:

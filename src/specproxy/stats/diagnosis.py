@@ -25,6 +25,7 @@ checked in order, each add a reason in words:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from specproxy.records import EngineSample
 from specproxy.stats import result as schema
 
 __all__ = [
+    "HEADLINE_CODES",
     "HIGH_DRAFT_COST",
     "HIGH_DRAFT_STEP_SHARE",
     "HIGH_KV_CACHE_USAGE",
@@ -42,9 +44,11 @@ __all__ = [
     "Diagnosis",
     "DiagnosisInput",
     "EngineSummary",
+    "MetricVerdict",
     "Reason",
     "diagnose",
     "draft_step_share",
+    "headline",
     "implied_draft_cost",
     "summarise_engine",
 ]
@@ -132,6 +136,25 @@ class Reason:
     message: str
 
 
+_NO_BOUNDS: Final = (math.nan, math.nan)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricVerdict:
+    """One metric's anytime-valid verdicts as the headline reads them (its `sequential` block);
+    NaN where a number is undefined."""
+
+    label: str  # "E2E", "TTFT", "TPOT"
+    verdict: str  # the metric's verdict
+    median: str = "inconclusive"  # the median part of it
+    p99: str = "inconclusive"  # the P99 part of it
+    median_bounds: tuple[float, float] = _NO_BOUNDS  # speculative / baseline, anytime-valid
+    p99_log_e: tuple[float, float] = _NO_BOUNDS  # two-sample log e-values: slower, faster
+    p99_boundary: float = math.nan  # their crossing level, log(2 / alpha)
+    p99_ci: tuple[float, float] = _NO_BOUNDS  # fixed-sample P99 speedup interval (base / spec)
+    tolerance: float = 0.05  # the P99 verdict's tolerance
+
+
 @dataclass(frozen=True, slots=True)
 class DiagnosisInput:
     """What the tree looks at."""
@@ -147,6 +170,7 @@ class DiagnosisInput:
     metric: str = "TPOT"  # label of the metric `speedup` measures (the headline names it)
     statistic: str = "median"
     e2e_verdict: str | None = None  # anytime-valid E2E verdict; None: not computed
+    verdicts: tuple[MetricVerdict, ...] = ()  # every metric's verdicts (the headline names them)
     # median gap between streamed content events (one engine step each, vLLM emits one chunk
     # per step) per arm, seconds; None when not streamed
     speculative_step_s: float | None = None
@@ -171,43 +195,163 @@ class Diagnosis:
         }
 
 
+HEADLINE_CODES: Final = frozenset(
+    {"ci_ahead_of_verdict", "p99_ci_ahead_of_verdict", "slower_verdict", "working"}
+)
+
+
+def _parts(v: MetricVerdict, verdict: str) -> str:
+    """ "E2E P99", "E2E median", "E2E median and P99": the parts of `v` with that verdict."""
+    parts = [name for name, got in (("median", v.median), ("P99", v.p99)) if got == verdict]
+    return f"{v.label} {' and '.join(parts)}" if parts else v.label
+
+
+def _e2e(d: DiagnosisInput) -> MetricVerdict | None:
+    """The E2E verdict (from `verdicts`, else `e2e_verdict` alone); None: not computed."""
+    for v in d.verdicts:
+        if v.label == "E2E":
+            return v
+    return MetricVerdict("E2E", d.e2e_verdict) if d.e2e_verdict is not None else None
+
+
+def _evidence(v: MetricVerdict) -> str:
+    """Where the anytime-valid tests stand, in words, for a reason."""
+    lo, hi = v.median_bounds
+    words = []
+    if math.isfinite(lo) and math.isfinite(hi):
+        words.append(
+            f"its bounds on the speculative/baseline median ratio, [{lo:.3f}, {hi:.3f}], "
+            "still include 1"
+        )
+    slower, faster = v.p99_log_e
+    best = max((x for x in (slower, faster) if math.isfinite(x)), default=math.nan)
+    if math.isfinite(best) and math.isfinite(v.p99_boundary):
+        words.append(
+            f"the two-sample P99 test's e-value is {math.exp(best):.3g} of the "
+            f"{math.exp(v.p99_boundary):.0f} it needs"
+        )
+    return f" ({'; '.join(words)})" if words else ""
+
+
+def _ci_ahead(d: DiagnosisInput, helps: bool, reasons: list[Reason]) -> None:
+    """Why a fixed-sample interval that excludes 1 gives no verdict yet, in words."""
+    e2e = _e2e(d) or MetricVerdict("E2E", "inconclusive")
+    direction = "above" if helps else "below"
+    reasons.append(
+        Reason(
+            "ci_ahead_of_verdict",
+            f"the 95% interval of the {d.metric} {d.statistic} speedup is {direction} 1, but it is "
+            "a fixed-sample statement about this window; the anytime-valid E2E test, which stays "
+            "valid however often the dashboard is read and is therefore wider, has not crossed "
+            f"its bound yet{_evidence(e2e)}, so no verdict is given",
+        )
+    )
+
+
+def _p99_ci_ahead(v: MetricVerdict, reasons: list[Reason]) -> None:
+    """A P99 speedup interval that excludes 1 while the P99 verdict is inconclusive."""
+    lo, hi = v.p99_ci
+    if v.p99 != "inconclusive" or not (math.isfinite(lo) and math.isfinite(hi)):
+        return
+    if lo <= 1.0 <= hi:
+        return
+    c = 1.0 + v.tolerance
+    slower = hi < 1.0  # speedup = baseline / speculative
+    within = (hi >= 1.0 / c) if slower else (lo <= c)
+    why = (
+        f"the interval still allows a change within the {v.tolerance:.0%} tolerance, which the "
+        "P99 verdict ignores"
+        if within
+        else "neither anytime-valid P99 test (each at half of alpha) has crossed its bound: they "
+        "stay valid however often they are looked at, so they need more samples than one "
+        f"fixed-sample interval{_evidence(dataclasses.replace(v, median_bounds=_NO_BOUNDS))}"
+    )
+    reasons.append(
+        Reason(
+            "p99_ci_ahead_of_verdict",
+            f"the 95% interval of the {v.label} P99 speedup, [{lo:.2f}, {hi:.2f}], is "
+            f"{'below' if slower else 'above'} 1, but the anytime-valid {v.label} P99 verdict is "
+            f"inconclusive: {why}",
+        )
+    )
+
+
 def _headline(
     d: DiagnosisInput, ci: str, helps: bool, hurts: bool, reasons: list[Reason]
 ) -> tuple[str, bool]:
-    """The summary sentence, naming its metric and statistic, and whether it says "helps".
+    """The summary sentence and whether it says speculation helps. Its rules:
 
-    It never contradicts the anytime-valid E2E verdict: "helps" needs a CI above 1 AND an E2E
-    verdict that is not "slower" or "inconclusive"; an E2E "slower" verdict wins over any CI. When
-    a fixed-sample CI excludes 1 but the anytime-valid test has not decided, a reason says why.
+    1. It names its metric: the interval it quotes is "<METRIC> <statistic> <x> [<lo>, <hi>]",
+       and every verdict it mentions is "<METRIC> <median|P99> <slower|faster>".
+    2. An E2E "slower" verdict wins: "speculation hurts end to end", naming the part (median,
+       P99) that is slower, whatever the quoted interval says.
+    3. A "slower" verdict on any other metric is never hidden: the headline names it and says
+       "mixed" instead of "helps".
+    4. "helps" needs the quoted interval above 1 and an E2E verdict "faster" (or no verdict
+       computed at all); an E2E "faster" verdict beside an interval below 1 is "mixed" and
+       names both.
+    5. Where the quoted interval excludes 1 but the E2E verdict is inconclusive, it says "no
+       verdict yet", and a reason says why in words (fixed-sample vs anytime-valid, and where
+       the anytime-valid tests stand); likewise for each metric's P99 interval (a reason).
     """
-    if d.e2e_verdict == "slower":
-        return f"speculation hurts end to end (anytime-valid E2E verdict: slower); {ci}", False
-    if helps and d.e2e_verdict == "inconclusive":
+    for v in d.verdicts:
+        _p99_ci_ahead(v, reasons)
+    e2e = _e2e(d)
+    others = [v for v in d.verdicts if v.verdict == "slower" and v.label != "E2E"]
+    also = "; ".join(f"{_parts(v, 'slower')} slower" for v in others)
+    if e2e is not None and e2e.verdict == "slower":
+        extra = f"; also {also}" if also else ""
+        return (
+            f"speculation hurts end to end (anytime-valid: {_parts(e2e, 'slower')} slower"
+            f"{extra}); {ci}",
+            False,
+        )
+    if others:
         reasons.append(
             Reason(
-                "ci_ahead_of_verdict",
-                "the 95% interval excludes 1, but it is a fixed-sample statement about this "
-                "window; the anytime-valid E2E test, which stays valid however often the "
-                "dashboard is read, has not crossed its bound yet, so no verdict is given",
+                "slower_verdict",
+                f"anytime-valid verdict: {also}. Speculation makes this latency worse although "
+                "other numbers may improve; the headline does not say it helps",
             )
         )
-        return f"no verdict yet: {ci}", False
-    if hurts and d.e2e_verdict == "inconclusive":
-        reasons.append(
-            Reason(
-                "ci_ahead_of_verdict",
-                "the 95% interval is below 1, but the anytime-valid E2E test has not crossed "
-                "its bound yet, so no verdict is given",
-            )
+    if e2e is not None and e2e.verdict == "faster" and (helps or not hurts):
+        said = (
+            f"speculation helps: {ci}"
+            if helps
+            else f"speculation helps end to end (anytime-valid: {_parts(e2e, 'faster')} "
+            f"faster); {ci}"
         )
-        return f"leaning slower, no verdict yet: {ci}", False
+        return (f"mixed: {said}; but {also} (anytime-valid)", False) if others else (said, True)
+    if e2e is not None and e2e.verdict == "faster":  # and the quoted interval is below 1
+        tail = f"; and {also} (anytime-valid)" if others else ""
+        return f"mixed: {_parts(e2e, 'faster')} faster (anytime-valid) but {ci}{tail}", False
+    slower_tail = f"; {also} (anytime-valid)" if others else ""
+    if (helps or hurts) and e2e is not None:  # the E2E verdict is inconclusive
+        _ci_ahead(d, helps, reasons)
+        lead = "no verdict yet" if helps else "leaning slower, no verdict yet"
+        return f"{lead}: {ci}{slower_tail}", False
     if helps:
-        return f"speculation helps: {ci}", True
+        return (
+            (f"mixed: speculation helps: {ci}; but {also} (anytime-valid)", False)
+            if others
+            else (f"speculation helps: {ci}", True)
+        )
     if hurts:
-        return f"speculation hurts: {ci}", False
+        return f"speculation hurts: {ci}{slower_tail}", False
     if math.isfinite(d.speedup):
-        return f"no clear effect yet: {ci}", False
-    return "no data yet", False
+        return f"no clear effect yet: {ci}{slower_tail}", False
+    return ("no data yet" + (f"; {also} (anytime-valid)" if others else "")), False
+
+
+def headline(d: DiagnosisInput, reasons: list[Reason]) -> str:
+    """The summary sentence (`_headline`'s rules); appends its reasons (`HEADLINE_CODES`)."""
+    helps = math.isfinite(d.speedup_lower) and d.speedup_lower > 1.0
+    hurts = math.isfinite(d.speedup_upper) and d.speedup_upper < 1.0
+    ci = f"{d.metric} {d.statistic} {d.speedup:.2f}x [{d.speedup_lower:.2f}, {d.speedup_upper:.2f}]"
+    summary, says_helps = _headline(d, ci, helps, hurts, reasons)
+    if says_helps and not reasons:
+        reasons.append(Reason("working", "speculation works as intended"))
+    return summary
 
 
 def diagnose(d: DiagnosisInput) -> Diagnosis:
@@ -227,7 +371,6 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
             )
         )
     helps = math.isfinite(d.speedup_lower) and d.speedup_lower > 1.0
-    hurts = math.isfinite(d.speedup_upper) and d.speedup_upper < 1.0
     cost: float | None = None
     if spec.mean_acceptance_length is not None and spec.num_speculative_tokens:
         cost = implied_draft_cost(
@@ -313,10 +456,7 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "speculation only speeds up decoding",
             )
         )
-    ci = f"{d.metric} {d.statistic} {d.speedup:.2f}x [{d.speedup_lower:.2f}, {d.speedup_upper:.2f}]"
-    summary, helps = _headline(d, ci, helps, hurts, reasons)
-    if helps and not reasons:
-        reasons.append(Reason("working", "speculation works as intended"))
+    summary = headline(d, reasons)
     return Diagnosis(
         summary=summary, reasons=reasons, implied_draft_cost=cost, draft_step_share=share
     )

@@ -43,9 +43,10 @@ from specproxy.stats.compare import (
     REQUIRED_COLUMNS,
     CompareSettings,
     compare_window,
+    refresh_headline,
 )
 from specproxy.stats.diagnosis import summarise_engine
-from specproxy.stats.hysteresis import VerdictMemory
+from specproxy.stats.hysteresis import WHOLE_RUN, VerdictMemory
 from specproxy.stats.leader import Leadership
 from specproxy.stats.result import (
     SCHEMA_VERSION,
@@ -310,7 +311,11 @@ class StatsJob:
             window_end=self._clock(),
             model_label=self._model_label,
         )
-        self._memory.apply(result, tolerance=self._stats_cfg.p99_tolerance)
+        tolerance = self._stats_cfg.p99_tolerance
+        self._memory.apply(result, tolerance=tolerance)
+        for windows in result["results"].values():  # whole-run verdicts may have changed
+            if WHOLE_RUN in windows:
+                refresh_headline(windows[WHOLE_RUN], tolerance=tolerance)
         self._latest = result
         try:
             await self._store.write_stats(

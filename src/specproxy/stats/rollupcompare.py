@@ -124,5 +124,5 @@ def compare_rollup_window(
         "metrics": metrics,
         "unavailable": list(UNAVAILABLE_FROM_ROLLUPS),
         "engine": {arm.value: summary.to_dict() for arm, summary in engine.items()},
-        "diagnosis": diagnose_metrics(metrics, engine).to_dict(),
+        "diagnosis": diagnose_metrics(metrics, engine, tolerance=settings.p99_tolerance).to_dict(),
     }
