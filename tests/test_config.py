@@ -97,6 +97,21 @@ def test_arm_as_a_list_of_urls_and_as_a_dns_name(tmp_path: Path) -> None:
     assert cfg.upstream_url("baseline") == "http://vllm-base.llm.svc.cluster.local:8001"
     assert cfg.outlier.eject_after_failures == 3
     assert cfg.model_allow == ("m",)
+    assert spec.dcgm_urls == () and spec.dcgm_gpus == ()  # GPU telemetry is optional
+
+
+def test_an_arm_with_gpu_telemetry(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'baseline_url = "http://b:8000"\n'
+        "[speculative]\n"
+        'urls = ["http://s:8000"]\n'
+        'dcgm_urls = ["http://gpu-a:9400", "http://gpu-b:9400/metrics"]\n'
+        'dcgm_gpus = ["0", "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"]\n'
+    )
+    spec = Config.from_toml(path).arm_config("speculative")
+    assert spec.dcgm_urls == ("http://gpu-a:9400", "http://gpu-b:9400/metrics")
+    assert spec.dcgm_gpus == ("0", "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52")
 
 
 @pytest.mark.parametrize(
@@ -124,6 +139,35 @@ def test_arm_as_a_list_of_urls_and_as_a_dns_name(tmp_path: Path) -> None:
         ({**ARMS, "outlier": {"max_ejection_s": 1}}, "outlier.max_ejection_s"),
         ({**ARMS, "model_allow": "m"}, "model_allow must be a list"),
         ({**ARMS, "model_allow": [""]}, "model_allow"),
+        (
+            {
+                "speculative_url": "http://a:1",
+                "baseline": {"urls": ["http://x:1"], "dcgm_urls": "h"},
+            },
+            "baseline.dcgm_urls must be a list",
+        ),
+        (
+            {"speculative_url": "http://a:1", "baseline": {"dns": "h", "dcgm_urls": ["h:9400"]}},
+            "baseline.dcgm_urls must be absolute",
+        ),
+        (
+            {
+                "speculative_url": "http://a:1",
+                "baseline": {"dns": "h", "dcgm_urls": ["http://g:9400", "http://g:9400"]},
+            },
+            "baseline.dcgm_urls has duplicates",
+        ),
+        (
+            {"speculative_url": "http://a:1", "baseline": {"dns": "h", "dcgm_gpus": ["0"]}},
+            "baseline.dcgm_gpus needs dcgm_urls",
+        ),
+        (
+            {
+                "speculative_url": "http://a:1",
+                "baseline": {"dns": "h", "dcgm_urls": ["http://g:9400"], "dcgm_gpus": [0]},
+            },
+            "baseline.dcgm_gpus must be a list of GPU indices or UUIDs",
+        ),
     ],
 )
 def test_bad_arm_config_names_the_setting(data: dict[str, object], needle: str) -> None:

@@ -147,6 +147,19 @@ def test_an_arm_pool_from_the_environment() -> None:
     assert cfg.arm_config("speculative").port == 8001
 
 
+def test_gpu_telemetry_urls_from_the_environment() -> None:
+    environ = {
+        "SPECPROXY_SPECULATIVE__URLS": '["http://s1:8000"]',
+        "SPECPROXY_SPECULATIVE__DCGM_URLS": '["http://gpu-node-1:9400"]',
+        "SPECPROXY_SPECULATIVE__DCGM_GPUS": '["0", "1"]',
+        "SPECPROXY_BASELINE__URLS": '["http://b1:8000"]',
+    }
+    cfg = serve.build_config(parse(), environ=environ)
+    assert cfg.arm_config("speculative").dcgm_urls == ("http://gpu-node-1:9400",)
+    assert cfg.arm_config("speculative").dcgm_gpus == ("0", "1")
+    assert cfg.arm_config("baseline").dcgm_urls == ()
+
+
 def test_a_nested_table_is_an_inline_toml_table() -> None:
     environ = {**ARMS, "SPECPROXY_TIMEOUTS__SPECULATIVE": "{read_s = 30}"}
     cfg = serve.build_config(parse(), environ=environ)

@@ -105,7 +105,7 @@ def create_app(
     if with_store:
         app.cleanup_ctx.append(store_ctx)  # sets STORE and RECORDER; closes (flushes) last
     app.cleanup_ctx.append(fleet_ctx)  # every arm's endpoint pool (+ DNS discovery): FLEET
-    app.cleanup_ctx.append(scrape_ctx)  # polls each arm's /metrics via SESSIONS
+    app.cleanup_ctx.append(scrape_ctx)  # each arm's /metrics (+ dcgm-exporters) via SESSIONS
     if with_stats:
         app.cleanup_ctx.append(stats_ctx)  # periodic comparison on STORE; sets STATS
     # The forwarder reads RECORDER after every cleanup_ctx has started, and stops first.

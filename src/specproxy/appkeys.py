@@ -16,6 +16,7 @@ Set while the app starts (cleanup_ctx, in this order), then read by the later on
     STORE      the open store (only `with_store=True`)
     FLEET      every arm's endpoint pool and its DNS discovery (a test may set it before start)
     SCRAPER    the engine scraper (its per-arm states and restart times)
+    GPU_SCRAPER  the dcgm-exporter scraper (per-arm GPU samples; idle without dcgm_urls)
     STATS_JOB  the periodic stats job (only `with_stats=True`)
     STATS      a zero-argument callable returning the latest stats result (GET /api/stats)
 Set in on_startup, after every cleanup_ctx has started:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from specproxy.metrics import ProxyMetrics
     from specproxy.proxy.lifecycle import Forwarder
     from specproxy.records import Arm, Recorder
+    from specproxy.scrape.dcgmloop import GpuScraper
     from specproxy.scrape.loop import EngineScraper
     from specproxy.stats.job import StatsJob
     from specproxy.stats.result import StatsResult
@@ -47,6 +49,7 @@ __all__ = [
     "CONFIG",
     "FLEET",
     "FORWARDER",
+    "GPU_SCRAPER",
     "METRICS",
     "METRICS_VIEW",
     "RECORDER",
@@ -69,6 +72,7 @@ SESSIONS: web.AppKey[dict[Arm, ClientSession]] = web.AppKey("sessions")
 STORE: web.AppKey[BufferedStore] = web.AppKey("store")
 FLEET: web.AppKey[Fleet] = web.AppKey("fleet")
 SCRAPER: web.AppKey[EngineScraper] = web.AppKey("scraper")
+GPU_SCRAPER: web.AppKey[GpuScraper] = web.AppKey("gpu_scraper")
 STATS_JOB: web.AppKey[StatsJob] = web.AppKey("stats_job")
 STATS: web.AppKey[StatsProvider] = web.AppKey("stats")
 FORWARDER: web.AppKey[Forwarder] = web.AppKey("forwarder")

@@ -223,6 +223,11 @@ class ArmConfig:
     port: int = 8000  # with `dns`
     scheme: str = "http"  # with `dns`
     refresh_s: float = 30.0  # with `dns`: how often the name is resolved again
+    # Optional GPU telemetry (`scrape.dcgm`): NVIDIA dcgm-exporter base URLs (port 9400) of the
+    # nodes running this arm's engines, scraped every scrape.interval_s; () = none
+    dcgm_urls: tuple[str, ...] = ()
+    # with dcgm_urls: the GPUs (`gpu` index or `UUID` label) this arm's engines use; () = all
+    dcgm_gpus: tuple[str, ...] = ()
     name: str = "arm"  # the arm, for error messages (set by Config)
 
     def __post_init__(self) -> None:
@@ -251,6 +256,29 @@ class ArmConfig:
         _check(0 < self.port <= 65535, f"{prefix}.port", "must be in [1, 65535]")
         _check(self.scheme in ("http", "https"), f"{prefix}.scheme", "must be http or https")
         _check(self.refresh_s > 0, f"{prefix}.refresh_s", "must be > 0")
+        for key in ("dcgm_urls", "dcgm_gpus"):
+            values = getattr(self, key)
+            _check(isinstance(values, (list, tuple)), f"{prefix}.{key}", "must be a list")
+            object.__setattr__(self, key, tuple(values))
+        for url in self.dcgm_urls:
+            _check(
+                _is_str(url) and _is_http_url(url),
+                f"{prefix}.dcgm_urls",
+                f"must be absolute http(s) URLs of dcgm-exporters, got {url!r}",
+            )
+        _check(
+            len(set(self.dcgm_urls)) == len(self.dcgm_urls), f"{prefix}.dcgm_urls", "has duplicates"
+        )
+        _check(
+            all(_is_str(g) and g.strip() for g in self.dcgm_gpus),
+            f"{prefix}.dcgm_gpus",
+            "must be a list of GPU indices or UUIDs, as strings",
+        )
+        _check(
+            not self.dcgm_gpus or bool(self.dcgm_urls),
+            f"{prefix}.dcgm_gpus",
+            "needs dcgm_urls",
+        )
 
     @property
     def first_url(self) -> str:

@@ -83,6 +83,15 @@ ENGINE_KV_CACHE_USAGE = "specproxy_engine_kv_cache_usage_ratio"
 ENGINE_GENERATION_TOKENS = "specproxy_engine_generation_tokens"  # counter -> ..._total
 ENGINE_RESTARTS = "specproxy_engine_restarts"  # counter -> ..._total
 
+# Optional GPU telemetry from each arm's NVIDIA dcgm-exporters (`scrape.dcgm`; labels: arm),
+# combined over the arm's GPUs; only arms with `dcgm_urls` have these series.
+GPU_EXPORTER_UP = "specproxy_gpu_exporter_up"  # + endpoint: one series per exporter URL
+GPU_UTILIZATION_RATIO = "specproxy_gpu_utilization_ratio"  # mean over GPUs
+GPU_MEMORY_BANDWIDTH_RATIO = "specproxy_gpu_memory_bandwidth_ratio"  # busiest GPU
+GPU_SM_CLOCK = "specproxy_gpu_sm_clock_hertz"  # mean over GPUs
+GPU_TEMPERATURE = "specproxy_gpu_temperature_celsius"  # hottest GPU
+GPU_THERMAL_THROTTLED = "specproxy_gpu_thermal_throttled"  # 1 if any GPU has a thermal reason
+
 # Store health.
 STORE_PENDING = "specproxy_store_pending"
 STORE_DROPPED = "specproxy_store_dropped"  # counter -> ..._total; must stay 0

@@ -16,8 +16,10 @@ from specproxy.errors import ErrorKind
 __all__ = [
     "MODEL_MAX_BYTES",
     "RECORD_FIELDS",
+    "THERMAL_CLOCK_REASONS",
     "Arm",
     "EngineSample",
+    "GpuSample",
     "Recorder",
     "RequestRecord",
     "bound_model",
@@ -146,6 +148,35 @@ class EngineSample:
         pos = values.get("position_acceptance")
         values["position_acceptance"] = tuple(pos) if pos is not None else None
         return cls(**values)
+
+
+# The clock-event (throttle) reasons that mean "clocks cut because of heat", by dcgm-exporter's
+# names (`scrape.dcgm`): SW and HW thermal slowdown, and HW slowdown (temperature, power brake or
+# a power surge: the clocks were cut by >= 2x in any case).
+THERMAL_CLOCK_REASONS: tuple[str, ...] = ("sw_thermal", "hw_thermal", "hw_slowdown")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One scrape of one arm's NVIDIA dcgm-exporters (`scrape.dcgm`), combined over the arm's
+    GPUs. Kept in memory by the GPU scraper (not stored); None means "not exported", never 0."""
+
+    t: float  # Unix time of the scrape
+    arm: Arm
+    up: bool  # at least one of the arm's exporters answered with GPU fields
+    gpus: int = 0  # GPUs (or MIG instances) read
+    utilization: float | None = None  # mean over GPUs, 0..1 (DCGM_FI_DEV_GPU_UTIL / 100)
+    # busiest GPU's memory-interface activity, 0..1: DCGM_FI_PROF_DRAM_ACTIVE where exported,
+    # else DCGM_FI_DEV_MEM_COPY_UTIL / 100 (`bandwidth_source` says which)
+    memory_bandwidth: float | None = None
+    bandwidth_source: str | None = None  # "dram_active" | "mem_copy_util"
+    sm_clock_mhz: float | None = None  # mean over GPUs
+    temperature_c: float | None = None  # hottest GPU
+    # every clock-event (throttle) reason active on any GPU, by dcgm-exporter's names; None when
+    # the exporters do not export the reasons field
+    clock_reasons: tuple[str, ...] | None = None
+    thermal_throttled: bool | None = None  # one of THERMAL_CLOCK_REASONS is active
+    error: str | None = None  # why no exporter could be read (up=False)
 
 
 class Recorder(Protocol):

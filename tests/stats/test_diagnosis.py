@@ -5,15 +5,18 @@ import math
 
 import pytest
 
-from specproxy.records import Arm, EngineSample
+from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.stats.diagnosis import (
     DiagnosisInput,
     EngineSummary,
+    GpuSummary,
     MetricVerdict,
     diagnose,
     draft_step_share,
     implied_draft_cost,
+    summarise_arms,
     summarise_engine,
+    summarise_gpu,
 )
 
 
@@ -261,3 +264,148 @@ def test_a_p99_interval_ahead_of_the_p99_verdict_is_explained() -> None:
     decided = dataclasses.replace(beyond, p99="slower", verdict="slower")
     d = dataclasses.replace(d, verdicts=(decided,))
     assert "p99_ci_ahead_of_verdict" not in [r.code for r in diagnose(d).reasons]
+
+
+# ---- GPU telemetry branches (dcgm-exporter; scrape.dcgm) ----------------------------------
+
+
+def _gpu(t: float, arm: Arm = Arm.SPECULATIVE, **kw: object) -> GpuSample:
+    return GpuSample(t=t, arm=arm, up=kw.pop("up", True), **kw)  # type: ignore[arg-type]
+
+
+def _gpu_input(spec: GpuSummary | None, base: GpuSummary | None) -> DiagnosisInput:
+    d = _input(1.0, 0.9, 1.1, acceptance_rate=0.8, mean_acceptance_length=3.0, up_samples=10)
+    return dataclasses.replace(
+        d,
+        speculative=dataclasses.replace(d.speculative, gpu=spec),
+        baseline=dataclasses.replace(d.baseline, gpu=base),
+    )
+
+
+def gpu_codes(d: DiagnosisInput) -> tuple[list[str], list[str]]:
+    out = diagnose(d)
+    return [r.code for r in out.reasons], [r.code for r in out.not_evaluated]
+
+
+def test_summarise_gpu_over_a_window() -> None:
+    samples = [
+        _gpu(
+            0,
+            memory_bandwidth=0.95,
+            bandwidth_source="dram_active",
+            utilization=1.0,
+            sm_clock_mhz=1400.0,
+            temperature_c=91.0,
+            clock_reasons=("sw_thermal",),
+            thermal_throttled=True,
+            gpus=2,
+        ),
+        _gpu(
+            1,
+            memory_bandwidth=0.85,
+            bandwidth_source="mem_copy_util",
+            utilization=0.5,
+            sm_clock_mhz=1800.0,
+            temperature_c=80.0,
+            clock_reasons=(),
+            thermal_throttled=False,
+            gpus=1,
+        ),
+        _gpu(2, up=False, error="timed out"),
+    ]
+    g = summarise_gpu(samples)
+    assert (g.samples, g.up_samples, g.gpus) == (3, 2, 2)
+    assert g.memory_bandwidth == pytest.approx(0.9)
+    assert g.bandwidth_source == "mem_copy_util"  # any fallback is said
+    assert (g.utilization, g.sm_clock_mhz, g.temperature_c) == (0.75, 1600.0, 91.0)
+    assert g.thermal_throttle_share == 0.5 and g.clock_reasons == ("sw_thermal",)
+    assert g.error is None  # some scrape succeeded
+    down = summarise_gpu([_gpu(0, up=False, error="HTTP 503 from x")])
+    assert down.up_samples == 0 and down.error == "HTTP 503 from x"
+    no_reasons = summarise_gpu([_gpu(0, memory_bandwidth=0.2)])
+    assert no_reasons.thermal_throttle_share is None and no_reasons.clock_reasons is None
+
+
+def test_summarise_arms_windows_the_gpu_samples_of_configured_arms() -> None:
+    gpu = {Arm.SPECULATIVE: [_gpu(5, memory_bandwidth=0.1), _gpu(50, memory_bandwidth=0.99)]}
+    arms = summarise_arms([], gpu, since=10.0)
+    spec = arms[Arm.SPECULATIVE].gpu
+    assert spec is not None and spec.samples == 1 and spec.memory_bandwidth == 0.99
+    assert arms[Arm.BASELINE].gpu is None  # not configured
+    assert summarise_arms([], None, since=0.0)[Arm.SPECULATIVE].gpu is None
+    assert arms[Arm.SPECULATIVE].to_dict()["gpu"] == spec.to_dict()
+
+
+def test_no_gpu_telemetry_means_not_evaluated_never_a_finding() -> None:
+    reasons, skipped = gpu_codes(_gpu_input(None, None))
+    assert not {"memory_bandwidth_saturated", "thermal_throttling", "no_gpu_metrics"} & set(reasons)
+    assert skipped == ["memory_bandwidth_saturated", "thermal_throttling"]
+    message = diagnose(_gpu_input(None, None)).not_evaluated[0].message
+    assert "not evaluated" in message and "dcgm_urls" in message
+
+
+def test_bandwidth_saturated_fires_above_90_percent_only() -> None:
+    hot = GpuSummary(
+        samples=10,
+        up_samples=10,
+        memory_bandwidth=0.93,
+        bandwidth_source="dram_active",
+        thermal_throttle_share=0.0,
+    )
+    cool = dataclasses.replace(hot, memory_bandwidth=0.9)  # not above 90 %
+    reasons, skipped = gpu_codes(_gpu_input(hot, cool))
+    assert "memory_bandwidth_saturated" in reasons and skipped == []
+    message = next(
+        r.message
+        for r in diagnose(_gpu_input(hot, cool)).reasons
+        if r.code == "memory_bandwidth_saturated"
+    )
+    assert "speculative 93% (DRAM active)" in message and "baseline" not in message
+    assert "verification" in message
+    reasons, _ = gpu_codes(_gpu_input(cool, cool))
+    assert "memory_bandwidth_saturated" not in reasons
+
+
+def test_thermal_throttling_fires_on_either_arm_from_five_percent() -> None:
+    calm = GpuSummary(
+        samples=40,
+        up_samples=40,
+        memory_bandwidth=0.4,
+        thermal_throttle_share=0.0,
+        clock_reasons=("gpu_idle",),
+    )
+    hot = dataclasses.replace(
+        calm,
+        thermal_throttle_share=0.25,
+        sm_clock_mhz=1410.0,
+        temperature_c=91.0,
+        clock_reasons=("hw_thermal", "power_cap"),
+    )
+    out = diagnose(_gpu_input(calm, hot))
+    (reason,) = [r for r in out.reasons if r.code == "thermal_throttling"]
+    assert "baseline in 25% of scrapes (hw_thermal, SM clock 1410 MHz, up to 91 °C)" in (
+        reason.message
+    )
+    assert "confounded" in reason.message
+    blip = dataclasses.replace(hot, thermal_throttle_share=1 / 40)  # one flag in 40 scrapes
+    assert "thermal_throttling" not in gpu_codes(_gpu_input(calm, blip))[0]
+
+
+def test_missing_fields_and_failed_scrapes_are_told_apart() -> None:
+    no_fields = GpuSummary(samples=5, up_samples=5)  # scraped, but neither field exported
+    failed = GpuSummary(samples=5, up_samples=0, error="timed out")
+    out = diagnose(_gpu_input(failed, no_fields))
+    assert [r.code for r in out.reasons if "gpu" in r.code] == ["no_gpu_metrics"]
+    assert any(r.code == "no_gpu_metrics" and "timed out" in r.message for r in out.reasons)
+    skipped = {r.code: r.message for r in out.not_evaluated}
+    assert "DCGM_FI_PROF_DRAM_ACTIVE" in skipped["memory_bandwidth_saturated"]
+    assert "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" in skipped["thermal_throttling"]
+    assert "speculative" not in skipped["thermal_throttling"]  # its scrape failed: a reason
+
+
+def test_diagnosis_dict_carries_not_evaluated() -> None:
+    as_dict = diagnose(_gpu_input(None, None)).to_dict()
+    assert [r["code"] for r in as_dict["not_evaluated"]] == [
+        "memory_bandwidth_saturated",
+        "thermal_throttling",
+    ]

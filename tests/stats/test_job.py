@@ -2,21 +2,28 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from pytest_aiohttp import AiohttpServer
 
-from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import ArmConfig, Config, ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.errors import ErrorKind
 from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.scrape.dcgmloop import GpuScraper
 from specproxy.stats.job import StatsJob, compute_stats, window_label
 from specproxy.store.memory import MemoryStore
+from tests.scrape.fakes import FakeMetricsServer
 
 RUN = "r1"
+DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
 
 
 def _records(n: int, t0: float, speedup: float, seed: int) -> list[RequestRecord]:
@@ -309,3 +316,48 @@ async def test_followers_serve_the_leaders_stored_result_and_take_over(store: Me
     assert len(history) == 2  # each interval's result was written once, by its leader
     await follower.close()
     assert follow.closed
+
+
+@pytest.mark.parametrize("raw_rows_max", [200_000, 0], ids=["rows", "rollups"])
+async def test_gpu_telemetry_scraped_end_to_end_reaches_the_diagnosis(
+    store: MemoryStore, aiohttp_server: AiohttpServer, raw_rows_max: int
+) -> None:
+    # A fake dcgm-exporter (port 0) serving the derived hot page: GPU 0 at DRAM active 0.95 with
+    # reasons sw_thermal|hw_thermal. Only the speculative arm has telemetry.
+    exporter = FakeMetricsServer(body=(DCGM / "derived_h200_hot_saturated.prom").read_text())
+    url = str((await aiohttp_server(exporter.app())).make_url(""))
+    cfg = Config(
+        speculative=ArmConfig(urls=("http://127.0.0.1:1",), dcgm_urls=(url,)),
+        baseline_url="http://127.0.0.1:2",
+    )
+    now = [0.0]
+    async with aiohttp.ClientSession() as session:
+        scraper = GpuScraper(cfg, {arm: session for arm in Arm}, clock=lambda: now[0])
+        for t in (1020.0, 1120.0, 1150.0):
+            now[0] = t
+            await scraper.scrape_once()
+    job = StatsJob(
+        store,
+        run_id=RUN,
+        stats_cfg=dataclasses.replace(CFG, raw_rows_max=raw_rows_max),
+        scrape_cfg=SCRAPE,
+        clock=lambda: 1160.0,
+        gpu_samples=scraper.samples,
+    )
+    result = await job.run_once()
+    assert result["source"] == ("rows" if raw_rows_max else "rollups")
+    for window, scrapes in (("1m", 2), ("all", 3)):
+        res = result["results"]["all"][window]
+        gpu = res["engine"]["speculative"].get("gpu")
+        assert gpu is not None and gpu["samples"] == scrapes
+        assert gpu["memory_bandwidth"] == pytest.approx(0.953112)
+        assert gpu["thermal_throttle_share"] == 1.0
+        assert gpu["clock_reasons"] == ["hw_thermal", "power_cap", "sw_thermal"]
+        assert res["engine"]["baseline"].get("gpu") is None
+        diagnosis = res["diagnosis"]
+        codes = [r["code"] for r in diagnosis["reasons"]]
+        assert {"memory_bandwidth_saturated", "thermal_throttling"} <= set(codes)
+        skipped = diagnosis.get("not_evaluated", [])
+        assert [r["code"] for r in skipped] == ["memory_bandwidth_saturated", "thermal_throttling"]
+        assert all("baseline" in r["message"] for r in skipped)
+    json.dumps(result, allow_nan=False)

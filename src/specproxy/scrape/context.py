@@ -3,7 +3,8 @@
 It scrapes every endpoint of the fleet (`FLEET`, set by the fleet's context, which starts first)
 on the app's per-arm sessions (`app[SESSIONS]`), records into whatever `app[RECORDER]`
 is once the store has started, exports on `app[REGISTRY]`, and publishes itself under `SCRAPER`
-so that the stats job can ask for each arm's restart times.
+so that the stats job can ask for each arm's restart times. The optional dcgm-exporter scrape
+runs beside it (`GPU_SCRAPER`, idle without `dcgm_urls`; the stats job summarises its samples).
 """
 
 from __future__ import annotations
@@ -12,22 +13,31 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from specproxy.appkeys import CONFIG, FLEET, RECORDER, REGISTRY, SCRAPER, SESSIONS
+from specproxy.appkeys import CONFIG, FLEET, GPU_SCRAPER, RECORDER, REGISTRY, SCRAPER, SESSIONS
 from specproxy.scrape.collector import register_engine_collector
+from specproxy.scrape.dcgmcollector import register_gpu_collector
+from specproxy.scrape.dcgmloop import GpuScraper
 from specproxy.scrape.loop import EngineScraper
 
 __all__ = ["scrape_ctx"]
 
 
 async def scrape_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Start scraping when the app starts; stop (cancel the task) when it shuts down."""
+    """Start scraping when the app starts; stop (cancel the tasks) when it shuts down."""
     sessions = app[SESSIONS]
     scraper = EngineScraper(app[CONFIG], sessions, app[RECORDER], fleet=app.get(FLEET))
-    collector = register_engine_collector(app[REGISTRY], scraper.states)
-    app[SCRAPER] = scraper
+    gpus = GpuScraper(app[CONFIG], sessions)
+    collectors = (
+        register_engine_collector(app[REGISTRY], scraper.states),
+        register_gpu_collector(app[REGISTRY], gpus.states),
+    )
+    app[SCRAPER], app[GPU_SCRAPER] = scraper, gpus
     await scraper.start()
+    await gpus.start()
     try:
         yield
     finally:
+        await gpus.close()
         await scraper.close()
-        app[REGISTRY].unregister(collector)
+        for collector in collectors:
+            app[REGISTRY].unregister(collector)

@@ -35,7 +35,7 @@ from specproxy.scrape.aggregate import ArmAggregate, EndpointState
 from specproxy.scrape.parse import EngineSnapshot, parse_metrics
 from specproxy.tasks import cancel_and_wait
 
-__all__ = ["MAX_BODY_BYTES", "ArmState", "EngineScraper"]
+__all__ = ["MAX_BODY_BYTES", "ArmState", "EngineScraper", "describe_error", "fetch_text"]
 
 logger = logging.getLogger("specproxy.scrape")
 
@@ -146,7 +146,7 @@ class EngineScraper:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the loop must survive anything a remote server sends
-            return _describe(exc)
+            return describe_error(exc)
 
     async def _refresh_models(self) -> None:
         """The models the arms serve, from one up endpoint each, for the bounded label."""
@@ -160,25 +160,13 @@ class EngineScraper:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a missing /v1/models only leaves the label set as is
-                logger.debug("engine %s: /v1/models unreadable: %s", arm, _describe(exc))
+                logger.debug("engine %s: /v1/models unreadable: %s", arm, describe_error(exc))
                 return
         if served:
             self._fleet.labels.set_served(served)
 
     async def _fetch(self, arm: Arm, url: str) -> str:
-        timeout = aiohttp.ClientTimeout(total=self._config.scrape.timeout_s)
-        async with self._sessions[arm].get(url, timeout=timeout) as resp:
-            if resp.status != 200:
-                raise ScrapeError(f"HTTP {resp.status} from {url}")
-            body = bytearray()
-            async for chunk in resp.content.iter_any():
-                body += chunk
-                if len(body) > MAX_BODY_BYTES:
-                    raise ScrapeError(f"body of {url} exceeds {MAX_BODY_BYTES} bytes")
-        try:
-            return body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ScrapeError(f"body of {url} is not UTF-8") from exc
+        return await fetch_text(self._sessions[arm], url, timeout_s=self._config.scrape.timeout_s)
 
     def _mark_down(self, state: ArmState, t: float, reason: str) -> EngineSample:
         if state.up is not False:
@@ -239,7 +227,26 @@ class EngineScraper:
             logger.exception("engine %s: recording the engine sample failed", sample.arm)
 
 
-def _describe(exc: BaseException) -> str:
+async def fetch_text(session: aiohttp.ClientSession, url: str, *, timeout_s: float) -> str:
+    """GET `url`: its body as text, bounded by `MAX_BODY_BYTES` and `timeout_s`; any HTTP status
+    but 200, an oversized or non-UTF-8 body is a `ScrapeError`."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with session.get(url, timeout=timeout) as resp:
+        if resp.status != 200:
+            raise ScrapeError(f"HTTP {resp.status} from {url}")
+        body = bytearray()
+        async for chunk in resp.content.iter_any():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise ScrapeError(f"body of {url} exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScrapeError(f"body of {url} is not UTF-8") from exc
+
+
+def describe_error(exc: BaseException) -> str:
+    """A scrape failure in a few words (for logs and the `error` of a state)."""
     if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, ScrapeError):

@@ -18,14 +18,14 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from specproxy.errors import ScrapeError
 
-__all__ = ["EngineSnapshot", "SpecFormat", "parse_metrics"]
+__all__ = ["EngineSnapshot", "SpecFormat", "parse_metrics", "relevant_lines"]
 
 # Counters: the exposed sample name always ends in `_total` (prometheus_client appends it);
 # the bare name is accepted too, for exporters that emit counters as untyped samples.
@@ -115,7 +115,7 @@ def parse_metrics(text: str, *, t: float) -> EngineSnapshot:
     engines: set[str] = set()
     saw_vllm = False
     try:
-        for family in text_string_to_metric_families(_relevant_lines(text)):
+        for family in text_string_to_metric_families(relevant_lines(text, _SAMPLE_TO_METRIC)):
             for sample in family.samples:
                 saw_vllm = saw_vllm or sample.name.startswith("vllm:")
                 metric = _SAMPLE_TO_METRIC.get(sample.name)
@@ -173,13 +173,14 @@ def parse_metrics(text: str, *, t: float) -> EngineSnapshot:
     )
 
 
-def _relevant_lines(text: str) -> str:
-    """The sample, HELP and TYPE lines of the metrics read here, in their original order."""
+def relevant_lines(text: str, names: Container[str]) -> str:
+    """The sample, HELP and TYPE lines of the metrics in `names` (exposed sample names), in
+    their original order: only these reach prometheus_client's parser (~50 µs a line)."""
     kept = []
     for line in text.splitlines():
         body = line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line
         name = body.split("{", 1)[0].split(" ", 1)[0].strip()
-        if name in _SAMPLE_TO_METRIC:
+        if name in names:
             kept.append(line)
     return "\n".join(kept) + "\n"
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from specproxy.appkeys import CONFIG, FLEET, REGISTRY, STATS, STATS_JOB, STORE
+from specproxy.appkeys import CONFIG, FLEET, GPU_SCRAPER, REGISTRY, STATS, STATS_JOB, STORE
 from specproxy.stats.job import StatsJob
 from specproxy.stats.leader import leadership_for
 
@@ -31,6 +31,7 @@ async def stats_ctx(app: web.Application) -> AsyncIterator[None]:
         registry=app[REGISTRY],
         leadership=leadership_for(cfg.store.url, cfg.run_id),
         model_label=app[FLEET].labels.label if FLEET in app else None,
+        gpu_samples=app[GPU_SCRAPER].samples if GPU_SCRAPER in app else None,
     )
     app[STATS_JOB] = job
     app[STATS] = job.latest

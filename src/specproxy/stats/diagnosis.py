@@ -20,37 +20,49 @@ checked in order, each add a reason in words:
    speculative tokens, or prompt-lookup (n-gram) drafting, which costs ~0 (the scraper cannot
    tell which method runs, so the advice must hold either way);
 5. TTFT is most of E2E -> requests are prefill dominated; speculation only speeds decode;
-6. otherwise, speculation works (or the verdict is simply not in yet).
+6. GPU telemetry (optional: an arm's dcgm-exporters, `scrape.dcgm`): memory bandwidth saturated
+   (the busiest GPU's DRAM active > 90 % on average over the window) -> speculation's extra
+   verification work competes for the bandwidth a memory-bound decode already uses up; thermal
+   throttling (clocks cut for a thermal reason in >= 5 % of an arm's scrapes) -> the timing
+   comparison is confounded. Without telemetry for an arm (none configured, or a field its
+   exporter does not export) a branch is listed under `not_evaluated`, never as a finding;
+   "no GPU metrics" is a reason only when a configured exporter could not be scraped;
+7. otherwise, speculation works (or the verdict is simply not in yet).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from specproxy.records import EngineSample
+from specproxy.records import THERMAL_CLOCK_REASONS, Arm, EngineSample, GpuSample
 from specproxy.stats import result as schema
 
 __all__ = [
+    "BANDWIDTH_SATURATED",
     "HEADLINE_CODES",
     "HIGH_DRAFT_COST",
     "HIGH_DRAFT_STEP_SHARE",
     "HIGH_KV_CACHE_USAGE",
     "HIGH_RUNNING_REQUESTS",
     "LOW_ACCEPTANCE",
+    "THERMAL_THROTTLE_SHARE",
     "Diagnosis",
     "DiagnosisInput",
     "EngineSummary",
+    "GpuSummary",
     "MetricVerdict",
     "Reason",
     "diagnose",
     "draft_step_share",
     "headline",
     "implied_draft_cost",
+    "summarise_arms",
     "summarise_engine",
+    "summarise_gpu",
 ]
 
 LOW_ACCEPTANCE: Final = 0.5
@@ -59,6 +71,43 @@ HIGH_KV_CACHE_USAGE: Final = 0.9
 HIGH_DRAFT_COST: Final = 0.2
 HIGH_DRAFT_STEP_SHARE: Final = 0.3  # extra time of a speculative step over a target step
 PREFILL_DOMINATED: Final = 0.5  # median TTFT / median E2E
+BANDWIDTH_SATURATED: Final = 0.9  # busiest GPU's DRAM active (or memory copy util), window mean
+# share of an arm's scrapes (with the reasons field) showing a thermal clock-event reason; above
+# 0 so that one HW-slowdown flag during a clock change (dcgm_fields.h says it may appear there)
+# does not fire in a window of >= 20 scrapes
+THERMAL_THROTTLE_SHARE: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSummary:
+    """One arm's GPU telemetry over the window (`GpuSample`s); None: not exported."""
+
+    samples: int = 0
+    up_samples: int = 0  # scrapes in which at least one exporter answered
+    gpus: int | None = None  # most GPUs read in one scrape
+    utilization: float | None = None  # mean, 0..1
+    memory_bandwidth: float | None = None  # mean of the busiest GPU's, 0..1
+    bandwidth_source: str | None = None  # "dram_active", or "mem_copy_util" if any scrape fell back
+    sm_clock_mhz: float | None = None  # mean
+    temperature_c: float | None = None  # hottest reading in the window
+    thermal_throttle_share: float | None = None  # share of scrapes with a thermal reason
+    clock_reasons: tuple[str, ...] | None = None  # every reason seen in the window
+    error: str | None = None  # the last scrape error, while no scrape succeeded
+
+    def to_dict(self) -> schema.GpuArm:
+        return {
+            "samples": self.samples,
+            "up_samples": self.up_samples,
+            "gpus": self.gpus,
+            "utilization": self.utilization,
+            "memory_bandwidth": self.memory_bandwidth,
+            "bandwidth_source": self.bandwidth_source,
+            "sm_clock_mhz": self.sm_clock_mhz,
+            "temperature_c": self.temperature_c,
+            "thermal_throttle_share": self.thermal_throttle_share,
+            "clock_reasons": list(self.clock_reasons) if self.clock_reasons is not None else None,
+            "error": self.error,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +122,7 @@ class EngineSummary:
     num_speculative_tokens: int | None = None
     requests_running: float | None = None
     kv_cache_usage: float | None = None
+    gpu: GpuSummary | None = None  # None: no GPU telemetry configured for the arm
 
     def to_dict(self) -> schema.EngineArm:
         return {
@@ -84,6 +134,7 @@ class EngineSummary:
             "num_speculative_tokens": self.num_speculative_tokens,
             "requests_running": self.requests_running,
             "kv_cache_usage": self.kv_cache_usage,
+            "gpu": self.gpu.to_dict() if self.gpu is not None else None,
         }
 
 
@@ -92,8 +143,55 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
-def summarise_engine(samples: Sequence[EngineSample]) -> EngineSummary:
-    """Average one arm's engine samples; k is the number of per-position acceptance rates."""
+def summarise_gpu(samples: Sequence[GpuSample]) -> GpuSummary:
+    """One arm's GPU samples over a window: means, the hottest reading, the throttled share."""
+    up = [s for s in samples if s.up]
+    known = [s for s in up if s.thermal_throttled is not None]
+    reasons = sorted({r for s in up for r in s.clock_reasons or ()})
+    temperatures = [s.temperature_c for s in up if s.temperature_c is not None]
+    sources = {s.bandwidth_source for s in up if s.bandwidth_source is not None}
+    return GpuSummary(
+        samples=len(samples),
+        up_samples=len(up),
+        gpus=max((s.gpus for s in up), default=None),
+        utilization=_mean([s.utilization for s in up]),
+        memory_bandwidth=_mean([s.memory_bandwidth for s in up]),
+        bandwidth_source=(
+            "mem_copy_util" if "mem_copy_util" in sources else sources.pop() if sources else None
+        ),
+        sm_clock_mhz=_mean([s.sm_clock_mhz for s in up]),
+        temperature_c=max(temperatures) if temperatures else None,
+        thermal_throttle_share=(
+            sum(1 for s in known if s.thermal_throttled) / len(known) if known else None
+        ),
+        clock_reasons=tuple(reasons) if known or reasons else None,
+        error=samples[-1].error if samples and not up else None,
+    )
+
+
+def summarise_arms(
+    engine_samples: Sequence[EngineSample],
+    gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None,
+    *,
+    since: float,
+) -> dict[Arm, EngineSummary]:
+    """Every arm's summary of the samples at or after `since`; an arm missing from
+    `gpu_samples` has no GPU telemetry configured (`gpu` None)."""
+    gpu = gpu_samples or {}
+    return {
+        arm: summarise_engine(
+            [s for s in engine_samples if s.arm is arm and s.t >= since],
+            [g for g in gpu[arm] if g.t >= since] if arm in gpu else None,
+        )
+        for arm in Arm
+    }
+
+
+def summarise_engine(
+    samples: Sequence[EngineSample], gpu_samples: Sequence[GpuSample] | None = None
+) -> EngineSummary:
+    """Average one arm's engine samples; k is the number of per-position acceptance rates.
+    `gpu_samples` (None: no GPU telemetry configured) become its `gpu` summary."""
     up = [s for s in samples if s.up]
     ks = [len(s.position_acceptance) for s in up if s.position_acceptance]
     return EngineSummary(
@@ -105,6 +203,7 @@ def summarise_engine(samples: Sequence[EngineSample]) -> EngineSummary:
         num_speculative_tokens=max(ks) if ks else None,
         requests_running=_mean([s.requests_running for s in up]),
         kv_cache_usage=_mean([s.kv_cache_usage for s in up]),
+        gpu=summarise_gpu(gpu_samples) if gpu_samples is not None else None,
     )
 
 
@@ -185,6 +284,7 @@ class Diagnosis:
     reasons: list[Reason] = field(default_factory=list)
     implied_draft_cost: float | None = None
     draft_step_share: float | None = None  # measured: spec step / baseline step - 1
+    not_evaluated: list[Reason] = field(default_factory=list)  # branches without their data
 
     def to_dict(self) -> schema.Diagnosis:
         return {
@@ -192,6 +292,7 @@ class Diagnosis:
             "reasons": [{"code": r.code, "message": r.message} for r in self.reasons],
             "implied_draft_cost": self.implied_draft_cost,
             "draft_step_share": self.draft_step_share,
+            "not_evaluated": [{"code": r.code, "message": r.message} for r in self.not_evaluated],
         }
 
 
@@ -456,7 +557,91 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "speculation only speeds up decoding",
             )
         )
+    not_evaluated: list[Reason] = []
+    _gpu_branches({"speculative": spec.gpu, "baseline": d.baseline.gpu}, reasons, not_evaluated)
     summary = headline(d, reasons)
     return Diagnosis(
-        summary=summary, reasons=reasons, implied_draft_cost=cost, draft_step_share=share
+        summary=summary,
+        reasons=reasons,
+        implied_draft_cost=cost,
+        draft_step_share=share,
+        not_evaluated=not_evaluated,
     )
+
+
+_BANDWIDTH = "memory_bandwidth_saturated"
+_THERMAL = "thermal_throttling"
+_SOURCE_WORDS = {"dram_active": "DRAM active", "mem_copy_util": "memory copy utilisation"}
+
+
+def _gpu_branches(
+    gpus: dict[str, GpuSummary | None], reasons: list[Reason], not_evaluated: list[Reason]
+) -> None:
+    """The two GPU branches, per arm (`gpus`: arm name -> its window summary, None when the
+    arm has no dcgm-exporter configured)."""
+    missing: dict[str, list[str]] = {_BANDWIDTH: [], _THERMAL: []}
+    saturated: list[str] = []
+    throttled: list[str] = []
+    for arm, g in gpus.items():
+        if g is None:
+            for branch in missing.values():
+                branch.append(f"the {arm} arm has no GPU telemetry ([{arm}] dcgm_urls)")
+            continue
+        if g.up_samples == 0:
+            reasons.append(
+                Reason(
+                    "no_gpu_metrics",
+                    f"the {arm} arm's dcgm-exporter could not be scraped in this window"
+                    f" ({g.error or 'no scrape yet'}); its GPU branches cannot be checked",
+                )
+            )
+            continue
+        if g.memory_bandwidth is None:
+            missing[_BANDWIDTH].append(
+                f"the {arm} arm's exporters export neither DCGM_FI_PROF_DRAM_ACTIVE nor "
+                "DCGM_FI_DEV_MEM_COPY_UTIL"
+            )
+        elif g.memory_bandwidth > BANDWIDTH_SATURATED:
+            source = _SOURCE_WORDS.get(g.bandwidth_source or "", "memory activity")
+            saturated.append(f"{arm} {g.memory_bandwidth:.0%} ({source})")
+        if g.thermal_throttle_share is None:
+            missing[_THERMAL].append(
+                f"the {arm} arm's exporters do not export the clock-event reasons "
+                "(DCGM_FI_DEV_CLOCKS_EVENT_REASONS, before DCGM 4.0 "
+                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS: not a default counter, add it to the "
+                "exporter's CSV)"
+            )
+        elif g.thermal_throttle_share >= THERMAL_THROTTLE_SHARE:
+            thermal = [r for r in g.clock_reasons or () if r in THERMAL_CLOCK_REASONS]
+            clock = f", SM clock {g.sm_clock_mhz:.0f} MHz" if g.sm_clock_mhz is not None else ""
+            temp = f", up to {g.temperature_c:.0f} °C" if g.temperature_c is not None else ""
+            throttled.append(
+                f"{arm} in {g.thermal_throttle_share:.0%} of scrapes "
+                f"({', '.join(thermal) or 'thermal'}{clock}{temp})"
+            )
+    if saturated:
+        reasons.append(
+            Reason(
+                _BANDWIDTH,
+                f"memory bandwidth saturated (> {BANDWIDTH_SATURATED:.0%} of the busiest GPU's "
+                f"memory cycles, window mean): {'; '.join(saturated)}. Decoding is memory bound "
+                "there, and speculation's extra verification work (k+1 positions scored per "
+                "step, the draft's weights and KV cache) competes for the same bandwidth, so a "
+                "speculative step costs more than its compute suggests; fewer speculative "
+                "tokens or a smaller batch leave it room",
+            )
+        )
+    if throttled:
+        reasons.append(
+            Reason(
+                _THERMAL,
+                "thermal throttling: GPU clocks were cut for thermal reasons on "
+                f"{'; '.join(throttled)}. Timing comparisons between the arms are confounded: a"
+                " throttled arm is slower for reasons that have nothing to do with speculation;"
+                " fix cooling or compare on equally cooled GPUs before trusting the verdict",
+            )
+        )
+    for code, why in missing.items():
+        if why:
+            what = "memory bandwidth" if code == _BANDWIDTH else "thermal throttling"
+            not_evaluated.append(Reason(code, f"{what} not evaluated for {'; '.join(why)}"))

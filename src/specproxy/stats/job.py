@@ -28,14 +28,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from specproxy.config import ScrapeConfig, StatsConfig
-from specproxy.records import Arm, EngineSample
+from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.rollup import ROLLUP_METRICS
 from specproxy.stats.clean import usable_mask, warmup_exclusion
 from specproxy.stats.collector import register_stats_collector
@@ -45,7 +45,7 @@ from specproxy.stats.compare import (
     compare_window,
     refresh_headline,
 )
-from specproxy.stats.diagnosis import summarise_engine
+from specproxy.stats.diagnosis import summarise_arms
 from specproxy.stats.hysteresis import WHOLE_RUN, VerdictMemory
 from specproxy.stats.leader import Leadership
 from specproxy.stats.result import (
@@ -103,11 +103,13 @@ def compute_from_arrays(
     scrape_cfg: ScrapeConfig | None = None,
     window_end: float | None = None,
     model_label: Callable[[str], str] | None = None,
+    gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
 ) -> StatsResult:
     """The whole result (`result.StatsResult`) from a run's arrays; CPU only.
 
     `model_label` bounds the per-model results (`fleet.models.ModelLabels.label`): models it
-    maps to the same label are compared together under that label.
+    maps to the same label are compared together under that label. `gpu_samples` holds the GPU
+    telemetry of the arms that have it (`scrape.dcgmloop`), summarised per window.
     """
     started = time.perf_counter()
     scrape_cfg = scrape_cfg or ScrapeConfig()
@@ -155,10 +157,7 @@ def compute_from_arrays(
                 if model != "all":
                     in_window &= np.asarray(arrays[arm]["model"]) == model
                 n_excluded[arm.value] = int(np.sum(excluded[arm] & in_window))
-            engine = {
-                arm: summarise_engine([s for s in engine_samples if s.arm is arm and s.t >= since])
-                for arm in Arm
-            }
+            engine = summarise_arms(engine_samples, gpu_samples, since=since)
             result = compare_window(selected, engine=engine, settings=settings, rng=rng)
             per_window[window_label(window_s)] = {
                 "window_s": window_s,
@@ -209,6 +208,7 @@ async def compute_stats(
     scrape_cfg: ScrapeConfig | None = None,
     window_end: float | None = None,
     model_label: Callable[[str], str] | None = None,
+    gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
 ) -> StatsResult:
     """Read the run from the store, then compute in a worker thread.
 
@@ -235,6 +235,7 @@ async def compute_stats(
             stats_cfg=stats_cfg,
             scrape_cfg=scrape_cfg,
             window_end=window_end,
+            gpu_samples=gpu_samples,
         )
         computed_at = time.time()
         horizon = out.data_horizon
@@ -261,6 +262,7 @@ async def compute_stats(
         scrape_cfg=scrape_cfg,
         window_end=window_end,
         model_label=model_label,
+        gpu_samples=gpu_samples,
     )
 
 
@@ -278,8 +280,10 @@ class StatsJob:
         clock: Callable[[], float] = time.time,
         leadership: Leadership | None = None,
         model_label: Callable[[str], str] | None = None,
+        gpu_samples: Callable[[], Mapping[Arm, Sequence[GpuSample]]] | None = None,
     ) -> None:
         self._store = store
+        self._gpu_samples = gpu_samples  # the GPU scraper's per-arm samples, read each run
         self._model_label = model_label
         self._run_id = run_id
         self._stats_cfg = stats_cfg
@@ -310,6 +314,7 @@ class StatsJob:
             scrape_cfg=self._scrape_cfg,
             window_end=self._clock(),
             model_label=self._model_label,
+            gpu_samples=self._gpu_samples() if self._gpu_samples is not None else None,
         )
         tolerance = self._stats_cfg.p99_tolerance
         self._memory.apply(result, tolerance=tolerance)

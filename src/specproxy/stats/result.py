@@ -47,6 +47,7 @@ __all__ = [
     "Adjusted",
     "Diagnosis",
     "EngineArm",
+    "GpuArm",
     "Interval",
     "Metric",
     "MetricResult",
@@ -220,6 +221,22 @@ class MetricResult(TypedDict):
     time_blocks: NotRequired[TimeBlocks | None]  # None while an arm is empty
 
 
+class GpuArm(TypedDict):
+    """One arm's GPU telemetry over the window (its dcgm-exporters; `stats.diagnosis`)."""
+
+    samples: int
+    up_samples: int  # scrapes in which an exporter answered ("no GPU metrics" when 0)
+    gpus: int | None
+    utilization: float | None  # mean over GPUs and scrapes, 0..1
+    memory_bandwidth: float | None  # busiest GPU's memory activity, window mean, 0..1
+    bandwidth_source: str | None  # "dram_active" | "mem_copy_util"
+    sm_clock_mhz: float | None
+    temperature_c: float | None  # hottest reading
+    thermal_throttle_share: float | None  # null: the reasons field is not exported
+    clock_reasons: list[str] | None  # every clock-event reason seen
+    error: str | None
+
+
 class EngineArm(TypedDict):
     """One arm's scraped engine metrics over the window."""
 
@@ -231,6 +248,7 @@ class EngineArm(TypedDict):
     num_speculative_tokens: int | None
     requests_running: float | None
     kv_cache_usage: float | None
+    gpu: NotRequired[GpuArm | None]  # null: no GPU telemetry configured for the arm
 
 
 class Reason(TypedDict):
@@ -244,6 +262,8 @@ class Diagnosis(TypedDict):
     implied_draft_cost: float | None
     # measured draft cost: speculative step / baseline step - 1 (median streamed-chunk gaps)
     draft_step_share: NotRequired[float | None]
+    # branches that could not be checked for lack of their data (e.g. no GPU telemetry)
+    not_evaluated: NotRequired[list[Reason]]
 
 
 class WindowComparison(TypedDict):

@@ -18,7 +18,7 @@ What changes on rollups (stated in the result):
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,12 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.config import ScrapeConfig, StatsConfig
-from specproxy.records import Arm, EngineSample
+from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.rollup import ROLLUP_METRICS, ROLLUP_UNIT_S, minute_of
 from specproxy.stats.blockboot import ArmBlocks
 from specproxy.stats.clean import restart_times
 from specproxy.stats.compare import CompareSettings
-from specproxy.stats.diagnosis import summarise_engine
+from specproxy.stats.diagnosis import summarise_arms
 from specproxy.stats.rollupcompare import compare_rollup_window
 from specproxy.store.rollups import RollupRows
 
@@ -102,8 +102,10 @@ def compute_from_rollups(
     stats_cfg: StatsConfig,
     scrape_cfg: ScrapeConfig,
     window_end: float | None = None,
+    gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
 ) -> RollupResults:
-    """Every window (`(seconds or None, label)`) from the run's rollups, `rollups[metric][arm]`."""
+    """Every window (`(seconds or None, label)`) from the run's rollups, `rollups[metric][arm]`;
+    `gpu_samples`: the GPU telemetry of the arms that have it, as for `job.compute_from_arrays`."""
     e2e = rollups["e2e"]
     used = [int(r.minute.max()) for r in e2e.values() if r.minute.size]
     first = [int(r.minute.min()) for r in e2e.values() if r.minute.size]
@@ -146,10 +148,7 @@ def compute_from_rollups(
                 if metric == "e2e":
                     n_excluded[arm.value] = dropped
         since = lo * ROLLUP_UNIT_S
-        engine = {
-            arm: summarise_engine([s for s in engine_samples if s.arm is arm and s.t >= since])
-            for arm in Arm
-        }
+        engine = summarise_arms(engine_samples, gpu_samples, since=since)
         result = compare_rollup_window(arms, engine=engine, settings=settings, rng=rng)
         per_window[label] = {
             "window_s": window_s,

@@ -1,0 +1,140 @@
+"""The periodic scrape of each arm's NVIDIA dcgm-exporters, and the arm's recent GPU samples.
+
+Only arms with `dcgm_urls` are scraped; without any the scraper starts no task at all. Every
+`scrape.interval_s` all of an arm's exporters are read concurrently on the arm's own
+`ClientSession`, each GET bounded by `scrape.timeout_s` and `loop.MAX_BODY_BYTES`, parsed in a
+worker thread (`dcgm.parse_dcgm`) and combined into one `GpuSample` per arm
+(`dcgm.combine_readings`). An exporter that fails is logged once when its state changes; the arm
+is down only when none answered, and its sample then says why.
+
+The samples are kept in memory, `history` per arm (the newest win), not in the store: the stats
+job of this process summarises them per window (`stats.diagnosis.summarise_gpu`), and followers
+serve the leader's result, which carries that summary. A window longer than the history (20,000
+scrapes: ~28 h at 5 s) is summarised over the history it has; a new leader starts empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from specproxy.config import Config
+from specproxy.records import Arm, GpuSample
+from specproxy.scrape.dcgm import GpuReading, combine_readings, metrics_url, parse_dcgm
+from specproxy.scrape.loop import describe_error, fetch_text
+from specproxy.tasks import cancel_and_wait
+
+__all__ = ["HISTORY", "GpuArmState", "GpuScraper"]
+
+logger = logging.getLogger("specproxy.scrape.dcgm")
+
+HISTORY = 20_000  # GPU samples kept per arm
+
+
+@dataclass(slots=True)
+class GpuArmState:
+    """What the GPU scraper knows about one arm (read by the collector and the stats job)."""
+
+    arm: Arm
+    urls: tuple[str, ...]  # the exporters' base URLs, as configured
+    gpus: tuple[str, ...] = ()  # `dcgm_gpus`: the arm's GPUs on those nodes; () = all
+    up: dict[str, bool] = field(default_factory=dict)  # per exporter, once scraped
+    errors: dict[str, str] = field(default_factory=dict)  # per exporter that failed last
+    latest: GpuSample | None = None
+    history: deque[GpuSample] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+
+class GpuScraper:
+    """Scrapes the arms' dcgm-exporters periodically; `start()` / `close()` bracket the app."""
+
+    def __init__(
+        self,
+        config: Config,
+        sessions: Mapping[Arm, aiohttp.ClientSession],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._interval_s = config.scrape.interval_s
+        self._timeout_s = config.scrape.timeout_s
+        self._sessions = sessions
+        self._clock = clock
+        self._states: dict[Arm, GpuArmState] = {}
+        for arm in Arm:
+            pool = config.arm_config(arm.value)
+            if pool.dcgm_urls:
+                self._states[arm] = GpuArmState(arm, pool.dcgm_urls, pool.dcgm_gpus)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def states(self) -> Mapping[Arm, GpuArmState]:
+        """Only the arms that have exporters configured."""
+        return self._states
+
+    def samples(self) -> dict[Arm, Sequence[GpuSample]]:
+        """Every kept sample of each configured arm, oldest first (a copy)."""
+        return {arm: tuple(state.history) for arm, state in self._states.items()}
+
+    async def start(self) -> None:
+        if self._task is None and self._states:
+            self._task = asyncio.create_task(self._run(), name="specproxy-gpu-scraper")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+
+    async def scrape_once(self) -> dict[Arm, GpuSample]:
+        """Scrape every configured arm once, concurrently; never raises (but on cancellation)."""
+        samples = await asyncio.gather(*(self._scrape_arm(s) for s in self._states.values()))
+        return dict(zip(self._states, samples, strict=True))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            await self.scrape_once()
+            next_at = max(next_at + self._interval_s, loop.time())  # fixed rate
+            await asyncio.sleep(next_at - loop.time())
+
+    async def _scrape_arm(self, state: GpuArmState) -> GpuSample:
+        t = self._clock()
+        results = await asyncio.gather(*(self._scrape_exporter(state, u) for u in state.urls))
+        readings: list[GpuReading] = []
+        errors: list[str] = []
+        for url, result in zip(state.urls, results, strict=True):
+            ok = not isinstance(result, str)
+            if state.up.get(url) is not ok:
+                if ok:
+                    logger.info("GPU exporter %s of %s: up", url, state.arm)
+                else:
+                    logger.warning(
+                        "GPU exporter %s of %s: scrape failed: %s", url, state.arm, result
+                    )
+            state.up[url] = ok
+            if isinstance(result, str):
+                state.errors[url] = result
+                errors.append(result)
+            else:
+                state.errors.pop(url, None)
+                readings.extend(result)
+        error = "; ".join(sorted(set(errors))) if len(errors) == len(state.urls) else None
+        sample = combine_readings(t, state.arm, readings, error=error)
+        state.latest = sample
+        state.history.append(sample)
+        return sample
+
+    async def _scrape_exporter(self, state: GpuArmState, url: str) -> tuple[GpuReading, ...] | str:
+        """The exporter's GPUs, or why they could not be read."""
+        try:
+            session = self._sessions[state.arm]
+            text = await fetch_text(session, metrics_url(url), timeout_s=self._timeout_s)
+            return await asyncio.to_thread(parse_dcgm, text, gpus=state.gpus)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the loop must survive anything a remote server sends
+            return describe_error(exc)
