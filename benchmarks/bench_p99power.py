@@ -1,0 +1,141 @@
+"""False alarms and power of the wired P99 verdict (`stats.verdict`, sticky via `hysteresis`).
+
+Prints figures; asserts nothing (the asserted versions are the slow tests of
+tests/stats/test_verdict.py, which share these draws).
+
+1. A/A: both arms lognormal(0, 0.5), noise i.i.d., AR(1) rho 0.3 on log latency, or sinusoidal
+   load waves scaling both arms; a look every 100 samples per arm up to 3000; the whole-run
+   verdict as the job keeps it (VerdictMemory). Counted: runs that ever said "slower" or
+   "faster", and which test said it, at tolerance 0.05 (the default) and 0 (P99 at the null's
+   boundary, where false P99 alarms are likeliest).
+2. Power for a +10 % P99 at sigma 0.5, tolerance 0, at 5k/10k/20k per arm:
+   * "scale": speculative = 1.1 x baseline in law (median and P99 both +10 %);
+   * "tail": only the upper half is stretched, log s = z sigma (1 + k 1{z > 0}) with
+     k = ln 1.1 / (2.326 sigma), so P99 is +10 % and the median is unchanged;
+   one look at n (what `specproxy stats` says once), and the whole-run verdict with a look
+   every 1000 per arm (what the running job says by n). Columns: the union bound alone at
+   alpha (the verdict before this change), its half at alpha/2, the two-sample test at alpha/2,
+   the P99 verdict (either), the P99 verdict from fine-grid histograms as on rollups
+   ("binned", conservative), and the metric verdict (P99 or median).
+
+Run: flock /tmp/heavy.lock .venv/bin/python benchmarks/bench_p99power.py [--aa-runs 500]
+     [--power-runs 200] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from specproxy.stats.sequential import compare_sequential
+from specproxy.stats.verdict import anytime_valid, anytime_valid_binned
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.stats.test_verdict
+
+from tests.stats.test_verdict import (
+    AA_N,
+    ALPHA,
+    LOOK_EVERY,
+    POWER_SIZES,
+    SIGMA,
+    draw_arms,
+    histogram_arms,
+    whole_run_verdicts,
+)
+
+Z99 = 2.3263478740408408
+COLUMNS = ("union@a", "union@a/2", "2-sample@a/2", "P99 verdict", "binned", "metric verdict")
+
+
+def _tail_stretched(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    k = math.log(1.1) / (Z99 * SIGMA)
+    z_b, z_s = rng.standard_normal(n), rng.standard_normal(n)
+    return np.exp(SIGMA * z_b), np.exp(SIGMA * z_s * (1.0 + k * (z_s > 0)))
+
+
+def aa(runs: int, seed: int) -> None:
+    print(f"A/A: {runs} runs, a look every {LOOK_EVERY} to {AA_N}/arm, alpha {ALPHA}")
+    for tolerance in (0.05, 0.0):
+        for setting in ("iid", "ar1", "waves"):
+            rng = np.random.default_rng(seed)
+            seen: Counter[str] = Counter()
+            started = time.process_time()
+            for _ in range(runs):
+                base, spec = draw_arms(rng, setting, AA_N)
+                looks = whole_run_verdicts(
+                    base, spec, every=LOOK_EVERY, alpha=ALPHA, tolerance=tolerance
+                )
+                verdicts = {s["verdict"] for s in looks} - {"inconclusive"}
+                seen.update(verdicts)
+                seen["any"] += bool(verdicts)
+                seen.update({t for s in looks for t in s.get("decided_by", [])})
+            cpu = time.process_time() - started
+            tests = ", ".join(f"{t} {seen[t]}" for t in ("p99_union_bound", "p99_two_sample"))
+            print(
+                f"  tol {tolerance:.2f} {setting:5}: slower {seen['slower']}, faster"
+                f" {seen['faster']}, either {seen['any']} ({seen['any'] / runs:.3f});"
+                f" by test: {tests}, median {seen['median']}  [{cpu:.0f} CPU-s]"
+            )
+
+
+def _row(base: np.ndarray, spec: np.ndarray) -> dict[str, bool]:
+    seq = anytime_valid(base, spec, alpha=ALPHA, tolerance=0.0)
+    p99 = seq["p99"]
+    (rb, hb), (rs, hs) = histogram_arms(base), histogram_arms(spec)
+    binned = anytime_valid_binned((rb, rs), (hb, hs), alpha=ALPHA, tolerance=0.0)
+    return {
+        "union@a": compare_sequential(base, spec, alpha=ALPHA, tolerance=0.0).p99_slower,
+        "union@a/2": p99["union_bound_slower"],
+        "2-sample@a/2": p99["slower"]["rejected"],
+        "P99 verdict": p99["verdict"] == "slower",
+        "binned": binned["p99"]["verdict"] == "slower",
+        "metric verdict": seq["verdict"] == "slower",
+    }
+
+
+def power(runs: int, seed: int) -> None:
+    print(f"\nPower, +10% P99, sigma {SIGMA}, tolerance 0, alpha {ALPHA}, {runs} runs")
+    for shape in ("scale", "tail"):
+        rng = np.random.default_rng(seed)
+        once = {n: Counter[str]() for n in POWER_SIZES}
+        ever = {n: 0 for n in POWER_SIZES}
+        started = time.process_time()
+        for _ in range(runs):
+            if shape == "scale":
+                base, spec = draw_arms(rng, "iid", POWER_SIZES[-1], math.log(1.1))
+            else:
+                base, spec = _tail_stretched(rng, POWER_SIZES[-1])
+            for n in POWER_SIZES:
+                once[n].update(k for k, v in _row(base[:n], spec[:n]).items() if v)
+            looks = whole_run_verdicts(base, spec, every=1000, alpha=ALPHA, tolerance=0.0)
+            for n in POWER_SIZES:
+                last = looks[n // 1000 - 1]
+                ever[n] += last["p99"]["verdict"] == "slower"
+        cpu = time.process_time() - started
+        print(f"  {shape} ({cpu:.0f} CPU-s)")
+        for n in POWER_SIZES:
+            cells = ", ".join(f"{k} {once[n][k] / runs:.3f}" for k in COLUMNS)
+            print(
+                f"    n={n:>6}/arm one look: {cells}; whole run, look every 1000:"
+                f" P99 verdict {ever[n] / runs:.3f}"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--aa-runs", type=int, default=500)
+    parser.add_argument("--power-runs", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    aa(args.aa_runs, args.seed)
+    power(args.power_runs, args.seed)
+
+
+if __name__ == "__main__":
+    main()
