@@ -206,3 +206,32 @@ def test_combine_without_reasons_or_readings_says_unknown() -> None:
 )
 def test_metrics_url(base: str, url: str) -> None:
     assert metrics_url(base) == url
+
+
+# nvidia-smi's names of the reasons (`nvidia-smi -q -d PERFORMANCE`) -> dcgm-exporter's
+NVIDIA_SMI_NAMES = {
+    "Idle": "gpu_idle",
+    "Applications Clocks Setting": "clocks_setting",
+    "SW Power Cap": "power_cap",
+    "HW Slowdown": "hw_slowdown",
+    "HW Thermal Slowdown": "hw_thermal",
+    "HW Power Brake Slowdown": "hw_power_brake",
+    "Sync Boost": "sync_boost",
+    "SW Thermal Slowdown": "sw_thermal",
+    "Display Clock Setting": "display_clocks",
+}
+
+
+def test_bit_table_agrees_with_a_real_driver() -> None:
+    # Captured on an idle H200 (see the README): the mask nvidia-smi reports decodes to exactly
+    # the reasons it lists as Active, and its list names every reason of the table.
+    text = page("nvidia-smi_h200_idle.txt")
+    mask = int(text.splitlines()[1].split(", ")[2], 16)
+    section = text.split("Clocks Event Reasons\n", 1)[1].split("Clocks Event Reasons Counters")[0]
+    states = {
+        NVIDIA_SMI_NAMES[name.strip()]: state.strip()
+        for name, state in (line.split(":") for line in section.splitlines() if ":" in line)
+    }
+    assert set(states) == set(CLOCK_REASON_BITS)
+    assert decode_clock_reasons(mask) == {n for n, s in states.items() if s == "Active"}
+    assert decode_clock_reasons(mask) == {"gpu_idle"}
