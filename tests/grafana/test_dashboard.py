@@ -131,6 +131,11 @@ def test_required_panels_are_there() -> None:
         m.ENGINE_UP,
         m.ENGINE_RESTARTS,
         m.ENGINE_GENERATION_TOKENS,
+        m.GPU_MEMORY_BANDWIDTH_RATIO,
+        m.GPU_SM_CLOCK,
+        m.GPU_THERMAL_THROTTLED,
+        m.GPU_UTILIZATION_RATIO,
+        m.GPU_TEMPERATURE,
     ):
         assert used(name), name
 

@@ -595,6 +595,79 @@ def _engine_panels() -> list[_Panel]:
     return [up, restarts, load, kv_cache, throughput, output_length]
 
 
+def _gpu_panels() -> list[_Panel]:
+    """The optional dcgm-exporter telemetry (`scrape.dcgm`): empty without `dcgm_urls`."""
+    bandwidth = _Panel(
+        "timeseries",
+        "GPU memory bandwidth (busiest GPU)",
+        "Share of cycles the busiest GPU's memory interface is active (DCGM_FI_PROF_DRAM_ACTIVE,"
+        " else memory copy utilisation). Above 90 % (dashed) decoding is memory bound and"
+        " speculation's verification work competes for the bandwidth.",
+        [_Query(_engine(m.GPU_MEMORY_BANDWIDTH_RATIO), "{{arm}}")],
+        unit="percentunit",
+        width=8,
+        defaults={
+            **_timeseries(thresholdsStyle={"mode": "dashed"}),
+            "max": 1,
+            "min": 0,
+            "thresholds": _thresholds((None, "transparent"), (0.9, "red")),
+        },
+        overrides=_arm_colors(),
+        options=_legend_options("lastNotNull", "max"),
+    )
+    clocks = _Panel(
+        "timeseries",
+        "GPU SM clock and thermal throttling",
+        "Mean SM clock of each arm's GPUs; bars mark scrapes where a GPU had its clocks cut for"
+        " a thermal reason (SW/HW thermal slowdown, HW slowdown). A throttled arm is slower for"
+        " reasons unrelated to speculation: its comparison is confounded.",
+        [
+            _Query(_engine(m.GPU_SM_CLOCK), "{{arm}} SM clock"),
+            _Query(_engine(m.GPU_THERMAL_THROTTLED), "{{arm}} thermal throttled"),
+        ],
+        unit="hertz",
+        width=8,
+        defaults=_timeseries(),
+        overrides=[
+            *_arm_colors(),
+            {
+                "matcher": {"id": "byRegexp", "options": ".* thermal throttled"},
+                "properties": [
+                    {"id": "unit", "value": "bool_yes_no"},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "custom.drawStyle", "value": "bars"},
+                    {"id": "custom.fillOpacity", "value": 40},
+                ],
+            },
+        ],
+        options=_legend_options("lastNotNull", "min"),
+    )
+    utilization = _Panel(
+        "timeseries",
+        "GPU utilisation and temperature",
+        "Mean GPU utilisation of each arm (left) and its hottest GPU's temperature (right).",
+        [
+            _Query(_engine(m.GPU_UTILIZATION_RATIO), "{{arm}} utilisation"),
+            _Query(_engine(m.GPU_TEMPERATURE), "{{arm}} temperature"),
+        ],
+        unit="percentunit",
+        width=8,
+        defaults=_timeseries(),
+        overrides=[
+            *_arm_colors(),
+            {
+                "matcher": {"id": "byRegexp", "options": ".* temperature"},
+                "properties": [
+                    {"id": "unit", "value": "celsius"},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                ],
+            },
+        ],
+        options=_legend_options("lastNotNull", "max"),
+    )
+    return [bandwidth, clocks, utilization]
+
+
 def _traffic_panels() -> list[_Panel]:
     samples = _Panel(
         "timeseries",
@@ -740,6 +813,7 @@ ROWS: tuple[tuple[str, Callable[[], list[_Panel]]], ...] = (
     ("Latency by arm", _latency_panels),
     ("Speculative decoding", _speculation_panels),
     ("Engines", _engine_panels),
+    ("GPU telemetry (optional: dcgm-exporter)", _gpu_panels),
     ("Traffic, errors and the proxy itself", _traffic_panels),
 )
 
