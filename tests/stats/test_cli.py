@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 
 import pytest
@@ -31,7 +32,14 @@ def test_cli_computes_once(tmp_path: object, capsys: pytest.CaptureFixture[str])
     out = json.loads(capsys.readouterr().out)
     assert out["run_id"] == RUN
     assert main(["stats", "--store", f"sqlite:///{db}", "--resamples", "200"]) == 0
-    assert "tpot" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "tpot" in text
+    # each metric's P99 verdict names the test behind it and the e-values against the boundary
+    p99 = out["results"]["all"]["all"]["metrics"]["tpot"]["sequential"]["p99"]
+    by = " + ".join(p99["decided_by"]) or "no test"
+    faster = p99["faster"]["statistic"]
+    assert f"P99 {p99['verdict']} ({by}); two-sample slower log e " in text
+    assert f"faster log e {faster:.2f} / {math.log(2 / 0.05):.2f}" in text
 
 
 def test_cli_rejects_a_bad_setting_before_touching_the_store(

@@ -11,7 +11,7 @@ import asyncio
 
 from specproxy.config import StatsConfig, StoreConfig
 from specproxy.stats.job import compute_stats
-from specproxy.stats.result import StatsResult, to_json
+from specproxy.stats.result import P99Verdict, StatsResult, to_json
 
 __all__ = ["configure", "run"]
 
@@ -26,6 +26,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--resamples", type=int, default=StatsConfig().resamples, help="bootstrap resamples"
     )
     parser.add_argument("--seed", type=int, default=StatsConfig().seed, help="bootstrap seed")
+
+
+def _p99_line(p99: P99Verdict) -> str:
+    """The P99 verdict, which test decided, and each direction's log e-value vs its boundary."""
+    by = " + ".join(p99["decided_by"]) or "no test"
+    sides = []
+    for side in ("slower", "faster"):
+        test = p99[side]
+        stat = test["statistic"]
+        shown = "n/a" if stat is None else f"{stat:.2f}"
+        sides.append(f"{side} log e {shown} / {test['boundary']:.2f}")
+    return f"P99 {p99['verdict']} ({by}); two-sample " + ", ".join(sides)
 
 
 def _text_report(result: StatsResult) -> str:
@@ -46,6 +58,9 @@ def _text_report(result: StatsResult) -> str:
                     else:
                         cells.append(f"{stat} {estimate:.3f} [{lower:.3f}, {upper:.3f}]")
                 lines.append(f"  {metric:<5} {block['verdict']:<12} " + "; ".join(cells))
+                seq = block["sequential"]
+                if seq is not None and "p99" in seq:
+                    lines.append(f"        {_p99_line(seq['p99'])}")
             lines.append(f"  diagnosis: {res['diagnosis']['summary']}")
             lines.extend(f"    - {r['message']}" for r in res["diagnosis"]["reasons"])
     return "\n".join(lines)
