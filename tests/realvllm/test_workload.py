@@ -34,3 +34,22 @@ async def test_measure_direct_interleaves_and_drops_warmup(aiohttp_server: Aioht
     assert [b["prompt"] for b in fakes[Arm.BASELINE].bodies] == prompts(6)
     assert len(result.acceptance_rates) == 4  # speculative arm only
     assert result.speedup > 0
+
+
+def test_random_token_prompts_repeat_no_token_and_skip_special_ids() -> None:
+    from specproxy.realvllm.model_dir import SPECIAL_TOKENS, VOCAB_SIZE
+    from specproxy.realvllm.workload import random_token_prompts
+
+    batch = random_token_prompts(20, 48, seed=5)
+    assert batch == random_token_prompts(20, 48, seed=5) != random_token_prompts(20, 48, seed=6)
+    for ids in batch:
+        assert len(ids) == len(set(ids)) == 48  # distinct: no n-gram of the prompt repeats
+        assert all(len(SPECIAL_TOKENS) <= i < VOCAB_SIZE for i in ids)
+    body = completion_body(batch[0], max_tokens=4, temperature=1.0)
+    assert body["prompt"] == batch[0] and body["temperature"] == 1.0
+    for bad in (0, VOCAB_SIZE):
+        try:
+            random_token_prompts(1, bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"length {bad} accepted")

@@ -16,10 +16,22 @@ from typing import Any
 
 import aiohttp
 
-from specproxy.realvllm.model_dir import SERVED_MODEL_NAME, corpus_lines
+from specproxy.realvllm.model_dir import (
+    SERVED_MODEL_NAME,
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    corpus_lines,
+)
 from specproxy.records import Arm
 
-__all__ = ["DirectResult", "completion_body", "measure_direct", "prompts", "timed_completion"]
+__all__ = [
+    "DirectResult",
+    "completion_body",
+    "measure_direct",
+    "prompts",
+    "random_token_prompts",
+    "timed_completion",
+]
 
 
 def prompts(count: int, *, seed: int = 7, min_words: int = 5, max_words: int = 60) -> list[str]:
@@ -34,7 +46,20 @@ def prompts(count: int, *, seed: int = 7, min_words: int = 5, max_words: int = 6
     return out
 
 
-def completion_body(prompt: str, *, max_tokens: int, **extra: Any) -> dict[str, Any]:
+def random_token_prompts(count: int, length: int, *, seed: int = 7) -> list[list[int]]:
+    """`count` prompts of `length` distinct random token ids (special tokens excluded), for the
+    completions endpoint's token-id prompt form: no token repeats, so an n-gram proposer finds
+    nothing in the prompt to copy. Sampled at temperature 1, the dummy-weight model's answers
+    are near-uniform over the vocabulary and repeat no n-gram either, so it proposes no drafts;
+    greedy answers fall into loops that it does copy."""
+    first = len(SPECIAL_TOKENS)
+    if not 0 < length <= VOCAB_SIZE - first:
+        raise ValueError(f"length must be in [1, {VOCAB_SIZE - first}]")
+    rng = random.Random(seed)
+    return [rng.sample(range(first, VOCAB_SIZE), length) for _ in range(count)]
+
+
+def completion_body(prompt: str | list[int], *, max_tokens: int, **extra: Any) -> dict[str, Any]:
     """A greedy /v1/completions body that always runs to `max_tokens` (no early EOS)."""
     return {
         "model": SERVED_MODEL_NAME,
