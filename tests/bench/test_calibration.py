@@ -94,7 +94,17 @@ def test_best_ci_including_one_is_inconclusive() -> None:
     (advice,) = advise_sweep(sweep)
     assert advice.decision == "inconclusive"
     assert advice.message.startswith("inconclusive: no setting is shown faster")
+    assert "its CI includes 1" in advice.message
     assert advice.distinguishable is True
+
+
+def test_best_below_one_beside_a_wide_ci_is_inconclusive() -> None:
+    # every estimate is below 1, but one setting's CI reaches above 1: not shown slower either
+    sweep = [block(2, 0.0, (0.90, 0.85, 0.95)), block(4, 0.0, (0.85, 0.60, 1.10))]
+    (advice,) = advise_sweep(sweep)
+    assert advice.decision == "inconclusive"
+    assert advice.best is not None and advice.best.k == 2
+    assert "its CI lies below 1, but not every one does" in advice.message
 
 
 def test_insufficient_blocks_are_listed_not_ranked() -> None:

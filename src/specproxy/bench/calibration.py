@@ -165,9 +165,10 @@ def advise(
         )
     else:
         decision = "inconclusive"
+        where = "includes 1" if best.upper >= 1.0 else "lies below 1, but not every one does"
         message = (
             f"inconclusive: no setting is shown faster; best measured {best.text()} "
-            "(E2E median speedup, 95% CI, includes 1 or lies below it): measure longer"
+            f"(E2E median speedup, 95% CI; its CI {where}): measure longer"
         )
     if runner is not None and ties:
         message += "; not distinguishable from " + ", ".join(c.text() for c in ties)
