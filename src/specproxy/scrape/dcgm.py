@@ -15,9 +15,10 @@ labelled `gpu`, `UUID`, `device`, `modelName`, `Hostname`, and on MIG `GPU_I_PRO
   `DCGM_FI_DEV_CLOCKS_EVENT_REASONS` since (dcgm-exporter commit 09d74b9, "Updates for DCGM
   4.0"). It is NOT in the default counters: add it to the exporter's CSV. The exporter's own
   windowed counts `DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event}` (3.4+; first named
-  `DCGM_FI_EXP_CLOCK_THROTTLE_REASONS_COUNT{throttle_reason}`) are read too.
+  `DCGM_FI_EXP_CLOCK_THROTTLE_REASONS_COUNT{throttle_reason}`) are read too: a count above 0
+  marks the reason active, for as long as the exporter's window (5 min by default) holds it.
 
-The reason bits are NVML's (`nvmlClocksEventReason*`), copied 1:1 by DCGM
+The reason bits are NVML's (`nvmlClocksEventReason*`, go-nvml pkg/nvml/nvml.h), copied 1:1 by DCGM
 (NVIDIA/DCGM dcgmlib/dcgm_fields.h, `DCGM_CLOCKS_EVENT_REASON_*`); the names are the ones
 dcgm-exporter gives them (internal/pkg/collector/clock_events_collector.go). DCGM reports a
 missing value as a sentinel at or above `DCGM_FP64_BLANK` = 2^47 (the int64 ones,
