@@ -7,6 +7,8 @@ import csv
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from specproxy.errors import ScrapeError
 from specproxy.records import THERMAL_CLOCK_REASONS, Arm
@@ -109,6 +111,18 @@ def test_exporter_clock_event_counts_are_reasons_seen() -> None:
 )
 def test_decode_clock_reasons(mask: int, names: set[str]) -> None:
     assert decode_clock_reasons(mask) == names
+
+
+@given(st.sets(st.sampled_from(sorted(CLOCK_REASON_BITS))), st.integers(0, 2**37 - 1))
+def test_decoding_a_mask_gives_back_the_reasons_it_was_built_from(
+    names: set[str], undefined: int
+) -> None:
+    # + bits DCGM does not define, below the blank sentinels (>= 2^47: "not exported")
+    mask = sum(CLOCK_REASON_BITS[n] for n in names) | (undefined << 9)
+    assert decode_clock_reasons(mask) == names
+    text = f'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{gpu="0",UUID="GPU-x"}} {mask}\n'
+    (gpu,) = parse_dcgm(text)
+    assert gpu.clock_reasons == names
 
 
 def test_bits_are_the_dcgm_header_values() -> None:

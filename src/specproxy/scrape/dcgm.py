@@ -110,6 +110,8 @@ def decode_clock_reasons(mask: int) -> frozenset[str]:
 
 
 def _value(raw: float) -> float | None:
+    """The reading, or None for a DCGM blank: one threshold for every field, since no field read
+    here (percent, ratio, MHz, °C, a 9-bit mask) comes near 2^47 as a real value."""
     value = float(raw)
     return value if math.isfinite(value) and abs(value) < BLANK else None
 
@@ -136,7 +138,7 @@ def parse_dcgm(text: str, *, gpus: Collection[str] = ()) -> tuple[GpuReading, ..
                 per_gpu = fields.setdefault(key, {})
                 if sample.name in CLOCK_REASONS:
                     found = reasons.setdefault(key, set())
-                    if value is not None:
+                    if value is not None and value >= 0:
                         found |= decode_clock_reasons(int(value))
                 elif sample.name in CLOCK_EVENT_COUNTS:
                     found = reasons.setdefault(key, set())
