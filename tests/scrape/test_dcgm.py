@@ -122,7 +122,7 @@ def test_decoding_a_mask_gives_back_the_reasons_it_was_built_from(
     assert decode_clock_reasons(mask) == names
     text = f'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{gpu="0",UUID="GPU-x"}} {mask}\n'
     (gpu,) = parse_dcgm(text)
-    assert gpu.clock_reasons == names
+    assert gpu.clock_reasons == frozenset(names)
 
 
 def test_bits_are_the_dcgm_header_values() -> None:
