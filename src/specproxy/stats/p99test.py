@@ -74,8 +74,9 @@ class P99TestResult:
     """One look of the test.
 
     statistic: min over candidate quantiles q of log E_b(q) + log E_s(q) (natural log of the
-    combined e-value, -inf with an empty arm); boundary: log(1/alpha). "slower" iff
-    statistic >= boundary. samples_baseline / samples_speculative: how many of each arm it used.
+    combined e-value, -inf with an empty arm), capped at the boundary (states past it are not
+    evaluated); boundary: log(1/alpha). "slower" iff statistic >= boundary.
+    samples_baseline / samples_speculative: how many of each arm it used.
     """
 
     statistic: float
@@ -111,6 +112,26 @@ def _spec_cap(n_s: int, need: float, rate: float, strength: float) -> int:
     return lo
 
 
+@functools.lru_cache(maxsize=4096)
+def _base_cap(n_b: int, need: float, rate: float, strength: float) -> int:
+    """Largest K_b whose baseline evidence alone reaches `need` (-1 if none does)."""
+
+    def reaches(k: int) -> bool:  # decreasing in k: the lower mixture falls with the count
+        one = np.array([k], dtype=np.int64)
+        return bool(_floored(log_mixture_counts(n_b, one, rate, strength, upper=False))[0] >= need)
+
+    if not reaches(0):
+        return -1
+    lo, hi = 0, n_b
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if reaches(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _statistic(
     n_b: int,
     n_s: int,
@@ -119,19 +140,24 @@ def _statistic(
     alpha: float,
     cap: tuple[int, float],
 ) -> P99TestResult:
-    """The test on the (K_b, K_s) states of every candidate q: min of the combined log e-value.
+    """The test on the (K_b, K_s) states of every candidate q: min(min of the combined log
+    e-value, boundary).
 
-    States with K_s >= the cap always pass (module docstring) and are not evaluated."""
+    States with K_s >= the speculative cap, or K_b <= the baseline cap, pass on one arm's
+    evidence alone (its log e-value >= boundary - log w, the other's >= log w), so they are not
+    evaluated: the minimum over the others, capped at the boundary, is exactly
+    min(infimum over all states, boundary)."""
     boundary = math.log(1.0 / alpha)
     rate = 1.0 - _P
     limit, strength = cap
-    keep = ks < limit
-    if not keep.any():  # every state already passes on the speculative evidence alone
+    need = boundary - math.log(_FLOOR_WEIGHT)
+    keep = (ks < limit) & (kb > _base_cap(n_b, need, rate, strength))
+    if not keep.any():  # every state passes on one arm's evidence alone
         return P99TestResult(boundary, boundary, "slower", n_b, n_s)
     key = np.unique(kb[keep] * (n_s + 1) + ks[keep])  # distinct states (histograms repeat them)
     log_eb = _floored(log_mixture_counts(n_b, key // (n_s + 1), rate, strength, upper=False))
     log_es = _floored(log_mixture_counts(n_s, key % (n_s + 1), rate, strength, upper=True))
-    statistic = float(np.min(log_eb + log_es))
+    statistic = min(float(np.min(log_eb + log_es)), boundary)
     decision: P99Decision = "slower" if statistic >= boundary else "undecided"
     return P99TestResult(statistic, boundary, decision, n_b, n_s)
 

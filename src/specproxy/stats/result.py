@@ -164,7 +164,7 @@ class TwoSampleP99(TypedDict):
     """One direction of the two-sample P99 e-process (`stats.p99test`), at level alpha / 2."""
 
     statistic: float | None  # natural log of the combined e-value (min over candidate
-    # quantiles); None while an arm is empty
+    # quantiles), capped at the boundary; None while an arm is empty
     boundary: float  # log(2 / alpha): "rejected" once the statistic reaches it
     rejected: bool
     sticky: bool  # whole run of a running job: rejected at an earlier tick, kept (hysteresis)
