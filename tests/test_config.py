@@ -97,7 +97,7 @@ def test_arm_as_a_list_of_urls_and_as_a_dns_name(tmp_path: Path) -> None:
     assert cfg.upstream_url("baseline") == "http://vllm-base.llm.svc.cluster.local:8001"
     assert cfg.outlier.eject_after_failures == 3
     assert cfg.model_allow == ("m",)
-    assert spec.dcgm_urls == () and spec.dcgm_gpus == ()  # GPU telemetry is optional
+    assert spec.dcgm_urls == spec.dcgm_gpus == spec.dcgm_pods == ()  # GPU telemetry is optional
 
 
 def test_an_arm_with_gpu_telemetry(tmp_path: Path) -> None:
@@ -108,10 +108,12 @@ def test_an_arm_with_gpu_telemetry(tmp_path: Path) -> None:
         'urls = ["http://s:8000"]\n'
         'dcgm_urls = ["http://gpu-a:9400", "http://gpu-b:9400/metrics"]\n'
         'dcgm_gpus = ["0", "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"]\n'
+        'dcgm_pods = ["vllm-speculative-"]\n'
     )
     spec = Config.from_toml(path).arm_config("speculative")
     assert spec.dcgm_urls == ("http://gpu-a:9400", "http://gpu-b:9400/metrics")
     assert spec.dcgm_gpus == ("0", "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52")
+    assert spec.dcgm_pods == ("vllm-speculative-",)
 
 
 @pytest.mark.parametrize(
@@ -167,6 +169,17 @@ def test_an_arm_with_gpu_telemetry(tmp_path: Path) -> None:
                 "baseline": {"dns": "h", "dcgm_urls": ["http://g:9400"], "dcgm_gpus": [0]},
             },
             "baseline.dcgm_gpus must be a list of GPU indices or UUIDs",
+        ),
+        (
+            {"speculative_url": "http://a:1", "baseline": {"dns": "h", "dcgm_pods": ["vllm-"]}},
+            "baseline.dcgm_pods needs dcgm_urls",
+        ),
+        (
+            {
+                "speculative_url": "http://a:1",
+                "baseline": {"dns": "h", "dcgm_urls": ["http://g:9400"], "dcgm_pods": [""]},
+            },
+            "baseline.dcgm_pods must be a list of pod-name prefixes",
         ),
     ],
 )

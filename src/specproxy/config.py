@@ -228,6 +228,8 @@ class ArmConfig:
     dcgm_urls: tuple[str, ...] = ()
     # with dcgm_urls: the GPUs (`gpu` index or `UUID` label) this arm's engines use; () = all
     dcgm_gpus: tuple[str, ...] = ()
+    # with dcgm_urls on Kubernetes: only GPUs whose `pod` label starts with one of these; () = all
+    dcgm_pods: tuple[str, ...] = ()
     name: str = "arm"  # the arm, for error messages (set by Config)
 
     def __post_init__(self) -> None:
@@ -256,7 +258,7 @@ class ArmConfig:
         _check(0 < self.port <= 65535, f"{prefix}.port", "must be in [1, 65535]")
         _check(self.scheme in ("http", "https"), f"{prefix}.scheme", "must be http or https")
         _check(self.refresh_s > 0, f"{prefix}.refresh_s", "must be > 0")
-        for key in ("dcgm_urls", "dcgm_gpus"):
+        for key in ("dcgm_urls", "dcgm_gpus", "dcgm_pods"):
             values = getattr(self, key)
             _check(isinstance(values, (list, tuple)), f"{prefix}.{key}", "must be a list")
             object.__setattr__(self, key, tuple(values))
@@ -275,10 +277,14 @@ class ArmConfig:
             "must be a list of GPU indices or UUIDs, as strings",
         )
         _check(
-            not self.dcgm_gpus or bool(self.dcgm_urls),
-            f"{prefix}.dcgm_gpus",
-            "needs dcgm_urls",
+            all(_is_str(pod) and pod.strip() for pod in self.dcgm_pods),
+            f"{prefix}.dcgm_pods",
+            "must be a list of pod-name prefixes",
         )
+        for key in ("dcgm_gpus", "dcgm_pods"):
+            _check(
+                not getattr(self, key) or bool(self.dcgm_urls), f"{prefix}.{key}", "needs dcgm_urls"
+            )
 
     @property
     def first_url(self) -> str:

@@ -160,6 +160,20 @@ def test_gpu_filter_keeps_index_or_uuid() -> None:
     assert parse_dcgm(text, gpus=("7",)) == ()
 
 
+def test_pod_filter_keeps_the_gpus_of_the_arms_pods() -> None:
+    text = page("derived_k8s_pods.prom")
+    (spec,) = parse_dcgm(text, pods=("vllm-speculative-",))
+    assert (spec.key, spec.dram_active, spec.clock_reasons) == (
+        "GPU-e0e0e0e0-0000-4000-8000-000000000000",
+        0.9512,
+        frozenset({"sw_thermal"}),
+    )
+    (base,) = parse_dcgm(text, pods=("vllm-baseline-", "other-"))
+    assert base.dram_active == 0.4021 and base.clock_reasons == frozenset()
+    assert len(parse_dcgm(text)) == 3  # no filter: the pod-less GPU 2 counts too
+    assert parse_dcgm(text, pods=("vllm-speculative-",), gpus=("1",)) == ()  # both filters
+
+
 @pytest.mark.parametrize(
     "body", ["<html><body>502 Bad Gateway</body></html>", "", "vllm:num_requests_running 1\n"]
 )

@@ -145,6 +145,23 @@ async def test_gpu_filter_is_applied(aiohttp_server: AiohttpServer) -> None:
     assert samples[Arm.BASELINE].temperature_c == 91.0
 
 
+async def test_pod_filter_splits_one_kubernetes_node_between_the_arms(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    node = FakeMetricsServer(body=page("derived_k8s_pods.prom"))
+    url = str((await aiohttp_server(node.app())).make_url(""))
+    cfg = config(
+        ArmConfig(dns="vllm-speculative.llm", dcgm_urls=(url,), dcgm_pods=("vllm-speculative-",)),
+        ArmConfig(dns="vllm-baseline.llm", dcgm_urls=(url,), dcgm_pods=("vllm-baseline-",)),
+    )
+    async with aiohttp.ClientSession() as session:
+        samples = await GpuScraper(cfg, {arm: session for arm in Arm}).scrape_once()
+    spec, base = samples[Arm.SPECULATIVE], samples[Arm.BASELINE]
+    assert (spec.gpus, spec.memory_bandwidth, spec.thermal_throttled) == (1, 0.9512, True)
+    assert (base.gpus, base.memory_bandwidth, base.thermal_throttled) == (1, 0.4021, False)
+    assert base.temperature_c == 52.0  # GPU 2 (95 °C, in no pod) counts for neither arm
+
+
 async def test_the_periodic_loop_runs_and_stops(rig: GpuRig) -> None:
     await rig.scraper.start()
     await wait_for(lambda: rig.hot.hits >= 3)

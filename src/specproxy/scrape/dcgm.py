@@ -116,11 +116,14 @@ def _value(raw: float) -> float | None:
     return value if math.isfinite(value) and abs(value) < BLANK else None
 
 
-def parse_dcgm(text: str, *, gpus: Collection[str] = ()) -> tuple[GpuReading, ...]:
-    """Every GPU of one dcgm-exporter page (only those whose `gpu` or `UUID` label is in `gpus`,
-    when given). Raises `ScrapeError` when the text is not Prometheus exposition or holds no
-    `DCGM_` sample at all (an HTML page, another service); a DCGM page without any field read
-    here gives GPUs with every value None, or none."""
+def parse_dcgm(
+    text: str, *, gpus: Collection[str] = (), pods: Sequence[str] = ()
+) -> tuple[GpuReading, ...]:
+    """Every GPU of one dcgm-exporter page; with `gpus`, only those whose `gpu` or `UUID` label
+    is in it; with `pods`, only those whose `pod` label (set by the exporter on Kubernetes for a
+    GPU allocated to a pod) starts with one of these prefixes. Raises `ScrapeError` when the text
+    is not Prometheus exposition or holds no `DCGM_` sample at all (an HTML page, another
+    service); a DCGM page without any field read here gives GPUs with every value None, or none."""
     if "DCGM_" not in text:
         raise ScrapeError("no DCGM fields in the response (is this a dcgm-exporter?)")
     fields: dict[str, dict[str, float | None]] = {}
@@ -130,6 +133,8 @@ def parse_dcgm(text: str, *, gpus: Collection[str] = ()) -> tuple[GpuReading, ..
             for sample in family.samples:
                 labels = sample.labels
                 if gpus and labels.get("gpu") not in gpus and labels.get("UUID") not in gpus:
+                    continue
+                if pods and not labels.get("pod", "").startswith(tuple(pods)):
                     continue
                 key = labels.get("UUID") or labels.get("gpu") or "?"
                 if labels.get("GPU_I_ID"):

@@ -44,6 +44,7 @@ class GpuArmState:
     arm: Arm
     urls: tuple[str, ...]  # the exporters' base URLs, as configured
     gpus: tuple[str, ...] = ()  # `dcgm_gpus`: the arm's GPUs on those nodes; () = all
+    pods: tuple[str, ...] = ()  # `dcgm_pods`: prefixes of the arm's pods' names; () = any
     up: dict[str, bool] = field(default_factory=dict)  # per exporter, once scraped
     errors: dict[str, str] = field(default_factory=dict)  # per exporter that failed last
     latest: GpuSample | None = None
@@ -68,7 +69,7 @@ class GpuScraper:
         for arm in Arm:
             pool = config.arm_config(arm.value)
             if pool.dcgm_urls:
-                self._states[arm] = GpuArmState(arm, pool.dcgm_urls, pool.dcgm_gpus)
+                self._states[arm] = GpuArmState(arm, pool.dcgm_urls, pool.dcgm_gpus, pool.dcgm_pods)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -133,7 +134,7 @@ class GpuScraper:
         try:
             session = self._sessions[state.arm]
             text = await fetch_text(session, metrics_url(url), timeout_s=self._timeout_s)
-            return await asyncio.to_thread(parse_dcgm, text, gpus=state.gpus)
+            return await asyncio.to_thread(parse_dcgm, text, gpus=state.gpus, pods=state.pods)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the loop must survive anything a remote server sends
