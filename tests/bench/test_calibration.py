@@ -185,3 +185,37 @@ def test_advice_from_measured_samples_picks_the_faster_arm() -> None:
     assert [c.k for c in advice.ranked] == [4, 2, 8]
     assert advice.best is not None and advice.best.lower > 1.0
     assert advice.ranked[-1].upper < 1.0
+
+
+def test_k_and_temperature_sweep_also_advises_per_temperature() -> None:
+    sweep = [
+        block(2, 0.0, (1.30, 1.22, 1.41)),
+        block(4, 0.0, (1.60, 1.50, 1.70)),
+        block(2, 1.0, (0.97, 0.75, 1.52)),
+        block(4, 1.0, (0.82, 0.74, 0.90)),
+        block(8, 1.0, None, needed=12),
+    ]
+    (advice,) = advise_sweep(sweep)
+    assert advice.best is not None and (advice.best.k, advice.best.temperature) == (4, 0.0)
+    cold, hot = advice.by_temperature
+    assert cold.decision == "enable" and cold.best is not None and cold.best.k == 4
+    assert cold.distinguishable is True
+    # at T=1 nothing is shown faster: k=2's CI includes 1, k=4's lies below it
+    assert hot.decision == "inconclusive" and hot.best is not None and hot.best.k == 2
+    assert [i.k for i in hot.insufficient] == [8]
+    assert [a["decision"] for a in advice.to_dict()["by_temperature"]] == [
+        "enable",
+        "inconclusive",
+    ]
+    from specproxy.bench.cli import advice_lines
+
+    lines = advice_lines([advice])
+    assert lines[-2].startswith("  at T=0: enable speculation with k=4, T=0")
+    assert lines[-1].startswith("  at T=1: inconclusive")
+
+
+def test_one_varying_dimension_gives_no_per_temperature_split() -> None:
+    temperatures_only = [block(4, 0.0, (1.3, 1.2, 1.4)), block(4, 1.0, (1.1, 1.0, 1.2))]
+    ks_only = [block(2, 0.0, (1.3, 1.2, 1.4)), block(4, 0.0, (1.1, 1.0, 1.2))]
+    assert advise_sweep(temperatures_only)[0].by_temperature == []
+    assert advise_sweep(ks_only)[0].by_temperature == []

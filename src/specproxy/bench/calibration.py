@@ -18,13 +18,15 @@ Rules, per load level:
   and not all are shown slower: measure longer);
 - the best is "distinguishable" from the runner-up only when their CIs do not overlap; every
   other setting whose CI overlaps the best's is named as a tie, since the data cannot tell them
-  apart (overlapping 95% CIs are a conservative rule: disjoint ones imply a difference).
+  apart (overlapping 95% CIs are a conservative rule: disjoint ones imply a difference);
+- when the sweep varies both k and temperature, the same rules also run at each temperature
+  alone (`by_temperature`): traffic brings its temperature, so the k to run is the best at it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 __all__ = [
@@ -104,6 +106,8 @@ class Advice:
     ties: list[Candidate] = field(default_factory=list)  # CIs overlapping the best's
     ranked: list[Candidate] = field(default_factory=list)  # best first
     insufficient: list[Insufficient] = field(default_factory=list)
+    # the same rules at each temperature alone, when the sweep varies k and temperature
+    by_temperature: list[Advice] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +120,7 @@ class Advice:
             "ties": [c.to_dict() for c in self.ties],
             "ranked": [c.to_dict() for c in self.ranked],
             "insufficient": [i.to_dict() for i in self.insufficient],
+            "by_temperature": [a.to_dict() for a in self.by_temperature],
         }
 
 
@@ -208,4 +213,27 @@ def advise_sweep(blocks: Iterable[Mapping[str, Any]]) -> list[Advice]:
             lacking.append(Insufficient(run_id, temperature, k, needed))
     if not groups:
         return [advise([])]
-    return [advise(found, lacking, load=load) for load, (found, lacking) in groups.items()]
+    out = []
+    for load, (found, lacking) in groups.items():
+        overall = advise(found, lacking, load=load)
+        out.append(replace(overall, by_temperature=_per_temperature(found, lacking, load)))
+    return out
+
+
+def _per_temperature(
+    found: Sequence[Candidate], lacking: Sequence[Insufficient], load: str | None
+) -> list[Advice]:
+    """The best k at each temperature, when the sweep varies both (traffic brings its
+    temperature; k is the knob): empty otherwise, where the overall advice says it all."""
+    temperatures = sorted({c.temperature for c in found} | {i.temperature for i in lacking})
+    ks = {c.k for c in found} | {i.k for i in lacking}
+    if len(temperatures) < 2 or len(ks) < 2:
+        return []
+    return [
+        advise(
+            [c for c in found if c.temperature == t],
+            [i for i in lacking if i.temperature == t],
+            load=load,
+        )
+        for t in temperatures
+    ]

@@ -41,6 +41,7 @@ and one calibration object per load level (`calibration.Advice.to_dict`):
     load: str | null; decision: "enable" | "do_not_enable" | "inconclusive" | "no_data"
     message: str; best, runner_up: {run_id, temperature, k, estimate, lower, upper} | null
     distinguishable: bool | null; ties, ranked: [setting]; insufficient: [{.., n_needed}]
+    by_temperature: [the same object at each temperature alone]  (when k and T both vary)
 
 Times are seconds, rates per second. `--rate-sweep` / `--concurrency-sweep` run one block per
 load level and end with the E2E median speedup against load; `--max-seconds` bounds each block.
@@ -225,6 +226,9 @@ def advice_lines(advice: list[Advice]) -> list[str]:
             lines.append(
                 "  ranked (E2E median speedup, 95% CI): " + "; ".join(c.text() for c in a.ranked)
             )
+        for at in a.by_temperature:
+            t = at.best.temperature if at.best else at.insufficient[0].temperature
+            lines.append(f"  at T={t:g}: {at.message}")
     return lines
 
 
