@@ -121,17 +121,20 @@ def test_warmup_minutes_cover_the_first_requests_and_each_restart() -> None:
         (s[1], s[5], s[6], s[7]) for s in batch.summaries if s[3] == "baseline" and s[4] == "e2e"
     ]
     rows = rollup_rows_from(minutes, [])
+    per_minute = (rows.minute, rows.n)
     first = 1000
-    assert warmup_minutes(rows, [], warmup_requests=7, restart_requests=0, restart_seconds=0) == {
+    assert warmup_minutes(
+        *per_minute, [], warmup_requests=7, restart_requests=0, restart_seconds=0
+    ) == {
         first,
         first + 1,
     }
     got = warmup_minutes(
-        rows, [T0 + 4 * 60 + 10], warmup_requests=0, restart_requests=6, restart_seconds=0
+        *per_minute, [T0 + 4 * 60 + 10], warmup_requests=0, restart_requests=6, restart_seconds=0
     )
     assert got == {first + 4, first + 5}
     got = warmup_minutes(
-        rows, [T0 + 4 * 60 + 10], warmup_requests=0, restart_requests=1, restart_seconds=150
+        *per_minute, [T0 + 4 * 60 + 10], warmup_requests=0, restart_requests=1, restart_seconds=150
     )
     assert got == {first + 4, first + 5, first + 6}
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from specproxy.loggrid import coarse_as_fine, coarse_bin
 from specproxy.records import Arm, RequestRecord
 from specproxy.rollup import ROLLUP_METRICS, minute_of, rollup_records
+from specproxy.rollupblob import Block
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.compaction import CompactionBounds
 from specproxy.store.factory import open_store
-from specproxy.store.rollups import RollupRows
+from specproxy.store.rollups import RollupRows, TierRead, TierVersions
 from tests.store.conftest import make_record, store_config
 
 T0 = 1_700_000_040.0  # a minute boundary
@@ -137,3 +141,149 @@ async def test_rollup_retention_is_separate_from_row_retention(store: BufferedSt
     removed = await store.purge_rollups_older_than(now - 86400)
     assert removed == 2  # one summary row and one bin row
     assert int((await _read(store, "e2e"))[Arm.BASELINE].n.sum()) == 1
+
+
+# -- the compacted tier (schema v5) ---------------------------------------------------------------
+
+
+def _spread(n: int, hours: float, prefix: str, seed: int) -> list[RequestRecord]:
+    """`n` records over `hours` hours from T0 (two models, both arms, some unusable)."""
+    recs = _records(n, prefix=prefix, seed=seed)
+    step = hours * 3600 / n
+    return [replace(r, t_start=T0 + i * step) for i, r in enumerate(recs)]
+
+
+def _coarse_expected(records: list[RequestRecord], metric: str, arm: Arm) -> dict[int, int]:
+    bins, _ = _expected(records, metric, arm)
+    out: dict[int, int] = {}
+    for b, c in bins.items():
+        k = int(coarse_as_fine(coarse_bin(np.array([b])))[0])
+        out[k] = out.get(k, 0) + c
+    return out
+
+
+def _pooled_tiers(read: TierRead, arm: Arm) -> tuple[dict[int, int], int, float]:
+    """Everything a full read holds for one arm, on the coarse grid: histogram, n, sum."""
+    hist: dict[int, int] = {}
+    n, total = 0, 0.0
+    for (start, _span, _model, a), blob in read.blobs.items():
+        if a != arm.value:
+            continue
+        block = Block.decode(start, blob)
+        n += block.n
+        total += float(block.minute_total.sum())
+        for b, c in zip(*block.entries(), strict=True):
+            hist[int(b)] = hist.get(int(b), 0) + int(c)
+    for _minute, _model, a, rows, t, _sq in read.minutes:
+        if a == arm.value:
+            n += rows
+            total += t
+    for _minute, _model, a, b, c in read.bins:
+        if a == arm.value:
+            k = int(coarse_as_fine(coarse_bin(np.array([b])))[0])
+            hist[k] = hist.get(k, 0) + c
+    return hist, n, total
+
+
+async def _full(store: BufferedStore, metric: str = "e2e") -> TierRead:
+    return await store.read_rollup_tiers(run_id="run", metric=metric, known=TierVersions())
+
+
+def _check_all(read: TierRead, records: list[RequestRecord], metric: str = "e2e") -> None:
+    for arm in Arm:
+        hist, n, total = _pooled_tiers(read, arm)
+        expected = _coarse_expected(records, metric, arm)
+        assert hist == expected
+        assert n == sum(expected.values())
+        assert math.isclose(total, _expected(records, metric, arm)[1], rel_tol=1e-9)
+
+
+async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
+    backend_url: str, tmp_path: Path
+) -> None:
+    cfg = store_config(backend_url, tmp_path, rollup_fine_minutes=10, rollup_minute_hours=1.0)
+    store = open_store(cfg, run_id="run")
+    await store.start()
+    try:
+        records = _spread(900, 3.0, "a", 1)
+        for rec in records:
+            store.record(rec)
+        await store.flush()
+        now = T0 + 3 * 3600
+        assert await store.compact_rollups(run_id="run", now=now) > 0
+        bounds = CompactionBounds.at(now, fine_minutes=10, minute_hours=1.0)
+        for metric in ROLLUP_METRICS:
+            read = await _full(store, metric)
+            _check_all(read, records, metric)
+            assert all(m >= bounds.fine_before for m, *_ in read.minutes)  # old fine rows gone
+            spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
+            assert spans == {(True, 60), (False, 1)}  # hours before the bound, minutes after
+        before = await _full(store)
+        assert await store.compact_rollups(run_id="run", now=now) == 0  # idempotent
+        assert await _full(store) == before
+        # a later pass merges the 1-minute blocks that have aged into whole hours
+        assert await store.compact_rollups(run_id="run", now=now + 7200) > 0
+        later = await _full(store)
+        _check_all(later, records)
+        assert {span for _s, span, *_ in later.blocks} == {60}
+    finally:
+        await store.close()
+
+
+async def test_late_rows_are_folded_at_the_next_pass_without_double_count(
+    backend_url: str, tmp_path: Path
+) -> None:
+    cfg = store_config(backend_url, tmp_path, rollup_fine_minutes=10, rollup_minute_hours=1.0)
+    store = open_store(cfg, run_id="run")
+    await store.start()
+    try:
+        records = _spread(600, 3.0, "a", 1)
+        for rec in records:
+            store.record(rec)
+        await store.flush()
+        now = T0 + 3 * 3600
+        await store.compact_rollups(run_id="run", now=now)
+        known = await _full(store)
+        versions = TierVersions(
+            {(s, sp, m, a): n for s, sp, m, a, n in known.blocks},
+            {(mi, mo, a): n for mi, mo, a, n, _t, _s in known.minutes},
+        )
+        unchanged = await store.read_rollup_tiers(run_id="run", metric="e2e", known=versions)
+        assert unchanged.blobs == {} and unchanged.bins == []  # nothing new: keys only
+        late = _spread(120, 1.5, "late", 2)  # requests of the first 90 minutes, written now
+        for rec in late:
+            store.record(rec)
+        await store.flush()
+        read = await _full(store)
+        _check_all(read, records + late)  # seen at once, as fine rows beside the blocks
+        assert any(m < now // 60 - 10 for m, *_ in read.minutes)
+        assert await store.compact_rollups(run_id="run", now=now) > 0
+        folded = await _full(store)
+        _check_all(folded, records + late)
+        assert all(m >= now // 60 - 10 for m, *_ in folded.minutes)
+        changed = await store.read_rollup_tiers(run_id="run", metric="e2e", known=versions)
+        # only the hour blocks the late rows fell in are read again
+        assert {(s, sp) for s, sp, *_ in changed.blobs} == {
+            (s, sp) for s, sp, m, a, n in folded.blocks if versions.blocks.get((s, sp, m, a)) != n
+        }
+        assert all(sp == 60 and s < (T0 + 2 * 3600) // 60 for s, sp, *_ in changed.blobs)
+    finally:
+        await store.close()
+
+
+async def test_rollup_retention_removes_old_blocks(backend_url: str, tmp_path: Path) -> None:
+    cfg = store_config(backend_url, tmp_path, rollup_fine_minutes=10, rollup_minute_hours=1.0)
+    store = open_store(cfg, run_id="run")
+    await store.start()
+    try:
+        for rec in _spread(300, 3.0, "a", 1):
+            store.record(rec)
+        await store.flush()
+        await store.compact_rollups(run_id="run", now=T0 + 3 * 3600)
+        cut = T0 + 3600 * 2
+        await store.purge_rollups_older_than(cut)
+        read = await _full(store)
+        assert read.blocks and all(s + sp > cut // 60 for s, sp, *_ in read.blocks)
+        assert all(m >= cut // 60 for m, *_ in read.minutes)
+    finally:
+        await store.close()

@@ -49,6 +49,7 @@ from specproxy.store.rollups import RollupRows
 
 __all__ = [
     "MATERIAL_WIDTH_RATIO",
+    "MAX_BLOCKS",
     "ArmBlocks",
     "BlockBootstrapResult",
     "BlockInterval",
@@ -59,6 +60,10 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 MATERIAL_WIDTH_RATIO: Final = 1.25  # block vs i.i.d. log-width ratio that we call material
+# Most blocks one replicate weighs (cost and memory ~ resamples x blocks): beyond it blocks are
+# made longer, which only keeps more of the dependence (conservative). A 30-day window of hour
+# blocks has 720.
+MAX_BLOCKS: Final = 1000
 _MEAN_COARSEN: Final = 50  # 50 grid bins = 1 % wide: the i.i.d. mean's bins (as bootstrap.py)
 
 
@@ -72,6 +77,12 @@ class ArmBlocks:
     counts: IntArray  # per entry, > 0
     unit_n: IntArray = field(repr=False)  # per unit
     unit_sum: FloatArray = field(repr=False)  # per unit, exact sum of values
+    # Entries may stand for several units (an hour block of the compacted rollup tier is entered
+    # at its first minute): then every bootstrap block must hold whole pieces of `piece_units`
+    # units (units are counted from a piece boundary), and the block-length rule reads `series`
+    # (per unit, NaN when empty) instead of the per-unit mean log from the bins.
+    piece_units: int = 1
+    series: FloatArray | None = field(default=None, repr=False)
 
     @classmethod
     def from_values(cls, unit: npt.NDArray[np.int64], values: FloatArray, units: int) -> ArmBlocks:
@@ -119,7 +130,10 @@ class ArmBlocks:
         return int(self.unit_n.sum())
 
     def unit_log_means(self) -> FloatArray:
-        """Mean log latency per unit from the bins (NaN for empty units): the block rule's input."""
+        """Mean log latency per unit from the bins (NaN for empty units): the block rule's input
+        (`series` when given)."""
+        if self.series is not None:
+            return self.series
         logs = (self.bins.astype(np.float64) + 0.5) * GRID_LOG_WIDTH
         s = np.bincount(self.unit, weights=self.counts * logs, minlength=self.units)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -360,7 +374,9 @@ def block_speedup_intervals(
     """Block and i.i.d. CIs of speedup = statistic(baseline) / statistic(speculative).
 
     `estimates` are point speedups from raw values when available (else from the histograms);
-    `block_units` overrides the Politis-White rule (tests, fixed designs); `raw` (baseline,
+    `block_units` overrides the Politis-White rule (tests, fixed designs); either way blocks are
+    made longer when there would be more than `MAX_BLOCKS`, and rounded up to whole pieces
+    (`ArmBlocks.piece_units`); `raw` (baseline,
     speculative values, when the window is small enough to hold them) makes the i.i.d. quantile
     replicates exact instead of binned; `iid` passes i.i.d. intervals already computed by the
     caller (e.g. the paired engine of `bootstrap.py`), which are then used as they are.
@@ -369,9 +385,13 @@ def block_speedup_intervals(
         raise ValueError("both arms must cover the same time units")
     units = baseline.units
     plan = plan_blocks([baseline.unit_log_means(), speculative.unit_log_means()], units)
-    if block_units is not None:
-        blocks = math.ceil(units / block_units) if units else 0
-        plan = BlockPlan(units, block_units, blocks, plan.politis_white, blocks >= MIN_BLOCKS)
+    piece = max(baseline.piece_units, speculative.piece_units)
+    chosen = block_units if block_units is not None else plan.block_units
+    chosen = max(chosen, math.ceil(units / MAX_BLOCKS))
+    chosen = math.ceil(chosen / piece) * piece
+    if chosen != plan.block_units:
+        blocks = math.ceil(units / chosen) if units else 0
+        plan = BlockPlan(units, chosen, blocks, plan.politis_white, blocks >= MIN_BLOCKS)
     nan = Interval(math.nan, math.nan, math.nan)
     if baseline.n == 0 or speculative.n == 0:
         none = BlockInterval(nan, nan, "iid", False, math.nan, "an arm has no data")

@@ -55,6 +55,7 @@ from specproxy.stats.result import (
     WindowResult,
     settings_lists,
 )
+from specproxy.stats.rollupcache import RollupCache
 from specproxy.stats.rollupjob import compute_from_rollups
 from specproxy.store.base import ArmArrays, Store
 
@@ -209,27 +210,26 @@ async def compute_stats(
     window_end: float | None = None,
     model_label: Callable[[str], str] | None = None,
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
+    cache: RollupCache | None = None,
 ) -> StatsResult:
     """Read the run from the store, then compute in a worker thread.
 
-    Rows or rollups (`stats.raw_rows_max`, see `rollupjob`): the per-minute summaries tell how
-    many usable requests the run holds without touching its rows.
+    Rows or rollups (`stats.raw_rows_max`, see `rollupjob`): the rollups' counts tell how many
+    usable requests the run holds without touching its rows. `cache` (the job's, kept between
+    ticks) makes the rollup read incremental; without one every tier is read.
     """
-    lo, hi = -(2**62), 2**62  # every minute of the run
-    sizes = await store.read_rollups(
-        run_id=run_id, metric="e2e", since_minute=lo, until_minute=hi, with_bins=False
-    )
-    if max(int(r.n.sum()) for r in sizes.values()) > stats_cfg.raw_rows_max:
-        rollups = {
-            m: await store.read_rollups(run_id=run_id, metric=m, since_minute=lo, until_minute=hi)
-            for m in ROLLUP_METRICS
-        }
+    cache = cache if cache is not None else RollupCache()
+    await cache.refresh(store, run_id, ("e2e",))
+    rows_read = cache.rows_read
+    if max(tier.n for tier in cache.tiers["e2e"].values()) > stats_cfg.raw_rows_max:
+        await cache.refresh(store, run_id, tuple(m for m in ROLLUP_METRICS if m != "e2e"))
+        cache.rows_read += rows_read
         samples = await store.read_engine_samples(run_id=run_id)
         started = time.perf_counter()
         scrape_cfg = scrape_cfg or ScrapeConfig()
         out = await asyncio.to_thread(
             compute_from_rollups,
-            rollups,
+            cache.tiers,
             samples,
             windows=[(w, window_label(w)) for w in stats_cfg.windows_s],
             stats_cfg=stats_cfg,
@@ -293,6 +293,7 @@ class StatsJob:
         self.leader: bool | None = None  # None until the first interval asked
         self._latest: StatsResult | None = None
         self._memory = VerdictMemory()  # whole-run verdict hysteresis (stats.hysteresis)
+        self._cache = RollupCache()  # the run's rollup tiers, refreshed incrementally per tick
         self._task: asyncio.Task[None] | None = None
         if registry is not None:
             register_stats_collector(registry, self.latest, self.is_leader)
@@ -306,7 +307,12 @@ class StatsJob:
         return self._latest
 
     async def run_once(self) -> StatsResult:
-        """Compute now, publish, and append to the store's history."""
+        """Compact the run's closed rollups (the leader's chore), compute now, publish, and append
+        to the store's history."""
+        try:
+            await self._store.compact_rollups(run_id=self._run_id, now=self._clock())
+        except Exception:  # retried next interval; the fine rows stay until then
+            log.exception("stats: rollup compaction failed")
         result = await compute_stats(
             self._store,
             run_id=self._run_id,
@@ -315,6 +321,7 @@ class StatsJob:
             window_end=self._clock(),
             model_label=self._model_label,
             gpu_samples=self._gpu_samples() if self._gpu_samples is not None else None,
+            cache=self._cache,
         )
         tolerance = self._stats_cfg.p99_tolerance
         self._memory.apply(result, tolerance=tolerance)

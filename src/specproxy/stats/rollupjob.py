@@ -13,6 +13,15 @@ What changes on rollups (stated in the result):
     `stats.warmup_requests` usable requests, and after each restart the minutes from the
     restart's minute until both `scrape.warmup_requests` requests and `scrape.warmup_seconds`
     have passed (a superset of the row rule, which drops single requests).
+
+Tiers (`store.compaction`, `rollupcache`): fine minutes, compacted 1-minute blocks and hour
+blocks are entered as they are (a compacted histogram's bins as the fine bins at their centres):
+  * a window that reaches compacted histograms states `grid_error_bound` =
+    `loggrid.COARSE_ERROR_BOUND` (0.5 % on a ratio) instead of `GRID_ERROR_BOUND` (0.02 %);
+  * a window that reaches hour blocks is widened to whole hours (`minutes` says which), its
+    bootstrap blocks are whole hours (`ArmBlocks.piece_units`), and its block-length rule reads
+    the per-minute log of the mean (the per-minute histograms are gone);
+  * warm-up leaves out a whole block when it holds an excluded minute.
 """
 
 from __future__ import annotations
@@ -26,14 +35,16 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.config import ScrapeConfig, StatsConfig
+from specproxy.loggrid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND
 from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.rollup import ROLLUP_METRICS, ROLLUP_UNIT_S, minute_of
+from specproxy.rollupblob import HOUR_SPAN, MINUTE_SPAN
 from specproxy.stats.blockboot import ArmBlocks
 from specproxy.stats.clean import restart_times
 from specproxy.stats.compare import CompareSettings
 from specproxy.stats.diagnosis import summarise_arms
+from specproxy.stats.rollupcache import ArmTier
 from specproxy.stats.rollupcompare import compare_rollup_window
-from specproxy.store.rollups import RollupRows
 
 __all__ = ["RollupResults", "compute_from_rollups", "warmup_minutes"]
 
@@ -41,18 +52,20 @@ IntArray = npt.NDArray[np.int64]
 
 
 def warmup_minutes(
-    rows: RollupRows,
+    minute: IntArray,
+    n_per_minute: IntArray,
     restarts: Sequence[float],
     *,
     warmup_requests: int,
     restart_requests: int,
     restart_seconds: float,
 ) -> set[int]:
-    """Minutes of one arm left out as warm-up (the rule in the module docstring)."""
-    if rows.minute.size == 0:
+    """Minutes of one arm left out as warm-up (the rule in the module docstring), from the
+    request count of each minute (a minute may repeat: the counts are summed)."""
+    if minute.size == 0:
         return set()
-    minutes, inverse = np.unique(rows.minute, return_inverse=True)
-    n = np.bincount(inverse, weights=rows.n)
+    minutes, inverse = np.unique(minute, return_inverse=True)
+    n = np.bincount(inverse, weights=n_per_minute)
     before = np.concatenate([[0.0], np.cumsum(n)[:-1]])
     out = {int(m) for m, b in zip(minutes, before, strict=True) if b < warmup_requests}
     for restart in restarts:
@@ -66,23 +79,81 @@ def warmup_minutes(
     return out
 
 
-def _window_blocks(rows: RollupRows, lo: int, hi: int, excluded: set[int]) -> tuple[ArmBlocks, int]:
-    """ArmBlocks of minutes [lo, hi] minus `excluded`; also the excluded request count."""
-    drop = np.isin(rows.minute, list(excluded)) if excluded else np.zeros(rows.minute.size, bool)
-    in_window = (rows.minute >= lo) & (rows.minute <= hi)
-    keep_bins = (rows.bin_minute >= lo) & (rows.bin_minute <= hi)
-    if excluded:
-        keep_bins &= ~np.isin(rows.bin_minute, list(excluded))
-    kept = RollupRows(
-        minute=rows.minute[in_window & ~drop],
-        n=rows.n[in_window & ~drop],
-        total=rows.total[in_window & ~drop],
-        total_sq=rows.total_sq[in_window & ~drop],
-        bin_minute=rows.bin_minute[keep_bins],
-        bins=rows.bins[keep_bins],
-        counts=rows.counts[keep_bins],
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """A window's minutes after widening to whole compacted blocks."""
+
+    lo: int
+    hi: int
+    hourly: bool  # hour blocks inside: units from an hour boundary, bootstrap blocks whole hours
+    coarse: bool  # compacted (0.5 %) histograms inside
+
+
+def _span(tiers: dict[str, dict[Arm, ArmTier]], lo: int, hi: int) -> _Span:
+    hourly = coarse = False
+    for per_arm in tiers.values():
+        for tier in per_arm.values():
+            for start, span, _model in tier.blocks:
+                if start <= hi and start + span > lo:
+                    coarse = True
+                    if span > MINUTE_SPAN:
+                        hourly = True
+                        hi = max(hi, start + span - 1)
+    if hourly:
+        lo -= lo % HOUR_SPAN
+    return _Span(lo, hi, hourly, coarse)
+
+
+def _window_blocks(tier: ArmTier, span: _Span, excluded: set[int]) -> tuple[ArmBlocks, int]:
+    """ArmBlocks of the window's minutes minus `excluded` (a block holding an excluded minute is
+    left out whole: its histogram cannot be split); also the excluded request count."""
+    lo, units = span.lo, span.hi - span.lo + 1
+    unit_n = np.zeros(units, dtype=np.int64)
+    unit_sum = np.zeros(units, dtype=np.float64)
+    where: list[IntArray] = []
+    bins: list[IntArray] = []
+    counts: list[IntArray] = []
+    dropped = 0
+    for (start, width, _model), cached in tier.blocks.items():
+        if start < lo or start > span.hi:
+            continue
+        block = cached.block
+        if excluded and not excluded.isdisjoint(range(start, start + width)):
+            dropped += block.n
+            continue
+        off = start - lo
+        unit_n[off : off + width] += block.minute_n
+        unit_sum[off : off + width] += block.minute_total
+        where.append(np.full(cached.bins.size, off, dtype=np.int64))
+        bins.append(cached.bins)
+        counts.append(cached.counts)
+    for (minute, _model), fine in tier.fine.items():
+        if minute < lo or minute > span.hi:
+            continue
+        if minute in excluded:
+            dropped += fine.n
+            continue
+        unit_n[minute - lo] += fine.n
+        unit_sum[minute - lo] += fine.total
+        where.append(np.full(fine.bins.size, minute - lo, dtype=np.int64))
+        bins.append(fine.bins)
+        counts.append(fine.counts)
+    series = None
+    if span.hourly:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            series = np.where(unit_n > 0, np.log(unit_sum / np.maximum(unit_n, 1)), np.nan)
+    empty = np.zeros(0, dtype=np.int64)
+    blocks = ArmBlocks(
+        units=units,
+        unit=np.concatenate(where) if where else empty,
+        bins=np.concatenate(bins) if bins else empty,
+        counts=np.concatenate(counts) if counts else empty,
+        unit_n=unit_n,
+        unit_sum=unit_sum,
+        piece_units=HOUR_SPAN if span.hourly else 1,
+        series=series,
     )
-    return ArmBlocks.from_rollups(kept, lo, hi - lo + 1), int(rows.n[in_window & drop].sum())
+    return blocks, dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +166,7 @@ class RollupResults:
 
 
 def compute_from_rollups(
-    rollups: dict[str, dict[Arm, RollupRows]],
+    tiers: dict[str, dict[Arm, ArmTier]],
     engine_samples: Sequence[EngineSample],
     *,
     windows: Sequence[tuple[float | None, str]],
@@ -104,11 +175,11 @@ def compute_from_rollups(
     window_end: float | None = None,
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
 ) -> RollupResults:
-    """Every window (`(seconds or None, label)`) from the run's rollups, `rollups[metric][arm]`;
+    """Every window (`(seconds or None, label)`) from the run's rollups, `tiers[metric][arm]`;
     `gpu_samples`: the GPU telemetry of the arms that have it, as for `job.compute_from_arrays`."""
-    e2e = rollups["e2e"]
-    used = [int(r.minute.max()) for r in e2e.values() if r.minute.size]
-    first = [int(r.minute.min()) for r in e2e.values() if r.minute.size]
+    e2e = {arm: tiers["e2e"][arm].minute_counts() for arm in Arm}
+    used = [int(m.max()) for m, _n in e2e.values() if m.size]
+    first = [int(m.min()) for m, _n in e2e.values() if m.size]
     horizon = (max(used) + 1) * ROLLUP_UNIT_S if used else None
     if window_end is None:
         window_end = horizon if horizon is not None else time.time()
@@ -118,7 +189,7 @@ def compute_from_rollups(
     start_minute = min(first) if first else end_minute
     excluded = {
         arm: warmup_minutes(
-            e2e[arm],
+            *e2e[arm],
             restart_times(engine_samples, arm),
             warmup_requests=stats_cfg.warmup_requests,
             restart_requests=scrape_cfg.warmup_requests,
@@ -135,25 +206,24 @@ def compute_from_rollups(
             if window_s is None
             else max(minute_of(window_end - window_s), start_minute)
         )
-        lo = min(lo, end_minute)
+        span = _span(tiers, min(lo, end_minute), end_minute)
         arms: dict[str, dict[Arm, ArmBlocks]] = {}
         n_excluded: dict[str, int] = {}
         for metric in ROLLUP_METRICS:
             arms[metric] = {}
             for arm in Arm:
-                blocks, dropped = _window_blocks(
-                    rollups[metric][arm], lo, end_minute, excluded[arm]
-                )
+                blocks, dropped = _window_blocks(tiers[metric][arm], span, excluded[arm])
                 arms[metric][arm] = blocks
                 if metric == "e2e":
                     n_excluded[arm.value] = dropped
-        since = lo * ROLLUP_UNIT_S
+        since = span.lo * ROLLUP_UNIT_S
         engine = summarise_arms(engine_samples, gpu_samples, since=since)
         result = compare_rollup_window(arms, engine=engine, settings=settings, rng=rng)
         per_window[label] = {
             "window_s": window_s,
-            "minutes": [lo, end_minute],
+            "minutes": [span.lo, span.hi],
             **result,
+            "grid_error_bound": COARSE_ERROR_BOUND if span.coarse else GRID_ERROR_BOUND,
             "excluded_warmup": n_excluded,
         }
     return RollupResults({"all": per_window}, window_end, horizon)

@@ -24,7 +24,7 @@ from typing import Any
 
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.store.arrays import ArmArrays, check_columns
-from specproxy.store.rollups import RollupRows
+from specproxy.store.rollups import RollupRows, TierRead, TierVersions
 
 __all__ = ["ArmArrays", "RecordQuery", "Store"]
 
@@ -126,6 +126,17 @@ class Store(abc.ABC):
         """Per-minute rollups (see `specproxy.rollup`) of `metric` for minutes in
         [since_minute, until_minute), per arm, rows of every model when `model` is None (the
         caller sums them); `with_bins=False` reads only the per-minute summaries."""
+
+    @abc.abstractmethod
+    async def compact_rollups(self, *, run_id: str, now: float) -> int:
+        """Fold the run's closed fine rollups into blocks and old 1-minute blocks into hour
+        blocks (`store.compaction`, bounds from `StoreConfig.rollup_*`) in one transaction;
+        return the rows taken. Only the stats leader calls it."""
+
+    @abc.abstractmethod
+    async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
+        """Every rollup block and fine minute of `metric` from one snapshot: keys and `n` of all,
+        contents of those whose `n` is not what `known` holds (`store.rollups.TierRead`)."""
 
     @abc.abstractmethod
     async def read_engine_samples(

@@ -28,6 +28,7 @@ from specproxy.errors import StoreError
 from specproxy.records import EngineSample, RequestRecord
 from specproxy.rollup import ROLLUP_UNIT_S
 from specproxy.store.base import Store
+from specproxy.store.compaction import CompactionBounds
 from specproxy.store.spill import Row, SpillSet
 
 __all__ = ["MEMORY_FACTOR", "BufferedStore"]
@@ -91,6 +92,19 @@ class BufferedStore(Store):
     @abc.abstractmethod
     async def _purge_rollups(self, before_minute: int) -> int:
         """Delete rollups of minutes before `before_minute`; return how many rows went."""
+
+    @abc.abstractmethod
+    async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
+        """`compact_rollups` with its bounds: one transaction; return the rows taken."""
+
+    async def compact_rollups(self, *, run_id: str, now: float) -> int:
+        await self._ensure_open()
+        bounds = CompactionBounds.at(
+            now,
+            fine_minutes=self.cfg.rollup_fine_minutes,
+            minute_hours=self.cfg.rollup_minute_hours,
+        )
+        return await self._compact(run_id, bounds)
 
     def _rejects_rows(self, exc: BaseException) -> bool:
         """Whether a failed write means bad rows (never succeeds) rather than an outage.

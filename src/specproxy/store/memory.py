@@ -14,17 +14,27 @@ from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.rollup import rollup_records
+from specproxy.rollupblob import Block
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.registry import register_backend
-from specproxy.store.rollups import RollupRows, rollup_rows_from
+from specproxy.store.rollups import (
+    RollupRows,
+    TierRead,
+    TierVersions,
+    changed_blocks,
+    changed_minutes,
+    rollup_rows_from,
+)
 from specproxy.store.schema import REQUEST_COLUMNS
 
 __all__ = ["MemoryStore"]
 
 RequestKey = tuple[str, str, str, bool]
 RollupKey = tuple[str, int, str, str, str]  # run_id, minute, model, arm, metric
+StoredBlockKey = tuple[str, str, int, int, str, str]  # run_id, metric, start, span, model, arm
 
 
 @register_backend("memory")
@@ -39,6 +49,7 @@ class MemoryStore(BufferedStore):
         self._stats: list[tuple[str, float, dict[str, Any]]] = []
         self._minutes: dict[RollupKey, list[float]] = {}
         self._bins: dict[RollupKey, dict[int, int]] = {}
+        self._blocks: dict[StoredBlockKey, bytes] = {}
 
     async def _open(self) -> None:
         self._check_up()
@@ -84,7 +95,55 @@ class MemoryStore(BufferedStore):
         for k in old:
             del self._minutes[k]
             removed += 1 + len(self._bins.pop(k, {}))
+        for bk in [bk for bk in self._blocks if bk[2] + bk[3] <= before_minute]:
+            del self._blocks[bk]
+            removed += 1
         return removed
+
+    async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
+        self._check_up()
+        taken_blocks = [
+            (k[1], k[2], k[4], k[5], self._blocks.pop(k))
+            for k in list(self._blocks)
+            if k[0] == run_id and k[3] == 1 and k[2] < bounds.hours_before
+        ]
+        fine = [k for k in self._minutes if k[0] == run_id and k[1] < bounds.fine_before]
+        sums = []
+        bins = []
+        for k in fine:
+            _run, minute, model, arm, metric = k
+            n, total, sq = self._minutes.pop(k)
+            sums.append((metric, minute, model, arm, int(n), total, sq))
+            for b, c in self._bins.pop(k, {}).items():
+                bins.append((metric, minute, model, arm, b, c))
+        folded = fold(
+            bounds=bounds,
+            minute_blocks=taken_blocks,
+            summaries=sums,
+            bins=bins,
+            stored=lambda t: self._blocks.get((run_id, *t)),
+        )
+        for metric, start, span, model, arm, block in folded:
+            self._blocks[(run_id, metric, start, span, model, arm)] = block.encode()
+        return len(taken_blocks) + len(sums) + len(bins)
+
+    async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
+        mine = {k[2:]: v for k, v in self._blocks.items() if k[0] == run_id and k[1] == metric}
+        listing = [(*k, Block.decode(k[0], v).n) for k, v in mine.items()]
+        blobs = {k: mine[k] for k in changed_blocks(listing, known)}
+        minutes = [
+            (k[1], k[2], k[3], int(v[0]), v[1], v[2])
+            for k, v in self._minutes.items()
+            if k[0] == run_id and k[4] == metric
+        ]
+        wanted = set(changed_minutes(minutes, known))
+        bins = [
+            (k[1], k[2], k[3], b, c)
+            for k, hist in self._bins.items()
+            if k[0] == run_id and k[4] == metric and k[1] in wanted
+            for b, c in hist.items()
+        ]
+        return TierRead(listing, blobs, minutes, bins)
 
     async def read_rollups(
         self,

@@ -22,6 +22,7 @@ from specproxy.rollup import rollup_records
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
@@ -35,11 +36,23 @@ from specproxy.store.queries import (
 from specproxy.store.registry import register_backend
 from specproxy.store.rollups import (
     RollupRows,
+    TierRead,
+    TierVersions,
+    block_blobs_sql,
+    block_list_sql,
+    changed_blocks,
+    changed_minutes,
+    delete_blocks_returning_sql,
+    delete_fine_returning_sql,
     delete_rollups_sql,
+    fine_bins_of_minute_sql,
+    fine_minutes_sql,
     read_bins_sql,
     read_minutes_sql,
     rollup_rows_from,
+    stored_block_sql,
     upsert_bins_sql,
+    upsert_block_sql,
     upsert_minutes_sql,
 )
 from specproxy.store.schema import (
@@ -58,6 +71,7 @@ __all__ = ["PostgresStore", "migrate_postgres"]
 CONNECT_TIMEOUT_S = 5.0
 COMMAND_TIMEOUT_S = 30.0
 MIGRATION_LOCK_KEY = 0x5BEC_0001  # pg_advisory_xact_lock key shared by every replica
+COMPACTION_LOCK_KEY = 0x5BEC_0002  # one rollup compaction at a time (leader hand-over)
 
 _COLS = ", ".join(REQUEST_COLUMNS)
 _ENGINE_COLS = ", ".join(ENGINE_COLUMNS)
@@ -186,6 +200,81 @@ class PostgresStore(BufferedStore):
                 status = await conn.execute(sql, before_minute)
                 removed += int(status.split()[-1])
         return removed
+
+    async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
+        """One REPEATABLE READ transaction: the DELETE ... RETURNING statements see one snapshot;
+        a row a replica changes meanwhile aborts the pass (serialization failure, retried at the
+        next one) and a row it adds is left for the next pass."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", COMPACTION_LOCK_KEY):
+                return 0
+            blocks = await conn.fetch(
+                delete_blocks_returning_sql("postgresql"), run_id, bounds.hours_before
+            )
+            sums_sql, bins_sql = delete_fine_returning_sql("postgresql")
+            sums = await conn.fetch(sums_sql, run_id, bounds.fine_before)
+            bins = await conn.fetch(bins_sql, run_id, bounds.fine_before)
+            targets = {
+                (m, *bounds.target(minute), mo, a) for m, minute, mo, a, *_ in [*sums, *bins]
+            } | {(m, st - st % 60, 60, mo, a) for m, st, mo, a, _b in blocks}
+            stored: dict[tuple[str, int, int, str, str], bytes] = {}
+            for target in targets:
+                blob = await conn.fetchval(stored_block_sql("postgresql"), run_id, *target)
+                if blob is not None:
+                    stored[target] = bytes(blob)
+            folded = await asyncio.to_thread(
+                fold,
+                bounds=bounds,
+                minute_blocks=[tuple(r) for r in blocks],
+                summaries=[tuple(r) for r in sums],
+                bins=[tuple(r) for r in bins],
+                stored=stored.get,
+            )
+            await conn.executemany(
+                upsert_block_sql("postgresql"),
+                [(run_id, m, st, sp, mo, a, b.n, b.encode()) for m, st, sp, mo, a, b in folded],
+            )
+            return len(blocks) + len(sums) + len(bins)
+
+    async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
+        await self._ensure_open()
+        try:
+            async with (
+                self.pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):  # one snapshot: a compaction commits wholly before or after
+                listing = [
+                    tuple(r) for r in await conn.fetch(block_list_sql("postgresql"), run_id, metric)
+                ]
+                changed = changed_blocks(listing, known)
+                blobs: dict[tuple[int, int, str, str], bytes] = {}
+                if len(changed) > 64:  # a cold reader: one scan instead of a query per block
+                    wanted = set(changed)
+                    for st, sp, mo, a, blob in await conn.fetch(
+                        block_blobs_sql("postgresql", one=False), run_id, metric
+                    ):
+                        if (st, sp, mo, a) in wanted:
+                            blobs[(st, sp, mo, a)] = bytes(blob)
+                else:
+                    for key in changed:
+                        for st, sp, mo, a, blob in await conn.fetch(
+                            block_blobs_sql("postgresql", one=True), run_id, metric, *key
+                        ):
+                            blobs[(st, sp, mo, a)] = bytes(blob)
+                minutes = [
+                    tuple(r)
+                    for r in await conn.fetch(fine_minutes_sql("postgresql"), run_id, metric)
+                ]
+                bins = [
+                    tuple(r)
+                    for minute in changed_minutes(minutes, known)
+                    for r in await conn.fetch(
+                        fine_bins_of_minute_sql("postgresql"), run_id, metric, minute
+                    )
+                ]
+        except Exception as exc:
+            raise StoreError(f"cannot read store: {exc}") from exc
+        return TierRead(listing, blobs, minutes, bins)
 
     async def read_rollups(
         self,

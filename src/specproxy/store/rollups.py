@@ -1,15 +1,22 @@
-"""SQL and result type of the per-minute rollup tables (schema v4), shared by the SQL backends.
+"""SQL and result types of the rollup tables (fine rows: schema v4; blocks: v5), shared by the
+SQL backends.
 
 Writes are ADDITIVE upserts: every replica adds the rollups of the rows it has just inserted
 (rows already present, e.g. replayed from a spill file, are not added twice: the backends roll up
 only the rows their INSERT actually created). Reads return plain (minute, bin, count) arrays per
 arm; rows of several models in one minute are summed by the caller (`np.unique`), so no GROUP BY
 and no sort are needed on the database side.
+
+Tiers (issue 14, scale): replicas write fine per-minute rows; the stats leader moves closed minutes
+into `rollup_blocks` (`compaction`), whose rows carry their request count `n`. `n` only grows
+when rows are folded in, so it is the block's version: a reader that remembers the `n` of each
+block and fine minute it holds (`TierVersions`) gets back only what changed (`TierRead`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
@@ -18,12 +25,27 @@ import numpy.typing as npt
 from specproxy.store.schema import Dialect
 
 __all__ = [
+    "BLOCK_COLS",
+    "BlockKey",
+    "FineKey",
     "RollupRows",
+    "TierRead",
+    "TierVersions",
+    "block_blobs_sql",
+    "block_list_sql",
+    "changed_blocks",
+    "changed_minutes",
+    "delete_blocks_returning_sql",
+    "delete_fine_returning_sql",
     "delete_rollups_sql",
+    "fine_bins_of_minute_sql",
+    "fine_minutes_sql",
     "read_bins_sql",
     "read_minutes_sql",
     "rollup_rows_from",
+    "stored_block_sql",
     "upsert_bins_sql",
+    "upsert_block_sql",
     "upsert_minutes_sql",
 ]
 
@@ -74,12 +96,142 @@ def read_bins_sql(dialect: Dialect, *, with_model: bool) -> str:
     return f"SELECT minute, bin, count FROM rollup_bins WHERE {_where(dialect, with_model)}"
 
 
-def delete_rollups_sql(dialect: Dialect) -> tuple[str, str]:
+def delete_rollups_sql(dialect: Dialect) -> tuple[str, ...]:
     p = "?" if dialect == "sqlite" else "$1"
     return (
         f"DELETE FROM rollup_minutes WHERE minute < {p}",
         f"DELETE FROM rollup_bins WHERE minute < {p}",
+        f"DELETE FROM rollup_blocks WHERE start + span <= {p}",
     )
+
+
+# -- the block tier (schema v5) ------------------------------------------------------------------
+
+BLOCK_COLS: Final = "run_id, metric, start, span, model, arm, n, blob"
+BlockKey = tuple[int, int, str, str]  # start, span, model, arm (of one run and metric)
+FineKey = tuple[int, str, str]  # minute, model, arm
+
+
+def upsert_block_sql(dialect: Dialect) -> str:
+    """Write a block the compactor has already merged with the stored one (read-modify-write
+    under the compaction transaction), so the update replaces."""
+    return (
+        f"INSERT INTO rollup_blocks ({BLOCK_COLS}) VALUES ({_params(dialect, 8)}) "
+        "ON CONFLICT (run_id, metric, start, span, model, arm) DO UPDATE SET "
+        "n = excluded.n, blob = excluded.blob"
+    )
+
+
+def _p(dialect: Dialect, n: int) -> list[str]:
+    return ["?" if dialect == "sqlite" else f"${i + 1}" for i in range(n)]
+
+
+def delete_fine_returning_sql(dialect: Dialect) -> tuple[str, str]:
+    """Take (delete and return) the fine rows of a run's minutes before a bound; params run,
+    bound. RETURNING names exactly the rows removed, so a row a replica adds meanwhile is either
+    returned or left for the next pass, never lost."""
+    p = _p(dialect, 2)
+    where = f"WHERE run_id = {p[0]} AND minute < {p[1]}"
+    return (
+        f"DELETE FROM rollup_minutes {where} RETURNING metric, minute, model, arm, n, total, "
+        "total_sq",
+        f"DELETE FROM rollup_bins {where} RETURNING metric, minute, model, arm, bin, count",
+    )
+
+
+def delete_blocks_returning_sql(dialect: Dialect) -> str:
+    """Take the 1-minute blocks of a run that start before a bound; params run, bound."""
+    p = _p(dialect, 2)
+    return (
+        f"DELETE FROM rollup_blocks WHERE run_id = {p[0]} AND span = 1 AND start < {p[1]} "
+        "RETURNING metric, start, model, arm, blob"
+    )
+
+
+def stored_block_sql(dialect: Dialect) -> str:
+    """One block's blob; params run, metric, start, span, model, arm."""
+    p = _p(dialect, 6)
+    return (
+        f"SELECT blob FROM rollup_blocks WHERE run_id = {p[0]} AND metric = {p[1]} "
+        f"AND start = {p[2]} AND span = {p[3]} AND model = {p[4]} AND arm = {p[5]}"
+    )
+
+
+def block_list_sql(dialect: Dialect) -> str:
+    """(start, span, model, arm, n) of every block of a run and metric; params run, metric."""
+    p = _p(dialect, 2)
+    return (
+        "SELECT start, span, model, arm, n FROM rollup_blocks "
+        f"WHERE run_id = {p[0]} AND metric = {p[1]}"
+    )
+
+
+def block_blobs_sql(dialect: Dialect, *, one: bool) -> str:
+    """(start, span, model, arm, blob) of a run and metric: every block, or (`one`) the block
+    with params start, span, model, arm after run, metric."""
+    p = _p(dialect, 6)
+    sql = (
+        "SELECT start, span, model, arm, blob FROM rollup_blocks "
+        f"WHERE run_id = {p[0]} AND metric = {p[1]}"
+    )
+    if one:
+        sql += f" AND start = {p[2]} AND span = {p[3]} AND model = {p[4]} AND arm = {p[5]}"
+    return sql
+
+
+def fine_minutes_sql(dialect: Dialect) -> str:
+    """Every fine summary of a run and metric; params run, metric."""
+    p = _p(dialect, 2)
+    return (
+        "SELECT minute, model, arm, n, total, total_sq FROM rollup_minutes "
+        f"WHERE run_id = {p[0]} AND metric = {p[1]}"
+    )
+
+
+def fine_bins_of_minute_sql(dialect: Dialect) -> str:
+    """Fine bins of one minute of a run and metric; params run, metric, minute."""
+    p = _p(dialect, 3)
+    return (
+        "SELECT minute, model, arm, bin, count FROM rollup_bins "
+        f"WHERE run_id = {p[0]} AND metric = {p[1]} AND minute = {p[2]}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TierVersions:
+    """What a reader holds already: the `n` of each block and of each fine minute."""
+
+    blocks: Mapping[BlockKey, int] = field(default_factory=dict)
+    fine: Mapping[FineKey, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TierRead:
+    """One metric of one run from one snapshot: every block's and fine minute's key and `n`,
+    and the contents of those whose `n` differs from the reader's `TierVersions`."""
+
+    blocks: list[tuple[int, int, str, str, int]]  # start, span, model, arm, n: all of them
+    blobs: dict[BlockKey, bytes]  # changed blocks only
+    minutes: list[tuple[int, str, str, int, float, float]]  # minute, model, arm, n, total, sq
+    bins: list[tuple[int, str, str, int, int]]  # minute, model, arm, bin, count: changed minutes
+
+    @property
+    def rows(self) -> int:
+        """Rows (or blobs) the read transferred."""
+        return len(self.blocks) + len(self.blobs) + len(self.minutes) + len(self.bins)
+
+
+def changed_blocks(
+    listing: list[tuple[int, int, str, str, int]], known: TierVersions
+) -> list[BlockKey]:
+    return [(s, sp, m, a) for s, sp, m, a, n in listing if known.blocks.get((s, sp, m, a)) != n]
+
+
+def changed_minutes(
+    minutes: list[tuple[int, str, str, int, float, float]], known: TierVersions
+) -> list[int]:
+    """Minutes holding a fine row whose `n` the reader does not have (its bins are read)."""
+    return sorted({m for m, mo, a, n, _t, _s in minutes if known.fine.get((m, mo, a)) != n})
 
 
 @dataclass(frozen=True, slots=True)

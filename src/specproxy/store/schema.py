@@ -225,11 +225,42 @@ _V4_POSTGRESQL = (
     )""",
 )
 
+# Version 5: the compacted rollup tier (issue 14, scale): one row per block of minutes of a
+# (run, metric, model, arm) holding exact per-minute sums and one coarse histogram as a blob
+# (`specproxy.rollupblob`); the stats leader moves closed fine rows here (`store.compaction`).
+_V5_SQLITE = (
+    """CREATE TABLE IF NOT EXISTS rollup_blocks (
+        run_id TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        start INTEGER NOT NULL,
+        span INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        blob BLOB NOT NULL,
+        PRIMARY KEY (run_id, metric, start, span, model, arm)
+    ) WITHOUT ROWID""",
+)
+_V5_POSTGRESQL = (
+    """CREATE TABLE IF NOT EXISTS rollup_blocks (
+        run_id TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        start BIGINT NOT NULL,
+        span INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        n BIGINT NOT NULL,
+        blob BYTEA NOT NULL,
+        PRIMARY KEY (run_id, metric, start, span, model, arm)
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
     Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
     Migration(3, "engine endpoint of each request", _V3_SQLITE, _V3_POSTGRESQL),
     Migration(4, "per-minute additive rollups", _V4_SQLITE, _V4_POSTGRESQL),
+    Migration(5, "compacted rollup blocks", _V5_SQLITE, _V5_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

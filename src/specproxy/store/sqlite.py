@@ -37,6 +37,7 @@ from specproxy.rollup import rollup_records
 from specproxy.store.arrays import ArmArrays, arrow_to_arrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
@@ -49,11 +50,23 @@ from specproxy.store.queries import (
 from specproxy.store.registry import register_backend
 from specproxy.store.rollups import (
     RollupRows,
+    TierRead,
+    TierVersions,
+    block_blobs_sql,
+    block_list_sql,
+    changed_blocks,
+    changed_minutes,
+    delete_blocks_returning_sql,
+    delete_fine_returning_sql,
     delete_rollups_sql,
+    fine_bins_of_minute_sql,
+    fine_minutes_sql,
     read_bins_sql,
     read_minutes_sql,
     rollup_rows_from,
+    stored_block_sql,
     upsert_bins_sql,
+    upsert_block_sql,
     upsert_minutes_sql,
 )
 from specproxy.store.schema import (
@@ -255,6 +268,33 @@ class SqliteStore(BufferedStore):
     async def _purge_rollups(self, before_minute: int) -> int:
         return await self._on_writer(self._purge_rollups_sync, before_minute)
 
+    def _compact_sync(self, run_id: str, bounds: CompactionBounds) -> int:
+        def move(conn: sqlite3.Connection) -> int:
+            blocks = conn.execute(
+                delete_blocks_returning_sql("sqlite"), (run_id, bounds.hours_before)
+            ).fetchall()
+            sums_sql, bins_sql = delete_fine_returning_sql("sqlite")
+            sums = conn.execute(sums_sql, (run_id, bounds.fine_before)).fetchall()
+            bins = conn.execute(bins_sql, (run_id, bounds.fine_before)).fetchall()
+
+            def stored(target: tuple[str, int, int, str, str]) -> bytes | None:
+                row = conn.execute(stored_block_sql("sqlite"), (run_id, *target)).fetchone()
+                return bytes(row[0]) if row else None
+
+            folded = fold(
+                bounds=bounds, minute_blocks=blocks, summaries=sums, bins=bins, stored=stored
+            )
+            conn.executemany(
+                upsert_block_sql("sqlite"),
+                [(run_id, m, st, sp, mo, a, b.n, b.encode()) for m, st, sp, mo, a, b in folded],
+            )
+            return len(blocks) + len(sums) + len(bins)
+
+        return self._in_transaction(move)
+
+    async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
+        return await self._on_writer(self._compact_sync, run_id, bounds)
+
     def _close_sync(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -348,6 +388,16 @@ class SqliteStore(BufferedStore):
 
         return await self._read(fetch)
 
+    async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
+        def fetch(conn: sqlite3.Connection) -> TierRead:
+            conn.execute("BEGIN")  # one snapshot: a compaction commits wholly before or after
+            try:
+                return _read_tiers(conn, run_id, metric, known)
+            finally:
+                conn.execute("ROLLBACK")
+
+        return await self._read(fetch)
+
     async def read_engine_samples(
         self, *, run_id: str, since: float | None = None, arm: Arm | None = None
     ) -> list[EngineSample]:
@@ -400,6 +450,34 @@ class SqliteStore(BufferedStore):
                 yield [_typed_export_row(row) for row in rows]
         finally:
             conn.close()
+
+
+def _read_tiers(
+    conn: sqlite3.Connection, run_id: str, metric: str, known: TierVersions
+) -> TierRead:
+    listing = conn.execute(block_list_sql("sqlite"), (run_id, metric)).fetchall()
+    changed = changed_blocks(listing, known)
+    blobs: dict[tuple[int, int, str, str], bytes] = {}
+    if len(changed) > 64:  # a cold reader: one scan instead of a query per block
+        wanted = set(changed)
+        for st, sp, mo, a, blob in conn.execute(
+            block_blobs_sql("sqlite", one=False), (run_id, metric)
+        ):
+            if (st, sp, mo, a) in wanted:
+                blobs[(st, sp, mo, a)] = bytes(blob)
+    else:
+        for key in changed:
+            for st, sp, mo, a, blob in conn.execute(
+                block_blobs_sql("sqlite", one=True), (run_id, metric, *key)
+            ):
+                blobs[(st, sp, mo, a)] = bytes(blob)
+    minutes = conn.execute(fine_minutes_sql("sqlite"), (run_id, metric)).fetchall()
+    bins = [
+        row
+        for minute in changed_minutes(minutes, known)
+        for row in conn.execute(fine_bins_of_minute_sql("sqlite"), (run_id, metric, minute))
+    ]
+    return TierRead(listing, blobs, minutes, bins)
 
 
 _BOOL_INDEXES = tuple(REQUEST_COLUMNS.index(c) for c in ("stream", "shadow", "disconnected"))

@@ -1,0 +1,156 @@
+"""The stats job's incremental copy of a run's rollup tiers (blocks and fine minutes).
+
+A cold cache (a new leader, `specproxy stats`) reads every block and fine minute once. A warm one
+asks the store only for what changed since its last tick (`store.rollups.TierRead`: every key's
+`n` comes back, contents only where `n` differs), so a tick reads the few fine minutes still
+filling and the blocks compaction touched, not 30 days of history. Because a block's `n` grows
+whenever rows are folded in and the listing names every key, the warm cache after a refresh holds
+exactly what a cold read of the same snapshot gets (tests/stats/test_rollupcache.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from specproxy.records import Arm
+from specproxy.rollup import ROLLUP_METRICS
+from specproxy.rollupblob import Block
+from specproxy.store.base import Store
+from specproxy.store.rollups import RollupRows, TierRead, TierVersions
+
+__all__ = ["ArmTier", "CachedBlock", "FineMinute", "RollupCache"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class CachedBlock:
+    block: Block
+    bins: IntArray  # occupied coarse bins as fine centre bins (`Block.entries`)
+    counts: IntArray
+
+    @classmethod
+    def of(cls, block: Block) -> CachedBlock:
+        bins, counts = block.entries()
+        return cls(block, bins, counts)
+
+
+@dataclass(frozen=True, slots=True)
+class FineMinute:
+    n: int
+    total: float
+    total_sq: float
+    bins: IntArray  # fine grid
+    counts: IntArray
+
+
+@dataclass(slots=True)
+class ArmTier:
+    """One arm's rollups of one metric: blocks by (start, span, model), fine minutes by
+    (minute, model)."""
+
+    blocks: dict[tuple[int, int, str], CachedBlock] = field(default_factory=dict)
+    fine: dict[tuple[int, str], FineMinute] = field(default_factory=dict)
+
+    @classmethod
+    def from_rows(cls, rows: RollupRows) -> ArmTier:
+        """Fine rows only (`Store.read_rollups`), all under one model."""
+        tier = cls()
+        for i, minute in enumerate(rows.minute.tolist()):
+            sel = rows.bin_minute == minute
+            tier.fine[(minute, "")] = FineMinute(
+                int(rows.n[i]),
+                float(rows.total[i]),
+                float(rows.total_sq[i]),
+                rows.bins[sel],
+                rows.counts[sel],
+            )
+        return tier
+
+    def minute_counts(self) -> tuple[IntArray, IntArray]:
+        """(minute, n) per minute holding requests, from blocks and fine minutes."""
+        minutes: list[IntArray] = [np.array([m for m, _ in self.fine], dtype=np.int64)]
+        counts: list[IntArray] = [np.array([f.n for f in self.fine.values()], dtype=np.int64)]
+        for cached in self.blocks.values():
+            b = cached.block
+            minutes.append(np.arange(b.start, b.start + b.span, dtype=np.int64))
+            counts.append(b.minute_n)
+        m = np.concatenate(minutes)
+        n = np.concatenate(counts)
+        keep = n > 0
+        return m[keep], n[keep]
+
+    @property
+    def n(self) -> int:
+        return sum(c.block.n for c in self.blocks.values()) + sum(f.n for f in self.fine.values())
+
+
+class RollupCache:
+    """Every metric's and arm's tiers of one run, refreshed incrementally from a store."""
+
+    def __init__(self) -> None:
+        self.tiers: dict[str, dict[Arm, ArmTier]] = {
+            metric: {arm: ArmTier() for arm in Arm} for metric in ROLLUP_METRICS
+        }
+        self.rows_read = 0  # by the last refresh
+
+    def versions(self, metric: str) -> TierVersions:
+        blocks: dict[tuple[int, int, str, str], int] = {}
+        fine: dict[tuple[int, str, str], int] = {}
+        for arm, tier in self.tiers[metric].items():
+            for (start, span, model), cached in tier.blocks.items():
+                blocks[(start, span, model, arm.value)] = cached.block.n
+            for (minute, model), f in tier.fine.items():
+                fine[(minute, model, arm.value)] = f.n
+        return TierVersions(blocks, fine)
+
+    def apply(self, metric: str, read: TierRead) -> None:
+        """Bring `metric` to the snapshot `read` describes (read against `versions(metric)`)."""
+        old = self.tiers[metric]
+        new = {arm: ArmTier() for arm in Arm}
+        for start, span, model, arm_name, _n in read.blocks:
+            arm = Arm(arm_name)
+            blob = read.blobs.get((start, span, model, arm_name))
+            new[arm].blocks[(start, span, model)] = (
+                CachedBlock.of(Block.decode(start, blob))
+                if blob is not None
+                else old[arm].blocks[(start, span, model)]
+            )
+        fresh: dict[tuple[int, str, str], tuple[list[int], list[int]]] = defaultdict(
+            lambda: ([], [])
+        )
+        for minute, model, arm_name, b, c in read.bins:
+            entry = fresh[(minute, model, arm_name)]
+            entry[0].append(b)
+            entry[1].append(c)
+        read_minutes = {minute for minute, *_ in read.bins}
+        for minute, model, arm_name, n, total, total_sq in read.minutes:
+            arm = Arm(arm_name)
+            if minute in read_minutes:
+                bins, counts = fresh.get((minute, model, arm_name), ([], []))
+                new[arm].fine[(minute, model)] = FineMinute(
+                    int(n),
+                    float(total),
+                    float(total_sq),
+                    np.asarray(bins, dtype=np.int64),
+                    np.asarray(counts, dtype=np.int64),
+                )
+            else:
+                new[arm].fine[(minute, model)] = old[arm].fine[(minute, model)]
+        self.tiers[metric] = new
+
+    async def refresh(self, store: Store, run_id: str, metrics: tuple[str, ...]) -> int:
+        """Read what changed of `metrics`; return the rows (and blobs) read."""
+        rows = 0
+        for metric in metrics:
+            read = await store.read_rollup_tiers(
+                run_id=run_id, metric=metric, known=self.versions(metric)
+            )
+            self.apply(metric, read)
+            rows += read.rows
+        self.rows_read = rows
+        return rows
