@@ -1,104 +1,225 @@
-"""Cost of one stats tick (every window) read from per-minute rollups, and from raw rows.
+"""Cost of one stats tick (every window) on a run's rollup tiers, and of a tick on raw rows.
 
-Rollups are built directly (no requests): for every minute, arm and metric, `rate * 60` lognormal
-latencies binned on the fixed grid (`specproxy.loggrid`), upserted with the stores' own SQL. Then
-one `compute_stats` runs with `raw_rows_max=0` (rollup path), and with `--raw-rows N` a second
-store gets N records through `record()` and one row-path tick is timed.
+Steady state built directly (no requests), as the stats leader's compaction leaves it at `now`
+with the default `store.rollup_fine_minutes` (10) and `store.rollup_minute_hours` (3):
+  * hour blocks for every whole hour before the minute tier (coarse 0.5 % histograms, drawn as a
+    multinomial of `rate * 3600` requests per hour from a lognormal whose median follows a daily
+    load wave);
+  * 1-minute blocks for the minutes after that, up to `now - 10 min`;
+  * fine 0.02 % rows for the last 10 minutes and the current one (real lognormal draws, written
+    with the stores' own SQL: these are the rows replicas upsert).
+Both arms (speculative 20 % faster), three metrics. Then, in a fresh child process (so its peak
+RSS is the tick's and not the build's), as `StatsJob.run_once` does (compaction pass, then
+`compute_stats` with the job's cache):
+  1. a cold tick (a new leader: empty cache);
+  2. a warm tick after 15 s more traffic in the current minute;
+  3. a warm tick one minute later (one more minute of traffic; a minute leaves the fine tier, so
+     the compaction pass moves it).
+Printed per tick: wall s, CPU s of this process (PostgreSQL's own CPU is not in it), rows and
+blobs read, and the child's peak RSS.
 
-    .venv/bin/python benchmarks/bench_rollups.py --minutes 360 --rate 10
-    .venv/bin/python benchmarks/bench_rollups.py --minutes 360 --rate 10 --url postgresql://...
-    .venv/bin/python benchmarks/bench_rollups.py --minutes 0 --raw-rows 43000
-
-Printed: rollup rows written, wall and CPU seconds of the tick, peak RSS of the process.
+    .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000            # SQLite
+    .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000 --pg       # PostgreSQL
+    .venv/bin/python benchmarks/bench_rollups.py --days 0 --raw-rows 43000        # raw rows
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import multiprocessing
 import resource
 import sqlite3
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import asyncpg
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.store.pgcluster
+
+from tests.store.pgcluster import PgCluster, find_pg_bin
+
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
-from specproxy.loggrid import bin_index
+from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index
 from specproxy.records import Arm, RequestRecord
-from specproxy.rollup import ROLLUP_METRICS, BinRow, SummaryRow
+from specproxy.rollupblob import HOUR_SPAN, Block
 from specproxy.stats.job import compute_stats
-from specproxy.store.buffered import BufferedStore
+from specproxy.stats.rollupcache import RollupCache
+from specproxy.store.compaction import CompactionBounds
 from specproxy.store.factory import open_store
-from specproxy.store.rollups import upsert_bins_sql, upsert_minutes_sql
+from specproxy.store.rollups import upsert_bins_sql, upsert_block_sql, upsert_minutes_sql
 
 RUN = "bench"
-FIRST_MINUTE = 29_000_000  # ~2025
+SIGMA = 0.5
+# metric -> log-median of the baseline (e2e ~ 1 s, ttft ~ 0.2 s, tpot ~ 10 ms)
+METRIC_MU = {"e2e": 0.0, "ttft": -1.6, "tpot": -4.6}
+ARM_SHIFT = {Arm.BASELINE: 0.0, Arm.SPECULATIVE: -0.2}
+WINDOWS = (300.0, 3600.0, None)
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _minute_rows(
-    rng: np.random.Generator, minute: int, arm: Arm, metric: str, n: int, shift: float
-) -> tuple[SummaryRow, list[BinRow]]:
-    values = np.exp(rng.normal(shift, 0.5, n))
-    bins, counts = np.unique(bin_index(values), return_counts=True)
-    summary = (RUN, minute, "m", arm.value, metric, n, float(values.sum()), float(values @ values))
-    rows = [
-        (RUN, minute, "m", arm.value, metric, int(b), int(c))
-        for b, c in zip(bins, counts, strict=True)
-    ]
-    return summary, rows
+def _wave(minute: int) -> float:
+    """Log-median shift of a minute: a daily load wave of +-10 %."""
+    return 0.1 * math.sin(2 * math.pi * minute / 1440)
 
 
-def _write_sqlite(url: str, summaries: list[SummaryRow], bins: list[BinRow]) -> None:
-    with sqlite3.connect(url.removeprefix("sqlite:///")) as lite:
-        lite.executemany(upsert_minutes_sql("sqlite"), summaries)
-        lite.executemany(upsert_bins_sql("sqlite"), bins)
+def _coarse_block(
+    rng: np.random.Generator, start: int, span: int, per_minute: int, mu: float
+) -> Block:
+    """A block of `span` minutes drawn on the coarse grid (multinomial over coarse bins)."""
+    width = COARSE_FACTOR * GRID_LOG_WIDTH
+    lo = math.floor((mu - 6 * SIGMA) / width)
+    hi = math.ceil((mu + 6 * SIGMA) / width)
+    edges = (np.arange(lo, hi + 1) * width - mu) / SIGMA
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(edges / math.sqrt(2)))
+    probs = np.diff(cdf)
+    n = per_minute * span
+    counts = rng.multinomial(n, probs / probs.sum())
+    mean = math.exp(mu + SIGMA**2 / 2)
+    return Block(
+        start,
+        span,
+        np.full(span, per_minute, dtype=np.int64),
+        np.full(span, per_minute * mean),
+        np.full(span, per_minute * mean**2 * math.exp(SIGMA**2)),
+        lo,
+        counts.astype(np.int64),
+    )
 
 
-async def _write_postgres(url: str, summaries: list[SummaryRow], bins: list[BinRow]) -> None:
+def _fine_rows(
+    rng: np.random.Generator, minute: int, n: int
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Fine summary and bin rows of `n` requests per arm in one minute (every metric)."""
+    summaries: list[tuple[Any, ...]] = []
+    bins: list[tuple[Any, ...]] = []
+    for arm, shift in ARM_SHIFT.items():
+        for metric, mu in METRIC_MU.items():
+            v = np.exp(rng.normal(mu + shift + _wave(minute), SIGMA, n))
+            summaries.append((RUN, minute, "m", arm.value, metric, n, float(v.sum()), float(v @ v)))
+            b, c = np.unique(bin_index(v), return_counts=True)
+            bins.extend(
+                (RUN, minute, "m", arm.value, metric, int(i), int(k))
+                for i, k in zip(b, c, strict=True)
+            )
+    return summaries, bins
+
+
+async def _execute(url: str, sql: dict[str, list[tuple[Any, ...]]]) -> None:
+    """Run each statement over its rows in one transaction, with the backend's own driver."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as lite:
+            for statement, rows in sql.items():
+                lite.executemany(statement, rows)
+        return
+    import asyncpg
+
     pg = await asyncpg.connect(url)
     try:
-        await pg.executemany(upsert_minutes_sql("postgresql"), summaries)
-        await pg.executemany(upsert_bins_sql("postgresql"), bins)
+        async with pg.transaction():
+            for statement, rows in sql.items():
+                if rows:
+                    await pg.executemany(statement, rows)
     finally:
         await pg.close()
 
 
-async def _build(store: BufferedStore, url: str, minutes: int, rate: float) -> int:
-    """Write the rollups with the backend's own additive upserts; returns bin rows written."""
+def _dialect(url: str) -> Any:
+    return "sqlite" if url.startswith("sqlite") else "postgresql"
+
+
+async def _write_fine(url: str, rng: np.random.Generator, minute: int, n: int) -> int:
+    summaries, bins = _fine_rows(rng, minute, n)
+    d = _dialect(url)
+    await _execute(url, {upsert_minutes_sql(d): summaries, upsert_bins_sql(d): bins})
+    return len(bins)
+
+
+async def _build(url: str, days: float, rate: float, end_minute: int) -> None:
+    """The steady state at minute `end_minute` (see the module docstring)."""
     rng = np.random.default_rng(0)
     per_minute = round(rate * 60)
-    dialect = "sqlite" if url.startswith("sqlite") else "postgresql"
-    written = 0
-    for start in range(0, minutes, 30):
-        summaries: list[SummaryRow] = []
-        bins: list[BinRow] = []
-        for minute in range(FIRST_MINUTE + start, FIRST_MINUTE + min(start + 30, minutes)):
-            for arm, shift in ((Arm.BASELINE, 0.0), (Arm.SPECULATIVE, -0.2)):
-                for metric in ROLLUP_METRICS:
-                    s, b = _minute_rows(rng, minute, arm, metric, per_minute, shift)
-                    summaries.append(s)
-                    bins.extend(b)
-        written += len(bins)
-        if dialect == "sqlite":
-            _write_sqlite(url, summaries, bins)
-        else:
-            await _write_postgres(url, summaries, bins)
-    return written
-
-
-async def _tick(store: BufferedStore, cfg: StatsConfig, end: float) -> tuple[float, float, str]:
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    result = await compute_stats(
-        store, run_id=RUN, stats_cfg=cfg, scrape_cfg=ScrapeConfig(), window_end=end
+    defaults = StoreConfig()
+    bounds = CompactionBounds.at(
+        end_minute * 60.0,
+        fine_minutes=defaults.rollup_fine_minutes,
+        minute_hours=defaults.rollup_minute_hours,
     )
-    return time.perf_counter() - wall0, time.process_time() - cpu0, result.get("source", "?")
+    first = end_minute - round(days * 1440)
+    first -= first % HOUR_SPAN
+    t0 = time.perf_counter()
+    blocks: list[tuple[Any, ...]] = []
+    starts = [(s, HOUR_SPAN) for s in range(first, bounds.hours_before, HOUR_SPAN)]
+    starts += [(s, 1) for s in range(bounds.hours_before, bounds.fine_before)]
+    for start, span in starts:
+        for arm, shift in ARM_SHIFT.items():
+            for metric, mu in METRIC_MU.items():
+                b = _coarse_block(rng, start, span, per_minute, mu + shift + _wave(start))
+                blocks.append((RUN, metric, start, span, "m", arm.value, b.n, b.encode()))
+    await _execute(url, {upsert_block_sql(_dialect(url)): blocks})
+    fine = 0
+    for minute in range(bounds.fine_before, end_minute + 1):
+        # the current minute is half full
+        n = per_minute if minute < end_minute else per_minute // 2
+        fine += await _write_fine(url, rng, minute, n)
+    requests = (end_minute - first) * per_minute * 2 + per_minute // 2 * 2
+    print(
+        f"built {len(blocks):,} blocks ({len(starts):,} per arm and metric) and {fine:,} fine bin "
+        f"rows: {requests / 1e9:.2f}B requests over {(end_minute - first) / 1440:.1f} days at "
+        f"{rate:g} req/s per arm, in {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
+
+
+async def _tick(store: Any, cfg: StatsConfig, cache: RollupCache, now: float) -> str:
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    moved = await store.compact_rollups(run_id=RUN, now=now)
+    result = await compute_stats(
+        store, run_id=RUN, stats_cfg=cfg, scrape_cfg=ScrapeConfig(), window_end=now, cache=cache
+    )
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    bounds = {
+        label: f"{w['grid_error_bound']:.2%}" for label, w in result["results"]["all"].items()
+    }
+    return (
+        f"wall {wall:.2f} s, CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
+        f"compacted {moved:,} rows, source {result.get('source')}, grid bounds {bounds}, "
+        f"peak RSS {_rss_mb():.0f} MB"
+    )
+
+
+async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: str) -> None:
+    """The three ticks (module docstring), in this (child) process."""
+    print(f"  child process before the ticks: peak RSS {_rss_mb():.0f} MB", flush=True)
+    store = open_store(StoreConfig(url=url, spill_path=spill), run_id=RUN)
+    await store.start()
+    cfg = StatsConfig(windows_s=WINDOWS, resamples=resamples)
+    cache = RollupCache()
+    rng = np.random.default_rng(7)
+    per_minute = round(rate * 60)
+    try:
+        now = end_minute * 60.0 + 30
+        print(f"  cold tick:   {await _tick(store, cfg, cache, now)}", flush=True)
+        await _write_fine(url, rng, end_minute, per_minute // 4)  # 15 s more
+        now += 15
+        print(f"  warm tick:   {await _tick(store, cfg, cache, now)}", flush=True)
+        await _write_fine(url, rng, end_minute, per_minute // 4)
+        await _write_fine(url, rng, end_minute + 1, per_minute // 2)
+        now += 60
+        print(f"  next minute: {await _tick(store, cfg, cache, now)}", flush=True)
+    finally:
+        await store.close()
+
+
+def _child(url: str, rate: float, end_minute: int, resamples: int, spill: str) -> None:
+    asyncio.run(_ticks(url, rate, end_minute, resamples, spill))
 
 
 def _record(i: int, rng: np.random.Generator, t0: float) -> RequestRecord:
@@ -122,52 +243,68 @@ def _record(i: int, rng: np.random.Generator, t0: float) -> RequestRecord:
     )
 
 
+async def _raw(rows: int, resamples: int, tmp: Path) -> None:
+    url = f"sqlite:///{tmp}/rows.db"
+    store = open_store(StoreConfig(url=url, spill_path=str(tmp / "spill2.jsonl")), run_id=RUN)
+    await store.start()
+    rng = np.random.default_rng(1)
+    t0 = 1_700_000_000.0
+    for i in range(rows):
+        store.record(_record(i, rng, t0))
+    await store.flush()
+    cfg = StatsConfig(windows_s=WINDOWS, resamples=resamples)
+    cache = RollupCache()
+    for label in ("cold", "warm"):
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        result = await compute_stats(
+            store, run_id=RUN, stats_cfg=cfg, window_end=t0 + rows * 0.05, cache=cache
+        )
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        print(
+            f"{label} tick ({result.get('source')}) at {rows:,} raw rows: wall {wall:.2f} s, "
+            f"CPU {cpu:.2f} s, peak RSS {_rss_mb():.0f} MB"
+        )
+    await store.close()
+
+
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=int, default=360)
-    parser.add_argument("--rate", type=float, default=10.0, help="requests/s per arm")
-    parser.add_argument("--url", default=None, help="store URL (default: a temporary SQLite)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--days", type=float, default=1.0)
+    parser.add_argument("--rate", type=float, default=100.0, help="requests/s per arm")
+    parser.add_argument("--pg", action="store_true", help="a throw-away PostgreSQL cluster")
     parser.add_argument("--raw-rows", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=2000)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollups-"))
-    windows = (300.0, 3600.0, None)
-    if args.minutes:
-        url = args.url or f"sqlite:///{tmp}/rollups.db"
-        store = open_store(StoreConfig(url=url, spill_path=str(tmp / "spill.jsonl")), run_id=RUN)
-        await store.start()
-        t0 = time.perf_counter()
-        rows = await _build(store, url, args.minutes, args.rate)
-        print(
-            f"built {args.minutes} minutes x 2 arms x 3 metrics at {args.rate:g} req/s/arm: "
-            f"{rows:,} bin rows ({rows / (args.minutes * 6):.0f} per minute-arm-metric) "
-            f"in {time.perf_counter() - t0:.1f} s"
-        )
-        cfg = StatsConfig(windows_s=windows, resamples=args.resamples, raw_rows_max=0)
-        end = (FIRST_MINUTE + args.minutes) * 60.0
-        rss0 = _rss_mb()
-        wall, cpu, source = await _tick(store, cfg, end)
-        print(
-            f"tick ({source}, windows 5m/1h/all, {args.resamples} resamples): wall {wall:.2f} s, "
-            f"CPU {cpu:.2f} s, peak RSS {_rss_mb():.0f} MB (before the tick {rss0:.0f} MB)"
-        )
-        await store.close()
+    end_minute = 29_000_000  # ~2025
+    if args.days:
+        cluster = None
+        if args.pg:
+            initdb = find_pg_bin("initdb")
+            if initdb is None:
+                raise SystemExit("no initdb: scripts/sysdeps.sh installs PostgreSQL")
+            cluster = PgCluster(initdb)
+            cluster.start()
+            url = cluster.create_database("bench")
+        else:
+            url = f"sqlite:///{tmp}/rollups.db"
+        try:
+            setup = open_store(StoreConfig(url=url, spill_path=str(tmp / "s0.jsonl")), run_id=RUN)
+            await setup.start()  # creates the schema
+            await setup.close()
+            await _build(url, args.days, args.rate, end_minute)
+            print(f"ticks on {'PostgreSQL' if args.pg else 'SQLite'} (windows 5m, 1h, all):")
+            child = multiprocessing.get_context("spawn").Process(
+                target=_child,
+                args=(url, args.rate, end_minute, args.resamples, str(tmp / "s1.jsonl")),
+            )
+            child.start()
+            child.join()
+        finally:
+            if cluster is not None:
+                cluster.close()
     if args.raw_rows:
-        url = f"sqlite:///{tmp}/rows.db"
-        store = open_store(StoreConfig(url=url, spill_path=str(tmp / "spill2.jsonl")), run_id=RUN)
-        await store.start()
-        rng = np.random.default_rng(1)
-        t0 = 1_700_000_000.0
-        for i in range(args.raw_rows):
-            store.record(_record(i, rng, t0))
-        await store.flush()
-        cfg = StatsConfig(windows_s=windows, resamples=args.resamples)
-        wall, cpu, source = await _tick(store, cfg, t0 + args.raw_rows * 0.05)
-        print(
-            f"tick ({source}) at {args.raw_rows:,} raw rows: wall {wall:.2f} s, CPU {cpu:.2f} s, "
-            f"peak RSS {_rss_mb():.0f} MB"
-        )
-        await store.close()
+        await _raw(args.raw_rows, args.resamples, tmp)
 
 
 if __name__ == "__main__":
