@@ -186,7 +186,8 @@ async def _tick(store: Any, cfg: StatsConfig, cache: RollupCache, now: float) ->
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     bounds = {
-        label: f"{w['grid_error_bound']:.2%}" for label, w in result["results"]["all"].items()
+        label: f"{w.get('grid_error_bound', 0.0):.2%}"
+        for label, w in result["results"]["all"].items()
     }
     return (
         f"wall {wall:.2f} s, CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "

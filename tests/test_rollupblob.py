@@ -29,8 +29,8 @@ def _fine_block(
         span,
         minute=np.arange(start, start + span),
         n=np.full(span, per_minute),
-        total=np.bincount(minutes - start, weights=values),
-        total_sq=np.bincount(minutes - start, weights=values * values),
+        total=np.bincount(minutes - start, weights=values).astype(np.float64),
+        total_sq=np.bincount(minutes - start, weights=values * values).astype(np.float64),
         bins=bins,
         counts=counts,
     )
