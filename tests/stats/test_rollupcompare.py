@@ -9,20 +9,31 @@ same bound.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from specproxy.loggrid import GRID_ERROR_BOUND, bin_centres
+from specproxy.loggrid import (
+    COARSE_FACTOR,
+    GRID_ERROR_BOUND,
+    GRID_LOG_WIDTH,
+    bin_centres,
+    bin_index,
+    coarse_as_fine,
+    coarse_bin,
+)
 from specproxy.records import Arm, RequestRecord
 from specproxy.rollup import minute_of, rollup_records
 from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
 from specproxy.stats.compare import CompareSettings, compare_window
 from specproxy.stats.quantile import QUANTILE_LEVELS, STATISTICS
+from specproxy.stats.result import METRICS
 from specproxy.stats.rollupcompare import UNAVAILABLE_FROM_ROLLUPS, compare_rollup_window
 from specproxy.stats.sequential import RankedArm, compare_sequential, compare_sequential_ranked
+from specproxy.stats.verdict import anytime_valid
 from specproxy.store.rollups import RollupRows, rollup_rows_from
 
 FloatArray = npt.NDArray[np.float64]
@@ -202,3 +213,39 @@ def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
             assert exact_stat is not None
             assert seq["p99"][side]["statistic"] <= exact_stat + 1e-12
     assert set(got) - {"source", "unavailable"} == set(exact)
+
+
+@pytest.mark.parametrize("ratio", [1.05, 1.1, 1.13, 1.16])
+def test_two_sample_p99_on_compacted_bins_stays_below_the_exact_statistic(ratio: float) -> None:
+    """Coarse (0.5 %) entries stand at their centre fine bin (`loggrid.coarse_as_fine`); the
+    binned two-sample test must bound them by the coarse bin's edges, or it claims more evidence
+    than the values give. Worst case for the slower direction at tolerance 0.05: baseline values
+    at the top of their coarse bins, speculative ones at the bottom (read as the centres, the
+    speculative arm would look 0.25 % slower and the baseline 0.25 % faster than it is)."""
+    rng = np.random.default_rng(int(ratio * 100))
+    n = 6000
+
+    def snapped(values: FloatArray, top: bool) -> FloatArray:
+        edge = (coarse_bin(bin_index(values)) + top) * COARSE_FACTOR * GRID_LOG_WIDTH
+        return np.asarray(np.exp(edge - 1e-7 if top else edge + 1e-7), dtype=np.float64)
+
+    base = snapped(rng.lognormal(0.0, 0.5, n), top=True)
+    spec = snapped(ratio * rng.lognormal(0.0, 0.5, n), top=False)
+    t = np.sort(rng.uniform(0, MINUTES, n)).astype(np.int64)
+
+    def compacted(values: FloatArray) -> ArmBlocks:
+        fine = ArmBlocks.from_values(t, values, MINUTES)
+        return dataclasses.replace(fine, bins=coarse_as_fine(coarse_bin(fine.bins)))
+
+    arms: dict[str, dict[Arm, ArmBlocks]] = {
+        m: {Arm.BASELINE: compacted(base), Arm.SPECULATIVE: compacted(spec)} for m in METRICS
+    }
+    settings = CompareSettings(resamples=100, p99_tolerance=0.05)
+    got = compare_rollup_window(arms, engine={}, settings=settings, rng=rng)
+    exact = anytime_valid(base, spec, alpha=settings.alpha, tolerance=0.05)
+    seq = got["metrics"]["e2e"]["sequential"]
+    for side in ("slower", "faster"):
+        e = exact["p99"][side]["statistic"]
+        assert e is not None and seq["p99"][side]["statistic"] <= e + 1e-12, side
+    if not exact["p99"]["slower"]["rejected"]:
+        assert not seq["p99"]["slower"]["rejected"]

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from specproxy.loggrid import bin_centres, bin_lower_edges
+from specproxy.loggrid import COARSE_FACTOR, bin_centres, bin_lower_edges
 from specproxy.records import Arm
 from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
 from specproxy.stats.compare import METRIC_COLUMNS, CompareSettings, diagnose_metrics, speedup_block
@@ -52,13 +52,21 @@ _EDGE_SLACK: Final = 1e-9
 
 
 def _arms(arm: ArmBlocks) -> tuple[RankedArm, BinnedArm]:
-    """The pooled histogram as order statistics (bin centres) and as bins with their edges."""
+    """The pooled histogram as order statistics (bin centres) and as bins with their edges.
+
+    The compacted tier enters a coarse bin as the fine bin at its centre
+    (`loggrid.coarse_as_fine`), so an entry at that position may hold values anywhere in the
+    coarse bin: its edges are the coarse bin's. A fine entry at that position gets the wider
+    (still true) edges too; the two-sample test only needs every value inside its bin."""
     bins, counts = arm.pooled()
+    half = COARSE_FACTOR // 2
+    maybe_coarse = np.mod(bins, COARSE_FACTOR) == half
     return (
         RankedArm.of_histogram(bin_centres(bins), counts),
         BinnedArm(
-            lower=bin_lower_edges(bins) * (1.0 - _EDGE_SLACK),
-            upper=bin_lower_edges(bins + 1) * (1.0 + _EDGE_SLACK),
+            lower=bin_lower_edges(np.where(maybe_coarse, bins - half, bins)) * (1.0 - _EDGE_SLACK),
+            upper=bin_lower_edges(np.where(maybe_coarse, bins + half + 1, bins + 1))
+            * (1.0 + _EDGE_SLACK),
             counts=counts,
         ),
     )
