@@ -32,8 +32,12 @@ roles swapped. `p99_slower_test_binned` runs it on histograms (rollups) with a s
 never above the exact one for any values the bins could hold (its docstring says how).
 
 Assumptions (the same as `stats.sequential`): samples within an arm are independent, arms are
-independent of each other. Serial correlation is not covered by the proof; the A/A simulations
-in the tests measure it at lag-1 autocorrelation 0.3.
+independent of each other (mirrored pairs: see `stats.verdict`). Serial correlation and load
+waves are NOT covered by the proof (the time-block structure is not used here); they are
+measured instead: A/A, a look every 100 samples to 3000 per arm, 500 runs each, the wired
+verdict (tests/stats/test_verdict.py, benchmarks/bench_p99power.py) made 0 false claims with
+AR(1) rho 0.3 on log latency and with load waves scaling both arms at tolerance 0.05, and 1 of
+500 (0.002) with AR(1) at tolerance 0.
 """
 
 from __future__ import annotations
