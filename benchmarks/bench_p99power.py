@@ -127,6 +127,20 @@ def power(runs: int, seed: int) -> None:
             )
 
 
+def fixed_sample_power() -> None:
+    """The reference the issue quotes: a one-sided normal test of log P99(spec) - log P99(base)
+    at one fixed n (not anytime-valid), SE of a log quantile sqrt(p(1-p)/n) sigma / phi(z_p)."""
+    p = 0.99
+    phi = math.exp(-Z99 * Z99 / 2) / math.sqrt(2 * math.pi)
+    z_alpha = 1.6448536269514722  # one-sided 5 %
+    cells = []
+    for n in POWER_SIZES:
+        se = math.sqrt(2.0) * math.sqrt(p * (1 - p) / n) * SIGMA / phi
+        z = math.log(1.1) / se - z_alpha
+        cells.append(f"n={n}: {0.5 * math.erfc(-z / math.sqrt(2)):.2f}")
+    print("  fixed-sample one-sided normal test at one look (reference): " + ", ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--aa-runs", type=int, default=500)
@@ -135,6 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     aa(args.aa_runs, args.seed)
     power(args.power_runs, args.seed)
+    fixed_sample_power()
 
 
 if __name__ == "__main__":
