@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpServer
 
 from specproxy.app import create_app
-from specproxy.config import Config, RoutingConfig, ScrapeConfig
+from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.realvllm.launcher import VllmPair
 from specproxy.realvllm.model_dir import SERVED_MODEL_NAME
@@ -61,6 +61,7 @@ class Proxy:
 
 
 MakeProxy = Callable[..., Awaitable[Proxy]]
+MakeStatsApp = Callable[[str, ScrapeConfig], Awaitable[tuple[web.Application, str]]]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -149,3 +150,27 @@ def make_proxy(engines: Engines, aiohttp_server: AiohttpServer) -> MakeProxy:
 @pytest.fixture
 async def proxy(make_proxy: MakeProxy) -> AsyncIterator[Proxy]:
     yield await make_proxy()
+
+
+@pytest.fixture
+def make_stats_app(engines: Engines, aiohttp_server: AiohttpServer) -> MakeStatsApp:
+    """The whole app over the real servers (memory store, scraper, stats job), served on a free
+    port: returns it and its URL. Its stats job runs once at start-up (empty), then waits out
+    the hour, so the only later run is the one a test asks for (`STATS_JOB.run_once`)."""
+
+    async def make(run_id: str, scrape: ScrapeConfig) -> tuple[web.Application, str]:
+        cfg = Config(
+            baseline_url=engines.baseline_url,
+            speculative_url=engines.speculative_url,
+            run_id=run_id,
+            routing=RoutingConfig(allow_forced_arm=True),
+            store=StoreConfig(url="memory://"),
+            scrape=scrape,
+            stats=StatsConfig(
+                interval_s=3600.0, warmup_requests=0, windows_s=(None,), resamples=2000
+            ),
+        )
+        app = create_app(cfg, registry=CollectorRegistry())
+        return app, str((await aiohttp_server(app)).make_url("")).rstrip("/")
+
+    return make

@@ -16,18 +16,15 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
-from pytest_aiohttp import AiohttpServer
 
-from specproxy.app import create_app
 from specproxy.appkeys import SCRAPER, STATS_JOB, STORE
-from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import ScrapeConfig
 from specproxy.proxy.headers import ARM_HEADER
 from specproxy.realvllm.workload import completion_body, random_token_prompts
 from specproxy.records import Arm
 from specproxy.scrape.parse import EngineSnapshot, SpecFormat, parse_metrics
 from specproxy.stats.result import METRICS
-from tests.realvllm.conftest import Engines
+from tests.realvllm.conftest import Engines, MakeStatsApp
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -43,21 +40,13 @@ async def _snapshot(session: aiohttp.ClientSession, url: str) -> EngineSnapshot:
 
 
 async def test_random_prompts_give_no_drafts_and_no_speedup(
-    engines: Engines, aiohttp_server: AiohttpServer
+    engines: Engines, make_stats_app: MakeStatsApp
 ) -> None:
-    cfg = Config(
-        baseline_url=engines.baseline_url,
-        speculative_url=engines.speculative_url,
-        run_id="realvllm-no-drafts",
-        routing=RoutingConfig(allow_forced_arm=True),
-        store=StoreConfig(url="memory://"),
-        # Scrapes are driven by hand (one before the traffic, one after), so the counter deltas
-        # the diagnosis reads cover exactly this test's requests.
-        scrape=ScrapeConfig(interval_s=3600.0, warmup_seconds=0.0),
-        stats=StatsConfig(interval_s=3600.0, warmup_requests=0, windows_s=(None,), resamples=2000),
+    # Scrapes are driven by hand (one before the traffic, one after), so the counter deltas
+    # the diagnosis reads cover exactly this test's requests.
+    app, proxy_url = await make_stats_app(
+        "realvllm-no-drafts", ScrapeConfig(interval_s=3600.0, warmup_seconds=0.0)
     )
-    app = create_app(cfg, registry=CollectorRegistry())
-    proxy_url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
     scraper = app[SCRAPER]
 
     per_request: list[dict[str, Any]] = []

@@ -16,16 +16,13 @@ import time
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
-from pytest_aiohttp import AiohttpServer
 
-from specproxy.app import create_app
 from specproxy.appkeys import STATS_JOB, STORE
-from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import ScrapeConfig
 from specproxy.proxy.headers import ARM_HEADER
 from specproxy.realvllm.workload import completion_body, prompts
 from specproxy.records import Arm
-from tests.realvllm.conftest import Engines
+from tests.realvllm.conftest import Engines, MakeStatsApp
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -45,21 +42,9 @@ async def timed(session: aiohttp.ClientSession, url: str, prompt: str, arm: Arm)
 
 
 async def test_stats_job_speedup_ci_contains_the_direct_ratio(
-    engines: Engines, aiohttp_server: AiohttpServer
+    engines: Engines, make_stats_app: MakeStatsApp
 ) -> None:
-    cfg = Config(
-        baseline_url=engines.baseline_url,
-        speculative_url=engines.speculative_url,
-        run_id="realvllm-stats",
-        routing=RoutingConfig(allow_forced_arm=True),
-        store=StoreConfig(url="memory://"),
-        scrape=ScrapeConfig(interval_s=1.0),
-        # The app's own stats job computes the result below; it runs once at start-up (empty),
-        # then waits out the hour, so the only later run is the one this test asks for.
-        stats=StatsConfig(interval_s=3600.0, warmup_requests=0, windows_s=(None,), resamples=2000),
-    )
-    app = create_app(cfg, registry=CollectorRegistry())
-    proxy_url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+    app, proxy_url = await make_stats_app("realvllm-stats", ScrapeConfig(interval_s=1.0))
 
     direct: dict[Arm, list[float]] = {arm: [] for arm in Arm}
     async with aiohttp.ClientSession() as session:
