@@ -51,6 +51,7 @@ def test_best_setting_is_named_and_clearly_ahead() -> None:
     assert [c.run_id for c in advice.ranked] == ["k4-t0", "k2-t0", "k4-t1", "k2-t1"]
     assert advice.message.startswith("enable speculation with k=4, T=0: 1.80x [1.65, 1.95]")
     assert "clearly ahead of the runner-up k=2, T=0" in advice.message
+    assert advice.message.endswith("confirm a close call by repeating the runs in another order")
     assert advice.load == "8 clients"
 
 
@@ -217,5 +218,6 @@ def test_k_and_temperature_sweep_also_advises_per_temperature() -> None:
 def test_one_varying_dimension_gives_no_per_temperature_split() -> None:
     temperatures_only = [block(4, 0.0, (1.3, 1.2, 1.4)), block(4, 1.0, (1.1, 1.0, 1.2))]
     ks_only = [block(2, 0.0, (1.3, 1.2, 1.4)), block(4, 0.0, (1.1, 1.0, 1.2))]
-    assert advise_sweep(temperatures_only)[0].by_temperature == []
+    one_run = advise_sweep(temperatures_only)[0]
+    assert one_run.by_temperature == [] and "own run" not in one_run.message  # one k: one run
     assert advise_sweep(ks_only)[0].by_temperature == []

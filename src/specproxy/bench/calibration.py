@@ -19,6 +19,8 @@ Rules, per load level:
 - the best is "distinguishable" from the runner-up only when their CIs do not overlap; every
   other setting whose CI overlaps the best's is named as a tie, since the data cannot tell them
   apart (overlapping 95% CIs are a conservative rule: disjoint ones imply a difference);
+- settings of different k come from separate runs (one speculative configuration per run), so
+  the advice says that drift between runs is outside the CIs;
 - when the sweep varies both k and temperature, the same rules also run at each temperature
   alone (`by_temperature`): traffic brings its temperature, so the k to run is the best at it.
 """
@@ -180,6 +182,11 @@ def advise(
         message += " (the CIs overlap)"
     elif runner is not None:
         message += f"; clearly ahead of the runner-up {runner.text()} (the CIs do not overlap)"
+    if len({c.k for c in ranked}) > 1:
+        message += (
+            ". Each k was measured in its own run: load that drifted between runs is not in "
+            "these CIs, so confirm a close call by repeating the runs in another order"
+        )
     return Advice(
         load,
         decision,
