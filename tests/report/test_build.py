@@ -174,6 +174,11 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     assert re.search(r"Requests from .* to .* \(\d+ s\)\.", html)  # a short run in seconds
     speedup = window["metrics"]["e2e"]["speedup"]["median"]["estimate"]
     assert fmt_ratio(speedup) in html
+    # each verdict names the anytime-valid tests behind it (the synthetic arm is 2x faster)
+    seq = window["metrics"]["e2e"]["sequential"]
+    assert seq is not None and window["metrics"]["e2e"]["verdict"] == "faster"
+    assert "median" in seq.get("decided_by", [])
+    assert re.search(r"data-metric='e2e'>E2E<b>faster</b><small>by [^<]*median</small>", html)
     for section in ("Verdicts", "Speedups", "Per arm", "Diagnosis", "Methodology"):
         assert f"<h2>{section}" in html
     assert "500 resamples" in html and f"first {WARMUP} successful requests per arm" in html

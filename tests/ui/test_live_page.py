@@ -135,8 +135,12 @@ def _check(dom: _Dom, result: StatsResult) -> None:
             assert _same(shown_value, value), (arm, field, shown_value, value)
             assert shown_text == text, (arm, field, shown_text, text)
     for metric in METRICS:
-        (box,) = [t for a, t in dom.find(data_metric=metric) if "verdict" in a.get("class", "")]
+        ((attrs, box),) = [
+            (a, t) for a, t in dom.find(data_metric=metric) if "verdict" in a.get("class", "")
+        ]
         assert box.endswith(metrics[metric]["verdict"])
+        seq = metrics[metric]["sequential"]
+        assert attrs["data-decided-by"] == ", ".join(seq.get("decided_by", []) if seq else [])
         for stat in STATISTICS:
             block = metrics[metric]["speedup"][stat]
             (cell,) = dom.find(data_metric=metric, data_stat=stat)

@@ -111,20 +111,33 @@ def render_html(data: ReportData) -> str:
     return "\n".join(parts)
 
 
+# `sequential.decided_by` (`stats.sequential.Decision.decided_by`) in words
+_DECIDED_BY = {
+    "p99_union_bound": "P99 confidence sequences",
+    "p99_two_sample": "P99 two-sample test",
+    "median": "median",
+}
+
+
 def _verdicts(window: WindowResult) -> list[str]:
     out = ["<h2>Verdicts</h2><div class='verdicts'>"]
     for metric, label in METRICS.items():
-        verdict = window["metrics"][metric]["verdict"]
+        block = window["metrics"][metric]
+        verdict = block["verdict"]
+        seq = block["sequential"]
+        by = [_DECIDED_BY.get(t, t) for t in (seq.get("decided_by", []) if seq else [])]
+        note = f"<small>by {_e(', '.join(by))}</small>" if by else ""
         out.append(
             f"<div class='verdict {_e(verdict)}' data-metric='{metric}'>{label}"
-            f"<b>{_e(verdict)}</b></div>"
+            f"<b>{_e(verdict)}</b>{note}</div>"
         )
     out.append("</div>")
     out.append(
-        "<p class='sub'>From anytime-valid confidence sequences on the median and the P99: "
-        "<i>slower</i> means the speculative P99 (or median) is above the baseline's beyond the "
-        "tolerance, <i>faster</i> that its median is below, with the error rate held however "
-        "often the result was looked at.</p>"
+        "<p class='sub'>From anytime-valid tests: confidence sequences on the median and the "
+        "P99, and for the P99 also a two-sample test (each P99 test at half the error rate). "
+        "<i>slower</i> means the speculative median, or its P99 beyond the tolerance, is above "
+        "the baseline's; <i>faster</i> that one of them is below and neither is above; the "
+        "error rate holds however often the result was looked at.</p>"
     )
     return out
 

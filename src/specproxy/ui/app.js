@@ -60,7 +60,11 @@ function renderVerdicts(win, METRICS) {
   box.replaceChildren();
   for (const [metric, label] of Object.entries(METRICS)) {
     const verdict = String(win.metrics[metric].verdict);
-    const div = el("div", { class: "verdict " + verdict, "data-metric": metric }, label);
+    const seq = win.metrics[metric].sequential || {};
+    const by = (seq.decided_by || []).join(", "); // the anytime-valid tests behind the verdict
+    const attrs = { class: "verdict " + verdict, "data-metric": metric, "data-decided-by": by };
+    if (by) attrs.title = "decided by: " + by;
+    const div = el("div", attrs, label);
     div.appendChild(el("b", { class: "verdict-value" }, verdict));
     box.appendChild(div);
   }
