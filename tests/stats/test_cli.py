@@ -39,7 +39,10 @@ def test_cli_computes_once(tmp_path: object, capsys: pytest.CaptureFixture[str])
     by = " + ".join(p99["decided_by"]) or "no test"
     faster = p99["faster"]["statistic"]
     assert f"P99 {p99['verdict']} ({by}); two-sample slower log e " in text
-    assert f"faster log e {faster:.2f} / {math.log(2 / 0.05):.2f}" in text
+    assert f"faster log e {faster:.2f} / {math.log(3 / 0.05):.2f}" in text  # 3 tests: alpha / 3
+    exceed = p99["exceedance_slower"]["statistic"]
+    shown = "n/a" if exceed is None else f"{exceed:.2f}"
+    assert f"; per-minute exceedance slower log e {shown} / {math.log(3 / 0.05):.2f}" in text
 
 
 def test_cli_rejects_a_bad_setting_before_touching_the_store(

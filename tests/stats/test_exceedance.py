@@ -142,19 +142,19 @@ def test_the_last_unit_is_left_out_and_tolerance_raises_the_bar() -> None:
     assert tolerant.x.sum() < counts.x.sum() and tolerant.y.sum() == counts.y.sum()
 
 
-def _binned(values: FloatArray, times: FloatArray, width: int) -> tuple[BinnedUnits, IntArray]:
+def _binned(values: FloatArray, times: FloatArray, width: int) -> BinnedUnits:
     """Per-minute histogram entries, bins `width` fine bins wide (25: the compacted tier)."""
     unit = np.floor(times / 60.0).astype(np.int64)
     fine = bin_index(values)
     coarse = np.floor_divide(fine, width)
     key, counts = np.unique(np.stack([unit, coarse]), axis=1, return_counts=True)
-    entries = BinnedUnits(
+    return BinnedUnits(
         unit=key[0],
+        bins=key[1] * width + width // 2,
         lower=bin_lower_edges(key[1] * width) * (1 - 1e-9),
         upper=bin_lower_edges((key[1] + 1) * width) * (1 + 1e-9),
         counts=counts.astype(np.int64),
     )
-    return entries, key[1] * width + width // 2
 
 
 @pytest.mark.parametrize("width", [1, 25])
@@ -165,10 +165,9 @@ def test_rollup_counts_are_conservative(width: int) -> None:
     rng = np.random.default_rng(4)
     base, spec = minute_arms(rng, "ar1", 8000, math.log(1.15))
     units = int(max(base[1].max(), spec[1].max()) // 60) + 1
-    b_entries, b_bins = _binned(*base, width)
-    s_entries, _ = _binned(*spec, width)
-    binned = unit_counts_binned(b_entries, b_bins, s_entries, units=units, tolerance=0.05)
-    q = predictable_thresholds(b_entries.unit, b_bins, b_entries.counts, units)
+    b_entries, s_entries = _binned(*base, width), _binned(*spec, width)
+    binned = unit_counts_binned(b_entries, s_entries, tolerance=0.05)
+    q = predictable_thresholds(b_entries.unit, b_entries.bins, b_entries.counts, units)
     b_u, s_u = (np.floor(t / 60.0).astype(np.int64) for t in (base[1], spec[1]))
     with np.errstate(invalid="ignore"):
         exact = UnitCounts(

@@ -113,6 +113,24 @@ def test_a_two_sample_crossing_on_the_whole_run_is_sticky() -> None:
     assert got["p99"]["slower"]["rejected"] and got["p99"]["slower"]["statistic"] == 0.5
 
 
+def test_an_exceedance_crossing_on_the_whole_run_is_sticky() -> None:
+    memory = VerdictMemory()
+    seen, sticky = [], []
+    for crossed in (False, True, False):
+        r = _result((0.9, 1.3), crossed=(False, False))
+        p99 = _seq(r)["p99"]
+        p99["exceedance_slower"] = _two_sample(crossed)
+        p99["exceedance_faster"] = _two_sample(False)
+        memory.apply(r, tolerance=0.05)
+        seen.append(_verdict(r))
+        sticky.append(_seq(r)["p99"]["exceedance_slower"]["sticky"])
+    assert seen == ["inconclusive", "slower", "slower"]
+    assert sticky == [False, False, True]
+    got = _seq(r)
+    assert got["p99"]["decided_by"] == ["exceedance"] and got["decided_by"] == ["p99_exceedance"]
+    assert got["p99"]["exceedance_slower"]["rejected"] and not got["p99"]["slower"]["rejected"]
+
+
 def test_sliding_window_crossings_are_not_remembered() -> None:
     memory = VerdictMemory()
     memory.apply(_result((0.9, 1.3), window="5m", crossed=(True, False)), tolerance=0.05)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -212,6 +213,15 @@ def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
             exact_stat = exact_seq["p99"][side]["statistic"]
             assert exact_stat is not None
             assert seq["p99"][side]["statistic"] <= exact_stat + 1e-12
+        # so does the per-minute exceedance test (same minutes, same fine-bin thresholds)
+        exact_p99: dict[str, Any] = dict(exact_seq["p99"])
+        assert (
+            seq["p99"]["tests"] == exact_p99["tests"] == ["union_bound", "two_sample", "exceedance"]
+        )
+        for side in ("exceedance_slower", "exceedance_faster"):
+            exact_e = exact_p99[side]["statistic"]
+            assert exact_e is not None
+            assert seq["p99"][side]["statistic"] <= exact_e + 1e-12
     assert set(got) - {"source", "unavailable"} == set(exact)
 
 
@@ -242,8 +252,11 @@ def test_two_sample_p99_on_compacted_bins_stays_below_the_exact_statistic(ratio:
     }
     settings = CompareSettings(resamples=100, p99_tolerance=0.05)
     got = compare_rollup_window(arms, engine={}, settings=settings, rng=rng)
-    exact = anytime_valid(base, spec, alpha=settings.alpha, tolerance=0.05)
+    minute_s = np.asarray(t * 60.0, dtype=np.float64)
+    times = (minute_s, minute_s)  # the rows' start times: the same minutes, the same 3 tests
+    exact = anytime_valid(base, spec, alpha=settings.alpha, tolerance=0.05, times=times)
     seq = got["metrics"]["e2e"]["sequential"]
+    assert seq["p99"]["level"] == exact["p99"]["level"] == settings.alpha / 3
     for side in ("slower", "faster"):
         e = exact["p99"][side]["statistic"]
         assert e is not None and seq["p99"][side]["statistic"] <= e + 1e-12, side

@@ -14,6 +14,7 @@ import scipy.signal
 import scipy.stats
 
 from specproxy.loggrid import bin_centres, bin_index, bin_lower_edges
+from specproxy.stats.exceedance import exceedance_test, unit_counts
 from specproxy.stats.hysteresis import VerdictMemory
 from specproxy.stats.p99test import BinnedArm, p99_slower_test
 from specproxy.stats.result import Sequential, StatsResult
@@ -138,6 +139,67 @@ def test_the_rule(
         *bounds, tolerance=0.05, two_sample_slower=two_sample[0], two_sample_faster=two_sample[1]
     )
     assert (d.p99_verdict, d.verdict, d.decided_by) == (p99, verdict, decided_by)
+
+
+@pytest.mark.parametrize(
+    ("two_sample", "exceedance", "p99", "decided_by"),
+    [
+        ((False, False), (True, False), "slower", ["exceedance"]),
+        ((True, False), (True, False), "slower", ["two_sample", "exceedance"]),
+        ((False, False), (False, True), "faster", ["exceedance"]),
+        # the exceedance test against another test: a conflict, neither claim
+        ((True, False), (False, True), "inconclusive", []),
+    ],
+)
+def test_the_rule_with_the_exceedance_test(
+    two_sample: tuple[bool, bool], exceedance: tuple[bool, bool], p99: str, decided_by: list[str]
+) -> None:
+    d = decide(
+        0.9,
+        1.2,
+        0.95,
+        1.05,
+        tolerance=0.05,
+        two_sample_slower=two_sample[0],
+        two_sample_faster=two_sample[1],
+        exceedance_slower=exceedance[0],
+        exceedance_faster=exceedance[1],
+    )
+    assert (d.p99_verdict, d.p99_decided_by) == (p99, decided_by)
+    assert d.decided_by == [f"p99_{name}" for name in decided_by]
+
+
+def test_with_start_times_three_p99_tests_run_at_a_third_of_alpha_each() -> None:
+    rng = np.random.default_rng(5)
+    n = 8000
+    t = np.sort(rng.uniform(0.0, 3600.0, 2 * n))
+    spec = rng.random(2 * n) < 0.5  # random assignment within each minute
+    v = rng.lognormal(0.0, 0.5, 2 * n) * np.where(spec, 1.4, 1.0)
+    b, s, times = v[~spec], v[spec], (t[~spec], t[spec])
+    seq = anytime_valid(b, s, alpha=ALPHA, tolerance=0.05, times=times)
+    p99 = seq["p99"]
+    assert p99["level"] == ALPHA / 3 and p99.get("tests") == [
+        "union_bound",
+        "two_sample",
+        "exceedance",
+    ]
+    direct = exceedance_test(
+        unit_counts((b, times[0]), (s, times[1]), tolerance=0.05), alpha=ALPHA / 3
+    )
+    exc = p99.get("exceedance_slower")
+    assert exc is not None and exc["statistic"] == pytest.approx(direct.statistic)
+    assert exc["boundary"] == pytest.approx(math.log(3 / ALPHA)) and exc["rejected"]
+    assert p99["verdict"] == "slower" and "exceedance" in p99["decided_by"]
+    assert "p99_exceedance" in seq["decided_by"]
+    assert p99["slower"]["boundary"] == pytest.approx(math.log(3 / ALPHA))
+    assert seq["p99_ratio_lower"] == pytest.approx(
+        compare_sequential(b, s, alpha=ALPHA / 3, tolerance=0.05).p99_ratio_lower
+    )
+    # without times (mirrored pairs): two tests at alpha / 2, the exceedance test not run
+    two = anytime_valid(b, s, alpha=ALPHA, tolerance=0.05)["p99"]
+    assert two["level"] == ALPHA / 2 and "exceedance" not in two.get("tests", [])
+    not_run = two.get("exceedance_slower")
+    assert not_run is not None and not_run["statistic"] is None and not not_run["rejected"]
 
 
 # ------------------------------------------------- simulations of the combined verdict (slow)

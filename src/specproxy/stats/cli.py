@@ -11,7 +11,7 @@ import asyncio
 
 from specproxy.config import StatsConfig, StoreConfig
 from specproxy.stats.job import compute_stats
-from specproxy.stats.result import P99Verdict, StatsResult, to_json
+from specproxy.stats.result import P99Verdict, StatsResult, TwoSampleP99, to_json
 
 __all__ = ["configure", "run"]
 
@@ -31,13 +31,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _p99_line(p99: P99Verdict) -> str:
     """The P99 verdict, which test decided, and each direction's log e-value vs its boundary."""
     by = " + ".join(p99["decided_by"]) or "no test"
-    sides = []
-    for side in ("slower", "faster"):
-        test = p99[side]
-        stat = test["statistic"]
-        shown = "n/a" if stat is None else f"{stat:.2f}"
-        sides.append(f"{side} log e {shown} / {test['boundary']:.2f}")
-    return f"P99 {p99['verdict']} ({by}); two-sample " + ", ".join(sides)
+
+    def sides(tests: tuple[TwoSampleP99, TwoSampleP99]) -> str:
+        out = []
+        for side, test in zip(("slower", "faster"), tests, strict=True):
+            stat = test["statistic"]
+            shown = "n/a" if stat is None else f"{stat:.2f}"
+            out.append(f"{side} log e {shown} / {test['boundary']:.2f}")
+        return ", ".join(out)
+
+    line = f"P99 {p99['verdict']} ({by}); two-sample " + sides((p99["slower"], p99["faster"]))
+    ran = "exceedance" in p99.get("tests", [])
+    if ran and "exceedance_slower" in p99 and "exceedance_faster" in p99:
+        line += "; per-minute exceedance " + sides(
+            (p99["exceedance_slower"], p99["exceedance_faster"])
+        )
+    return line
 
 
 def _text_report(result: StatsResult) -> str:

@@ -284,7 +284,13 @@ def _metric_block(
         "verdict": "inconclusive",
     }
     if b_used.size and s_used.size:
-        seq = anytime_valid(b_used, s_used, alpha=settings.alpha, tolerance=settings.p99_tolerance)
+        seq = anytime_valid(
+            b_used,
+            s_used,
+            alpha=settings.alpha,
+            tolerance=settings.p99_tolerance,
+            times=None if paired is not None else times,  # the exceedance test needs a split
+        )
         block["sequential"] = seq
         block["verdict"] = seq["verdict"]
     if metric == "e2e":

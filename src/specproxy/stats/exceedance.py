@@ -125,9 +125,12 @@ class ExceedanceResult:
 
 @dataclass(frozen=True, slots=True)
 class BinnedUnits:
-    """An arm as per-unit histogram entries: values of an entry lie in [lower, upper)."""
+    """An arm as per-unit histogram entries: values of an entry lie in [lower, upper); `bins` is
+    the grid bin that stands for each entry (used for the threshold only: any predictable
+    threshold is valid). Units are numbered alike in both arms."""
 
     unit: IntArray
+    bins: IntArray
     lower: FloatArray
     upper: FloatArray
     counts: IntArray
@@ -222,31 +225,27 @@ def unit_counts(
 
 
 def unit_counts_binned(
-    reference: BinnedUnits,
-    reference_bins: IntArray,
-    tested: BinnedUnits,
-    *,
-    units: int,
-    tolerance: float,
+    reference: BinnedUnits, tested: BinnedUnits, *, tolerance: float
 ) -> UnitCounts:
     """Conservative counts from histograms: X counts only tested entries whose lower edge / c
-    lies above q_u, Y every reference entry whose upper edge does. `reference_bins` are the
-    reference entries' grid bins (for the threshold only; any predictable threshold is valid)."""
-    q = predictable_thresholds(reference.unit, reference_bins, reference.counts, units)
+    lies above q_u, Y every reference entry whose upper edge does. Units 0..last used unit."""
+    if reference.unit.size == 0 or tested.unit.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return UnitCounts(empty, empty, empty, empty)
+    units = int(max(reference.unit.max(), tested.unit.max())) + 1
+    q = predictable_thresholds(reference.unit, reference.bins, reference.counts, units)
     with np.errstate(invalid="ignore"):
         x_hit = tested.lower / (1.0 + tolerance) > q[tested.unit]
         y_hit = reference.upper > q[reference.unit]
+
+    def per_unit(unit: IntArray, counts: IntArray) -> IntArray:
+        return np.bincount(unit, weights=counts, minlength=units).astype(np.int64)
+
     return UnitCounts(
-        n_test=np.bincount(tested.unit, weights=tested.counts, minlength=units).astype(np.int64),
-        n_ref=np.bincount(reference.unit, weights=reference.counts, minlength=units).astype(
-            np.int64
-        ),
-        x=np.bincount(tested.unit[x_hit], weights=tested.counts[x_hit], minlength=units).astype(
-            np.int64
-        ),
-        y=np.bincount(
-            reference.unit[y_hit], weights=reference.counts[y_hit], minlength=units
-        ).astype(np.int64),
+        n_test=per_unit(tested.unit, tested.counts),
+        n_ref=per_unit(reference.unit, reference.counts),
+        x=per_unit(tested.unit[x_hit], tested.counts[x_hit]),
+        y=per_unit(reference.unit[y_hit], reference.counts[y_hit]),
     )
 
 

@@ -3,8 +3,8 @@
 Rule: on the whole-run window ("all"), per model and metric, the job remembers
   * the running intersection of every tick's anytime-valid ratio bounds (P99 and median,
     `sequential.py`), and
-  * whether each direction of the two-sample P99 e-process (`p99test.py`) has ever crossed its
-    boundary;
+  * whether each direction of the two-sample P99 e-process (`p99test.py`) and of the per-minute
+    exceedance e-process (`exceedance.py`) has ever crossed its boundary;
 and each tick re-decides the verdict with `sequential.decide` from the intersected bounds and the
 remembered crossings (`verdict.write_decision`).
 
@@ -52,6 +52,8 @@ class _Memory:
     median_upper: float
     crossed_slower: bool  # the two-sample e-process, slower direction, ever crossed
     crossed_faster: bool
+    exceeded_slower: bool = False  # the exceedance e-process, slower direction, ever crossed
+    exceeded_faster: bool = False
 
     def decision(self, tolerance: float) -> Decision:
         return decide(
@@ -62,6 +64,8 @@ class _Memory:
             tolerance=tolerance,
             two_sample_slower=self.crossed_slower,
             two_sample_faster=self.crossed_faster,
+            exceedance_slower=self.exceeded_slower,
+            exceedance_faster=self.exceeded_faster,
         )
 
     def merged(self, now: _Memory) -> _Memory:
@@ -72,6 +76,8 @@ class _Memory:
             min(self.median_upper, now.median_upper),
             self.crossed_slower or now.crossed_slower,
             self.crossed_faster or now.crossed_faster,
+            self.exceeded_slower or now.exceeded_slower,
+            self.exceeded_faster or now.exceeded_faster,
         )
 
     def contradicts_itself(self, tolerance: float) -> bool:
@@ -100,6 +106,8 @@ def _observed(seq: Sequential) -> _Memory:
         _hi(seq["median_ratio_upper"]),
         p99 is not None and p99["slower"]["rejected"],
         p99 is not None and p99["faster"]["rejected"],
+        p99 is not None and "exceedance_slower" in p99 and p99["exceedance_slower"]["rejected"],
+        p99 is not None and "exceedance_faster" in p99 and p99["exceedance_faster"]["rejected"],
     )
 
 
@@ -149,5 +157,8 @@ def _rewrite(
     if p99 is not None:
         p99["slower"]["sticky"] = m.crossed_slower and not now.crossed_slower
         p99["faster"]["sticky"] = m.crossed_faster and not now.crossed_faster
+        if "exceedance_slower" in p99 and "exceedance_faster" in p99:
+            p99["exceedance_slower"]["sticky"] = m.exceeded_slower and not now.exceeded_slower
+            p99["exceedance_faster"]["sticky"] = m.exceeded_faster and not now.exceeded_faster
     seq["hysteresis"] = state
     seq["hysteresis_ticks"] = ticks

@@ -161,32 +161,41 @@ class Adjusted(Interval):
 
 
 class TwoSampleP99(TypedDict):
-    """One direction of the two-sample P99 e-process (`stats.p99test`), at level alpha / 2."""
+    """One direction of a P99 e-process at level alpha / k (`P99Verdict.level`): the two-sample
+    test (`stats.p99test`) or the per-minute exceedance test (`stats.exceedance`)."""
 
-    statistic: float | None  # natural log of the combined e-value (min over candidate
-    # quantiles), capped at the boundary; None while an arm is empty
-    boundary: float  # log(2 / alpha): "rejected" once the statistic reaches it
+    statistic: float | None  # natural log of the e-value (two-sample: min over candidate
+    # quantiles, capped at the boundary; exceedance: running max over completed minutes); None
+    # while an arm is empty or the test is not run
+    boundary: float  # log(k / alpha): "rejected" once the statistic reaches it
     rejected: bool
     sticky: bool  # whole run of a running job: rejected at an earlier tick, kept (hysteresis)
 
 
 class P99Verdict(TypedDict):
     """The P99 verdict (`stats.sequential.decide`): slower, faster or inconclusive, and which of
-    its two tests per direction (each at level alpha / 2) rejected."""
+    its tests per direction (each at level alpha / k, k = len(tests)) rejected."""
 
     verdict: Verdict
-    decided_by: list[str]  # "union_bound", "two_sample": the tests behind the verdict
-    level: float  # alpha / 2, each test's level
-    union_bound_slower: bool  # p99_ratio_lower > 1 + tolerance (its CS is at level alpha / 2)
+    decided_by: list[str]  # "union_bound", "two_sample", "exceedance": the tests behind it
+    level: float  # alpha / k, each test's level
+    union_bound_slower: bool  # p99_ratio_lower > 1 + tolerance (its CS is at level alpha / k)
     union_bound_faster: bool  # p99_ratio_upper < 1 / (1 + tolerance)
     slower: TwoSampleP99  # "speculative P99 > (1 + tolerance) x baseline P99"
     faster: TwoSampleP99  # "baseline P99 > (1 + tolerance) x speculative P99"
     binned: bool  # from histograms (rollups): a conservative lower bound of the statistic
+    # the P99 tests run: "union_bound", "two_sample", and "exceedance" where the design allows it
+    # (split traffic with start times); absent in results stored before the exceedance test
+    tests: NotRequired[list[str]]
+    # per-minute exceedance e-process (`stats.exceedance`), valid under serial dependence
+    exceedance_slower: NotRequired[TwoSampleP99]
+    exceedance_faster: NotRequired[TwoSampleP99]
 
 
 class Sequential(TypedDict):
     """Anytime-valid tests; ratios are speculative / baseline. The P99 ratio bounds are at level
-    alpha / 2 (the P99 verdict's other half is the two-sample test), the median's at alpha."""
+    alpha / k (the P99 verdict's other tests spend the rest, see `P99Verdict`), the median's at
+    alpha."""
 
     p99_ratio_lower: float | None
     p99_ratio_upper: float | None
@@ -200,7 +209,8 @@ class Sequential(TypedDict):
     # over ticks; None/0 elsewhere (sliding windows, one-off `specproxy stats`)
     hysteresis: str | None  # "first" | "intersected" | "reset"
     hysteresis_ticks: int
-    # the tests behind `verdict`: "p99_union_bound", "p99_two_sample", "median" (absent in
+    # the tests behind `verdict`: "p99_union_bound", "p99_two_sample", "p99_exceedance",
+    # "median" (absent in
     # results stored before the two-sample P99 test was wired in)
     decided_by: NotRequired[list[str]]
     p99: NotRequired[P99Verdict]

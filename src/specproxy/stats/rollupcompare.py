@@ -7,8 +7,10 @@ What rollups can give, and how:
   * summaries: quantiles from the grid histogram (within half a bin, `loggrid.GRID_ERROR_BOUND`),
     the mean exact from the sums;
   * the anytime-valid tests: the same confidence sequences, whose order statistics are read off
-    the histogram (`sequential.RankedArm.of_histogram`), and the two-sample P99 test bounded
-    conservatively inside each bin (`p99test.p99_slower_test_binned`);
+    the histogram (`sequential.RankedArm.of_histogram`), the two-sample P99 test bounded
+    conservatively inside each bin (`p99test.p99_slower_test_binned`), and the per-minute
+    exceedance test on each minute's entries, counted conservatively
+    (`exceedance.unit_counts_binned`);
   * NOT available (null, with `"unavailable"` naming them): rank tests, outlier counts and the
     length adjustment (they need each request), the sample-size estimate. The design is always
     "split": pairs need request ids.
@@ -20,12 +22,14 @@ import math
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from specproxy.loggrid import COARSE_FACTOR, bin_centres, bin_lower_edges
 from specproxy.records import Arm
 from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
 from specproxy.stats.compare import METRIC_COLUMNS, CompareSettings, diagnose_metrics, speedup_block
 from specproxy.stats.diagnosis import EngineSummary
+from specproxy.stats.exceedance import BinnedUnits
 from specproxy.stats.p99test import BinnedArm
 from specproxy.stats.quantile import STATISTICS
 from specproxy.stats.sequential import RankedArm
@@ -49,26 +53,34 @@ def _finite(x: float) -> float | None:
 # can sit an ulp outside the edges computed back from its bin; widening keeps the binned
 # two-sample test's bound (every value inside its bin) true in floating point.
 _EDGE_SLACK: Final = 1e-9
+FloatArray = npt.NDArray[np.float64]
 
 
-def _arms(arm: ArmBlocks) -> tuple[RankedArm, BinnedArm]:
-    """The pooled histogram as order statistics (bin centres) and as bins with their edges.
+def _edges(bins: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+    """Lower and upper edges that surely hold every value of an entry at grid bin `bins`.
 
     The compacted tier enters a coarse bin as the fine bin at its centre
     (`loggrid.coarse_as_fine`), so an entry at that position may hold values anywhere in the
     coarse bin: its edges are the coarse bin's. A fine entry at that position gets the wider
-    (still true) edges too; the two-sample test only needs every value inside its bin."""
-    bins, counts = arm.pooled()
+    (still true) edges too; the conservative tests only need every value inside its bin."""
     half = COARSE_FACTOR // 2
     maybe_coarse = np.mod(bins, COARSE_FACTOR) == half
     return (
+        bin_lower_edges(np.where(maybe_coarse, bins - half, bins)) * (1.0 - _EDGE_SLACK),
+        bin_lower_edges(np.where(maybe_coarse, bins + half + 1, bins + 1)) * (1.0 + _EDGE_SLACK),
+    )
+
+
+def _arms(arm: ArmBlocks) -> tuple[RankedArm, BinnedArm, BinnedUnits]:
+    """The pooled histogram as order statistics (bin centres) and as bins with their true edges
+    (`_edges`), and the per-unit entries with those edges (the exceedance test)."""
+    bins, counts = arm.pooled()
+    lower, upper = _edges(bins)
+    unit_lower, unit_upper = _edges(arm.bins)
+    return (
         RankedArm.of_histogram(bin_centres(bins), counts),
-        BinnedArm(
-            lower=bin_lower_edges(np.where(maybe_coarse, bins - half, bins)) * (1.0 - _EDGE_SLACK),
-            upper=bin_lower_edges(np.where(maybe_coarse, bins + half + 1, bins + 1))
-            * (1.0 + _EDGE_SLACK),
-            counts=counts,
-        ),
+        BinnedArm(lower=lower, upper=upper, counts=counts),
+        BinnedUnits(arm.unit, arm.bins, unit_lower, unit_upper, arm.counts),
     )
 
 
@@ -95,12 +107,13 @@ def _metric_block(
         **dict.fromkeys(UNAVAILABLE_FROM_ROLLUPS),
     }
     if base.n and spec.n:
-        (rank_b, bin_b), (rank_s, bin_s) = _arms(base), _arms(spec)
+        (rank_b, bin_b, unit_b), (rank_s, bin_s, unit_s) = _arms(base), _arms(spec)
         seq = anytime_valid_binned(
             (rank_b, rank_s),
             (bin_b, bin_s),
             alpha=settings.alpha,
             tolerance=settings.p99_tolerance,
+            minutes=(unit_b, unit_s),  # the design is always split
         )
         block["sequential"] = seq
         block["verdict"] = seq["verdict"]

@@ -25,8 +25,8 @@ What is implemented (and why it is valid):
    probability >= 1 - alpha both hold at all times, and "speculative P99 > baseline P99 x (1+tol)"
    is declared only when lower_spec > (1+tol) x upper_base. Each arm is indexed by its own sample
    count, so unequal arrival rates are fine. The P99 ratio is run at a level of its own
-   (`p99_alpha`; the stats job passes alpha/2 because the two-sample test of `p99test` spends
-   the other half, see `decide`).
+   (`p99_alpha`; the stats job passes alpha/k, k the number of P99 tests it runs: the two-sample
+   test of `p99test` and the exceedance test of `exceedance` spend the rest, see `decide`).
 4. `decide` is the one rule that turns the bounds and the two-sample test's rejections into the
    verdict (`stats.verdict` computes, `stats.hysteresis` re-decides on the whole run).
 
@@ -161,14 +161,16 @@ class Decision:
     p99_two_sample_faster: bool
     median_slower: bool
     median_faster: bool
+    p99_exceedance_slower: bool = False
+    p99_exceedance_faster: bool = False
 
     @property
     def p99_slower_evidence(self) -> bool:
-        return self.p99_union_slower or self.p99_two_sample_slower
+        return self.p99_union_slower or self.p99_two_sample_slower or self.p99_exceedance_slower
 
     @property
     def p99_faster_evidence(self) -> bool:
-        return self.p99_union_faster or self.p99_two_sample_faster
+        return self.p99_union_faster or self.p99_two_sample_faster or self.p99_exceedance_faster
 
     @property
     def p99_conflict(self) -> bool:
@@ -189,12 +191,13 @@ class Decision:
         v = self.p99_verdict
         if v == "inconclusive":
             return []
-        union, two = (
-            (self.p99_union_slower, self.p99_two_sample_slower)
+        hits = (
+            (self.p99_union_slower, self.p99_two_sample_slower, self.p99_exceedance_slower)
             if v == "slower"
-            else (self.p99_union_faster, self.p99_two_sample_faster)
+            else (self.p99_union_faster, self.p99_two_sample_faster, self.p99_exceedance_faster)
         )
-        return [name for name, hit in (("union_bound", union), ("two_sample", two)) if hit]
+        names = ("union_bound", "two_sample", "exceedance")
+        return [name for name, hit in zip(names, hits, strict=True) if hit]
 
     @property
     def median_verdict(self) -> Verdict:
@@ -213,7 +216,8 @@ class Decision:
 
     @property
     def decided_by(self) -> list[str]:
-        """The tests behind `verdict`: "p99_union_bound", "p99_two_sample", "median"."""
+        """The tests behind `verdict`: "p99_union_bound", "p99_two_sample", "p99_exceedance",
+        "median"."""
         v = self.verdict
         out = [f"p99_{name}" for name in self.p99_decided_by] if self.p99_verdict == v else []
         return [*out, "median"] if v != "inconclusive" and self.median_verdict == v else out
@@ -228,15 +232,22 @@ def decide(
     tolerance: float,
     two_sample_slower: bool = False,
     two_sample_faster: bool = False,
+    exceedance_slower: bool = False,
+    exceedance_faster: bool = False,
 ) -> Decision:
     """The verdict rule, in one place.
 
-    P99, c = 1 + tolerance. Two tests per direction, each at level alpha / 2, so that each
+    P99, c = 1 + tolerance. Up to three tests per direction, each at level alpha / k where k is
+    the number of tests the design runs (3 for split traffic with start times; 2 when the
+    exceedance test cannot run: mirrored pairs, or values without times), so that each
     direction's error is <= alpha however often it is looked at (a union bound over the tests):
-      * the union bound of per-arm CSs (ratio bounds at level alpha / 2): slower if the lower
+      * the union bound of per-arm CSs (ratio bounds at level alpha / k): slower if the lower
         bound > c, faster if the upper bound < 1 / c;
-      * the two-sample e-process of `p99test` at alpha / 2 (`two_sample_*`): slower if it
-        crosses log(2 / alpha); faster is the same test with the arms' roles swapped.
+      * the two-sample e-process of `p99test` at alpha / k (`two_sample_*`): slower if it
+        crosses log(k / alpha); faster is the same test with the arms' roles swapped;
+      * the per-minute exceedance e-process of `exceedance` at alpha / k (`exceedance_*`), the
+        one whose level holds under serial dependence across minutes (random assignment within
+        each minute is all it needs); faster with the arms' roles swapped.
     The P99 verdict is slower if a slower test rejects and no faster test does, faster
     symmetrically, else inconclusive (a conflict needs an error of one of the tests, so neither
     claim is made). The median (CS at level alpha): faster if the upper bound < 1, slower if the
@@ -250,6 +261,8 @@ def decide(
         p99_two_sample_faster=two_sample_faster,
         median_slower=median_ratio_lower > 1.0,
         median_faster=median_ratio_upper < 1.0,
+        p99_exceedance_slower=exceedance_slower,
+        p99_exceedance_faster=exceedance_faster,
     )
 
 
