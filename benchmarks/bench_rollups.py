@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import math
 import multiprocessing
+import os
 import resource
 import sqlite3
 import sys
@@ -192,7 +193,7 @@ async def _tick(store: Any, cfg: StatsConfig, cache: RollupCache, now: float) ->
     return (
         f"wall {wall:.2f} s, CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
         f"compacted {moved:,} rows, source {result.get('source')}, grid bounds {bounds}, "
-        f"peak RSS {_rss_mb():.0f} MB"
+        f"peak RSS {_rss_mb():.0f} MB, host load {os.getloadavg()[0]:.1f}"
     )
 
 

@@ -38,9 +38,10 @@ import pytest
 import scipy.signal
 
 from specproxy.loggrid import GRID_ERROR_BOUND, GRID_LOG_WIDTH, bin_centres
+from specproxy.stats import blockboot
 from specproxy.stats.blockboot import (
     ArmBlocks,
-    _block_quantile,
+    _BlockQuantiles,
     _order_stat_bins,
     _regroup,
     block_speedup_intervals,
@@ -59,7 +60,11 @@ def _arm(
     return ArmBlocks.from_values(np.floor(t).astype(np.int64), v, units), v
 
 
-def test_block_quantile_replicates_are_the_weighted_order_statistics_within_half_a_bin() -> None:
+@pytest.mark.parametrize("dense_cells", [blockboot._DENSE_CELLS, 0])
+def test_block_quantile_replicates_are_the_weighted_order_statistics_within_half_a_bin(
+    dense_cells: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blockboot, "_DENSE_CELLS", dense_cells)  # dense matrix, masks per group
     rng = np.random.default_rng(3)
     units, per = 30, 40
     unit = np.repeat(np.arange(units), per)
@@ -67,8 +72,9 @@ def test_block_quantile_replicates_are_the_weighted_order_statistics_within_half
     arm = ArmBlocks.from_values(unit, values, units)
     data = _regroup(arm, block_units=3, blocks=10)
     weights = rng.poisson(1.0, size=(50, 10)).astype(np.float64)
+    quantiles = _BlockQuantiles(data, weights)
     for p in (0.5, 0.9, 0.99):
-        reps = _block_quantile(data, weights, p)
+        reps = quantiles.quantile(p)
         order = np.argsort(values)
         for r in range(weights.shape[0]):
             w = weights[r, unit[order] // 3]

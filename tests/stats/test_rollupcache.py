@@ -75,9 +75,8 @@ def _canonical(cache: RollupCache) -> dict[str, Any]:
     for metric, per_arm in cache.tiers.items():
         for arm, tier in per_arm.items():
             out[f"{metric}/{arm.value}/blocks"] = sorted(
-                (k, c.block.lo, c.block.counts.tolist(), c.block.minute_n.tolist(),
-                 c.block.minute_total.tolist())
-                for k, c in tier.blocks.items()
+                (k, b.lo, b.counts.tolist(), b.minute_n.tolist(), b.minute_total.tolist())
+                for k, b in tier.blocks.items()
             )  # fmt: skip
             out[f"{metric}/{arm.value}/fine"] = sorted(
                 (k, f.n, f.total, sorted(zip(f.bins.tolist(), f.counts.tolist(), strict=True)))

@@ -77,7 +77,10 @@ def politis_white_block_length(series: npt.NDArray[np.float64]) -> float:
     m_max = math.ceil(math.sqrt(n)) + k_n
     m_max = min(m_max, n - 1)
     b_max = math.ceil(min(3.0 * math.sqrt(n), n / 3.0))
-    acv = np.array([float(x[: n - k] @ x[k:]) / n for k in range(m_max + 1)])
+    # autocovariances at lags 0..m_max through one zero-padded FFT (O(n log n); a dot product
+    # per lag costs O(n m_max), 0.1-0.6 s per arm on the 43k minutes of a 30-day window)
+    spectrum = np.fft.rfft(x, 2 * n)
+    acv = np.fft.irfft(spectrum * np.conj(spectrum), 2 * n)[: m_max + 1] / n
     rho = acv / acv[0]
     threshold = 2.0 * math.sqrt(math.log10(n) / n)
     small = np.abs(rho[1:]) < threshold

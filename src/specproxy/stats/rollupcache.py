@@ -10,7 +10,6 @@ exactly what a cold read of the same snapshot gets (tests/stats/test_rollupcache
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,21 +21,9 @@ from specproxy.rollupblob import Block
 from specproxy.store.base import Store
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions
 
-__all__ = ["ArmTier", "CachedBlock", "FineMinute", "RollupCache"]
+__all__ = ["ArmTier", "FineMinute", "RollupCache"]
 
 IntArray = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True, slots=True)
-class CachedBlock:
-    block: Block
-    bins: IntArray  # occupied coarse bins as fine centre bins (`Block.entries`)
-    counts: IntArray
-
-    @classmethod
-    def of(cls, block: Block) -> CachedBlock:
-        bins, counts = block.entries()
-        return cls(block, bins, counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +40,7 @@ class ArmTier:
     """One arm's rollups of one metric: blocks by (start, span, model), fine minutes by
     (minute, model)."""
 
-    blocks: dict[tuple[int, int, str], CachedBlock] = field(default_factory=dict)
+    blocks: dict[tuple[int, int, str], Block] = field(default_factory=dict)  # dense counts only
     fine: dict[tuple[int, str], FineMinute] = field(default_factory=dict)
 
     @classmethod
@@ -75,8 +62,7 @@ class ArmTier:
         """(minute, n) per minute holding requests, from blocks and fine minutes."""
         minutes: list[IntArray] = [np.array([m for m, _ in self.fine], dtype=np.int64)]
         counts: list[IntArray] = [np.array([f.n for f in self.fine.values()], dtype=np.int64)]
-        for cached in self.blocks.values():
-            b = cached.block
+        for b in self.blocks.values():
             minutes.append(np.arange(b.start, b.start + b.span, dtype=np.int64))
             counts.append(b.minute_n)
         m = np.concatenate(minutes)
@@ -86,7 +72,7 @@ class ArmTier:
 
     @property
     def n(self) -> int:
-        return sum(c.block.n for c in self.blocks.values()) + sum(f.n for f in self.fine.values())
+        return sum(b.n for b in self.blocks.values()) + sum(f.n for f in self.fine.values())
 
 
 class RollupCache:
@@ -102,8 +88,8 @@ class RollupCache:
         blocks: dict[tuple[int, int, str, str], int] = {}
         fine: dict[tuple[int, str, str], int] = {}
         for arm, tier in self.tiers[metric].items():
-            for (start, span, model), cached in tier.blocks.items():
-                blocks[(start, span, model, arm.value)] = cached.block.n
+            for (start, span, model), block in tier.blocks.items():
+                blocks[(start, span, model, arm.value)] = block.n
             for (minute, model), f in tier.fine.items():
                 fine[(minute, model, arm.value)] = f.n
         return TierVersions(blocks, fine)
@@ -116,28 +102,18 @@ class RollupCache:
             arm = Arm(arm_name)
             blob = read.blobs.get((start, span, model, arm_name))
             new[arm].blocks[(start, span, model)] = (
-                CachedBlock.of(Block.decode(start, blob))
+                Block.decode(start, blob)
                 if blob is not None
                 else old[arm].blocks[(start, span, model)]
             )
-        fresh: dict[tuple[int, str, str], tuple[list[int], list[int]]] = defaultdict(
-            lambda: ([], [])
-        )
-        for minute, model, arm_name, b, c in read.bins:
-            entry = fresh[(minute, model, arm_name)]
-            entry[0].append(b)
-            entry[1].append(c)
-        read_minutes = {minute for minute, *_ in read.bins}
+        read_minutes = {minute for minute, _model, _arm in read.bins}
         for minute, model, arm_name, n, total, total_sq in read.minutes:
             arm = Arm(arm_name)
             if minute in read_minutes:
-                bins, counts = fresh.get((minute, model, arm_name), ([], []))
+                empty = np.zeros(0, dtype=np.int64)
+                bins, counts = read.bins.get((minute, model, arm_name), (empty, empty))
                 new[arm].fine[(minute, model)] = FineMinute(
-                    int(n),
-                    float(total),
-                    float(total_sq),
-                    np.asarray(bins, dtype=np.int64),
-                    np.asarray(counts, dtype=np.int64),
+                    int(n), float(total), float(total_sq), bins, counts
                 )
             else:
                 new[arm].fine[(minute, model)] = old[arm].fine[(minute, model)]

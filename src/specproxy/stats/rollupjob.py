@@ -26,6 +26,7 @@ blocks are entered as they are (a compacted histogram's bins as the fine bins at
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,12 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.config import ScrapeConfig, StatsConfig
-from specproxy.loggrid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND
+from specproxy.loggrid import (
+    COARSE_ERROR_BOUND,
+    GRID_ERROR_BOUND,
+    coarse_as_fine,
+    coarse_bin,
+)
 from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.rollup import ROLLUP_METRICS, ROLLUP_UNIT_S, minute_of
 from specproxy.rollupblob import HOUR_SPAN, MINUTE_SPAN
@@ -110,23 +116,39 @@ def _window_blocks(tier: ArmTier, span: _Span, excluded: set[int]) -> tuple[ArmB
     lo, units = span.lo, span.hi - span.lo + 1
     unit_n = np.zeros(units, dtype=np.int64)
     unit_sum = np.zeros(units, dtype=np.float64)
+    dropped = 0
+    chosen = []
+    ordered = sorted(excluded)
+    for (start, width, _model), block in tier.blocks.items():
+        if start < lo or start > span.hi:
+            continue
+        first = bisect.bisect_left(ordered, start)  # an excluded minute inside the block?
+        if first < len(ordered) and ordered[first] < start + width:
+            dropped += block.n
+            continue
+        chosen.append(block)
+    # every chosen block at once: minute vectors into the unit arrays, and its dense coarse
+    # counts as entries at its first minute (empty bins are dropped below)
     where: list[IntArray] = []
     bins: list[IntArray] = []
     counts: list[IntArray] = []
-    dropped = 0
-    for (start, width, _model), cached in tier.blocks.items():
-        if start < lo or start > span.hi:
-            continue
-        block = cached.block
-        if excluded and not excluded.isdisjoint(range(start, start + width)):
-            dropped += block.n
-            continue
-        off = start - lo
-        unit_n[off : off + width] += block.minute_n
-        unit_sum[off : off + width] += block.minute_total
-        where.append(np.full(cached.bins.size, off, dtype=np.int64))
-        bins.append(cached.bins)
-        counts.append(cached.counts)
+    if chosen:
+        offs = np.array([b.start - lo for b in chosen], dtype=np.int64)
+        spans = np.array([b.span for b in chosen], dtype=np.int64)
+        minute_at = np.repeat(offs - np.cumsum(spans) + spans, spans) + np.arange(spans.sum())
+        unit_n += np.bincount(
+            minute_at, weights=np.concatenate([b.minute_n for b in chosen]), minlength=units
+        ).astype(np.int64)
+        unit_sum += np.bincount(
+            minute_at, weights=np.concatenate([b.minute_total for b in chosen]), minlength=units
+        )
+        ks = np.array([b.counts.size for b in chosen], dtype=np.int64)
+        firsts = np.array([b.lo for b in chosen], dtype=np.int64)
+        where.append(np.repeat(offs, ks))
+        bins.append(
+            coarse_as_fine(np.repeat(firsts - np.cumsum(ks) + ks, ks) + np.arange(ks.sum()))
+        )
+        counts.append(np.concatenate([b.counts for b in chosen]))
     for (minute, _model), fine in tier.fine.items():
         if minute < lo or minute > span.hi:
             continue
@@ -136,18 +158,22 @@ def _window_blocks(tier: ArmTier, span: _Span, excluded: set[int]) -> tuple[ArmB
         unit_n[minute - lo] += fine.n
         unit_sum[minute - lo] += fine.total
         where.append(np.full(fine.bins.size, minute - lo, dtype=np.int64))
-        bins.append(fine.bins)
+        # beside compacted data the window's bound is the coarse one anyway: coarsen the fine
+        # minutes too (one grid for the window, ~20x fewer distinct bins to bootstrap over)
+        bins.append(coarse_as_fine(coarse_bin(fine.bins)) if span.coarse else fine.bins)
         counts.append(fine.counts)
     series = None
     if span.hourly:
         with np.errstate(invalid="ignore", divide="ignore"):
             series = np.where(unit_n > 0, np.log(unit_sum / np.maximum(unit_n, 1)), np.nan)
     empty = np.zeros(0, dtype=np.int64)
+    all_counts = np.concatenate(counts) if counts else empty
+    occupied = np.flatnonzero(all_counts)
     blocks = ArmBlocks(
         units=units,
-        unit=np.concatenate(where) if where else empty,
-        bins=np.concatenate(bins) if bins else empty,
-        counts=np.concatenate(counts) if counts else empty,
+        unit=(np.concatenate(where) if where else empty)[occupied],
+        bins=(np.concatenate(bins) if bins else empty)[occupied],
+        counts=all_counts[occupied],
         unit_n=unit_n,
         unit_sum=unit_sum,
         piece_units=HOUR_SPAN if span.hourly else 1,

@@ -26,6 +26,7 @@ from specproxy.store.rollups import (
     TierVersions,
     changed_blocks,
     changed_minutes,
+    group_fine_bins,
     rollup_rows_from,
 )
 from specproxy.store.schema import REQUEST_COLUMNS
@@ -137,12 +138,10 @@ class MemoryStore(BufferedStore):
             if k[0] == run_id and k[4] == metric
         ]
         wanted = set(changed_minutes(minutes, known))
-        bins = [
-            (k[1], k[2], k[3], b, c)
-            for k, hist in self._bins.items()
-            if k[0] == run_id and k[4] == metric and k[1] in wanted
-            for b, c in hist.items()
-        ]
+        bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
+        for k, hist in self._bins.items():
+            if k[0] == run_id and k[4] == metric and k[1] in wanted:
+                group_fine_bins([(k[1], k[2], k[3], b, c) for b, c in hist.items()], bins)
         return TierRead(listing, blobs, minutes, bins)
 
     async def read_rollups(

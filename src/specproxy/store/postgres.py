@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.rollup import rollup_records
+from specproxy.rollup import ROLLUP_METRICS, rollup_records
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
@@ -47,6 +47,7 @@ from specproxy.store.rollups import (
     delete_rollups_sql,
     fine_bins_of_minute_sql,
     fine_minutes_sql,
+    group_fine_bins,
     read_bins_sql,
     read_minutes_sql,
     rollup_rows_from,
@@ -208,12 +209,16 @@ class PostgresStore(BufferedStore):
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
             if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", COMPACTION_LOCK_KEY):
                 return 0
-            blocks = await conn.fetch(
-                delete_blocks_returning_sql("postgresql"), run_id, bounds.hours_before
-            )
+            blocks: list[Any] = []
+            sums: list[Any] = []
+            bins: list[Any] = []
             sums_sql, bins_sql = delete_fine_returning_sql("postgresql")
-            sums = await conn.fetch(sums_sql, run_id, bounds.fine_before)
-            bins = await conn.fetch(bins_sql, run_id, bounds.fine_before)
+            for metric in ROLLUP_METRICS:
+                blocks += await conn.fetch(
+                    delete_blocks_returning_sql("postgresql"), run_id, metric, bounds.hours_before
+                )
+                sums += await conn.fetch(sums_sql, run_id, metric, bounds.fine_before)
+                bins += await conn.fetch(bins_sql, run_id, metric, bounds.fine_before)
             targets = {
                 (m, *bounds.target(minute), mo, a) for m, minute, mo, a, *_ in [*sums, *bins]
             } | {(m, st - st % 60, 60, mo, a) for m, st, mo, a, _b in blocks}
@@ -265,13 +270,14 @@ class PostgresStore(BufferedStore):
                     tuple(r)
                     for r in await conn.fetch(fine_minutes_sql("postgresql"), run_id, metric)
                 ]
-                bins = [
-                    tuple(r)
-                    for minute in changed_minutes(minutes, known)
-                    for r in await conn.fetch(
-                        fine_bins_of_minute_sql("postgresql"), run_id, metric, minute
+                bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
+                for minute in changed_minutes(minutes, known):
+                    group_fine_bins(
+                        await conn.fetch(
+                            fine_bins_of_minute_sql("postgresql"), run_id, metric, minute
+                        ),
+                        bins,
                     )
-                ]
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
         return TierRead(listing, blobs, minutes, bins)

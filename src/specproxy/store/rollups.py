@@ -15,9 +15,9 @@ block and fine minute it holds (`TierVersions`) gets back only what changed (`Ti
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,7 @@ __all__ = [
     "delete_rollups_sql",
     "fine_bins_of_minute_sql",
     "fine_minutes_sql",
+    "group_fine_bins",
     "read_bins_sql",
     "read_minutes_sql",
     "rollup_rows_from",
@@ -127,11 +128,12 @@ def _p(dialect: Dialect, n: int) -> list[str]:
 
 
 def delete_fine_returning_sql(dialect: Dialect) -> tuple[str, str]:
-    """Take (delete and return) the fine rows of a run's minutes before a bound; params run,
-    bound. RETURNING names exactly the rows removed, so a row a replica adds meanwhile is either
-    returned or left for the next pass, never lost."""
-    p = _p(dialect, 2)
-    where = f"WHERE run_id = {p[0]} AND minute < {p[1]}"
+    """Take (delete and return) the fine rows of a run's metric before a minute; params run,
+    metric, bound (the primary key's prefix, so no scan of other metrics). RETURNING names
+    exactly the rows removed, so a row a replica adds meanwhile is either returned or left for
+    the next pass, never lost."""
+    p = _p(dialect, 3)
+    where = f"WHERE run_id = {p[0]} AND metric = {p[1]} AND minute < {p[2]}"
     return (
         f"DELETE FROM rollup_minutes {where} RETURNING metric, minute, model, arm, n, total, "
         "total_sq",
@@ -140,10 +142,12 @@ def delete_fine_returning_sql(dialect: Dialect) -> tuple[str, str]:
 
 
 def delete_blocks_returning_sql(dialect: Dialect) -> str:
-    """Take the 1-minute blocks of a run that start before a bound; params run, bound."""
-    p = _p(dialect, 2)
+    """Take the 1-minute blocks of a run's metric that start before a bound; params run, metric,
+    bound."""
+    p = _p(dialect, 3)
     return (
-        f"DELETE FROM rollup_blocks WHERE run_id = {p[0]} AND span = 1 AND start < {p[1]} "
+        f"DELETE FROM rollup_blocks WHERE run_id = {p[0]} AND metric = {p[1]} AND start < {p[2]} "
+        "AND span = 1 "
         "RETURNING metric, start, model, arm, blob"
     )
 
@@ -213,18 +217,34 @@ class TierRead:
     blocks: list[tuple[int, int, str, str, int]]  # start, span, model, arm, n: all of them
     blobs: dict[BlockKey, bytes]  # changed blocks only
     minutes: list[tuple[int, str, str, int, float, float]]  # minute, model, arm, n, total, sq
-    bins: list[tuple[int, str, str, int, int]]  # minute, model, arm, bin, count: changed minutes
+    # (bins, counts) per fine (minute, model, arm), of the minutes holding a changed key only
+    bins: dict[FineKey, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]
 
     @property
     def rows(self) -> int:
         """Rows (or blobs) the read transferred."""
-        return len(self.blocks) + len(self.blobs) + len(self.minutes) + len(self.bins)
+        fine = sum(b.size for b, _c in self.bins.values())
+        return len(self.blocks) + len(self.blobs) + len(self.minutes) + fine
 
 
 def changed_blocks(
     listing: list[tuple[int, int, str, str, int]], known: TierVersions
 ) -> list[BlockKey]:
     return [(s, sp, m, a) for s, sp, m, a, n in listing if known.blocks.get((s, sp, m, a)) != n]
+
+
+def group_fine_bins(
+    rows: Iterable[Any],
+    into: dict[FineKey, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
+) -> None:
+    """Add (minute, model, arm, bin, count) rows of ONE minute to `into` as arrays per key (a
+    minute at a time, so a cold read never holds all fine rows as Python tuples)."""
+    grouped: dict[FineKey, list[tuple[int, int]]] = {}
+    for minute, model, arm, b, c in rows:
+        grouped.setdefault((minute, model, arm), []).append((b, c))
+    for key, pairs in grouped.items():
+        a = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        into[key] = (a[:, 0].copy(), a[:, 1].copy())
 
 
 def changed_minutes(

@@ -33,7 +33,7 @@ from specproxy.children import die_with_parent
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.rollup import rollup_records
+from specproxy.rollup import ROLLUP_METRICS, rollup_records
 from specproxy.store.arrays import ArmArrays, arrow_to_arrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
@@ -61,6 +61,7 @@ from specproxy.store.rollups import (
     delete_rollups_sql,
     fine_bins_of_minute_sql,
     fine_minutes_sql,
+    group_fine_bins,
     read_bins_sql,
     read_minutes_sql,
     rollup_rows_from,
@@ -270,12 +271,17 @@ class SqliteStore(BufferedStore):
 
     def _compact_sync(self, run_id: str, bounds: CompactionBounds) -> int:
         def move(conn: sqlite3.Connection) -> int:
-            blocks = conn.execute(
-                delete_blocks_returning_sql("sqlite"), (run_id, bounds.hours_before)
-            ).fetchall()
+            blocks: list[Any] = []
+            sums: list[Any] = []
+            bins: list[Any] = []
             sums_sql, bins_sql = delete_fine_returning_sql("sqlite")
-            sums = conn.execute(sums_sql, (run_id, bounds.fine_before)).fetchall()
-            bins = conn.execute(bins_sql, (run_id, bounds.fine_before)).fetchall()
+            for metric in ROLLUP_METRICS:
+                key = (run_id, metric)
+                blocks += conn.execute(
+                    delete_blocks_returning_sql("sqlite"), (*key, bounds.hours_before)
+                ).fetchall()
+                sums += conn.execute(sums_sql, (*key, bounds.fine_before)).fetchall()
+                bins += conn.execute(bins_sql, (*key, bounds.fine_before)).fetchall()
 
             def stored(target: tuple[str, int, int, str, str]) -> bytes | None:
                 row = conn.execute(stored_block_sql("sqlite"), (run_id, *target)).fetchone()
@@ -472,11 +478,11 @@ def _read_tiers(
             ):
                 blobs[(st, sp, mo, a)] = bytes(blob)
     minutes = conn.execute(fine_minutes_sql("sqlite"), (run_id, metric)).fetchall()
-    bins = [
-        row
-        for minute in changed_minutes(minutes, known)
-        for row in conn.execute(fine_bins_of_minute_sql("sqlite"), (run_id, metric, minute))
-    ]
+    bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
+    for minute in changed_minutes(minutes, known):
+        group_fine_bins(
+            conn.execute(fine_bins_of_minute_sql("sqlite"), (run_id, metric, minute)), bins
+        )
     return TierRead(listing, blobs, minutes, bins)
 
 
