@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from specproxy.loggrid import coarse_as_fine, coarse_bin
 from specproxy.records import Arm, RequestRecord
@@ -206,92 +208,85 @@ def _check_all(read: TierRead, records: list[RequestRecord], metric: str = "e2e"
         assert math.isclose(total, _expected(records, metric, arm)[1], rel_tol=1e-9)
 
 
-async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
-    backend_url: str, tmp_path: Path
-) -> None:
+@pytest.fixture
+async def tiered(backend_url: str, tmp_path: Path) -> AsyncIterator[BufferedStore]:
+    """A store of every backend with 10 fine minutes and 1 hour of 1-minute blocks."""
     cfg = store_config(backend_url, tmp_path, rollup_fine_minutes=10, rollup_minute_hours=1.0)
     store = open_store(cfg, run_id="run")
     await store.start()
-    try:
-        records = _spread(900, 3.0, "a", 1)
-        for rec in records:
-            store.record(rec)
-        await store.flush()
-        now = T0 + 3 * 3600
-        assert await store.compact_rollups(run_id="run", now=now) > 0
-        bounds = CompactionBounds.at(now, fine_minutes=10, minute_hours=1.0)
-        for metric in ROLLUP_METRICS:
-            read = await _full(store, metric)
-            _check_all(read, records, metric)
-            assert all(m >= bounds.fine_before for m, *_ in read.minutes)  # old fine rows gone
-            spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
-            assert spans == {(True, 60), (False, 1)}  # hours before the bound, minutes after
-        before = await _full(store)
-        assert await store.compact_rollups(run_id="run", now=now) == 0  # idempotent
-        assert _plain(await _full(store)) == _plain(before)
-        # a later pass merges the 1-minute blocks that have aged into whole hours
-        assert await store.compact_rollups(run_id="run", now=now + 7200) > 0
-        later = await _full(store)
-        _check_all(later, records)
-        assert {span for _s, span, *_ in later.blocks} == {60}
-    finally:
-        await store.close()
+    yield store
+    await store.close()
+
+
+async def _write(store: BufferedStore, records: list[RequestRecord]) -> None:
+    for rec in records:
+        store.record(rec)
+    await store.flush()
+
+
+async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
+    tiered: BufferedStore,
+) -> None:
+    store = tiered
+    records = _spread(900, 3.0, "a", 1)
+    await _write(store, records)
+    now = T0 + 3 * 3600
+    assert await store.compact_rollups(run_id="run", now=now) > 0
+    bounds = CompactionBounds.at(now, fine_minutes=10, minute_hours=1.0)
+    for metric in ROLLUP_METRICS:
+        read = await _full(store, metric)
+        _check_all(read, records, metric)
+        assert all(m >= bounds.fine_before for m, *_ in read.minutes)  # old fine rows gone
+        spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
+        assert spans == {(True, 60), (False, 1)}  # hours before the bound, minutes after
+    before = await _full(store)
+    assert await store.compact_rollups(run_id="run", now=now) == 0  # idempotent
+    assert _plain(await _full(store)) == _plain(before)
+    # a later pass merges the 1-minute blocks that have aged into whole hours
+    assert await store.compact_rollups(run_id="run", now=now + 7200) > 0
+    later = await _full(store)
+    _check_all(later, records)
+    assert {span for _s, span, *_ in later.blocks} == {60}
 
 
 async def test_late_rows_are_folded_at_the_next_pass_without_double_count(
-    backend_url: str, tmp_path: Path
+    tiered: BufferedStore,
 ) -> None:
-    cfg = store_config(backend_url, tmp_path, rollup_fine_minutes=10, rollup_minute_hours=1.0)
-    store = open_store(cfg, run_id="run")
-    await store.start()
-    try:
-        records = _spread(600, 3.0, "a", 1)
-        for rec in records:
-            store.record(rec)
-        await store.flush()
-        now = T0 + 3 * 3600
-        await store.compact_rollups(run_id="run", now=now)
-        known = await _full(store)
-        versions = TierVersions(
-            {(s, sp, m, a): n for s, sp, m, a, n in known.blocks},
-            {(mi, mo, a): n for mi, mo, a, n, _t, _s in known.minutes},
-        )
-        unchanged = await store.read_rollup_tiers(run_id="run", metric="e2e", known=versions)
-        assert unchanged.blobs == {} and unchanged.bins == {}  # nothing new: keys only
-        late = _spread(120, 1.5, "late", 2)  # requests of the first 90 minutes, written now
-        for rec in late:
-            store.record(rec)
-        await store.flush()
-        read = await _full(store)
-        _check_all(read, records + late)  # seen at once, as fine rows beside the blocks
-        assert any(m < now // 60 - 10 for m, *_ in read.minutes)
-        assert await store.compact_rollups(run_id="run", now=now) > 0
-        folded = await _full(store)
-        _check_all(folded, records + late)
-        assert all(m >= now // 60 - 10 for m, *_ in folded.minutes)
-        changed = await store.read_rollup_tiers(run_id="run", metric="e2e", known=versions)
-        # only the hour blocks the late rows fell in are read again
-        assert {(s, sp) for s, sp, *_ in changed.blobs} == {
-            (s, sp) for s, sp, m, a, n in folded.blocks if versions.blocks.get((s, sp, m, a)) != n
-        }
-        assert all(sp == 60 and s < (T0 + 2 * 3600) // 60 for s, sp, *_ in changed.blobs)
-    finally:
-        await store.close()
+    store = tiered
+    records = _spread(600, 3.0, "a", 1)
+    await _write(store, records)
+    now = T0 + 3 * 3600
+    await store.compact_rollups(run_id="run", now=now)
+    known = await _full(store)
+    versions = TierVersions(
+        {(s, sp, m, a): n for s, sp, m, a, n in known.blocks},
+        {(mi, mo, a): n for mi, mo, a, n, _t, _s in known.minutes},
+    )
+    unchanged = await store.read_rollup_tiers(run_id="run", metric="e2e", known=versions)
+    assert unchanged.blobs == {} and unchanged.bins == {}  # nothing new: keys only
+    late = _spread(120, 1.5, "late", 2)  # requests of the first 90 minutes, written now
+    await _write(store, late)
+    read = await _full(store)
+    _check_all(read, records + late)  # seen at once, as fine rows beside the blocks
+    assert any(m < now // 60 - 10 for m, *_ in read.minutes)
+    assert await store.compact_rollups(run_id="run", now=now) > 0
+    folded = await _full(store)
+    _check_all(folded, records + late)
+    assert all(m >= now // 60 - 10 for m, *_ in folded.minutes)
+    changed = await store.read_rollup_tiers(run_id="run", metric="e2e", known=versions)
+    # only the hour blocks the late rows fell in are read again
+    assert {(s, sp) for s, sp, *_ in changed.blobs} == {
+        (s, sp) for s, sp, m, a, n in folded.blocks if versions.blocks.get((s, sp, m, a)) != n
+    }
+    assert all(sp == 60 and s < (T0 + 2 * 3600) // 60 for s, sp, *_ in changed.blobs)
 
 
-async def test_rollup_retention_removes_old_blocks(backend_url: str, tmp_path: Path) -> None:
-    cfg = store_config(backend_url, tmp_path, rollup_fine_minutes=10, rollup_minute_hours=1.0)
-    store = open_store(cfg, run_id="run")
-    await store.start()
-    try:
-        for rec in _spread(300, 3.0, "a", 1):
-            store.record(rec)
-        await store.flush()
-        await store.compact_rollups(run_id="run", now=T0 + 3 * 3600)
-        cut = T0 + 3600 * 2
-        await store.purge_rollups_older_than(cut)
-        read = await _full(store)
-        assert read.blocks and all(s + sp > cut // 60 for s, sp, *_ in read.blocks)
-        assert all(m >= cut // 60 for m, *_ in read.minutes)
-    finally:
-        await store.close()
+async def test_rollup_retention_removes_old_blocks(tiered: BufferedStore) -> None:
+    store = tiered
+    await _write(store, _spread(300, 3.0, "a", 1))
+    await store.compact_rollups(run_id="run", now=T0 + 3 * 3600)
+    cut = T0 + 3600 * 2
+    await store.purge_rollups_older_than(cut)
+    read = await _full(store)
+    assert read.blocks and all(s + sp > cut // 60 for s, sp, *_ in read.blocks)
+    assert all(m >= cut // 60 for m, *_ in read.minutes)
