@@ -18,8 +18,19 @@ tests/stats/test_verdict.py, which share these draws).
    the P99 verdict (either), the P99 verdict from fine-grid histograms as on rollups
    ("binned", conservative), and the metric verdict (P99 or median).
 
+3. The per-minute exceedance test (`stats.exceedance`, each direction at alpha/2 as wired) on
+   minute-structured traffic (tests/stats/test_exceedance.minute_arms: 200 requests a minute,
+   the arm a coin flip within the minute; "ar1"/"waves": per-minute AR(1) noise rho 0.3 sd 0.5
+   shared by both arms, plus a sinusoidal load wave, and a split that drifts 0.5 +- 0.25 from
+   minute to minute). A/A to 5000/arm, tolerance 0: runs where a test said slower or faster --
+   the exceedance test over every minute (its running maximum), the i.i.d. tests and both
+   verdicts at the LAST look only (a lower bound of what looking often gives). Power for +10 %
+   (in law) at sigma 0.5: exceedance by n (every minute), the others at one look at n; the
+   wired split verdict (union bound + exceedance) against the i.i.d. one (union bound +
+   two-sample, what mirrored pairs get), all tests at alpha/2.
+
 Run: flock /tmp/heavy.lock .venv/bin/python benchmarks/bench_p99power.py [--aa-runs 500]
-     [--power-runs 200] [--seed 1]
+     [--power-runs 200] [--seed 1] [--only exceedance]
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from specproxy.stats.verdict import anytime_valid, anytime_valid_binned
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.stats.test_verdict
 
+from tests.stats.test_exceedance import first_n, minute_arms
 from tests.stats.test_verdict import (
     AA_N,
     ALPHA,
@@ -141,15 +153,80 @@ def fixed_sample_power() -> None:
     print("  fixed-sample one-sided normal test at one look (reference): " + ", ".join(cells))
 
 
+def _verdicts(
+    base: tuple[np.ndarray, np.ndarray], spec: tuple[np.ndarray, np.ndarray]
+) -> dict[str, tuple[bool, bool]]:
+    """(slower, faster) rejections at tolerance 0 of each test at alpha/2 and of both verdicts:
+    the wired split-traffic one (union bound + exceedance) and the i.i.d. one (union bound +
+    two-sample, what mirrored pairs get)."""
+    split = anytime_valid(base[0], spec[0], alpha=ALPHA, tolerance=0.0, times=(base[1], spec[1]))
+    iid = anytime_valid(base[0], spec[0], alpha=ALPHA, tolerance=0.0)
+    p, q = split["p99"], iid["p99"]
+    exc_s, exc_f = p.get("exceedance_slower"), p.get("exceedance_faster")
+    assert exc_s is not None and exc_f is not None
+    return {
+        "exceedance": (exc_s["rejected"], exc_f["rejected"]),
+        "two-sample": (q["slower"]["rejected"], q["faster"]["rejected"]),
+        "union": (p["union_bound_slower"], p["union_bound_faster"]),
+        "verdict union+exceedance": (p["verdict"] == "slower", p["verdict"] == "faster"),
+        "verdict union+two-sample": (q["verdict"] == "slower", q["verdict"] == "faster"),
+    }
+
+
+def exceedance(aa_runs: int, power_runs: int, seed: int) -> None:
+    n_aa = 5000
+    print(
+        f"\nMinute design, A/A to {n_aa}/arm, tolerance 0, {aa_runs} runs, each test at alpha/2:"
+        " runs with a slower or faster claim (exceedance: over every minute; others: LAST look)"
+    )
+    for setting in ("iid", "ar1", "waves"):
+        rng = np.random.default_rng(seed)
+        seen: Counter[str] = Counter()
+        started = time.process_time()
+        for _ in range(aa_runs):
+            base, spec = minute_arms(rng, setting, n_aa)
+            seen.update(k for k, v in _verdicts(base, spec).items() if any(v))
+        cpu = time.process_time() - started
+        names = (
+            "exceedance",
+            "two-sample",
+            "union",
+            "verdict union+exceedance",
+            "verdict union+two-sample",
+        )
+        cells = ", ".join(f"{k} {seen[k]}/{aa_runs}" for k in names)
+        print(f"  {setting:5}: {cells}  [{cpu:.0f} CPU-s]")
+    print(
+        f"\nMinute design, power for +10% P99 (in law), sigma {SIGMA}, tolerance 0,"
+        f" {power_runs} runs, slower claims by n/arm (exceedance: any minute; others: one look)"
+    )
+    rng = np.random.default_rng(seed)
+    hits = {n: Counter[str]() for n in POWER_SIZES}
+    started = time.process_time()
+    for _ in range(power_runs):
+        base, spec = minute_arms(rng, "iid", POWER_SIZES[-1], math.log(1.1))
+        for n in POWER_SIZES:
+            b, s = first_n(base, spec, n)
+            hits[n].update(k for k, v in _verdicts(b, s).items() if v[0])
+    cpu = time.process_time() - started
+    for n in POWER_SIZES:
+        cells = ", ".join(f"{k} {v / power_runs:.3f}" for k, v in sorted(hits[n].items()))
+        print(f"  n<={n:>6}/arm: {cells}")
+    print(f"  [{cpu:.0f} CPU-s]")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--aa-runs", type=int, default=500)
     parser.add_argument("--power-runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", choices=("exceedance",), default=None)
     args = parser.parse_args()
-    aa(args.aa_runs, args.seed)
-    power(args.power_runs, args.seed)
-    fixed_sample_power()
+    if args.only is None:
+        aa(args.aa_runs, args.seed)
+        power(args.power_runs, args.seed)
+        fixed_sample_power()
+    exceedance(args.aa_runs, args.power_runs, args.seed)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
 from specproxy.stats.compare import CompareSettings, compare_window
 from specproxy.stats.quantile import QUANTILE_LEVELS, STATISTICS
 from specproxy.stats.result import METRICS
-from specproxy.stats.rollupcompare import UNAVAILABLE_FROM_ROLLUPS, compare_rollup_window
+from specproxy.stats.rollupcompare import UNAVAILABLE_FROM_ROLLUPS, _arms, compare_rollup_window
 from specproxy.stats.sequential import RankedArm, compare_sequential, compare_sequential_ranked
-from specproxy.stats.verdict import anytime_valid
+from specproxy.stats.verdict import anytime_valid, anytime_valid_binned
 from specproxy.store.rollups import RollupRows, rollup_rows_from
 
 FloatArray = npt.NDArray[np.float64]
@@ -204,20 +204,14 @@ def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
             r = block["summary"]["baseline"][stat]
             assert r == pytest.approx(e, rel=0.01)  # linear vs lower order statistic at n=2400
         assert block["verdict"] == exact["metrics"][metric]["verdict"]
-        # the two-sample P99 test runs on the histogram, conservatively (never above the rows')
+        # the exceedance P99 test runs on the minutes' histograms, conservatively (never above
+        # the rows'; same minutes, same coarse-grid thresholds)
         seq, exact_seq = block["sequential"], exact["metrics"][metric]["sequential"]
         assert exact_seq is not None and "p99" in exact_seq
         assert seq["p99"]["binned"] and not exact_seq["p99"]["binned"]
         assert seq["p99"]["verdict"] == exact_seq["p99"]["verdict"]
-        for side in ("slower", "faster"):
-            exact_stat = exact_seq["p99"][side]["statistic"]
-            assert exact_stat is not None
-            assert seq["p99"][side]["statistic"] <= exact_stat + 1e-12
-        # so does the per-minute exceedance test (same minutes, same fine-bin thresholds)
         exact_p99: dict[str, Any] = dict(exact_seq["p99"])
-        assert (
-            seq["p99"]["tests"] == exact_p99["tests"] == ["union_bound", "two_sample", "exceedance"]
-        )
+        assert seq["p99"]["tests"] == exact_p99["tests"] == ["union_bound", "exceedance"]
         for side in ("exceedance_slower", "exceedance_faster"):
             exact_e = exact_p99[side]["statistic"]
             assert exact_e is not None
@@ -253,12 +247,51 @@ def test_two_sample_p99_on_compacted_bins_stays_below_the_exact_statistic(ratio:
     settings = CompareSettings(resamples=100, p99_tolerance=0.05)
     got = compare_rollup_window(arms, engine={}, settings=settings, rng=rng)
     minute_s = np.asarray(t * 60.0, dtype=np.float64)
-    times = (minute_s, minute_s)  # the rows' start times: the same minutes, the same 3 tests
+    times = (minute_s, minute_s)  # the rows' start times: the same minutes, the same tests
     exact = anytime_valid(base, spec, alpha=settings.alpha, tolerance=0.05, times=times)
     seq = got["metrics"]["e2e"]["sequential"]
-    assert seq["p99"]["level"] == exact["p99"]["level"] == settings.alpha / 3
-    for side in ("slower", "faster"):
-        e = exact["p99"][side]["statistic"]
+    assert seq["p99"]["tests"] == exact["p99"].get("tests") == ["union_bound", "exceedance"]
+    exact_p99: dict[str, Any] = dict(exact["p99"])
+    for side in ("exceedance_slower", "exceedance_faster"):
+        e = exact_p99[side]["statistic"]
         assert e is not None and seq["p99"][side]["statistic"] <= e + 1e-12, side
-    if not exact["p99"]["slower"]["rejected"]:
-        assert not seq["p99"]["slower"]["rejected"]
+    if not exact_p99["exceedance_slower"]["rejected"]:
+        assert not seq["p99"]["exceedance_slower"]["rejected"]
+    # the pooled two-sample test's conservative bound on the same compacted bins
+    # (mirrored designs' test; `_arms` gives its bins the coarse edges)
+    (rank_b, bin_b, _), (rank_s, bin_s, _) = (
+        _arms(arms["e2e"][a]) for a in (Arm.BASELINE, Arm.SPECULATIVE)
+    )
+    two = anytime_valid_binned(
+        (rank_b, rank_s), (bin_b, bin_s), alpha=settings.alpha, tolerance=0.05
+    )
+    exact_two = anytime_valid(base, spec, alpha=settings.alpha, tolerance=0.05)
+    for e_side, got_side in (
+        (exact_two["p99"]["slower"], two["p99"]["slower"]),
+        (exact_two["p99"]["faster"], two["p99"]["faster"]),
+    ):
+        e, g = e_side["statistic"], got_side["statistic"]
+        assert e is not None and g is not None and g <= e + 1e-12
+
+
+def test_the_exceedance_test_is_not_run_on_windows_with_hour_blocks() -> None:
+    """Hour blocks (`piece_units` 60) are not minutes: the exceedance test is off at that tick
+    (its earlier crossings stay in the whole-run memory) and no other test takes its place."""
+    rng = np.random.default_rng(9)
+    t = np.sort(rng.integers(0, MINUTES, 4000))
+
+    def arm(scale: float, pieces: int) -> ArmBlocks:
+        blocks = ArmBlocks.from_values(t, scale * rng.lognormal(0.0, 0.5, t.size), MINUTES)
+        return dataclasses.replace(blocks, piece_units=pieces)
+
+    settings = CompareSettings(resamples=100, p99_tolerance=0.05)
+    for pieces, ran in ((1, True), (60, False)):
+        arms: dict[str, dict[Arm, ArmBlocks]] = {
+            m: {Arm.BASELINE: arm(1.0, pieces), Arm.SPECULATIVE: arm(1.5, pieces)} for m in METRICS
+        }
+        got = compare_rollup_window(arms, engine={}, settings=settings, rng=rng)
+        p99 = got["metrics"]["e2e"]["sequential"]["p99"]
+        assert p99["tests"] == ["union_bound", "exceedance"]
+        assert p99["slower"]["statistic"] is None  # the two-sample test never runs on rollups
+        assert (p99["exceedance_slower"]["statistic"] is not None) is ran
+        assert p99["exceedance_slower"]["rejected"] is ran

@@ -169,7 +169,7 @@ def test_the_rule_with_the_exceedance_test(
     assert d.decided_by == [f"p99_{name}" for name in decided_by]
 
 
-def test_with_start_times_three_p99_tests_run_at_a_third_of_alpha_each() -> None:
+def test_with_start_times_the_exceedance_test_replaces_the_two_sample_test() -> None:
     rng = np.random.default_rng(5)
     n = 8000
     t = np.sort(rng.uniform(0.0, 3600.0, 2 * n))
@@ -178,28 +178,22 @@ def test_with_start_times_three_p99_tests_run_at_a_third_of_alpha_each() -> None
     b, s, times = v[~spec], v[spec], (t[~spec], t[spec])
     seq = anytime_valid(b, s, alpha=ALPHA, tolerance=0.05, times=times)
     p99 = seq["p99"]
-    assert p99["level"] == ALPHA / 3 and p99.get("tests") == [
-        "union_bound",
-        "two_sample",
-        "exceedance",
-    ]
+    assert p99["level"] == ALPHA / 2 and p99.get("tests") == ["union_bound", "exceedance"]
     direct = exceedance_test(
-        unit_counts((b, times[0]), (s, times[1]), tolerance=0.05), alpha=ALPHA / 3
+        unit_counts((b, times[0]), (s, times[1]), tolerance=0.05), alpha=ALPHA / 2
     )
     exc = p99.get("exceedance_slower")
     assert exc is not None and exc["statistic"] == pytest.approx(direct.statistic)
-    assert exc["boundary"] == pytest.approx(math.log(3 / ALPHA)) and exc["rejected"]
+    assert exc["boundary"] == pytest.approx(math.log(2 / ALPHA)) and exc["rejected"]
     assert p99["verdict"] == "slower" and "exceedance" in p99["decided_by"]
-    assert "p99_exceedance" in seq["decided_by"]
-    assert p99["slower"]["boundary"] == pytest.approx(math.log(3 / ALPHA))
-    assert seq["p99_ratio_lower"] == pytest.approx(
-        compare_sequential(b, s, alpha=ALPHA / 3, tolerance=0.05).p99_ratio_lower
-    )
-    # without times (mirrored pairs): two tests at alpha / 2, the exceedance test not run
+    assert "p99_exceedance" in seq["decided_by"] and "p99_two_sample" not in seq["decided_by"]
+    assert p99["slower"]["statistic"] is None and not p99["slower"]["rejected"]  # not run
+    # without times (mirrored pairs): the two-sample test, the exceedance test not run
     two = anytime_valid(b, s, alpha=ALPHA, tolerance=0.05)["p99"]
-    assert two["level"] == ALPHA / 2 and "exceedance" not in two.get("tests", [])
+    assert two["level"] == ALPHA / 2 and two.get("tests") == ["union_bound", "two_sample"]
     not_run = two.get("exceedance_slower")
     assert not_run is not None and not_run["statistic"] is None and not not_run["rejected"]
+    assert two["slower"]["rejected"] and "two_sample" in two["decided_by"]
 
 
 # ------------------------------------------------- simulations of the combined verdict (slow)

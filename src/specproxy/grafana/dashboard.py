@@ -262,9 +262,10 @@ def _verdict_panels() -> list[_Panel]:
     slowdown = _Panel(
         "stat",
         "P99 slowdown test (anytime-valid)",
-        "1 while the P99 verdict is slower: one of its anytime-valid tests (the union bound of"
-        " per-arm confidence sequences, the two-sample e-process, and on split traffic the"
-        " per-minute exceedance e-process that holds under serial dependence; each at alpha/k)"
+        "1 while the P99 verdict is slower: one of its two anytime-valid tests (the union"
+        " bound of per-arm confidence sequences; on split traffic the per-minute exceedance"
+        " e-process, valid under load waves, on mirrored pairs the two-sample e-process; each"
+        " at alpha/2)"
         " rejects 'speculative P99 is no slower than baseline P99 (within tolerance)' and"
         " neither finds it faster. Safe to watch continuously: the error rate holds at any"
         " look. On the whole-run window a rejection is kept.",

@@ -135,9 +135,9 @@ def _verdicts(window: WindowResult) -> list[str]:
     out.append("</div>")
     out.append(
         "<p class='sub'>From anytime-valid tests: confidence sequences on the median and the "
-        "P99, and for the P99 also a two-sample test and, on split traffic, a per-minute "
-        "exceedance test that stays valid under load waves (the P99 tests share the error "
-        "rate equally). "
+        "P99, and for the P99 also a per-minute exceedance test that stays valid under load "
+        "waves (on mirrored pairs a two-sample test instead; each P99 test at half the error "
+        "rate). "
         "<i>slower</i> means the speculative median, or its P99 beyond the tolerance, is above "
         "the baseline's; <i>faster</i> that one of them is below and neither is above; the "
         "error rate holds however often the result was looked at.</p>"

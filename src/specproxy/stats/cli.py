@@ -29,7 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _p99_line(p99: P99Verdict) -> str:
-    """The P99 verdict, which test decided, and each direction's log e-value vs its boundary."""
+    """The P99 verdict, which test decided, and each direction's log e-value vs its boundary
+    (the design's e-process: per-minute exceedance on split traffic, two-sample on pairs)."""
     by = " + ".join(p99["decided_by"]) or "no test"
 
     def sides(tests: tuple[TwoSampleP99, TwoSampleP99]) -> str:
@@ -40,12 +41,11 @@ def _p99_line(p99: P99Verdict) -> str:
             out.append(f"{side} log e {shown} / {test['boundary']:.2f}")
         return ", ".join(out)
 
-    line = f"P99 {p99['verdict']} ({by}); two-sample " + sides((p99["slower"], p99["faster"]))
     ran = "exceedance" in p99.get("tests", [])
     if ran and "exceedance_slower" in p99 and "exceedance_faster" in p99:
-        line += "; per-minute exceedance " + sides(
-            (p99["exceedance_slower"], p99["exceedance_faster"])
-        )
+        pair = (p99["exceedance_slower"], p99["exceedance_faster"])
+        return f"P99 {p99['verdict']} ({by}); per-minute exceedance " + sides(pair)
+    line = f"P99 {p99['verdict']} ({by}); two-sample " + sides((p99["slower"], p99["faster"]))
     return line
 
 

@@ -48,8 +48,8 @@ class StatsCollector(Collector):
         slowdown = GaugeMetricFamily(
             names.P99_SLOWDOWN,
             "1 while the anytime-valid P99 verdict is slower: speculative P99 > baseline P99"
-            " x (1+tol) by the union-bound CS, the two-sample e-process or the per-minute"
-            " exceedance e-process (each at alpha/k, k the number of tests run).",
+            " x (1+tol) by the union-bound CS or, on split traffic, the per-minute exceedance"
+            " e-process (mirrored pairs: the two-sample e-process), each at alpha/2.",
             labels=["model", "window", "metric"],
         )
         last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")

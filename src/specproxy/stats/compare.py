@@ -46,6 +46,7 @@ from specproxy.stats.result import (
     METRIC_COLUMNS,
     METRICS,
     MetricResult,
+    P99Verdict,
     Speedup,
     TimeBlocks,
     WindowComparison,
@@ -400,17 +401,25 @@ def _metric_verdicts(metrics: dict[str, Any], tolerance: float) -> tuple[MetricV
                 if p99 is not None
                 else ("slower" if seq["p99_slower"] else "inconclusive"),
                 median_bounds=(_nan(seq["median_ratio_lower"]), _nan(seq["median_ratio_upper"])),
-                p99_log_e=(
-                    (_nan(p99["slower"]["statistic"]), _nan(p99["faster"]["statistic"]))
-                    if p99 is not None
-                    else (math.nan, math.nan)
-                ),
+                p99_log_e=_p99_log_e(p99),
                 p99_boundary=p99["slower"]["boundary"] if p99 is not None else math.nan,
                 p99_ci=(_nan(ci["lower"]), _nan(ci["upper"])),
                 tolerance=tolerance,
             )
         )
     return tuple(out)
+
+
+def _p99_log_e(p99: P99Verdict | None) -> tuple[float, float]:
+    """The (slower, faster) log e-values of the design's P99 e-process (exceedance on split
+    traffic, two-sample on mirrored pairs)."""
+    if p99 is None:
+        return (math.nan, math.nan)
+    pair = (p99["slower"], p99["faster"])
+    split = "exceedance" in p99.get("tests", [])
+    if split and "exceedance_slower" in p99 and "exceedance_faster" in p99:
+        pair = (p99["exceedance_slower"], p99["exceedance_faster"])
+    return (_nan(pair[0]["statistic"]), _nan(pair[1]["statistic"]))
 
 
 def _headline_fields(metrics: dict[str, Any], tolerance: float) -> dict[str, Any]:

@@ -248,7 +248,7 @@ class MetricVerdict:
     median: str = "inconclusive"  # the median part of it
     p99: str = "inconclusive"  # the P99 part of it
     median_bounds: tuple[float, float] = _NO_BOUNDS  # speculative / baseline, anytime-valid
-    p99_log_e: tuple[float, float] = _NO_BOUNDS  # two-sample log e-values: slower, faster
+    p99_log_e: tuple[float, float] = _NO_BOUNDS  # P99 e-process log e-values: slower, faster
     p99_boundary: float = math.nan  # their crossing level, log(2 / alpha)
     p99_ci: tuple[float, float] = _NO_BOUNDS  # fixed-sample P99 speedup interval (base / spec)
     tolerance: float = 0.05  # the P99 verdict's tolerance
@@ -328,7 +328,7 @@ def _evidence(v: MetricVerdict) -> str:
     best = max((x for x in (slower, faster) if math.isfinite(x)), default=math.nan)
     if math.isfinite(best) and math.isfinite(v.p99_boundary):
         words.append(
-            f"the two-sample P99 test's e-value is {math.exp(best):.3g} of the "
+            f"the P99 e-process's e-value is {math.exp(best):.3g} of the "
             f"{math.exp(v.p99_boundary):.0f} it needs"
         )
     return f" ({'; '.join(words)})" if words else ""

@@ -9,7 +9,8 @@ independently of everything else.
 Test of "slower" (the "faster" direction swaps the arms' roles), c = 1 + tolerance:
   * Units u = 0, 1, ... (minutes, or whatever units the rollups hold), in time order.
   * A PREDICTABLE threshold q_u: the baseline's pooled P99 over the units before u (the lower
-    edge of the fine grid bin of `loggrid` holding its ceil(0.99 n)-th smallest value), refreshed
+    edge of the 0.5 % coarse bin of `loggrid` holding its ceil(0.99 n)-th smallest value: rows,
+    fine and coarse rollups of the same minutes give the same thresholds), refreshed
     whenever that pool has grown by `_THRESHOLD_GROWTH` since the last refresh; none while the
     pool holds fewer than `MIN_BASELINE` values. q_u depends only on units < u.
   * In unit u: K = speculative count, N = K + baseline count, X = #{speculative v: v / c > q_u},
@@ -71,7 +72,7 @@ import numpy.typing as npt
 import scipy.special as sp
 import scipy.stats
 
-from specproxy.loggrid import bin_index, bin_lower_edges
+from specproxy.loggrid import COARSE_FACTOR, bin_index, bin_lower_edges, coarse_bin
 
 __all__ = [
     "LAMBDAS",
@@ -162,8 +163,9 @@ def hypergeom_log_mgf(
 def predictable_thresholds(
     unit: IntArray, bins: IntArray, counts: IntArray, units: int
 ) -> FloatArray:
-    """q_u per unit from the reference arm's fine-grid entries (unit, bin, count): the lower edge
-    of the bin of the ceil(0.99 n)-th smallest value pooled over units before the last refresh
+    """q_u per unit from the reference arm's fine-grid entries (unit, bin, count; a coarse entry
+    at its centre fine bin): the lower edge of the coarse bin (`loggrid.coarse_bin`) of the
+    ceil(0.99 n)-th smallest value pooled over units before the last refresh
     point <= u (refreshed when the pool has grown by `_THRESHOLD_GROWTH`); NaN before
     `MIN_BASELINE` values. Depends only on units < u."""
     q = np.full(units, np.nan)
@@ -171,7 +173,7 @@ def predictable_thresholds(
         return q
     order = np.argsort(unit, kind="stable")
     u_sorted, c_sorted = unit[order], counts[order]
-    occupied, slot = np.unique(bins[order], return_inverse=True)
+    occupied, slot = np.unique(coarse_bin(bins[order]), return_inverse=True)
     before = np.concatenate([[0], np.cumsum(np.bincount(unit, weights=counts, minlength=units))])
     pooled = np.zeros(occupied.size, dtype=np.int64)
     added = 0  # entries (in unit order) already in `pooled`
@@ -185,7 +187,7 @@ def predictable_thresholds(
             added = upto
             rank = math.ceil(_P * n)
             b = occupied[int(np.searchsorted(np.cumsum(pooled), rank, side="left"))]
-            current = float(bin_lower_edges(np.array([b]))[0])
+            current = float(bin_lower_edges(np.array([b * COARSE_FACTOR]))[0])
             refreshed_at = float(n)
         q[u] = current
     return q

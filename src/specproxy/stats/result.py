@@ -161,41 +161,43 @@ class Adjusted(Interval):
 
 
 class TwoSampleP99(TypedDict):
-    """One direction of a P99 e-process at level alpha / k (`P99Verdict.level`): the two-sample
-    test (`stats.p99test`) or the per-minute exceedance test (`stats.exceedance`)."""
+    """One direction of a P99 e-process at level alpha / 2: the two-sample test
+    (`stats.p99test`) or the per-minute exceedance test (`stats.exceedance`)."""
 
     statistic: float | None  # natural log of the e-value (two-sample: min over candidate
     # quantiles, capped at the boundary; exceedance: running max over completed minutes); None
     # while an arm is empty or the test is not run
-    boundary: float  # log(k / alpha): "rejected" once the statistic reaches it
+    boundary: float  # log(2 / alpha): "rejected" once the statistic reaches it
     rejected: bool
     sticky: bool  # whole run of a running job: rejected at an earlier tick, kept (hysteresis)
 
 
 class P99Verdict(TypedDict):
     """The P99 verdict (`stats.sequential.decide`): slower, faster or inconclusive, and which of
-    its tests per direction (each at level alpha / k, k = len(tests)) rejected."""
+    its two tests per direction (each at level alpha / 2) rejected."""
 
     verdict: Verdict
     decided_by: list[str]  # "union_bound", "two_sample", "exceedance": the tests behind it
-    level: float  # alpha / k, each test's level
-    union_bound_slower: bool  # p99_ratio_lower > 1 + tolerance (its CS is at level alpha / k)
+    level: float  # alpha / 2, each test's level
+    union_bound_slower: bool  # p99_ratio_lower > 1 + tolerance (its CS is at level alpha / 2)
     union_bound_faster: bool  # p99_ratio_upper < 1 / (1 + tolerance)
+    # two-sample e-process (mirrored pairs; not run, statistic None, on split traffic)
     slower: TwoSampleP99  # "speculative P99 > (1 + tolerance) x baseline P99"
     faster: TwoSampleP99  # "baseline P99 > (1 + tolerance) x speculative P99"
     binned: bool  # from histograms (rollups): a conservative lower bound of the statistic
-    # the P99 tests run: "union_bound", "two_sample", and "exceedance" where the design allows it
-    # (split traffic with start times); absent in results stored before the exceedance test
+    # the P99 tests of the design: ["union_bound", "exceedance"] on split traffic,
+    # ["union_bound", "two_sample"] on mirrored pairs; absent in results stored before
     tests: NotRequired[list[str]]
     # per-minute exceedance e-process (`stats.exceedance`), valid under serial dependence
+    # (split traffic; statistic None where not run: mirrored pairs, compacted rollup windows)
     exceedance_slower: NotRequired[TwoSampleP99]
     exceedance_faster: NotRequired[TwoSampleP99]
 
 
 class Sequential(TypedDict):
     """Anytime-valid tests; ratios are speculative / baseline. The P99 ratio bounds are at level
-    alpha / k (the P99 verdict's other tests spend the rest, see `P99Verdict`), the median's at
-    alpha."""
+    alpha / 2 (the P99 verdict's other half is the exceedance or two-sample test), the median's
+    at alpha."""
 
     p99_ratio_lower: float | None
     p99_ratio_upper: float | None

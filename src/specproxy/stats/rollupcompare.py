@@ -113,7 +113,9 @@ def _metric_block(
             (bin_b, bin_s),
             alpha=settings.alpha,
             tolerance=settings.p99_tolerance,
-            minutes=(unit_b, unit_s),  # the design is always split
+            split=True,  # rollups are always split traffic
+            # the exceedance test needs minute units: not run while hour blocks are in the window
+            minutes=(unit_b, unit_s) if base.piece_units == spec.piece_units == 1 else None,
         )
         block["sequential"] = seq
         block["verdict"] = seq["verdict"]

@@ -25,8 +25,9 @@ What is implemented (and why it is valid):
    probability >= 1 - alpha both hold at all times, and "speculative P99 > baseline P99 x (1+tol)"
    is declared only when lower_spec > (1+tol) x upper_base. Each arm is indexed by its own sample
    count, so unequal arrival rates are fine. The P99 ratio is run at a level of its own
-   (`p99_alpha`; the stats job passes alpha/k, k the number of P99 tests it runs: the two-sample
-   test of `p99test` and the exceedance test of `exceedance` spend the rest, see `decide`).
+   (`p99_alpha`; the stats job passes alpha/2: the exceedance test of `exceedance` on split
+   traffic, or the two-sample test of `p99test` on mirrored pairs, spends the other half, see
+   `decide`).
 4. `decide` is the one rule that turns the bounds and the two-sample test's rejections into the
    verdict (`stats.verdict` computes, `stats.hysteresis` re-decides on the whole run).
 
@@ -237,17 +238,16 @@ def decide(
 ) -> Decision:
     """The verdict rule, in one place.
 
-    P99, c = 1 + tolerance. Up to three tests per direction, each at level alpha / k where k is
-    the number of tests the design runs (3 for split traffic with start times; 2 when the
-    exceedance test cannot run: mirrored pairs, or values without times), so that each
+    P99, c = 1 + tolerance. Two tests per direction, each at level alpha / 2, so that each
     direction's error is <= alpha however often it is looked at (a union bound over the tests):
-      * the union bound of per-arm CSs (ratio bounds at level alpha / k): slower if the lower
+      * the union bound of per-arm CSs (ratio bounds at level alpha / 2): slower if the lower
         bound > c, faster if the upper bound < 1 / c;
-      * the two-sample e-process of `p99test` at alpha / k (`two_sample_*`): slower if it
-        crosses log(k / alpha); faster is the same test with the arms' roles swapped;
-      * the per-minute exceedance e-process of `exceedance` at alpha / k (`exceedance_*`), the
-        one whose level holds under serial dependence across minutes (random assignment within
-        each minute is all it needs); faster with the arms' roles swapped.
+      * on split traffic, the per-minute exceedance e-process of `exceedance` at alpha / 2
+        (`exceedance_*`), whose level holds under serial dependence across minutes; on mirrored
+        pairs (no random assignment within a minute) the two-sample e-process of `p99test` at
+        alpha / 2 (`two_sample_*`) instead. Either rejects when it crosses log(2 / alpha);
+        faster is the same test with the arms' roles swapped. Which one a design runs is fixed
+        by the design, never by the data (`stats.verdict`).
     The P99 verdict is slower if a slower test rejects and no faster test does, faster
     symmetrically, else inconclusive (a conflict needs an error of one of the tests, so neither
     claim is made). The median (CS at level alpha): faster if the upper bound < 1, slower if the
