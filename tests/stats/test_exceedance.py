@@ -13,6 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from specproxy.loggrid import bin_index, bin_lower_edges
+from specproxy.stats import exceedance
 from specproxy.stats.exceedance import (
     MIN_BASELINE,
     BinnedUnits,
@@ -41,6 +42,24 @@ def test_the_hypergeometric_mgf_matches_brute_force_enumeration(
     got = hypergeom_log_mgf(np.array([total]), np.array([marked]), np.array([drawn]), lams)
     assert got.shape == (1, 4)
     assert got[0] == pytest.approx(expected, abs=1e-9)
+
+
+def test_wide_supports_use_the_binomial_bound_which_is_above_the_exact_mgf(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hoeffding's convex-order bound keeps each factor's mean <= 1: it may only be larger."""
+    lams = np.asarray(exceedance.LAMBDAS, dtype=np.float64)
+    cases = (np.array([1000, 5000, 20000]), np.array([30, 400, 9000]), np.array([500, 2600, 7000]))
+    exact = hypergeom_log_mgf(*cases, lams)
+    monkeypatch.setattr(exceedance, "_EXACT_SUPPORT_MAX", 0)  # every unit counts as wide
+    bound = hypergeom_log_mgf(*cases, lams)
+    assert np.all(bound >= exact - 1e-12)
+    p = cases[1] / cases[0]
+    assert bound == pytest.approx(cases[2][:, None] * np.log1p(p[:, None] * np.expm1(lams)))
+    # mixed narrow and wide units: each row is what it would be alone
+    monkeypatch.setattr(exceedance, "_EXACT_SUPPORT_MAX", 1000)
+    mixed = hypergeom_log_mgf(*cases, lams)
+    assert mixed[0] == pytest.approx(exact[0]) and mixed[2] == pytest.approx(bound[2])
 
 
 def test_under_the_sharp_null_each_factor_has_mean_one() -> None:
