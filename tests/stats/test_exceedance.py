@@ -11,6 +11,8 @@ from itertools import combinations
 import numpy as np
 import numpy.typing as npt
 import pytest
+import scipy.special
+import scipy.stats
 
 from specproxy.loggrid import bin_index, bin_lower_edges
 from specproxy.stats import exceedance
@@ -60,6 +62,20 @@ def test_wide_supports_use_the_binomial_bound_which_is_above_the_exact_mgf(
     monkeypatch.setattr(exceedance, "_EXACT_SUPPORT_MAX", 1000)
     mixed = hypergeom_log_mgf(*cases, lams)
     assert mixed[0] == pytest.approx(exact[0]) and mixed[2] == pytest.approx(bound[2])
+
+
+def test_a_busy_minute_is_summed_exactly() -> None:
+    """1k req/s per arm: 120k requests and ~2.4k exceedances in a minute stay exact (the
+    binomial bound would give away tens of nats per minute at the bets that matter)."""
+    lams = np.asarray(exceedance.LAMBDAS, dtype=np.float64)
+    total, marked, drawn = 120_000, 2_400, 60_000
+    k = np.arange(marked + 1)
+    logpmf = scipy.stats.hypergeom.logpmf(k, total, marked, drawn)
+    expected = [float(scipy.special.logsumexp(logpmf + lam * k)) for lam in lams]
+    got = hypergeom_log_mgf(np.array([total]), np.array([marked]), np.array([drawn]), lams)
+    assert got[0] == pytest.approx(expected, rel=1e-9)
+    binomial = drawn * np.log1p(marked / total * np.expm1(lams))
+    assert binomial[3] - got[0][3] > 50  # what the bound would cost at lam 0.5
 
 
 def test_under_the_sharp_null_each_factor_has_mean_one() -> None:
