@@ -49,7 +49,7 @@ from specproxy.stats.verdict import anytime_valid, anytime_valid_binned
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.stats.test_verdict
 
-from tests.stats.test_exceedance import first_n, minute_arms
+from tests.stats.test_exceedance import claims, first_n, minute_arms
 from tests.stats.test_verdict import (
     AA_N,
     ALPHA,
@@ -153,29 +153,6 @@ def fixed_sample_power() -> None:
     print("  fixed-sample one-sided normal test at one look (reference): " + ", ".join(cells))
 
 
-def _verdicts(
-    base: tuple[np.ndarray, np.ndarray],
-    spec: tuple[np.ndarray, np.ndarray],
-    tolerance: float = 0.0,
-) -> dict[str, tuple[bool, bool]]:
-    """(slower, faster) rejections of each test at alpha/2 and of both verdicts: the wired
-    split-traffic one (union bound + exceedance) and the i.i.d. one (union bound + two-sample,
-    what mirrored pairs get)."""
-    times = (base[1], spec[1])
-    split = anytime_valid(base[0], spec[0], alpha=ALPHA, tolerance=tolerance, times=times)
-    iid = anytime_valid(base[0], spec[0], alpha=ALPHA, tolerance=tolerance)
-    p, q = split["p99"], iid["p99"]
-    exc_s, exc_f = p.get("exceedance_slower"), p.get("exceedance_faster")
-    assert exc_s is not None and exc_f is not None
-    return {
-        "exceedance": (exc_s["rejected"], exc_f["rejected"]),
-        "two-sample": (q["slower"]["rejected"], q["faster"]["rejected"]),
-        "union": (p["union_bound_slower"], p["union_bound_faster"]),
-        "verdict union+exceedance": (p["verdict"] == "slower", p["verdict"] == "faster"),
-        "verdict union+two-sample": (q["verdict"] == "slower", q["verdict"] == "faster"),
-    }
-
-
 def exceedance(aa_runs: int, power_runs: int, seed: int) -> None:
     n_aa = 5000
     names = (
@@ -197,7 +174,7 @@ def exceedance(aa_runs: int, power_runs: int, seed: int) -> None:
             started = time.process_time()
             for _ in range(aa_runs):
                 base, spec = minute_arms(rng, setting, n_aa)
-                seen.update(k for k, v in _verdicts(base, spec, tolerance).items() if any(v))
+                seen.update(k for k, v in claims(base, spec, tolerance).items() if any(v))
             cpu = time.process_time() - started
             cells = ", ".join(f"{k} {seen[k]}/{aa_runs}" for k in names)
             print(f"  {setting:5}: {cells}  [{cpu:.0f} CPU-s]")
@@ -212,7 +189,7 @@ def exceedance(aa_runs: int, power_runs: int, seed: int) -> None:
         base, spec = minute_arms(rng, "iid", POWER_SIZES[-1], math.log(1.1))
         for n in POWER_SIZES:
             b, s = first_n(base, spec, n)
-            hits[n].update(k for k, v in _verdicts(b, s).items() if v[0])
+            hits[n].update(k for k, v in claims(b, s).items() if v[0])
     cpu = time.process_time() - started
     for n in POWER_SIZES:
         cells = ", ".join(f"{k} {v / power_runs:.3f}" for k, v in sorted(hits[n].items()))
