@@ -52,10 +52,11 @@ of one unit, unequal arm sizes. What is NOT covered: assignment that is not rand
 a rejection is evidence against "the speculative arm / c exceeds the running baseline P99 no
 more often than the baseline", which is "P99 ratio <= c" only when the two arms' distributions
 do not cross near the P99 (q_u is the pooled P99 of earlier minutes, not unit u's own).
-A unit is used only once later data exist (the last `SETTLE_UNITS` units of a window are left
-out): rows are recorded when a request ends, so a unit keeps changing while its requests are
-still running. Requests longer than that settle time can still change a used unit's counts;
-the bound then holds for the final data, not exactly at every intermediate look.
+A unit is used only once two later minutes have data (the last `SETTLE_UNITS` units of a
+window are left out): rows are recorded when a request ends, so a unit keeps changing while its
+requests are still running. Requests longer than that settle time (a minute or two; the
+timeouts allow up to 10 min, streams 1 h) can still change a used unit's counts: the bound then
+holds for the final data, and at intermediate looks only up to those late requests.
 
 Cost: O(entries + units x log) for the counts and O(sum over units of min(m, K)) for the exact
 MGF: about 1 % of the tested arm's requests.
@@ -94,7 +95,7 @@ IntArray = npt.NDArray[np.int64]
 _P: Final = 0.99
 MIN_BASELINE: Final = 1000  # baseline values pooled before the first threshold
 _THRESHOLD_GROWTH: Final = 1.05  # refresh q when the pooled baseline has grown by 5 %
-SETTLE_UNITS: Final = 1  # trailing units (the current minute) left out
+SETTLE_UNITS: Final = 2  # trailing units left out: the current minute and the one before
 # Bets per exceedance: log-odds of "the exceedance is speculative's" (0.49 for +10 % P99 at
 # sigma 0.5 with equal arms). Equal weights cost log(6) = 1.8 nats.
 LAMBDAS: Final = (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0)
