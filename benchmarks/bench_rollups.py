@@ -21,6 +21,9 @@ blobs read, and the child's peak RSS.
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000            # SQLite
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000 --pg       # PostgreSQL
     .venv/bin/python benchmarks/bench_rollups.py --days 0 --raw-rows 43000        # raw rows
+
+With --raw-rows N: N records through `record()` into a SQLite store, then two row-path ticks and
+one tick of the same run from its rollups (`stats.raw_rows_max = 0`).
 """
 
 from __future__ import annotations
@@ -254,9 +257,11 @@ async def _raw(rows: int, resamples: int, tmp: Path) -> None:
     for i in range(rows):
         store.record(_record(i, rng, t0))
     await store.flush()
-    cfg = StatsConfig(windows_s=WINDOWS, resamples=resamples)
+    # the row path (the default below stats.raw_rows_max), then the same rows from rollups
+    rows_cfg = StatsConfig(windows_s=WINDOWS, resamples=resamples)
+    rollup_cfg = StatsConfig(windows_s=WINDOWS, resamples=resamples, raw_rows_max=0)
     cache = RollupCache()
-    for label in ("cold", "warm"):
+    for label, cfg in (("cold", rows_cfg), ("warm", rows_cfg), ("cold", rollup_cfg)):
         cpu0, wall0 = time.process_time(), time.perf_counter()
         result = await compute_stats(
             store, run_id=RUN, stats_cfg=cfg, window_end=t0 + rows * 0.05, cache=cache
