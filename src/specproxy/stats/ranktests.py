@@ -74,6 +74,9 @@ def hodges_lehmann(
 ) -> tuple[float, float, float]:
     """HL shift a - b (median of pairwise differences) and its Moses CI."""
     n, m = a.size, b.size
+    # `a` sorted too: the counts are sums over a (order-free), and sorted queries make each
+    # bisection step's searchsorted ~4x faster (cache-friendly), which is most of a row tick
+    a = np.sort(a)
     b_sorted = np.sort(b)
     span = float(max(a.max(), b.max()) - min(a.min(), b.min()))
     total = n * m
