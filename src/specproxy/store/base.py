@@ -125,7 +125,8 @@ class Store(abc.ABC):
     ) -> dict[Arm, RollupRows]:
         """Per-minute rollups (see `specproxy.rollup`) of `metric` for minutes in
         [since_minute, until_minute), per arm, rows of every model when `model` is None (the
-        caller sums them); `with_bins=False` reads only the per-minute summaries."""
+        caller sums them); `with_bins=False` reads only the per-minute summaries. Fine rows only:
+        minutes already compacted into blocks are in `read_rollup_tiers`."""
 
     @abc.abstractmethod
     async def compact_rollups(self, *, run_id: str, now: float) -> int:
