@@ -145,7 +145,7 @@ class StoreConfig:
     # rollup tiers (the stats leader compacts): fine 0.02 % per-minute rows for this many minutes
     # after a minute, then one 0.5 % histogram per minute; after `rollup_minute_hours` hours those
     # merge into one per clock hour (windows reaching them use whole hours)
-    rollup_fine_minutes: int = 10
+    rollup_fine_minutes: int = 6
     rollup_minute_hours: float = 3.0
 
     def __post_init__(self) -> None:
