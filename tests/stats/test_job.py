@@ -361,3 +361,41 @@ async def test_gpu_telemetry_scraped_end_to_end_reaches_the_diagnosis(
         assert [r["code"] for r in skipped] == ["memory_bandwidth_saturated", "thermal_throttling"]
         assert all("baseline" in r["message"] for r in skipped)
     json.dumps(result, allow_nan=False)
+
+
+async def test_a_single_model_run_reuses_the_all_results_and_a_stray_model_does_not() -> None:
+    single = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
+    await single.start()
+    for rec in _records(800, 1000.0, 1.5, 3):
+        single.record(dataclasses.replace(rec, model="only"))
+    await single.flush()
+    result = await compute_stats(single, run_id=RUN, stats_cfg=CFG, window_end=1080.0)
+    assert set(result["results"]) == {"all", "only"}
+    # identical rows: the per-model result is the "all" one, draws included (not a second
+    # bootstrap with other random numbers), and a separate copy
+    assert result["results"]["only"] == result["results"]["all"]
+    assert result["results"]["only"] is not result["results"]["all"]
+
+    # one 404 for another model: "only" no longer holds every row, so it is computed on its own
+    # (other draws), with the same usable samples
+    single.record(
+        RequestRecord(
+            "typo",
+            RUN,
+            Arm.BASELINE,
+            1002.0,
+            "no-such-model",
+            "completions",
+            False,
+            404,
+            0.01,
+            0.01,
+        )
+    )
+    await single.flush()
+    again = await compute_stats(single, run_id=RUN, stats_cfg=CFG, window_end=1080.0)
+    assert set(again["results"]) == {"all", "only"}
+    alone, pooled = again["results"]["only"]["all"], again["results"]["all"]["all"]
+    assert alone["samples"] == pooled["samples"]
+    assert alone["metrics"]["e2e"]["speedup"] != pooled["metrics"]["e2e"]["speedup"]
+    await single.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import math
 import time
@@ -95,6 +96,11 @@ def _relabel(arrays: ArmArrays, label: Callable[[str], str]) -> ArmArrays:
     return {**arrays, "model": np.array(models, dtype=object)}
 
 
+def _only_model(arrays: Mapping[Arm, ArmArrays], model: str) -> bool:
+    """Whether every row of every arm names `model` (after relabelling)."""
+    return all(bool(np.all(np.asarray(a["model"]) == model)) for a in arrays.values())
+
+
 def compute_from_arrays(
     arrays: dict[Arm, ArmArrays],
     engine_samples: Sequence[EngineSample],
@@ -142,6 +148,12 @@ def compute_from_arrays(
     rng = np.random.default_rng(stats_cfg.seed)
     results: dict[str, dict[str, WindowResult]] = {}
     for model in ["all", *models]:
+        if model != "all" and _only_model(arrays, model):
+            # Every row of the run (usable or not, kept or warm-up) has this model, so its
+            # selections are the "all" ones: the same windows again would only cost a second
+            # bootstrap of identical data (half of a single-model tick) with other random draws.
+            results[model] = copy.deepcopy(results["all"])
+            continue
         per_window: dict[str, WindowResult] = {}
         for window_s in stats_cfg.windows_s:
             since = -math.inf if window_s is None else window_end - window_s
