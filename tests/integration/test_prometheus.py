@@ -31,7 +31,14 @@ from aiohttp import web
 
 from specproxy import metrics as m
 from specproxy.app import create_app
-from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import (
+    ArmConfig,
+    Config,
+    RoutingConfig,
+    ScrapeConfig,
+    StatsConfig,
+    StoreConfig,
+)
 from specproxy.emulator.config import EmulatorConfig
 from specproxy.emulator.server import run_emulator
 from specproxy.grafana.dashboard import build_dashboard, panel_queries
@@ -39,10 +46,12 @@ from specproxy.stats.job import window_label
 from specproxy.stats.sequential import count_boundaries
 from tests.conftest import require_binary
 from tests.deploy.rulefiles import PROMETHEUS_DIR, fast_variant, load_rules
+from tests.scrape.fakes import FakeMetricsServer
 
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-llama"
+DCGM_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
 P99_ALERT = "SpecProxySpeculativeP99Slowdown"
 SCRAPE_INTERVAL = "1s"
 RATE_INTERVAL = "15s"  # what Grafana's $__rate_interval gives for a 1 s scrape, rounded up
@@ -187,14 +196,31 @@ def _emulator(*, speculative: bool) -> EmulatorConfig:
 
 
 @contextlib.asynccontextmanager
+async def run_dcgm_exporter() -> AsyncIterator[str]:
+    """A fake dcgm-exporter on port 0 serving a fixture page with every field the GPU panels use
+    (tests/fixtures/dcgm-exporter/derived_h200_cool.prom; its README says how it was derived)."""
+    exporter = FakeMetricsServer(body=(DCGM_FIXTURES / "derived_h200_cool.prom").read_text())
+    runner = web.AppRunner(exporter.app(), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
 async def run_system(tmp_path: Path) -> AsyncIterator[System]:
     async with (
         run_emulator(_emulator(speculative=True)) as speculative_url,
         run_emulator(_emulator(speculative=False)) as baseline_url,
+        run_dcgm_exporter() as dcgm_url,
     ):
+        # Each arm gets GPU telemetry, so the dashboard's GPU row is proven like every other row.
         cfg = Config(
-            baseline_url=baseline_url,
-            speculative_url=speculative_url,
+            speculative=ArmConfig(urls=(speculative_url,), dcgm_urls=(dcgm_url,)),
+            baseline=ArmConfig(urls=(baseline_url,), dcgm_urls=(dcgm_url,)),
             port=0,
             routing=RoutingConfig(seed=7),
             store=StoreConfig(url=f"sqlite:///{tmp_path / 'specproxy.db'}", flush_interval_s=0.2),
