@@ -55,6 +55,13 @@ def _records(n: int, t0: float, speedup: float, seed: int) -> list[RequestRecord
     return out
 
 
+def _typo_404() -> RequestRecord:
+    """A request for a model nobody serves (a 404 the proxy still records)."""
+    return RequestRecord(
+        "typo", RUN, Arm.BASELINE, 1002.0, "no-such-model", "completions", False, 404, 0.01, 0.01
+    )
+
+
 @pytest.fixture
 async def store() -> AsyncIterator[MemoryStore]:
     s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
@@ -77,20 +84,7 @@ async def store() -> AsyncIterator[MemoryStore]:
         )
     )
     # A request for a model nobody serves: recorded (404), but no model of the result.
-    s.record(
-        RequestRecord(
-            "typo",
-            RUN,
-            Arm.BASELINE,
-            1002.0,
-            "no-such-model",
-            "completions",
-            False,
-            404,
-            0.01,
-            0.01,
-        )
-    )
+    s.record(_typo_404())
     s.record_engine(
         EngineSample(
             1000.0,
@@ -378,20 +372,7 @@ async def test_a_single_model_run_reuses_the_all_results_and_a_stray_model_does_
 
     # one 404 for another model: "only" no longer holds every row, so it is computed on its own
     # (other draws), with the same usable samples
-    single.record(
-        RequestRecord(
-            "typo",
-            RUN,
-            Arm.BASELINE,
-            1002.0,
-            "no-such-model",
-            "completions",
-            False,
-            404,
-            0.01,
-            0.01,
-        )
-    )
+    single.record(_typo_404())
     await single.flush()
     again = await compute_stats(single, run_id=RUN, stats_cfg=CFG, window_end=1080.0)
     assert set(again["results"]) == {"all", "only"}
