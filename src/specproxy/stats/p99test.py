@@ -42,6 +42,7 @@ AR(1) rho 0.3 on log latency and with load waves scaling both arms at tolerance 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from dataclasses import dataclass
@@ -104,16 +105,7 @@ def _spec_cap(n_s: int, need: float, rate: float, strength: float) -> int:
         one = np.array([k], dtype=np.int64)
         return bool(_floored(log_mixture_counts(n_s, one, rate, strength, upper=True))[0] >= need)
 
-    if not reaches(n_s):
-        return n_s + 1
-    lo, hi = 0, n_s
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if reaches(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    return bisect.bisect_left(range(n_s + 1), True, key=reaches)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -124,16 +116,7 @@ def _base_cap(n_b: int, need: float, rate: float, strength: float) -> int:
         one = np.array([k], dtype=np.int64)
         return bool(_floored(log_mixture_counts(n_b, one, rate, strength, upper=False))[0] >= need)
 
-    if not reaches(0):
-        return -1
-    lo, hi = 0, n_b
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if reaches(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return bisect.bisect_left(range(n_b + 1), True, key=lambda k: not reaches(k)) - 1
 
 
 def _statistic(
