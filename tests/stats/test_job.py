@@ -4,8 +4,10 @@ import asyncio
 import copy
 import dataclasses
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -18,6 +20,7 @@ from specproxy.errors import ErrorKind
 from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.scrape.dcgmloop import GpuScraper
+from specproxy.stats import job as job_module
 from specproxy.stats.job import StatsJob, compute_stats, window_label
 from specproxy.store.memory import MemoryStore
 from tests.scrape.fakes import FakeMetricsServer
@@ -229,6 +232,30 @@ async def test_a_whole_run_crossing_stays_and_the_headline_follows_it(store: Mem
     assert 'specproxy_p99_slowdown{metric="ttft",model="all",window="all"} 1.0' in text
     # sliding windows are not remembered
     assert latest["results"]["all"]["1m"]["metrics"]["ttft"]["verdict"] != "slower"
+
+
+async def test_every_tick_computes_on_the_jobs_one_thread(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread (so one malloc arena) computes every tick, never the loop's default pool."""
+    threads: list[str] = []
+    real = job_module.compute_from_arrays
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(job_module, "compute_from_arrays", spy)
+    job = StatsJob(store, run_id=RUN, stats_cfg=CFG, scrape_cfg=SCRAPE, clock=lambda: 1160.0)
+    for _ in range(3):
+        await job.run_once()
+        await asyncio.to_thread(lambda: None)  # the default pool gets a thread of its own
+    await job.close()
+    assert len(threads) == 3 and len(set(threads)) == 1, threads
+    assert threads[0].startswith("specproxy-stats")
+    await job.run_once()  # a closed job computes again on a new thread of its own
+    await job.close()
+    assert len(threads) == 4 and threads[3].startswith("specproxy-stats")
 
 
 async def test_job_runs_periodically_and_stops() -> None:
