@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from specproxy.grafana.dashboard import DASHBOARD_UID
-from specproxy.stats.diagnosis import LOW_ACCEPTANCE
+from specproxy.stats.diagnosis import BANDWIDTH_SATURATED, LOW_ACCEPTANCE, THERMAL_THROTTLE_SHARE
 from tests.deploy.rulefiles import (
     PROMETHEUS_DIR,
     REPO,
@@ -180,6 +180,18 @@ def test_low_acceptance_alert_uses_the_diagnosis_threshold() -> None:
         if rule.get("alert") == "SpecProxyLowAcceptance"
     ]
     assert rule["expr"].endswith(f"< {LOW_ACCEPTANCE}")
+
+
+def test_gpu_alerts_use_the_diagnosis_thresholds() -> None:
+    """The GPU alerts fire where the diagnosis branches they point to do."""
+    rules = {
+        rule["alert"]: rule["expr"]
+        for group in load_rules()["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    assert rules["SpecProxyGpuThermalThrottling"].endswith(f">= {THERMAL_THROTTLE_SHARE}")
+    assert rules["SpecProxyGpuMemoryBandwidthSaturated"].endswith(f"> {BANDWIDTH_SATURATED}")
 
 
 def test_fast_variant_changes_only_for() -> None:
