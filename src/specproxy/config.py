@@ -139,7 +139,8 @@ class StoreConfig:
     batch_size: int = 2000
     max_buffer: int = 200_000  # records held in memory before spilling to `spill_path`
     spill_path: str = "specproxy-spill.jsonl"
-    retention_days: float | None = None  # raw rows (requests, engine samples, stats); None = keep
+    # raw rows (requests, engine and GPU samples, stats history); None = keep
+    retention_days: float | None = None
     # per-minute rollups (the statistics of big windows); kept longer than rows. None = keep
     rollup_retention_days: float | None = None
     # rollup tiers (the stats leader compacts): fine 0.02 % per-minute rows for this many minutes

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from specproxy.errors import ErrorKind
 
 __all__ = [
+    "GPU_ERROR_MAX_CHARS",
     "MODEL_MAX_BYTES",
     "RECORD_FIELDS",
     "THERMAL_CLOCK_REASONS",
     "Arm",
     "EngineSample",
+    "GpuRecorder",
     "GpuSample",
     "Recorder",
     "RequestRecord",
@@ -155,15 +157,21 @@ class EngineSample:
 # a power surge: the clocks were cut by >= 2x in any case).
 THERMAL_CLOCK_REASONS: tuple[str, ...] = ("sw_thermal", "hw_thermal", "hw_slowdown")
 
+# A down sample's `error` joins the arm's exporters' errors: it is cut to this many characters so
+# that a stored GPU sample stays small (every other field is a number, a flag, or one of a fixed
+# set of names).
+GPU_ERROR_MAX_CHARS = 512
+
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """One scrape of one arm's NVIDIA dcgm-exporters (`scrape.dcgm`), combined over the arm's
-    GPUs. Kept in memory by the GPU scraper (not stored); None means "not exported", never 0."""
+    GPUs; stored like engine samples (table `gpu_samples`). None means "not exported", never 0."""
 
     t: float  # Unix time of the scrape
     arm: Arm
     up: bool  # at least one of the arm's exporters answered with GPU fields
+    run_id: str = "default"  # the run it belongs to (`Config.run_id`, whose default this is)
     gpus: int = 0  # GPUs (or MIG instances) read
     utilization: float | None = None  # mean over GPUs, 0..1 (DCGM_FI_DEV_GPU_UTIL / 100)
     # busiest GPU's memory-interface activity, 0..1: DCGM_FI_PROF_DRAM_ACTIVE where exported,
@@ -176,7 +184,26 @@ class GpuSample:
     # the exporters do not export the reasons field
     clock_reasons: tuple[str, ...] | None = None
     thermal_throttled: bool | None = None  # one of THERMAL_CLOCK_REASONS is active
-    error: str | None = None  # why no exporter could be read (up=False)
+    error: str | None = None  # why no exporter could be read (up=False); <= GPU_ERROR_MAX_CHARS
+
+    def __post_init__(self) -> None:
+        if self.error is not None and len(self.error) > GPU_ERROR_MAX_CHARS:
+            object.__setattr__(self, "error", self.error[: GPU_ERROR_MAX_CHARS - 3] + "...")
+        reasons = self.clock_reasons
+        if reasons is not None and type(reasons) is not tuple:  # a stored or decoded list
+            object.__setattr__(self, "clock_reasons", tuple(reasons))
+
+    def to_dict(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["arm"] = self.arm.value
+        row["clock_reasons"] = list(self.clock_reasons) if self.clock_reasons is not None else None
+        return row
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> GpuSample:
+        values = {f.name: row[f.name] for f in fields(cls) if f.name in row}
+        values["arm"] = Arm(values["arm"])
+        return cls(**values)
 
 
 class Recorder(Protocol):
@@ -185,3 +212,11 @@ class Recorder(Protocol):
     def record(self, rec: RequestRecord) -> None: ...
 
     def record_engine(self, sample: EngineSample) -> None: ...
+
+
+@runtime_checkable
+class GpuRecorder(Protocol):
+    """Where the GPU scraper hands its samples (the store); never blocks or raises. A recorder
+    without it (the in-memory ring of a proxy with no store) keeps no GPU history."""
+
+    def record_gpu(self, sample: GpuSample) -> None: ...

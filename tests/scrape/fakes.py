@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from specproxy.records import EngineSample, RequestRecord
+from specproxy.records import EngineSample, GpuSample, RequestRecord
 
 
 @dataclass
@@ -96,13 +96,17 @@ class FakeMetricsServer:
 
 @dataclass
 class ListRecorder:
-    """A `Recorder` that keeps everything in lists."""
+    """A `Recorder` (and `GpuRecorder`) that keeps everything in lists."""
 
     records: list[RequestRecord] = field(default_factory=list)
     engine_samples: list[EngineSample] = field(default_factory=list)
+    gpu_samples: list[GpuSample] = field(default_factory=list)
 
     def record(self, rec: RequestRecord) -> None:
         self.records.append(rec)
 
     def record_engine(self, sample: EngineSample) -> None:
         self.engine_samples.append(sample)
+
+    def record_gpu(self, sample: GpuSample) -> None:
+        self.gpu_samples.append(sample)

@@ -63,13 +63,14 @@ async def test_app_scrapes_the_gpu_exporters_and_exports_their_series(
         baseline_url=engine_url,
         scrape=ScrapeConfig(interval_s=0.02, timeout_s=1.0),
     )
-    registry = CollectorRegistry()
-    app = create_app(cfg, registry=registry, with_store=False, with_stats=False)
+    registry, recorder = CollectorRegistry(), ListRecorder()
+    app = create_app(cfg, registry=registry, recorder=recorder, with_store=False, with_stats=False)
     client = await aiohttp_client(app)
     async with asyncio.timeout(10):
         while exporter.hits < 2:  # noqa: ASYNC110 - hits are counted by the server
             await asyncio.sleep(0.01)
-    assert set(app[GPU_SCRAPER].samples()) == {Arm.SPECULATIVE}
+    assert set(app[GPU_SCRAPER].states) == {Arm.SPECULATIVE}
+    assert recorder.gpu_samples and {s.arm for s in recorder.gpu_samples} == {Arm.SPECULATIVE}
     body = await (await client.get("/metrics")).text()
     assert f'{metrics.GPU_EXPORTER_UP}{{arm="speculative",endpoint="{exporter_url}"}} 1.0' in body
     assert f'{metrics.GPU_MEMORY_BANDWIDTH_RATIO}{{arm="speculative"}} 0.41' in body

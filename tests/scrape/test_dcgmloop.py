@@ -15,7 +15,7 @@ from pytest_aiohttp import AiohttpServer
 from specproxy.config import ArmConfig, Config, ScrapeConfig
 from specproxy.records import Arm
 from specproxy.scrape.dcgmloop import GpuScraper
-from tests.scrape.fakes import FakeMetricsServer
+from tests.scrape.fakes import FakeMetricsServer, ListRecorder
 from tests.scrape.test_loop import FakeClock, closed_port_url, wait_for
 
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
@@ -34,6 +34,7 @@ class GpuRig:
     scraper: GpuScraper
     clock: FakeClock
     sessions: dict[Arm, aiohttp.ClientSession]
+    recorder: ListRecorder
 
 
 def config(spec: ArmConfig, base: ArmConfig) -> Config:
@@ -41,6 +42,7 @@ def config(spec: ArmConfig, base: ArmConfig) -> Config:
         speculative=spec,
         baseline=base,
         scrape=ScrapeConfig(interval_s=0.02, timeout_s=0.3),
+        run_id="gpu-run",
     )
 
 
@@ -56,8 +58,9 @@ async def rig(aiohttp_server: AiohttpServer) -> AsyncIterator[GpuRig]:
     )
     sessions = {arm: aiohttp.ClientSession() for arm in Arm}
     clock = FakeClock()
-    scraper = GpuScraper(cfg, sessions, clock=clock)
-    yield GpuRig(hot, cool, hot_url, cool_url, scraper, clock, sessions)
+    recorder = ListRecorder()
+    scraper = GpuScraper(cfg, sessions, recorder, clock=clock)
+    yield GpuRig(hot, cool, hot_url, cool_url, scraper, clock, sessions, recorder)
     await scraper.close()
     for session in sessions.values():
         await session.close()
@@ -75,13 +78,15 @@ async def test_each_arm_reads_its_own_exporters(rig: GpuRig) -> None:
     assert state.up == {rig.hot_url: True} and state.latest == spec
 
 
-async def test_history_keeps_every_scrape_with_its_time(rig: GpuRig) -> None:
+async def test_every_scrape_is_recorded_with_its_time_and_run(rig: GpuRig) -> None:
     for t in (1000.0, 1005.0, 1010.0):
         rig.clock.now = t
         await rig.scraper.scrape_once()
-    history = rig.scraper.samples()
-    assert set(history) == {Arm.SPECULATIVE, Arm.BASELINE}
-    assert [s.t for s in history[Arm.SPECULATIVE]] == [1000.0, 1005.0, 1010.0]
+    recorded = rig.recorder.gpu_samples
+    spec = [s for s in recorded if s.arm is Arm.SPECULATIVE]
+    assert [s.t for s in spec] == [1000.0, 1005.0, 1010.0]
+    assert len(recorded) == 6 and {s.run_id for s in recorded} == {"gpu-run"}
+    assert spec[-1] == rig.scraper.states[Arm.SPECULATIVE].latest
 
 
 @pytest.mark.parametrize(
@@ -176,6 +181,6 @@ async def test_no_exporter_configured_starts_no_task() -> None:
     async with aiohttp.ClientSession() as session:
         scraper = GpuScraper(cfg, {arm: session for arm in Arm})
         await scraper.start()
-        assert scraper.states == {} and scraper.samples() == {}
+        assert scraper.states == {}
         assert await scraper.scrape_once() == {}
         await scraper.close()

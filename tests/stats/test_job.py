@@ -344,26 +344,28 @@ async def test_gpu_telemetry_scraped_end_to_end_reaches_the_diagnosis(
     store: MemoryStore, aiohttp_server: AiohttpServer, raw_rows_max: int
 ) -> None:
     # A fake dcgm-exporter (port 0) serving the derived hot page: GPU 0 at DRAM active 0.95 with
-    # reasons sw_thermal|hw_thermal. Only the speculative arm has telemetry.
+    # reasons sw_thermal|hw_thermal. Only the speculative arm has telemetry. The scraper records
+    # into the store and the job reads the samples back from it (no in-memory hand-over).
     exporter = FakeMetricsServer(body=(DCGM / "derived_h200_hot_saturated.prom").read_text())
     url = str((await aiohttp_server(exporter.app())).make_url(""))
     cfg = Config(
         speculative=ArmConfig(urls=("http://127.0.0.1:1",), dcgm_urls=(url,)),
         baseline_url="http://127.0.0.1:2",
+        run_id=RUN,
     )
     now = [0.0]
     async with aiohttp.ClientSession() as session:
-        scraper = GpuScraper(cfg, {arm: session for arm in Arm}, clock=lambda: now[0])
+        scraper = GpuScraper(cfg, {arm: session for arm in Arm}, store, clock=lambda: now[0])
         for t in (1020.0, 1120.0, 1150.0):
             now[0] = t
             await scraper.scrape_once()
+    await store.flush()
     job = StatsJob(
         store,
         run_id=RUN,
         stats_cfg=dataclasses.replace(CFG, raw_rows_max=raw_rows_max),
         scrape_cfg=SCRAPE,
         clock=lambda: 1160.0,
-        gpu_samples=scraper.samples,
     )
     result = await job.run_once()
     assert result["source"] == ("rows" if raw_rows_max else "rollups")

@@ -7,7 +7,14 @@ import time
 
 import numpy as np
 
-from specproxy.records import MODEL_MAX_BYTES, RECORD_FIELDS, Arm, EngineSample
+from specproxy.records import (
+    GPU_ERROR_MAX_CHARS,
+    MODEL_MAX_BYTES,
+    RECORD_FIELDS,
+    Arm,
+    EngineSample,
+    GpuSample,
+)
 from specproxy.store.buffered import BufferedStore
 from tests.store.conftest import eventually, make_record
 
@@ -169,3 +176,56 @@ async def test_a_huge_model_name_is_stored_bounded(store: BufferedStore) -> None
     assert len(models) == 11
     assert {models[f"req-{i}"] for i in range(10)} == {"m" * MODEL_MAX_BYTES}
     assert models["req-10"] == "bad?\ufffdname"
+
+
+def _gpu_samples() -> list[GpuSample]:
+    hot = GpuSample(
+        t=10.0,
+        arm=Arm.SPECULATIVE,
+        up=True,
+        run_id="run",
+        gpus=2,
+        utilization=0.97,
+        memory_bandwidth=0.953112,
+        bandwidth_source="dram_active",
+        sm_clock_mhz=1755.0,
+        temperature_c=88.0,
+        clock_reasons=("hw_thermal", "power_cap", "sw_thermal"),
+        thermal_throttled=True,
+    )
+    idle = GpuSample(
+        t=11.0, arm=Arm.SPECULATIVE, up=True, run_id="run", gpus=1, clock_reasons=()
+    )  # reasons exported, none active: () is not None
+    down = GpuSample(t=10.5, arm=Arm.BASELINE, up=False, run_id="run", error="x" * 5000)
+    return [hot, idle, down]
+
+
+async def test_gpu_samples_round_trip_per_arm_in_time_order(store: BufferedStore) -> None:
+    hot, idle, down = _gpu_samples()
+    other_run = GpuSample(t=10.0, arm=Arm.BASELINE, up=True, run_id="other", gpus=1)
+    for sample in (idle, down, hot, other_run, hot):  # out of order, one duplicate
+        store.record_gpu(sample)
+    await store.flush()
+    assert down.error is not None and len(down.error) == GPU_ERROR_MAX_CHARS  # bounded row
+    assert await store.read_gpu_samples(run_id="run") == {
+        Arm.SPECULATIVE: [hot, idle],
+        Arm.BASELINE: [down],
+    }
+    assert await store.read_gpu_samples(run_id="run", since=10.5) == {
+        Arm.SPECULATIVE: [idle],
+        Arm.BASELINE: [down],
+    }
+    only_baseline = await store.read_gpu_samples(run_id="other")
+    assert only_baseline == {Arm.BASELINE: [other_run]}  # an arm without samples is absent
+    assert await store.read_gpu_samples(run_id="nothing") == {}
+
+
+async def test_retention_removes_old_gpu_samples(store: BufferedStore) -> None:
+    now = time.time()
+    old = GpuSample(t=now - 10 * 86400, arm=Arm.BASELINE, up=True, run_id="run")
+    new = GpuSample(t=now, arm=Arm.BASELINE, up=True, run_id="run")
+    store.record_gpu(old)
+    store.record_gpu(new)
+    await store.flush()
+    assert await store.purge_older_than(now - 86400) == 1
+    assert await store.read_gpu_samples(run_id="run") == {Arm.BASELINE: [new]}

@@ -1,4 +1,4 @@
-"""Migrations: a store created with the version-1 schema is upgraded at start-up, data intact."""
+"""Migrations: an old store (schema version 1 or 5) is upgraded at start-up, data intact."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ from pathlib import Path
 import asyncpg
 import numpy as np
 
-from specproxy.records import Arm, EngineSample
+from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.store.factory import open_store
-from specproxy.store.schema import MIGRATIONS, REQUEST_COLUMNS, SCHEMA_VERSION
+from specproxy.store.schema import (
+    GPU_COLUMNS,
+    MIGRATIONS,
+    REQUEST_COLUMNS,
+    SCHEMA_VERSION,
+    gpu_row,
+    gpu_sample,
+)
 from tests.store.conftest import make_record, store_config
 
 # The version-1 schema as an old release wrote it, spelled out here independently of the code.
@@ -128,3 +135,103 @@ def test_row_builders_follow_the_column_order() -> None:
     pg = dict(zip(ENGINE_COLUMNS, engine_row(sample, "postgresql"), strict=True))
     assert lite["position_acceptance"] == "[0.9, 0.5]" and pg["position_acceptance"] == [0.9, 0.5]
     assert lite["arm"] == pg["arm"] == "baseline" and lite["t"] == 2.0
+
+
+# Rows a version-5 store holds (requests, an engine sample, a stats row, a fine rollup minute).
+V5_ROWS = (
+    "INSERT INTO requests (request_id, run_id, arm, t_start, model, endpoint, stream, status, "
+    "e2e_s, upstream_s, engine_url) VALUES ('v5-1', 'run', 'baseline', 7.0, 'tiny', "
+    "'completions', {true}, 200, 2.5, 2.4, 'http://e:1')",
+    "INSERT INTO engine_samples (t, run_id, arm, up) VALUES (7.0, 'run', 'speculative', {true})",
+    "INSERT INTO stats_history (run_id, t, result) VALUES ('run', 7.0, '{{\"v\": 5}}')",
+    "INSERT INTO rollup_minutes (run_id, metric, minute, model, arm, n, total, total_sq) "
+    "VALUES ('run', 'e2e', 0, 'tiny', 'baseline', 1, 2.5, 6.25)",
+)
+
+
+async def _check_v5_upgraded(url: str, tmp_path: Path) -> None:
+    store = open_store(store_config(url, tmp_path))
+    await store.start()
+    kept = await store.read_arrays(run_id="run", columns=["request_id", "e2e_s", "engine_url"])
+    assert list(kept[Arm.BASELINE]["request_id"]) == ["v5-1"]
+    assert kept[Arm.BASELINE]["engine_url"][0] == "http://e:1"
+    assert [s.t for s in await store.read_engine_samples(run_id="run")] == [7.0]
+    assert await store.read_stats_history(run_id="run") == [(7.0, {"v": 5})]
+    rollups = await store.read_rollups(run_id="run", metric="e2e", since_minute=0, until_minute=1)
+    assert rollups[Arm.BASELINE].n.tolist() == [1]
+    assert await store.read_gpu_samples(run_id="run") == {}  # the new table starts empty
+    sample = GpuSample(t=8.0, arm=Arm.SPECULATIVE, up=True, run_id="run", memory_bandwidth=0.9)
+    store.record_gpu(sample)
+    await store.flush()
+    assert await store.read_gpu_samples(run_id="run") == {Arm.SPECULATIVE: [sample]}
+    await store.close()
+    assert store.dropped == 0
+
+
+async def test_sqlite_v5_store_gains_gpu_samples_and_keeps_its_data(tmp_path: Path) -> None:
+    db = tmp_path / "v5.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at REAL)")
+        for migration in MIGRATIONS[:5]:  # frozen SQL: what a version-5 release created
+            for statement in migration.sqlite:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (migration.version,))
+        for statement in V5_ROWS:
+            conn.execute(statement.format(true=1))
+    await _check_v5_upgraded(f"sqlite:///{db}", tmp_path)
+    with sqlite3.connect(db) as conn:
+        versions = [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
+    assert versions == list(range(1, SCHEMA_VERSION + 1)) and SCHEMA_VERSION == 6
+
+
+async def test_postgres_v5_store_gains_gpu_samples_and_keeps_its_data(
+    pg_url: str, tmp_path: Path
+) -> None:
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
+            "applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for migration in MIGRATIONS[:5]:
+            for statement in migration.postgresql:
+                await conn.execute(statement)
+            await conn.execute("INSERT INTO schema_version VALUES ($1, 0)", migration.version)
+        for statement in V5_ROWS:
+            await conn.execute(statement.format(true="TRUE"))
+    finally:
+        await conn.close()
+    await _check_v5_upgraded(pg_url, tmp_path)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version")]
+    finally:
+        await conn.close()
+    assert sorted(versions) == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_gpu_row_and_its_reading_are_inverse() -> None:
+    samples = [
+        GpuSample(t=1.0, arm=Arm.BASELINE, up=True, run_id="r", clock_reasons=None),
+        GpuSample(t=2.0, arm=Arm.BASELINE, up=True, run_id="r", clock_reasons=()),
+        GpuSample(
+            t=3.0,
+            arm=Arm.SPECULATIVE,
+            up=True,
+            run_id="r",
+            thermal_throttled=False,
+            clock_reasons=("hw_slowdown", "sw_thermal"),
+            bandwidth_source="mem_copy_util",
+        ),
+        GpuSample(t=4.0, arm=Arm.SPECULATIVE, up=False, run_id="r", error="timed out"),
+    ]
+    rows = [gpu_row(s) for s in samples]
+    assert [dict(zip(GPU_COLUMNS, r, strict=True))["clock_reasons"] for r in rows] == [
+        None,
+        "",
+        "hw_slowdown,sw_thermal",
+        None,
+    ]
+    assert [gpu_sample(r) for r in rows] == samples
+    # SQLite hands booleans back as 0/1
+    assert gpu_sample(tuple(int(v) if isinstance(v, bool) else v for v in rows[2])) == samples[2]

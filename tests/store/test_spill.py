@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from specproxy.errors import StoreError
-from specproxy.records import Arm
+from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.store.buffered import MEMORY_FACTOR, BufferedStore
 from specproxy.store.factory import open_store
 from specproxy.store.memory import MemoryStore
-from specproxy.store.spill import SpillSet
+from specproxy.store.spill import Row, SpillSet, decode_line, encode_row
 from tests.store.conftest import eventually, make_record, store_config
 from tests.store.pgcluster import PgCluster
 
@@ -177,3 +177,58 @@ async def test_unwritable_spill_keeps_at_most_twice_max_buffer_in_memory(tmp_pat
     await store.flush()
     assert await _count(store) == (MEMORY_FACTOR * 50, MEMORY_FACTOR * 50)
     await store.close()
+
+
+async def test_gpu_samples_spilled_at_close_are_replayed_at_next_start(tmp_path: Path) -> None:
+    # The GPU scraper's rows take the engine samples' path: buffered, spilled when the store is
+    # down at shutdown, replayed into `gpu_samples` by the next process, each exactly once.
+    db = tmp_path / "store.db"
+    cfg = store_config(f"sqlite:///{db}?timeout=0.05", tmp_path, max_buffer=1000)
+    first = open_store(cfg)
+    await first.start()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    gpu = [
+        GpuSample(
+            t=float(t),
+            arm=Arm.SPECULATIVE,
+            up=True,
+            run_id="run",
+            gpus=1,
+            memory_bandwidth=0.95,
+            clock_reasons=("sw_thermal",) if t % 2 else (),
+            thermal_throttled=bool(t % 2),
+        )
+        for t in range(30)
+    ]
+    down = GpuSample(t=5.5, arm=Arm.BASELINE, up=False, run_id="run", error="HTTP 503")
+    for sample in [*gpu, down]:
+        first.record_gpu(sample)
+    first.record_engine(EngineSample(t=1.0, run_id="run", arm=Arm.BASELINE, up=True))
+    first.record(make_record(1))
+    await first.close()
+    assert first.dropped == 0 and first.spilled == 33
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    second = open_store(cfg)
+    await second.start()
+    await second.flush()
+    assert await second.read_gpu_samples(run_id="run") == {
+        Arm.SPECULATIVE: gpu,
+        Arm.BASELINE: [down],
+    }
+    assert len(await second.read_engine_samples(run_id="run")) == 1
+    assert await _count(second) == (1, 1)
+    assert second.pending == 0 and second.dropped == 0
+    await second.close()
+    assert not _spill_files(tmp_path)
+
+
+def test_spill_lines_keep_each_row_kind() -> None:
+    rows: list[Row] = [
+        make_record(1),
+        EngineSample(t=1.0, run_id="run", arm=Arm.BASELINE, up=True, position_acceptance=(0.5,)),
+        GpuSample(t=1.0, arm=Arm.BASELINE, up=True, run_id="r", clock_reasons=("hw_slowdown",)),
+        GpuSample(t=2.0, arm=Arm.BASELINE, up=False, run_id="r", error="refused"),
+    ]
+    assert [decode_line(encode_row(row)) for row in rows] == rows

@@ -183,13 +183,19 @@ def _max(values: Iterable[float | None]) -> float | None:
 
 
 def combine_readings(
-    t: float, arm: Arm, readings: Sequence[GpuReading], *, error: str | None = None
+    t: float,
+    arm: Arm,
+    readings: Sequence[GpuReading],
+    *,
+    error: str | None = None,
+    run_id: str = "default",
 ) -> GpuSample:
-    """One arm's sample from the readings of all its exporters that answered (`up` when any
-    did: `error` is then None). A GPU with DRAM activity uses it; one without falls back to its
-    memory-copy utilisation, and `bandwidth_source` says "mem_copy_util" if any GPU did."""
+    """One arm's sample of run `run_id` from the readings of all its exporters that answered
+    (`up` when any did: `error` is then None). A GPU with DRAM activity uses it; one without
+    falls back to its memory-copy utilisation, and `bandwidth_source` says "mem_copy_util" if
+    any GPU did."""
     if error is not None:
-        return GpuSample(t=t, arm=arm, up=False, error=error)
+        return GpuSample(t=t, arm=arm, up=False, run_id=run_id, error=error)
     bandwidth: list[float] = []
     fallback = False
     for r in readings:
@@ -204,6 +210,7 @@ def combine_readings(
         t=t,
         arm=arm,
         up=True,
+        run_id=run_id,
         gpus=len(readings),
         utilization=_mean(r.utilization for r in readings),
         memory_bandwidth=max(bandwidth) if bandwidth else None,

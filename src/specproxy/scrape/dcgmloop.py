@@ -7,10 +7,12 @@ worker thread (`dcgm.parse_dcgm`) and combined into one `GpuSample` per arm
 (`dcgm.combine_readings`). An exporter that fails is logged once when its state changes; the arm
 is down only when none answered, and its sample then says why.
 
-The samples are kept in memory, `history` per arm (the newest win), not in the store: the stats
-job of this process summarises them per window (`stats.diagnosis.summarise_gpu`), and followers
-serve the leader's result, which carries that summary. A window longer than the history (20,000
-scrapes: ~28 h at 5 s) is summarised over the history it has; a new leader starts empty.
+Each sample goes to the recorder (the store: table `gpu_samples`, through the same buffer, spill
+file and raw-row retention as engine samples), stamped with the run's id; the scraper itself
+keeps only each arm's latest sample, for its gauges (`scrape.dcgmcollector`). The stats job
+reads the samples back from the store (`Store.read_gpu_samples`) and summarises them per window
+(`stats.diagnosis.summarise_gpu`), so `specproxy stats`, the report and a new leader after a
+failover see the whole run's GPU history, whichever replica scraped it.
 """
 
 from __future__ import annotations
@@ -18,23 +20,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from specproxy.config import Config
-from specproxy.records import Arm, GpuSample
+from specproxy.records import Arm, GpuRecorder, GpuSample
 from specproxy.scrape.dcgm import GpuReading, combine_readings, metrics_url, parse_dcgm
 from specproxy.scrape.loop import describe_error, fetch_text
 from specproxy.tasks import cancel_and_wait
 
-__all__ = ["HISTORY", "GpuArmState", "GpuScraper"]
+__all__ = ["GpuArmState", "GpuScraper"]
 
 logger = logging.getLogger("specproxy.scrape.dcgm")
-
-HISTORY = 20_000  # GPU samples kept per arm
 
 
 @dataclass(slots=True)
@@ -48,7 +47,6 @@ class GpuArmState:
     up: dict[str, bool] = field(default_factory=dict)  # per exporter, once scraped
     errors: dict[str, str] = field(default_factory=dict)  # per exporter that failed last
     latest: GpuSample | None = None
-    history: deque[GpuSample] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
 
 class GpuScraper:
@@ -58,9 +56,12 @@ class GpuScraper:
         self,
         config: Config,
         sessions: Mapping[Arm, aiohttp.ClientSession],
+        recorder: GpuRecorder | None = None,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._run_id = config.run_id
+        self._recorder = recorder
         self._interval_s = config.scrape.interval_s
         self._timeout_s = config.scrape.timeout_s
         self._sessions = sessions
@@ -76,10 +77,6 @@ class GpuScraper:
     def states(self) -> Mapping[Arm, GpuArmState]:
         """Only the arms that have exporters configured."""
         return self._states
-
-    def samples(self) -> dict[Arm, Sequence[GpuSample]]:
-        """Every kept sample of each configured arm, oldest first (a copy)."""
-        return {arm: tuple(state.history) for arm, state in self._states.items()}
 
     async def start(self) -> None:
         if self._task is None and self._states:
@@ -124,10 +121,18 @@ class GpuScraper:
                 state.errors.pop(url, None)
                 readings.extend(result)
         error = "; ".join(sorted(set(errors))) if len(errors) == len(state.urls) else None
-        sample = combine_readings(t, state.arm, readings, error=error)
+        sample = combine_readings(t, state.arm, readings, error=error, run_id=self._run_id)
         state.latest = sample
-        state.history.append(sample)
+        self._record(sample)
         return sample
+
+    def _record(self, sample: GpuSample) -> None:
+        if self._recorder is None:
+            return
+        try:
+            self._recorder.record_gpu(sample)
+        except Exception:  # the contract says it never raises; the loop must not trust that
+            logger.exception("GPU %s: recording the GPU sample failed", sample.arm)
 
     async def _scrape_exporter(self, state: GpuArmState, url: str) -> tuple[GpuReading, ...] | str:
         """The exporter's GPUs, or why they could not be read."""

@@ -4,7 +4,9 @@
 app's store, `STORE`, set by the store's context, which starts first). It publishes the job's
 gauges on the app's registry, makes `GET /api/stats` serve the latest result by setting
 `app[STATS]`, and cancels the job before the store closes. Replicas sharing the store elect one
-leader that computes (`leader.leadership_for`); the others serve what it stored.
+leader that computes (`leader.leadership_for`); the others serve what it stored. The job reads
+the GPU samples from the store like everything else (`Store.read_gpu_samples`), so a new leader
+sees the GPU history its predecessors' scrapers wrote.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from specproxy.appkeys import CONFIG, FLEET, GPU_SCRAPER, REGISTRY, STATS, STATS_JOB, STORE
+from specproxy.appkeys import CONFIG, FLEET, REGISTRY, STATS, STATS_JOB, STORE
 from specproxy.stats.job import StatsJob
 from specproxy.stats.leader import leadership_for
 
@@ -31,7 +33,6 @@ async def stats_ctx(app: web.Application) -> AsyncIterator[None]:
         registry=app[REGISTRY],
         leadership=leadership_for(cfg.store.url, cfg.run_id),
         model_label=app[FLEET].labels.label if FLEET in app else None,
-        gpu_samples=app[GPU_SCRAPER].samples if GPU_SCRAPER in app else None,
     )
     app[STATS_JOB] = job
     app[STATS] = job.latest

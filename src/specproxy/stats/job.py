@@ -233,8 +233,12 @@ async def compute_stats(
     usable requests the run holds without touching its rows. `cache` (the job's, kept between
     ticks) makes the rollup read incremental; without one every tier is read. `executor` runs the
     computation (the job's own single thread, see `StatsJob`); None: the loop's default one.
+    `gpu_samples` None: the run's stored ones (`Store.read_gpu_samples`; an arm without any, as
+    one without exporters, has its GPU branches not evaluated).
     """
     loop = asyncio.get_running_loop()
+    if gpu_samples is None:
+        gpu_samples = await store.read_gpu_samples(run_id=run_id)
     cache = cache if cache is not None else RollupCache()
     await cache.refresh(store, run_id, ("e2e",))
     rows_read = cache.rows_read
@@ -306,7 +310,7 @@ class StatsJob:
         gpu_samples: Callable[[], Mapping[Arm, Sequence[GpuSample]]] | None = None,
     ) -> None:
         self._store = store
-        self._gpu_samples = gpu_samples  # the GPU scraper's per-arm samples, read each run
+        self._gpu_samples = gpu_samples  # per-arm GPU samples, read each run; None: the store's
         self._model_label = model_label
         self._run_id = run_id
         self._stats_cfg = stats_cfg

@@ -9,7 +9,8 @@ How to extend it (the tests in tests/store/test_base.py run against every backen
 - a new read or write: one abstract method on `Store` with its docstring, implemented in each
   backend (`memory`, `sqlite`, `postgres`); SQL that both SQL backends share goes in `queries`;
 - a new table or column: a migration in `schema.MIGRATIONS` (both dialects, the same version),
-  and the column lists in `schema` (`REQUEST_COLUMNS`, `ENGINE_COLUMNS`) and `arrays`;
+  and the column lists in `schema` (`REQUEST_COLUMNS`, `ENGINE_COLUMNS`, `GPU_COLUMNS`) and
+  `arrays`;
 - a new backend: a module with a `BufferedStore` subclass decorated `@register_backend("scheme")`
   (`registry`), that module named for its scheme in `registry.BACKEND_MODULES` (which is also what
   `StoreConfig` accepts), and its URL among the `backend_url` params in tests/store/conftest.py.
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.arrays import ArmArrays, check_columns
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions
 
@@ -72,6 +73,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def record_engine(self, sample: EngineSample) -> None:
         """Queue an engine sample; never blocks, never raises."""
+
+    @abc.abstractmethod
+    def record_gpu(self, sample: GpuSample) -> None:
+        """Queue a GPU sample (`records.GpuRecorder`); never blocks, never raises."""
 
     @abc.abstractmethod
     async def flush(self) -> None:
@@ -144,6 +149,13 @@ class Store(abc.ABC):
         self, *, run_id: str, since: float | None = None, arm: Arm | None = None
     ) -> list[EngineSample]:
         """Engine samples in time order (restart markers included)."""
+
+    @abc.abstractmethod
+    async def read_gpu_samples(
+        self, *, run_id: str, since: float | None = None
+    ) -> dict[Arm, list[GpuSample]]:
+        """GPU samples with t >= since, per arm in time order; only arms that have any
+        (`schema.gpu_by_arm`)."""
 
     @abc.abstractmethod
     async def read_stats_history(

@@ -25,11 +25,11 @@ from typing import Any, Final
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
-from specproxy.records import EngineSample, RequestRecord
+from specproxy.records import EngineSample, GpuSample, RequestRecord
 from specproxy.rollup import ROLLUP_UNIT_S
 from specproxy.store.base import Store
 from specproxy.store.compaction import CompactionBounds
-from specproxy.store.spill import Row, SpillSet
+from specproxy.store.spill import Row, Sample, SpillSet
 
 __all__ = ["MEMORY_FACTOR", "BufferedStore"]
 
@@ -53,7 +53,7 @@ class BufferedStore(Store):
         self.cfg = cfg
         self.run_id = run_id
         self._requests: deque[RequestRecord] = deque()
-        self._engine: deque[EngineSample] = deque()
+        self._engine: deque[Sample] = deque()  # engine and GPU samples, in arrival order
         self._inflight = 0
         self._spill = SpillSet(cfg.spill_path)
         self._written = 0
@@ -78,8 +78,16 @@ class BufferedStore(Store):
         """Connect and run migrations. Raise on failure."""
 
     @abc.abstractmethod
-    async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
-        """Insert both lists in one transaction, ignoring rows already present. Raise on failure."""
+    async def _write(
+        self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
+    ) -> None:
+        """Insert the lists in one transaction, ignoring rows already present. Raise on failure."""
+
+    async def _write_split(self, requests: list[RequestRecord], samples: list[Sample]) -> None:
+        """`_write` with the queued samples sorted into engine and GPU ones."""
+        engine = [s for s in samples if isinstance(s, EngineSample)]
+        gpu = [s for s in samples if isinstance(s, GpuSample)]
+        await self._write(requests, engine, gpu)
 
     @abc.abstractmethod
     async def _close_backend(self) -> None:
@@ -199,6 +207,9 @@ class BufferedStore(Store):
     def record_engine(self, sample: EngineSample) -> None:
         self._enqueue(sample, self._engine)
 
+    def record_gpu(self, sample: GpuSample) -> None:
+        self._enqueue(sample, self._engine)
+
     async def flush(self) -> None:
         """Write the buffers and replay spill files; StoreError when the store is unavailable."""
         if not await self._flush_buffers() or not await self._replay():
@@ -306,12 +317,12 @@ class BufferedStore(Store):
             return True
 
     async def _write_rows(
-        self, reqs: list[RequestRecord], engs: list[EngineSample], *, requeue: bool
+        self, reqs: list[RequestRecord], engs: list[Sample], *, requeue: bool
     ) -> bool:
         count = len(reqs) + len(engs)
         self._inflight += count if requeue else 0
         try:
-            await self._write(reqs, engs)
+            await self._write_split(reqs, engs)
         except asyncio.CancelledError:  # shutdown timeout: keep the batch for the spill
             if requeue:
                 self._requests.extendleft(reversed(reqs))
@@ -337,7 +348,7 @@ class BufferedStore(Store):
         return True
 
     async def _write_one_by_one(
-        self, reqs: list[RequestRecord], engs: list[EngineSample], exc: BaseException
+        self, reqs: list[RequestRecord], engs: list[Sample], exc: BaseException
     ) -> bool:
         """A batch the database refuses: isolate the bad rows, write the others.
 
@@ -349,9 +360,9 @@ class BufferedStore(Store):
         refused: list[tuple[Row, Exception]] = []
         for row in rows:
             single_r = [row] if isinstance(row, RequestRecord) else []
-            single_e = [row] if isinstance(row, EngineSample) else []
+            single_e = [] if isinstance(row, RequestRecord) else [row]
             try:
-                await self._write(single_r, single_e)
+                await self._write_split(single_r, single_e)
             except Exception as row_exc:
                 if not self._rejects_rows(row_exc):
                     self._mark_down(row_exc)
@@ -428,7 +439,7 @@ class BufferedStore(Store):
         return removed
 
     async def purge_older_than(self, before: float) -> int:
-        """Retention: delete requests, engine samples and stats older than `before`."""
+        """Retention: delete requests, engine and GPU samples and stats older than `before`."""
         async with self._lock:
             if not await self._try_open():
                 raise StoreError("store unavailable")

@@ -12,7 +12,7 @@ from typing import Any
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
-from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.rollup import rollup_records
 from specproxy.rollupblob import Block
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
@@ -29,7 +29,7 @@ from specproxy.store.rollups import (
     group_fine_bins,
     rollup_rows_from,
 )
-from specproxy.store.schema import REQUEST_COLUMNS
+from specproxy.store.schema import REQUEST_COLUMNS, gpu_by_arm
 
 __all__ = ["MemoryStore"]
 
@@ -47,6 +47,7 @@ class MemoryStore(BufferedStore):
         self.fail_writes = False
         self._rows: dict[RequestKey, RequestRecord] = {}
         self._samples: dict[tuple[str, str, float], EngineSample] = {}
+        self._gpu: dict[tuple[str, str, float], GpuSample] = {}
         self._stats: list[tuple[str, float, dict[str, Any]]] = []
         self._minutes: dict[RollupKey, list[float]] = {}
         self._bins: dict[RollupKey, dict[int, int]] = {}
@@ -55,7 +56,9 @@ class MemoryStore(BufferedStore):
     async def _open(self) -> None:
         self._check_up()
 
-    async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
+    async def _write(
+        self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
+    ) -> None:
         self._check_up()
         new: list[RequestRecord] = []
         for rec in requests:
@@ -74,6 +77,8 @@ class MemoryStore(BufferedStore):
             hist[b] = hist.get(b, 0) + count
         for s in engine:
             self._samples.setdefault((s.run_id, s.arm.value, s.t), s)
+        for g in gpu:
+            self._gpu.setdefault((g.run_id, g.arm.value, g.t), g)
 
     async def _close_backend(self) -> None:
         return None
@@ -85,8 +90,11 @@ class MemoryStore(BufferedStore):
             del self._rows[k]
         for key in old_samples:
             del self._samples[key]
+        old_gpu = [k for k, g in self._gpu.items() if g.t < before]
+        for key in old_gpu:
+            del self._gpu[key]
         kept = [s for s in self._stats if s[1] >= before]
-        removed = len(old_rows) + len(old_samples) + len(self._stats) - len(kept)
+        removed = len(old_rows) + len(old_samples) + len(old_gpu) + len(self._stats) - len(kept)
         self._stats = kept
         return removed
 
@@ -209,6 +217,13 @@ class MemoryStore(BufferedStore):
                 and (arm is None or s.arm is arm)
             ),
             key=lambda s: s.t,
+        )
+
+    async def read_gpu_samples(
+        self, *, run_id: str, since: float | None = None
+    ) -> dict[Arm, list[GpuSample]]:
+        return gpu_by_arm(
+            g for g in self._gpu.values() if g.run_id == run_id and (since is None or g.t >= since)
         )
 
     async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
-from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.rollup import ROLLUP_METRICS, rollup_records
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
@@ -28,6 +28,7 @@ from specproxy.store.queries import (
     RUN_IDS_SQL,
     engine_sql,
     export_sql,
+    gpu_sql,
     placeholders,
     records_sql,
     stats_history_sql,
@@ -58,8 +59,12 @@ from specproxy.store.rollups import (
 )
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
+    GPU_COLUMNS,
     REQUEST_COLUMNS,
     engine_row,
+    gpu_by_arm,
+    gpu_row,
+    gpu_sample,
     migrations_after,
     request_row,
 )
@@ -88,6 +93,13 @@ _MOVE_REQUESTS = (
 )
 _MOVE_ENGINE = (
     f"INSERT INTO engine_samples ({_ENGINE_COLS}) SELECT {_ENGINE_COLS} FROM incoming_engine "
+    "ON CONFLICT DO NOTHING"
+)
+
+# GPU samples are one row per arm and scrape: a plain multi-row insert, no COPY staging table
+_INSERT_GPU = (
+    f"INSERT INTO gpu_samples ({', '.join(GPU_COLUMNS)}) "
+    f"VALUES ({', '.join(f'${i}' for i in range(1, len(GPU_COLUMNS) + 1))}) "
     "ON CONFLICT DO NOTHING"
 )
 
@@ -155,7 +167,9 @@ class PostgresStore(BufferedStore):
             raise StoreError("postgresql store is not open")
         return self._pool
 
-    async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
+    async def _write(
+        self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
+    ) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             if requests:
                 await conn.copy_records_to_table(
@@ -181,6 +195,8 @@ class PostgresStore(BufferedStore):
                     columns=ENGINE_COLUMNS,
                 )
                 await conn.execute(_MOVE_ENGINE)
+            if gpu:
+                await conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
     async def _purge(self, before: float) -> int:
         removed = 0
@@ -188,6 +204,7 @@ class PostgresStore(BufferedStore):
             for sql in (
                 "DELETE FROM requests WHERE t_start < $1",
                 "DELETE FROM engine_samples WHERE t < $1",
+                "DELETE FROM gpu_samples WHERE t < $1",
                 "DELETE FROM stats_history WHERE t < $1",
             ):
                 status = await conn.execute(sql, before)
@@ -365,6 +382,12 @@ class PostgresStore(BufferedStore):
     ) -> list[EngineSample]:
         sql, params = engine_sql(run_id, since, arm, "postgresql")
         return [EngineSample.from_dict(dict(r)) for r in await self._fetch(sql, *params)]
+
+    async def read_gpu_samples(
+        self, *, run_id: str, since: float | None = None
+    ) -> dict[Arm, list[GpuSample]]:
+        sql, params = gpu_sql(run_id, since, "postgresql")
+        return gpu_by_arm(gpu_sample(tuple(r)) for r in await self._fetch(sql, *params))
 
     async def read_stats_history(
         self, *, run_id: str, since: float | None = None

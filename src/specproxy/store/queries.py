@@ -11,13 +11,14 @@ from typing import Any
 
 from specproxy.records import Arm
 from specproxy.store.base import RecordQuery
-from specproxy.store.schema import ENGINE_COLUMNS, REQUEST_COLUMNS, Dialect
+from specproxy.store.schema import ENGINE_COLUMNS, GPU_COLUMNS, REQUEST_COLUMNS, Dialect
 
 __all__ = [
     "MODELS_SQL",
     "RUN_IDS_SQL",
     "engine_sql",
     "export_sql",
+    "gpu_sql",
     "placeholders",
     "records_sql",
     "stats_history_sql",
@@ -102,3 +103,13 @@ def export_sql(run_id: str | None, dialect: Dialect) -> Query:
         sql += " WHERE run_id = ?"
         params = (run_id,)
     return placeholders(sql + " ORDER BY t_start", dialect), params
+
+
+def gpu_sql(run_id: str, since: float | None, dialect: Dialect) -> Query:
+    """`read_gpu_samples`: columns in `GPU_COLUMNS` order, per arm in time order."""
+    sql = f"SELECT {', '.join(GPU_COLUMNS)} FROM gpu_samples WHERE run_id = ?"
+    params: list[Any] = [run_id]
+    if since is not None:
+        sql += " AND t >= ?"
+        params.append(since)
+    return placeholders(sql + " ORDER BY arm, t", dialect), tuple(params)

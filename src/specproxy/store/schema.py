@@ -12,20 +12,25 @@ DOUBLE PRECISION[] and JSONB.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from specproxy.errors import StoreError
-from specproxy.records import EngineSample, RequestRecord
+from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 
 __all__ = [
     "ENGINE_COLUMNS",
+    "GPU_COLUMNS",
     "MIGRATIONS",
     "REQUEST_COLUMNS",
     "SCHEMA_VERSION",
     "Dialect",
     "Migration",
     "engine_row",
+    "gpu_by_arm",
+    "gpu_row",
+    "gpu_sample",
     "migrations_after",
     "request_row",
 ]
@@ -255,12 +260,56 @@ _V5_POSTGRESQL = (
     )""",
 )
 
+# Version 6: the GPU telemetry of the arms (issue 14, `records.GpuSample`): one row per arm and
+# dcgm-exporter scrape, so `specproxy stats`, the report and a new stats leader see it. Additive.
+# Clock-event reasons are comma-joined names (a fixed set, `scrape.dcgm.CLOCK_REASON_BITS`; ""
+# when none is active, NULL when not exported) in both dialects; `error` is bounded by the record.
+_V6_SQLITE = (
+    """CREATE TABLE IF NOT EXISTS gpu_samples (
+        t REAL NOT NULL,
+        run_id TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        up INTEGER NOT NULL,
+        gpus INTEGER NOT NULL DEFAULT 0,
+        utilization REAL,
+        memory_bandwidth REAL,
+        bandwidth_source TEXT,
+        sm_clock_mhz REAL,
+        temperature_c REAL,
+        clock_reasons TEXT,
+        thermal_throttled INTEGER,
+        error TEXT,
+        PRIMARY KEY (run_id, arm, t)
+    )""",
+    "CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (t)",
+)
+_V6_POSTGRESQL = (
+    """CREATE TABLE IF NOT EXISTS gpu_samples (
+        t DOUBLE PRECISION NOT NULL,
+        run_id TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        up BOOLEAN NOT NULL,
+        gpus INTEGER NOT NULL DEFAULT 0,
+        utilization DOUBLE PRECISION,
+        memory_bandwidth DOUBLE PRECISION,
+        bandwidth_source TEXT,
+        sm_clock_mhz DOUBLE PRECISION,
+        temperature_c DOUBLE PRECISION,
+        clock_reasons TEXT,
+        thermal_throttled BOOLEAN,
+        error TEXT,
+        PRIMARY KEY (run_id, arm, t)
+    )""",
+    "CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (t)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
     Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
     Migration(3, "engine endpoint of each request", _V3_SQLITE, _V3_POSTGRESQL),
     Migration(4, "per-minute additive rollups", _V4_SQLITE, _V4_POSTGRESQL),
     Migration(5, "compacted rollup blocks", _V5_SQLITE, _V5_POSTGRESQL),
+    Migration(6, "GPU samples", _V6_SQLITE, _V6_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -319,6 +368,22 @@ ENGINE_COLUMNS: tuple[str, ...] = (
     "process_start_time",
 )
 
+GPU_COLUMNS: tuple[str, ...] = (
+    "t",
+    "run_id",
+    "arm",
+    "up",
+    "gpus",
+    "utilization",
+    "memory_bandwidth",
+    "bandwidth_source",
+    "sm_clock_mhz",
+    "temperature_c",
+    "clock_reasons",
+    "thermal_throttled",
+    "error",
+)
+
 
 def request_row(rec: RequestRecord) -> tuple[Any, ...]:
     """A record as a row in `REQUEST_COLUMNS` order (both dialects take the same values)."""
@@ -374,3 +439,43 @@ def engine_row(s: EngineSample, dialect: Dialect) -> tuple[Any, ...]:
         s.generation_tokens_per_s,
         s.process_start_time,
     )
+
+
+def gpu_row(s: GpuSample) -> tuple[Any, ...]:
+    """A GPU sample as a row in `GPU_COLUMNS` order (both dialects take the same values)."""
+    return (
+        s.t,
+        s.run_id,
+        s.arm.value,
+        s.up,
+        s.gpus,
+        s.utilization,
+        s.memory_bandwidth,
+        s.bandwidth_source,
+        s.sm_clock_mhz,
+        s.temperature_c,
+        ",".join(s.clock_reasons) if s.clock_reasons is not None else None,
+        s.thermal_throttled,
+        s.error,
+    )
+
+
+def gpu_sample(row: Sequence[Any]) -> GpuSample:
+    """A row in `GPU_COLUMNS` order, from either dialect, as the sample `gpu_row` stored."""
+    values = dict(zip(GPU_COLUMNS, row, strict=True))
+    reasons = values["clock_reasons"]
+    if reasons is not None:
+        values["clock_reasons"] = tuple(name for name in reasons.split(",") if name)
+    values["up"] = bool(values["up"])
+    throttled = values["thermal_throttled"]
+    values["thermal_throttled"] = bool(throttled) if throttled is not None else None
+    return GpuSample.from_dict(values)
+
+
+def gpu_by_arm(samples: Iterable[GpuSample]) -> dict[Arm, list[GpuSample]]:
+    """`read_gpu_samples`' answer: samples per arm in time order, only arms that have any (an arm
+    without exporters has none, so the diagnosis does not evaluate its GPU branches)."""
+    out: dict[Arm, list[GpuSample]] = {}
+    for sample in sorted(samples, key=lambda g: (g.arm.value, g.t)):
+        out.setdefault(sample.arm, []).append(sample)
+    return out

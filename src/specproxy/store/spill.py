@@ -22,17 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from specproxy.records import EngineSample, RequestRecord
+from specproxy.records import EngineSample, GpuSample, RequestRecord
 
-__all__ = ["SpillChunk", "SpillFile", "SpillSet", "decode_line", "encode_row"]
+__all__ = ["Row", "Sample", "SpillChunk", "SpillFile", "SpillSet", "decode_line", "encode_row"]
 
 log = logging.getLogger(__name__)
 
-Row = RequestRecord | EngineSample
+Sample = EngineSample | GpuSample  # the scrapers' rows, queued together
+Row = RequestRecord | Sample
 
 
 def encode_row(row: Row) -> str:
-    kind = "r" if isinstance(row, RequestRecord) else "e"
+    kind = "r" if isinstance(row, RequestRecord) else "g" if isinstance(row, GpuSample) else "e"
     return json.dumps({"k": kind, "v": row.to_dict()}, separators=(",", ":")) + "\n"
 
 
@@ -40,13 +41,15 @@ def decode_line(line: str) -> Row:
     data = json.loads(line)
     if data["k"] == "r":
         return RequestRecord.from_dict(data["v"])
+    if data["k"] == "g":
+        return GpuSample.from_dict(data["v"])
     return EngineSample.from_dict(data["v"])
 
 
 @dataclass(slots=True)
 class SpillChunk:
     requests: list[RequestRecord] = field(default_factory=list)
-    engine: list[EngineSample] = field(default_factory=list)
+    engine: list[Sample] = field(default_factory=list)  # engine and GPU samples
     bad_lines: int = 0
 
     def __len__(self) -> int:

@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 from specproxy.children import die_with_parent
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
-from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.rollup import ROLLUP_METRICS, rollup_records
 from specproxy.store.arrays import ArmArrays, arrow_to_arrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
@@ -43,6 +43,7 @@ from specproxy.store.queries import (
     RUN_IDS_SQL,
     engine_sql,
     export_sql,
+    gpu_sql,
     records_sql,
     stats_history_sql,
     with_arm,
@@ -72,8 +73,12 @@ from specproxy.store.rollups import (
 )
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
+    GPU_COLUMNS,
     REQUEST_COLUMNS,
     engine_row,
+    gpu_by_arm,
+    gpu_row,
+    gpu_sample,
     migrations_after,
     request_row,
 )
@@ -104,6 +109,11 @@ _INSERT_REQUEST = (
 _INSERT_ENGINE = (
     f"INSERT INTO engine_samples ({', '.join(ENGINE_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in ENGINE_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+
+_INSERT_GPU = (
+    f"INSERT INTO gpu_samples ({', '.join(GPU_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in GPU_COLUMNS)}) ON CONFLICT DO NOTHING"
 )
 
 
@@ -227,7 +237,9 @@ class SqliteStore(BufferedStore):
             raise
         return result
 
-    def _write_sync(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
+    def _write_sync(
+        self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
+    ) -> None:
         def insert(conn: sqlite3.Connection) -> None:
             if requests:
                 inserted = _insert_requests(conn, requests)
@@ -236,11 +248,15 @@ class SqliteStore(BufferedStore):
                 conn.executemany(upsert_bins_sql("sqlite"), batch.bins)
             if engine:
                 conn.executemany(_INSERT_ENGINE, [engine_row(s, "sqlite") for s in engine])
+            if gpu:
+                conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
         self._in_transaction(insert)
 
-    async def _write(self, requests: list[RequestRecord], engine: list[EngineSample]) -> None:
-        await self._on_writer(self._write_sync, requests, engine)
+    async def _write(
+        self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
+    ) -> None:
+        await self._on_writer(self._write_sync, requests, engine, gpu)
 
     def _purge_sync(self, before: float) -> int:
         def delete(conn: sqlite3.Connection) -> int:
@@ -248,6 +264,7 @@ class SqliteStore(BufferedStore):
             for sql in (
                 "DELETE FROM requests WHERE t_start < ?",
                 "DELETE FROM engine_samples WHERE t < ?",
+                "DELETE FROM gpu_samples WHERE t < ?",
                 "DELETE FROM stats_history WHERE t < ?",
             ):
                 removed += conn.execute(sql, (before,)).rowcount
@@ -419,6 +436,16 @@ class SqliteStore(BufferedStore):
                 values["position_acceptance"] = json.loads(pos) if pos is not None else None
                 samples.append(EngineSample.from_dict(values))
             return samples
+
+        return await self._read(fetch)
+
+    async def read_gpu_samples(
+        self, *, run_id: str, since: float | None = None
+    ) -> dict[Arm, list[GpuSample]]:
+        sql, params = gpu_sql(run_id, since, "sqlite")
+
+        def fetch(conn: sqlite3.Connection) -> dict[Arm, list[GpuSample]]:
+            return gpu_by_arm(gpu_sample(row) for row in conn.execute(sql, params))
 
         return await self._read(fetch)
 
