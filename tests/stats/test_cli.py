@@ -17,20 +17,23 @@ from specproxy.scrape.dcgm import combine_readings, parse_dcgm
 from tests.stats.test_job import RUN, _records
 
 
+async def _store_run(db: str, gpu: list[GpuSample] | None = None) -> None:
+    """A SQLite store at `db` holding 400 records of run RUN (t 1000-1040 s) and `gpu`."""
+    from specproxy.store.factory import open_store
+
+    s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
+    await s.start()
+    for rec in _records(400, 1000.0, 1.5, 1):
+        s.record(rec)
+    for sample in gpu or []:
+        s.record_gpu(sample)
+    await s.close()
+
+
 def test_cli_computes_once(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("specproxy.store.sqlite")
     db = f"{tmp_path}/s.db"
-
-    async def fill() -> None:
-        from specproxy.store.factory import open_store
-
-        s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
-        await s.start()
-        for rec in _records(400, 1000.0, 1.5, 1):
-            s.record(rec)
-        await s.close()
-
-    asyncio.run(fill())
+    asyncio.run(_store_run(db))
     assert main(["stats", "--store", f"sqlite:///{db}", "--json", "--resamples", "200"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["run_id"] == RUN
@@ -72,21 +75,15 @@ def test_cli_diagnoses_the_gpu_samples_the_store_holds(
     # 0.95, sw_thermal|hw_thermal; the cool one for the baseline). Without any stored sample (no
     # exporters configured) both branches stay "not evaluated", never "no GPU metrics".
     db = f"{tmp_path}/gpu.db"
-
-    async def fill() -> None:
-        from specproxy.store.factory import open_store
-
-        s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
-        await s.start()
-        for rec in _records(400, 1000.0, 1.5, 1):
-            s.record(rec)
-        if with_gpu:
-            for t in (1000.0, 1015.0, 1030.0, 1039.0):
-                s.record_gpu(_gpu_sample("derived_h200_hot_saturated.prom", t, Arm.SPECULATIVE))
-                s.record_gpu(_gpu_sample("derived_h200_cool.prom", t, Arm.BASELINE))
-        await s.close()
-
-    asyncio.run(fill())
+    gpu = [
+        _gpu_sample(page, t, arm)
+        for t in (1000.0, 1015.0, 1030.0, 1039.0)
+        for page, arm in (
+            ("derived_h200_hot_saturated.prom", Arm.SPECULATIVE),
+            ("derived_h200_cool.prom", Arm.BASELINE),
+        )
+    ]
+    asyncio.run(_store_run(db, gpu if with_gpu else []))
     assert main(["stats", "--store", f"sqlite:///{db}", "--json", "--resamples", "200"]) == 0
     out = json.loads(capsys.readouterr().out)
     window = out["results"]["all"]["all"]

@@ -73,6 +73,16 @@ async def _check_upgraded(url: str, tmp_path: Path) -> None:
     assert store.dropped == 0
 
 
+async def _pg_versions(url: str) -> list[int]:
+    """The schema versions a PostgreSQL store recorded, in order (each once if applied once)."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT version FROM schema_version ORDER BY 1")
+    finally:
+        await conn.close()
+    return [r["version"] for r in rows]
+
+
 async def test_sqlite_v1_store_is_upgraded(tmp_path: Path) -> None:
     db = tmp_path / "old.db"
     with sqlite3.connect(db) as conn:
@@ -99,12 +109,7 @@ async def test_postgres_v1_store_is_upgraded(pg_url: str, tmp_path: Path) -> Non
     finally:
         await conn.close()
     await _check_upgraded(pg_url, tmp_path)
-    conn = await asyncpg.connect(pg_url)
-    try:
-        versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version")]
-    finally:
-        await conn.close()
-    assert sorted(versions) == list(range(1, SCHEMA_VERSION + 1))
+    assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
 
 
 async def test_two_stores_migrating_at_once_apply_each_version_once(
@@ -114,12 +119,7 @@ async def test_two_stores_migrating_at_once_apply_each_version_once(
 
     stores = [open_store(store_config(pg_url, tmp_path / str(i))) for i in range(3)]
     await asyncio.gather(*(s.start() for s in stores))
-    conn = await asyncpg.connect(pg_url)
-    try:
-        versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version")]
-    finally:
-        await conn.close()
-    assert sorted(versions) == list(range(1, SCHEMA_VERSION + 1))
+    assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
     await asyncio.gather(*(s.close() for s in stores))
 
 
@@ -202,12 +202,7 @@ async def test_postgres_v5_store_gains_gpu_samples_and_keeps_its_data(
     finally:
         await conn.close()
     await _check_v5_upgraded(pg_url, tmp_path)
-    conn = await asyncpg.connect(pg_url)
-    try:
-        versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version")]
-    finally:
-        await conn.close()
-    assert sorted(versions) == list(range(1, SCHEMA_VERSION + 1))
+    assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
 
 
 def test_gpu_row_and_its_reading_are_inverse() -> None:
