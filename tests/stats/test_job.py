@@ -18,7 +18,7 @@ from pytest_aiohttp import AiohttpServer
 from specproxy.config import ArmConfig, Config, ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.errors import ErrorKind
 from specproxy.fleet.models import OTHER, ModelLabels
-from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.scrape.dcgmloop import GpuScraper
 from specproxy.stats import job as job_module
 from specproxy.stats.job import StatsJob, compute_stats, window_label
@@ -384,6 +384,24 @@ async def test_gpu_telemetry_scraped_end_to_end_reaches_the_diagnosis(
         assert [r["code"] for r in skipped] == ["memory_bandwidth_saturated", "thermal_throttling"]
         assert all("baseline" in r["message"] for r in skipped)
     json.dumps(result, allow_nan=False)
+
+
+async def test_a_tick_summarises_the_newest_stored_gpu_samples_of_each_arm(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The read is bounded (GPU_SAMPLES_READ per arm, the newest): here 2, so of three throttled
+    # scrapes and one cool, newer one the whole-run window sees the newest two.
+    monkeypatch.setattr(job_module, "GPU_SAMPLES_READ", 2)
+    for t, hot in ((1000.0, True), (1010.0, True), (1020.0, True), (1030.0, False)):
+        store.record_gpu(
+            GpuSample(t=t, arm=Arm.BASELINE, up=True, run_id=RUN, thermal_throttled=hot)
+        )
+    store.record_gpu(GpuSample(t=1000.0, arm=Arm.BASELINE, up=True, run_id="other"))
+    await store.flush()
+    result = await compute_stats(store, run_id=RUN, stats_cfg=CFG, window_end=1080.0)
+    gpu = result["results"]["all"]["all"]["engine"]["baseline"]["gpu"]
+    assert gpu is not None and gpu["samples"] == 2 and gpu["thermal_throttle_share"] == 0.5
+    assert result["results"]["all"]["all"]["engine"]["speculative"]["gpu"] is None
 
 
 async def test_a_single_model_run_reuses_the_all_results_and_a_stray_model_does_not() -> None:

@@ -215,6 +215,11 @@ async def test_gpu_samples_round_trip_per_arm_in_time_order(store: BufferedStore
         Arm.SPECULATIVE: [idle],
         Arm.BASELINE: [down],
     }
+    assert await store.read_gpu_samples(run_id="run", limit=1) == {  # the newest per arm
+        Arm.SPECULATIVE: [idle],
+        Arm.BASELINE: [down],
+    }
+    assert await store.read_gpu_samples(run_id="run", since=10.0, limit=0) == {}
     only_baseline = await store.read_gpu_samples(run_id="other")
     assert only_baseline == {Arm.BASELINE: [other_run]}  # an arm without samples is absent
     assert await store.read_gpu_samples(run_id="nothing") == {}

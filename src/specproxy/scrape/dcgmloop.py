@@ -10,9 +10,9 @@ is down only when none answered, and its sample then says why.
 Each sample goes to the recorder (the store: table `gpu_samples`, through the same buffer, spill
 file and raw-row retention as engine samples), stamped with the run's id; the scraper itself
 keeps only each arm's latest sample, for its gauges (`scrape.dcgmcollector`). The stats job
-reads the samples back from the store (`Store.read_gpu_samples`) and summarises them per window
-(`stats.diagnosis.summarise_gpu`), so `specproxy stats`, the report and a new leader after a
-failover see the whole run's GPU history, whichever replica scraped it.
+reads the newest ones back from the store (`Store.read_gpu_samples`, `job.GPU_SAMPLES_READ` per
+arm) and summarises them per window (`stats.diagnosis.summarise_gpu`), so `specproxy stats`, the
+report and a new leader after a failover see the same GPU history, whichever replica scraped it.
 """
 
 from __future__ import annotations

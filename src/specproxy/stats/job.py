@@ -63,6 +63,7 @@ from specproxy.stats.rollupjob import compute_from_rollups
 from specproxy.store.base import ArmArrays, Store
 
 __all__ = [
+    "GPU_SAMPLES_READ",
     "SCHEMA_VERSION",
     "StatsJob",
     "compute_from_arrays",
@@ -72,6 +73,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# GPU samples a tick reads per arm, the newest (~28 h at the default 5 s scrape): the GPU summary
+# of a window longer than that (the whole run) covers its last 20,000 scrapes. Bounded because
+# every tick decodes them: 30 days of them (518,400 per arm) took 12.8 CPU-s and 780 MB to read.
+GPU_SAMPLES_READ = 20_000
 
 
 def window_label(window_s: float | None) -> str:
@@ -233,12 +239,13 @@ async def compute_stats(
     usable requests the run holds without touching its rows. `cache` (the job's, kept between
     ticks) makes the rollup read incremental; without one every tier is read. `executor` runs the
     computation (the job's own single thread, see `StatsJob`); None: the loop's default one.
-    `gpu_samples` None: the run's stored ones (`Store.read_gpu_samples`; an arm without any, as
-    one without exporters, has its GPU branches not evaluated).
+    `gpu_samples` None: the run's stored ones, the newest `GPU_SAMPLES_READ` per arm
+    (`Store.read_gpu_samples`; an arm without any, as one without exporters, has its GPU
+    branches not evaluated).
     """
     loop = asyncio.get_running_loop()
     if gpu_samples is None:
-        gpu_samples = await store.read_gpu_samples(run_id=run_id)
+        gpu_samples = await store.read_gpu_samples(run_id=run_id, limit=GPU_SAMPLES_READ)
     cache = cache if cache is not None else RollupCache()
     await cache.refresh(store, run_id, ("e2e",))
     rows_read = cache.rows_read

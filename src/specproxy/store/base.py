@@ -152,10 +152,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def read_gpu_samples(
-        self, *, run_id: str, since: float | None = None
+        self, *, run_id: str, since: float | None = None, limit: int | None = None
     ) -> dict[Arm, list[GpuSample]]:
-        """GPU samples with t >= since, per arm in time order; only arms that have any
-        (`schema.gpu_by_arm`)."""
+        """GPU samples with t >= since, per arm the newest `limit` (all when None) in time
+        order; only arms that have any (`schema.gpu_by_arm`)."""
 
     @abc.abstractmethod
     async def read_stats_history(

@@ -220,10 +220,15 @@ class MemoryStore(BufferedStore):
         )
 
     async def read_gpu_samples(
-        self, *, run_id: str, since: float | None = None
+        self, *, run_id: str, since: float | None = None, limit: int | None = None
     ) -> dict[Arm, list[GpuSample]]:
         return gpu_by_arm(
-            g for g in self._gpu.values() if g.run_id == run_id and (since is None or g.t >= since)
+            (
+                g
+                for g in self._gpu.values()
+                if g.run_id == run_id and (since is None or g.t >= since)
+            ),
+            limit,
         )
 
     async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:

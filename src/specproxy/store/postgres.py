@@ -384,10 +384,13 @@ class PostgresStore(BufferedStore):
         return [EngineSample.from_dict(dict(r)) for r in await self._fetch(sql, *params)]
 
     async def read_gpu_samples(
-        self, *, run_id: str, since: float | None = None
+        self, *, run_id: str, since: float | None = None, limit: int | None = None
     ) -> dict[Arm, list[GpuSample]]:
-        sql, params = gpu_sql(run_id, since, "postgresql")
-        return gpu_by_arm(gpu_sample(tuple(r)) for r in await self._fetch(sql, *params))
+        rows = []
+        for arm in Arm:
+            sql, params = gpu_sql(run_id, arm, since, limit, "postgresql")
+            rows.extend(await self._fetch(sql, *params))
+        return gpu_by_arm(gpu_sample(tuple(r)) for r in rows)
 
     async def read_stats_history(
         self, *, run_id: str, since: float | None = None

@@ -105,11 +105,18 @@ def export_sql(run_id: str | None, dialect: Dialect) -> Query:
     return placeholders(sql + " ORDER BY t_start", dialect), params
 
 
-def gpu_sql(run_id: str, since: float | None, dialect: Dialect) -> Query:
-    """`read_gpu_samples`: columns in `GPU_COLUMNS` order, per arm in time order."""
-    sql = f"SELECT {', '.join(GPU_COLUMNS)} FROM gpu_samples WHERE run_id = ?"
-    params: list[Any] = [run_id]
+def gpu_sql(
+    run_id: str, arm: Arm, since: float | None, limit: int | None, dialect: Dialect
+) -> Query:
+    """`read_gpu_samples` of one arm: columns in `GPU_COLUMNS` order, NEWEST first (so that
+    `limit` keeps the newest; the (run_id, arm, t) key serves it without a sort)."""
+    sql = f"SELECT {', '.join(GPU_COLUMNS)} FROM gpu_samples WHERE run_id = ? AND arm = ?"
+    params: list[Any] = [run_id, arm.value]
     if since is not None:
         sql += " AND t >= ?"
         params.append(since)
-    return placeholders(sql + " ORDER BY arm, t", dialect), tuple(params)
+    sql += " ORDER BY t DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return placeholders(sql, dialect), tuple(params)

@@ -460,22 +460,39 @@ def gpu_row(s: GpuSample) -> tuple[Any, ...]:
     )
 
 
+_ARMS = {arm.value: arm for arm in Arm}
+
+
 def gpu_sample(row: Sequence[Any]) -> GpuSample:
-    """A row in `GPU_COLUMNS` order, from either dialect, as the sample `gpu_row` stored."""
-    values = dict(zip(GPU_COLUMNS, row, strict=True))
-    reasons = values["clock_reasons"]
-    if reasons is not None:
-        values["clock_reasons"] = tuple(name for name in reasons.split(",") if name)
-    values["up"] = bool(values["up"])
-    throttled = values["thermal_throttled"]
-    values["thermal_throttled"] = bool(throttled) if throttled is not None else None
-    return GpuSample.from_dict(values)
+    """A row in `GPU_COLUMNS` order, from either dialect, as the sample `gpu_row` stored (a
+    plain unpacking: a read may decode tens of thousands of rows per stats tick)."""
+    t, run_id, arm, up, gpus, util, bandwidth, source, clock, temp, reasons, throttled, error = row
+    return GpuSample(
+        t=t,
+        arm=_ARMS[arm],
+        up=bool(up),
+        run_id=run_id,
+        gpus=gpus,
+        utilization=util,
+        memory_bandwidth=bandwidth,
+        bandwidth_source=source,
+        sm_clock_mhz=clock,
+        temperature_c=temp,
+        clock_reasons=None if reasons is None else tuple(n for n in reasons.split(",") if n),
+        thermal_throttled=None if throttled is None else bool(throttled),
+        error=error,
+    )
 
 
-def gpu_by_arm(samples: Iterable[GpuSample]) -> dict[Arm, list[GpuSample]]:
-    """`read_gpu_samples`' answer: samples per arm in time order, only arms that have any (an arm
-    without exporters has none, so the diagnosis does not evaluate its GPU branches)."""
+def gpu_by_arm(
+    samples: Iterable[GpuSample], limit: int | None = None
+) -> dict[Arm, list[GpuSample]]:
+    """`read_gpu_samples`' answer: per arm the newest `limit` samples (all when None) in time
+    order, only arms that have any (an arm without exporters has none, so the diagnosis does
+    not evaluate its GPU branches)."""
     out: dict[Arm, list[GpuSample]] = {}
-    for sample in sorted(samples, key=lambda g: (g.arm.value, g.t)):
+    for sample in sorted(samples, key=lambda g: g.t):
         out.setdefault(sample.arm, []).append(sample)
+    if limit is not None:
+        out = {arm: kept[-limit:] for arm, kept in out.items() if limit > 0}
     return out

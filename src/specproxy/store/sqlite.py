@@ -440,12 +440,12 @@ class SqliteStore(BufferedStore):
         return await self._read(fetch)
 
     async def read_gpu_samples(
-        self, *, run_id: str, since: float | None = None
+        self, *, run_id: str, since: float | None = None, limit: int | None = None
     ) -> dict[Arm, list[GpuSample]]:
-        sql, params = gpu_sql(run_id, since, "sqlite")
+        queries = [gpu_sql(run_id, arm, since, limit, "sqlite") for arm in Arm]
 
         def fetch(conn: sqlite3.Connection) -> dict[Arm, list[GpuSample]]:
-            return gpu_by_arm(gpu_sample(row) for row in conn.execute(sql, params))
+            return gpu_by_arm(gpu_sample(row) for q in queries for row in conn.execute(*q))
 
         return await self._read(fetch)
 
