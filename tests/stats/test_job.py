@@ -23,7 +23,9 @@ from specproxy.scrape.dcgmloop import GpuScraper
 from specproxy.stats import job as job_module
 from specproxy.stats.job import StatsJob, compute_stats, window_label
 from specproxy.store.memory import MemoryStore
+from specproxy.store.postgres import PostgresStore
 from tests.scrape.fakes import FakeMetricsServer
+from tests.store.conftest import pg_cluster, pg_url  # noqa: F401 - fixtures
 
 RUN = "r1"
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
@@ -427,3 +429,51 @@ async def test_a_single_model_run_reuses_the_all_results_and_a_stray_model_does_
     assert alone["samples"] == pooled["samples"]
     assert alone["metrics"]["e2e"]["speedup"] != pooled["metrics"]["e2e"]["speedup"]
     await single.close()
+
+
+async def test_a_new_leader_after_failover_diagnoses_the_gpu_samples_of_the_old_one(
+    pg_url: str,  # noqa: F811 - the fixture
+    aiohttp_server: AiohttpServer,
+    tmp_path: Path,
+) -> None:
+    # Two replicas on one real PostgreSQL. Replica A scrapes the (fake, port 0) dcgm-exporter of
+    # the speculative arm and leads; it dies. Replica B starts afterwards with no scraper history
+    # of its own, takes the lead, and still diagnoses the hot GPU from the stored samples.
+    exporter = FakeMetricsServer(body=(DCGM / "derived_h200_hot_saturated.prom").read_text())
+    url = str((await aiohttp_server(exporter.app())).make_url(""))
+    cfg = Config(
+        speculative=ArmConfig(urls=("http://127.0.0.1:1",), dcgm_urls=(url,)),
+        baseline_url="http://127.0.0.1:2",
+        run_id=RUN,
+    )
+    replica_a = PostgresStore(StoreConfig(url=pg_url, spill_path=str(tmp_path / "a")), run_id=RUN)
+    await replica_a.start()
+    for rec in _records(1600, 1000.0, 1.5, 0):
+        replica_a.record(rec)
+    now = [0.0]
+    async with aiohttp.ClientSession() as session:
+        scraper = GpuScraper(cfg, {arm: session for arm in Arm}, replica_a, clock=lambda: now[0])
+        for t in (1120.0, 1140.0, 1150.0):
+            now[0] = t
+            await scraper.scrape_once()
+    await replica_a.close()  # everything it buffered is in PostgreSQL; its memory is gone
+
+    replica_b = PostgresStore(StoreConfig(url=pg_url, spill_path=str(tmp_path / "b")), run_id=RUN)
+    await replica_b.start()
+    job = StatsJob(
+        replica_b,
+        run_id=RUN,
+        stats_cfg=CFG,
+        scrape_cfg=SCRAPE,
+        clock=lambda: 1160.0,
+        leadership=Switch(True),
+    )
+    result = await job.step()
+    await job.close()
+    await replica_b.close()
+    assert result is not None and job.is_leader() is True
+    window = result["results"]["all"]["all"]
+    gpu = window["engine"]["speculative"]["gpu"]
+    assert gpu is not None and gpu["samples"] == 3 and gpu["thermal_throttle_share"] == 1.0
+    codes = {r["code"] for r in window["diagnosis"]["reasons"]}
+    assert {"memory_bandwidth_saturated", "thermal_throttling"} <= codes

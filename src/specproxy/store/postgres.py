@@ -390,7 +390,8 @@ class PostgresStore(BufferedStore):
         for arm in Arm:
             sql, params = gpu_sql(run_id, arm, since, limit, "postgresql")
             rows.extend(await self._fetch(sql, *params))
-        return gpu_by_arm(gpu_sample(tuple(r)) for r in rows)
+        # tens of thousands of samples per tick: decoded off the event loop
+        return await asyncio.to_thread(lambda: gpu_by_arm(gpu_sample(tuple(r)) for r in rows))
 
     async def read_stats_history(
         self, *, run_id: str, since: float | None = None
