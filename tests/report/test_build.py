@@ -18,11 +18,13 @@ from specproxy.errors import ErrorKind
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.report.build import collect, write_report
 from specproxy.report.summary import fmt_ratio, main_window
+from specproxy.scrape.dcgm import combine_readings, parse_dcgm
 from specproxy.stats.job import compute_stats
 from specproxy.stats.result import StatsResult
 from specproxy.store.factory import open_store
 
 RUN = "r1"
+DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
 T0 = 1_700_000_000.0
 WARMUP = 20
 
@@ -194,6 +196,29 @@ async def test_report_without_history_computes_stats(tmp_path: Path) -> None:
     window = main_window(report["stats"])
     assert window is not None and window["metrics"]["e2e"]["n"]["baseline"] > 100
     assert report["stats"]["settings"]["resamples"] == 300
+
+
+async def test_report_of_a_stored_run_diagnoses_its_stored_gpu_samples(tmp_path: Path) -> None:
+    # `specproxy report` runs in a process that never scraped a GPU: the thermal and bandwidth
+    # branches come from the GPU samples in the store (the derived hot H200 exporter page).
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    await _fill(url, history=False)
+    page = (DCGM / "derived_h200_hot_saturated.prom").read_text(encoding="utf-8")
+    store = open_store(StoreConfig(url=url))
+    await store.start()
+    for t in (T0 + 10, T0 + 20, T0 + 30):
+        store.record_gpu(combine_readings(t, Arm.SPECULATIVE, parse_dcgm(page), run_id=RUN))
+    await store.close()
+    out = tmp_path / "gpu-report"
+    settings = StatsConfig(warmup_requests=WARMUP, resamples=300)
+    assert await write_report(url, run_id=RUN, out_dir=out, settings=settings) == out
+    window = main_window(json.loads((out / "report.json").read_text())["stats"])
+    assert window is not None
+    codes = {r["code"] for r in window["diagnosis"]["reasons"]}
+    assert {"memory_bandwidth_saturated", "thermal_throttling"} <= codes
+    html = (out / "index.html").read_text()
+    assert "thermal throttling: GPU clocks were cut" in html
+    assert "memory bandwidth saturated" in html
 
 
 async def test_empty_store_gives_no_report(tmp_path: Path) -> None:
