@@ -18,6 +18,11 @@ from tests.scrape.fakes import EngineCounts, FakeMetricsServer, ListRecorder, v1
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
 
 
+# Both fakes answer in milliseconds; a timeout no stall of a loaded machine reaches, so a
+# scrape is never "timed out" because CI was busy.
+SCRAPE_TIMEOUT_S = 30.0
+
+
 async def test_app_runs_the_scraper_and_exports_its_series(
     aiohttp_server: AiohttpServer, aiohttp_client: AiohttpClient
 ) -> None:
@@ -28,7 +33,7 @@ async def test_app_runs_the_scraper_and_exports_its_series(
     cfg = Config(
         speculative_url=str(spec_server.make_url("/")),
         baseline_url=str(base_server.make_url("/")),
-        scrape=ScrapeConfig(interval_s=0.02, timeout_s=1.0),
+        scrape=ScrapeConfig(interval_s=0.02, timeout_s=SCRAPE_TIMEOUT_S),
     )
     registry, recorder = CollectorRegistry(), ListRecorder()
     app = create_app(cfg, registry=registry, recorder=recorder, with_store=False, with_stats=False)
@@ -61,7 +66,7 @@ async def test_app_scrapes_the_gpu_exporters_and_exports_their_series(
     cfg = Config(
         speculative=ArmConfig(urls=(engine_url,), dcgm_urls=(exporter_url,)),
         baseline_url=engine_url,
-        scrape=ScrapeConfig(interval_s=0.02, timeout_s=1.0),
+        scrape=ScrapeConfig(interval_s=0.02, timeout_s=SCRAPE_TIMEOUT_S),
     )
     registry, recorder = CollectorRegistry(), ListRecorder()
     app = create_app(cfg, registry=registry, recorder=recorder, with_store=False, with_stats=False)

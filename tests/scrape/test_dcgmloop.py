@@ -37,17 +37,27 @@ class GpuRig:
     recorder: ListRecorder
 
 
-def config(spec: ArmConfig, base: ArmConfig) -> Config:
+# A loaded machine can stall a scrape of a local fake past any short timeout: only the timeout
+# test gets a short one, against a fake that hangs far past it (as in test_loop).
+GENEROUS_TIMEOUT_S = 30.0
+SHORT_TIMEOUT_S = 0.3
+HANG_S = 5.0
+
+
+def config(spec: ArmConfig, base: ArmConfig, timeout_s: float = GENEROUS_TIMEOUT_S) -> Config:
     return Config(
         speculative=spec,
         baseline=base,
-        scrape=ScrapeConfig(interval_s=0.02, timeout_s=0.3),
+        scrape=ScrapeConfig(interval_s=0.02, timeout_s=timeout_s),
         run_id="gpu-run",
     )
 
 
 @pytest.fixture
-async def rig(aiohttp_server: AiohttpServer) -> AsyncIterator[GpuRig]:
+async def rig(
+    aiohttp_server: AiohttpServer, request: pytest.FixtureRequest
+) -> AsyncIterator[GpuRig]:
+    """Hot and cool exporters; `scrape.timeout_s` is the indirect parameter, if any."""
     hot = FakeMetricsServer(body=page("derived_h200_hot_saturated.prom"))
     cool = FakeMetricsServer(body=page("derived_h200_cool.prom"))
     hot_url = str((await aiohttp_server(hot.app())).make_url(""))
@@ -55,6 +65,7 @@ async def rig(aiohttp_server: AiohttpServer) -> AsyncIterator[GpuRig]:
     cfg = config(
         ArmConfig(urls=("http://127.0.0.1:1",), dcgm_urls=(hot_url,)),
         ArmConfig(urls=("http://127.0.0.1:2",), dcgm_urls=(cool_url,)),
+        getattr(request, "param", GENEROUS_TIMEOUT_S),
     )
     sessions = {arm: aiohttp.ClientSession() for arm in Arm}
     clock = FakeClock()
@@ -106,8 +117,9 @@ async def test_a_bad_exporter_marks_the_arm_down_with_the_reason(
     assert rig.scraper.states[Arm.SPECULATIVE].up == {rig.hot_url: False}
 
 
+@pytest.mark.parametrize("rig", [SHORT_TIMEOUT_S], indirect=True)
 async def test_timeout_marks_down(rig: GpuRig) -> None:
-    rig.hot.delay = 1.0  # > scrape.timeout_s
+    rig.hot.delay = HANG_S  # far beyond scrape.timeout_s
     spec = (await rig.scraper.scrape_once())[Arm.SPECULATIVE]
     assert not spec.up and spec.error == "timed out"
 

@@ -25,6 +25,12 @@ from tests.conftest import fixture_path
 from tests.scrape.fakes import EngineCounts, FakeMetricsServer, ListRecorder, v1_text
 
 START = 1.7e9
+# A local fake answers in milliseconds, but a loaded machine can stall a scrape for longer than
+# any short timeout (CI once saw "timed out" for a garbage page). Only the tests about timeouts
+# get a short one, against a fake that hangs far past it; the others get one no stall reaches.
+GENEROUS_TIMEOUT_S = 30.0
+SHORT_TIMEOUT_S = 0.3
+HANG_S = 5.0
 
 
 class FakeClock:
@@ -61,7 +67,9 @@ def closed_port_url() -> str:
 
 
 @pytest.fixture
-async def rig(aiohttp_server: AiohttpServer) -> AsyncIterator[Rig]:
+async def rig(aiohttp_server: AiohttpServer, request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    """Both arms' fakes and a scraper; `scrape.timeout_s` is the indirect parameter, if any."""
+    timeout_s = getattr(request, "param", GENEROUS_TIMEOUT_S)
     spec = FakeMetricsServer(body=v1_text([EngineCounts(10, 40, 20, (8, 7, 3, 2), 100)]))
     base = FakeMetricsServer(body=v1_text([EngineCounts(generation_tokens=50)], spec=False))
     spec_server = await aiohttp_server(spec.app())
@@ -69,7 +77,7 @@ async def rig(aiohttp_server: AiohttpServer) -> AsyncIterator[Rig]:
     config = Config(
         speculative_url=str(spec_server.make_url("/")),
         baseline_url=str(base_server.make_url("/")),
-        scrape=ScrapeConfig(interval_s=0.02, timeout_s=0.3),
+        scrape=ScrapeConfig(interval_s=0.02, timeout_s=timeout_s),
         run_id="loop-test",
     )
     sessions = {arm: aiohttp.ClientSession() for arm in Arm}
@@ -164,8 +172,9 @@ async def test_garbage_or_http_error_marks_down(
     assert samples[Arm.SPECULATIVE] in rig.recorder.engine_samples  # down samples are stored
 
 
+@pytest.mark.parametrize("rig", [SHORT_TIMEOUT_S], indirect=True)
 async def test_timeout_marks_down(rig: Rig) -> None:
-    rig.spec.delay = 5.0  # far beyond scrape.timeout_s = 0.3
+    rig.spec.delay = HANG_S  # far beyond scrape.timeout_s
     samples = await rig.scraper.scrape_once()
     assert not samples[Arm.SPECULATIVE].up
     assert rig.scraper.states[Arm.SPECULATIVE].error == "timed out"
@@ -249,6 +258,7 @@ async def test_restart_while_down_is_detected_on_recovery(rig: Rig) -> None:
     assert rig.scraper.restart_times(Arm.SPECULATIVE) == (1005.0,)
 
 
+@pytest.mark.parametrize("rig", [SHORT_TIMEOUT_S], indirect=True)
 async def test_periodic_loop_survives_failures_and_recovers(rig: Rig) -> None:
     good = rig.spec.body
     rig.spec.body = "<html>"
@@ -258,7 +268,7 @@ async def test_periodic_loop_survives_failures_and_recovers(rig: Rig) -> None:
     assert rig.scraper.states[Arm.SPECULATIVE].up is False
     rig.spec.body = good
     await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is True)
-    rig.spec.delay = 5.0  # now it hangs past the timeout
+    rig.spec.delay = HANG_S  # now it hangs past the timeout
     await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is False)
     rig.spec.delay = 0.0
     await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is True)
