@@ -1,22 +1,23 @@
 """Cost of one stats tick (every window) on a run's rollup tiers, and of a tick on raw rows.
 
 Steady state built directly (no requests), as the stats leader's compaction leaves it at `now`
-with the default `store.rollup_fine_minutes` (10) and `store.rollup_minute_hours` (3):
+with the default `store.rollup_fine_minutes` (6) and `store.rollup_minute_hours` (3):
   * hour blocks for every whole hour before the minute tier (coarse 0.5 % histograms, drawn as a
     multinomial of `rate * 3600` requests per hour from a lognormal whose median follows a daily
     load wave);
-  * 1-minute blocks for the minutes after that, up to `now - 10 min`;
-  * fine 0.02 % rows for the last 10 minutes and the current one (real lognormal draws, written
+  * 1-minute blocks for the minutes after that, up to `now - 6 min`;
+  * fine 0.02 % rows for the last 6 minutes and the current one (real lognormal draws, written
     with the stores' own SQL: these are the rows replicas upsert).
 Both arms (speculative 20 % faster), three metrics. Then, in a fresh child process (so its peak
 RSS is the tick's and not the build's), as `StatsJob.run_once` does (compaction pass, then
-`compute_stats` with the job's cache):
+`compute_stats` with the job's cache and its one computing thread):
   1. a cold tick (a new leader: empty cache);
   2. a warm tick after 15 s more traffic in the current minute;
   3. a warm tick one minute later (one more minute of traffic; a minute leaves the fine tier, so
      the compaction pass moves it).
-Printed per tick: wall s, CPU s of this process (PostgreSQL's own CPU is not in it), rows and
-blobs read, and the child's peak RSS.
+Printed per tick: wall s (and of it: the store reads, decoding them into the job's cache, the
+rest: compaction and the statistics), CPU s of this process (PostgreSQL's own CPU is not in it),
+rows and blobs read, and the child's peak RSS.
 
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000            # SQLite
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000 --pg       # PostgreSQL
@@ -38,6 +39,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -182,19 +184,30 @@ async def _build(url: str, days: float, rate: float, end_minute: int) -> None:
     )
 
 
-async def _tick(store: Any, cfg: StatsConfig, cache: RollupCache, now: float) -> str:
+async def _tick(
+    store: Any, cfg: StatsConfig, cache: RollupCache, now: float, pool: ThreadPoolExecutor
+) -> str:
     cpu0, wall0 = time.process_time(), time.perf_counter()
+    read0, decode0 = cache.read_s, cache.decode_s
     moved = await store.compact_rollups(run_id=RUN, now=now)
     result = await compute_stats(
-        store, run_id=RUN, stats_cfg=cfg, scrape_cfg=ScrapeConfig(), window_end=now, cache=cache
+        store,
+        run_id=RUN,
+        stats_cfg=cfg,
+        scrape_cfg=ScrapeConfig(),
+        window_end=now,
+        cache=cache,
+        executor=pool,
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    read, decode = cache.read_s - read0, cache.decode_s - decode0
     bounds = {
         label: f"{w.get('grid_error_bound', 0.0):.2%}"
         for label, w in result["results"]["all"].items()
     }
     return (
-        f"wall {wall:.2f} s, CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
+        f"wall {wall:.2f} s (store read {read:.2f}, decode {decode:.2f}, the rest "
+        f"{wall - read - decode:.2f}), CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
         f"compacted {moved:,} rows, source {result.get('source')}, grid bounds {bounds}, "
         f"peak RSS {_rss_mb():.0f} MB, host load {os.getloadavg()[0]:.1f}"
     )
@@ -209,17 +222,19 @@ async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: 
     cache = RollupCache()
     rng = np.random.default_rng(7)
     per_minute = round(rate * 60)
+    pool = ThreadPoolExecutor(1)  # the job's own computing thread (`StatsJob`)
     try:
         now = end_minute * 60.0 + 30
-        print(f"  cold tick:   {await _tick(store, cfg, cache, now)}", flush=True)
+        print(f"  cold tick:   {await _tick(store, cfg, cache, now, pool)}", flush=True)
         await _write_fine(url, rng, end_minute, per_minute // 4)  # 15 s more
         now += 15
-        print(f"  warm tick:   {await _tick(store, cfg, cache, now)}", flush=True)
+        print(f"  warm tick:   {await _tick(store, cfg, cache, now, pool)}", flush=True)
         await _write_fine(url, rng, end_minute, per_minute // 4)
         await _write_fine(url, rng, end_minute + 1, per_minute // 2)
         now += 60
-        print(f"  next minute: {await _tick(store, cfg, cache, now)}", flush=True)
+        print(f"  next minute: {await _tick(store, cfg, cache, now, pool)}", flush=True)
     finally:
+        pool.shutdown()
         await store.close()
 
 

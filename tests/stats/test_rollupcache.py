@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +186,24 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
         for stat, speed in block["speedup"].items():
             want = exact["baseline"][stat] / exact["speculative"][stat]
             assert abs(math.log(speed["estimate"] / want)) <= math.log1p(COARSE_ERROR_BOUND) + 1e-9
+
+
+async def test_decoding_runs_on_the_given_executor_not_the_event_loop(
+    store: BufferedStore,
+) -> None:
+    await _write(store, _records(M0, 3, 4, "d"))
+    cache = RollupCache()
+    threads: list[str] = []
+    apply = cache.apply
+
+    def recording_apply(metric: str, read: Any) -> None:
+        threads.append(threading.current_thread().name)
+        apply(metric, read)
+
+    cache.apply = recording_apply  # type: ignore[method-assign]
+    with ThreadPoolExecutor(1, thread_name_prefix="decoder") as pool:
+        await cache.refresh(store, RUN, tuple(ROLLUP_METRICS), executor=pool)
+    assert len(threads) == len(ROLLUP_METRICS)
+    assert all(name.startswith("decoder") for name in threads)
+    assert _canonical(cache) == _canonical(await _cold(store))
+    assert cache.read_s > 0 and cache.decode_s > 0
