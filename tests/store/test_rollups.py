@@ -19,7 +19,7 @@ from specproxy.rollupblob import Block
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.compaction import CompactionBounds
 from specproxy.store.factory import open_store
-from specproxy.store.rollups import RollupRows, TierRead, TierVersions
+from specproxy.store.rollups import RollupRows, TierRead, TierVersions, fine_bins_arrays
 from tests.store.conftest import make_record, store_config
 
 T0 = 1_700_000_040.0  # a minute boundary
@@ -237,6 +237,7 @@ async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
         read = await _full(store, metric)
         _check_all(read, records, metric)
         assert all(m >= bounds.fine_before for m, *_ in read.minutes)  # old fine rows gone
+        assert read.bins and all(np.all(b[1:] > b[:-1]) for b, _c in read.bins.values())
         spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
         assert spans == {(True, 60), (False, 1)}  # hours before the bound, minutes after
     before = await _full(store)
@@ -290,3 +291,21 @@ async def test_rollup_retention_removes_old_blocks(tiered: BufferedStore) -> Non
     read = await _full(store)
     assert read.blocks and all(s + sp > cut // 60 for s, sp, *_ in read.blocks)
     assert all(m >= cut // 60 for m, *_ in read.minutes)
+
+
+def test_packed_fine_bins_unpack_in_bin_order() -> None:
+    """Both backends' packings (SQLite text, PostgreSQL big-endian bytes) give the same arrays,
+    sorted by bin with each count kept beside its bin."""
+    bins, counts = [5, -3, 7, 0], [2, 9, 1, 4]
+    want = ([-3, 0, 5, 7], [9, 4, 2, 1])
+    text = fine_bins_arrays(",".join(map(str, bins)), ",".join(map(str, counts)))
+    raw = fine_bins_arrays(
+        np.array(bins, dtype=">i4").tobytes(), np.array(counts, dtype=">i8").tobytes()
+    )
+    for b, c in (text, raw):
+        assert (b.tolist(), c.tolist()) == want
+        assert b.dtype == c.dtype == np.int64
+    with pytest.raises(ValueError):
+        fine_bins_arrays("1,2", "3")
+    with pytest.raises(TypeError):
+        fine_bins_arrays("1", b"\x00" * 8)

@@ -46,9 +46,9 @@ from specproxy.store.rollups import (
     delete_blocks_returning_sql,
     delete_fine_returning_sql,
     delete_rollups_sql,
+    fine_bins_arrays,
     fine_bins_of_minute_sql,
     fine_minutes_sql,
-    group_fine_bins,
     read_bins_sql,
     read_minutes_sql,
     rollup_rows_from,
@@ -289,12 +289,10 @@ class PostgresStore(BufferedStore):
                 ]
                 bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
                 for minute in changed_minutes(minutes, known):
-                    group_fine_bins(
-                        await conn.fetch(
-                            fine_bins_of_minute_sql("postgresql"), run_id, metric, minute
-                        ),
-                        bins,
-                    )
+                    for model, arm, packed_bins, packed_counts in await conn.fetch(
+                        fine_bins_of_minute_sql("postgresql"), run_id, metric, minute
+                    ):
+                        bins[(minute, model, arm)] = fine_bins_arrays(packed_bins, packed_counts)
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
         return TierRead(listing, blobs, minutes, bins)

@@ -60,9 +60,9 @@ from specproxy.store.rollups import (
     delete_blocks_returning_sql,
     delete_fine_returning_sql,
     delete_rollups_sql,
+    fine_bins_arrays,
     fine_bins_of_minute_sql,
     fine_minutes_sql,
-    group_fine_bins,
     read_bins_sql,
     read_minutes_sql,
     rollup_rows_from,
@@ -507,9 +507,10 @@ def _read_tiers(
     minutes = conn.execute(fine_minutes_sql("sqlite"), (run_id, metric)).fetchall()
     bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
     for minute in changed_minutes(minutes, known):
-        group_fine_bins(
-            conn.execute(fine_bins_of_minute_sql("sqlite"), (run_id, metric, minute)), bins
-        )
+        for model, arm, packed_bins, packed_counts in conn.execute(
+            fine_bins_of_minute_sql("sqlite"), (run_id, metric, minute)
+        ):
+            bins[(minute, model, arm)] = fine_bins_arrays(packed_bins, packed_counts)
     return TierRead(listing, blobs, minutes, bins)
 
 
