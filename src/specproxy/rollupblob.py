@@ -73,15 +73,21 @@ class Block:
 
     @classmethod
     def decode(cls, start: int, blob: bytes) -> Block:
-        raw = zlib.decompress(blob)
-        span, lo, k = (int(x) for x in np.frombuffer(raw, dtype=_I8, count=3))
-        off = 24
-        n = np.frombuffer(raw, dtype=_I8, count=span, offset=off).astype(np.int64)
-        total = np.frombuffer(raw, dtype=_F8, count=span, offset=off + 8 * span)
-        sq = np.frombuffer(raw, dtype=_F8, count=span, offset=off + 16 * span)
-        counts = np.frombuffer(raw, dtype=_I8, count=k, offset=off + 24 * span).astype(np.int64)
+        # every field is 8 bytes wide: one owned int64 copy of the whole blob, the fields are
+        # views into it (a cold stats reader decodes ~5k blobs; one copy instead of five)
+        words = np.frombuffer(zlib.decompress(blob), dtype=_I8).astype(np.int64)
+        span, lo, k = (int(x) for x in words[:3])
+        if words.size != 3 + 3 * span + k:
+            raise ValueError("a block blob of the wrong length")
+        floats = words.view(np.float64)
         return cls(
-            start, span, n, total.astype(np.float64), sq.astype(np.float64), lo, counts.copy()
+            start,
+            span,
+            words[3 : 3 + span],
+            floats[3 + span : 3 + 2 * span],
+            floats[3 + 2 * span : 3 + 3 * span],
+            lo,
+            words[3 + 3 * span :],
         )
 
     @classmethod
