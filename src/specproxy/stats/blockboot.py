@@ -151,10 +151,14 @@ class ArmBlocks:
     def pooled(self) -> tuple[IntArray, IntArray]:
         """(bins, counts) of the whole window (computed once; do not modify the arrays)."""
         if not self._pooled:
-            ub, j = _unique_inverse(self.bins)
-            counts = np.bincount(j, weights=self.counts, minlength=ub.size)
-            self._pooled.append((ub, np.rint(counts).astype(np.int64)))
+            self._pool(*_unique_inverse(self.bins))
         return self._pooled[0]
+
+    def _pool(self, grid: IntArray, inverse: IntArray) -> None:
+        """Cache `pooled()` from the entries' sorted unique bins and each entry's position in
+        them (`_regroup` computes those anyway: one pass over the entries instead of two)."""
+        counts = np.bincount(inverse, weights=self.counts, minlength=grid.size)
+        self._pooled.append((grid, np.rint(counts).astype(np.int64)))
 
     def point_statistic(self, statistic: str) -> float:
         """The statistic from the histogram (quantiles within exp(+-d/2)); the mean is exact."""
@@ -240,6 +244,8 @@ def _unique_inverse(bins: IntArray) -> tuple[IntArray, IntArray]:
 def _regroup(arm: ArmBlocks, block_units: int, blocks: int) -> _Blocked:
     block = arm.unit // block_units
     grid, pos = _unique_inverse(arm.bins)
+    if not arm._pooled:
+        arm._pool(grid, pos)
     ub = np.arange(arm.units) // block_units
     return _Blocked(
         blocks=blocks,
