@@ -16,7 +16,7 @@ Set while the app starts (cleanup_ctx, in this order), then read by the later on
     STORE      the open store (only `with_store=True`)
     FLEET      every arm's endpoint pool and its DNS discovery (a test may set it before start)
     SCRAPER    the engine scraper (its per-arm states and restart times)
-    GPU_SCRAPER  the dcgm-exporter scraper (per-arm GPU samples; idle without dcgm_urls)
+    GPU_SCRAPER  the dcgm-exporter scraper (latest GPU sample per arm; idle without dcgm_urls)
     STATS_JOB  the periodic stats job (only `with_stats=True`)
     STATS      a zero-argument callable returning the latest stats result (GET /api/stats)
 Set in on_startup, after every cleanup_ctx has started:
