@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.loggrid import coarse_as_fine, coarse_bin
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.rollup import rollup_records
+from specproxy.rollupblob import Block
 from specproxy.stats.job import compute_stats
-from specproxy.stats.rollupjob import warmup_minutes
+from specproxy.stats.rollupcache import ArmTier, FineMinute
+from specproxy.stats.rollupjob import _Span, _window_blocks, warmup_minutes
 from specproxy.store.memory import MemoryStore
 from specproxy.store.rollups import rollup_rows_from
 
@@ -153,3 +156,44 @@ async def test_rollup_path_excludes_restart_minutes(store: MemoryStore) -> None:
     res = result["results"]["all"]["all"]
     assert res["excluded_warmup"]["baseline"] == 0
     assert res["excluded_warmup"]["speculative"] == 30  # one whole minute
+
+
+def test_window_entries_are_every_occupied_bin_of_the_chosen_blocks_and_fine_minutes() -> None:
+    """`_window_blocks` against a plain per-bin loop: blocks with empty dense bins, an empty
+    block, a block holding an excluded minute, a fine minute with a zero count; entries in
+    block order then fine order, each coarse bin at its centre fine bin."""
+    rng = np.random.default_rng(5)
+    tier = ArmTier()
+    hour = 600  # minute of an hour boundary
+    for start, span in ((hour, 60), (hour + 60, 1), (hour + 61, 1), (hour + 62, 1)):
+        k = 0 if start == hour + 61 else int(rng.integers(3, 9))
+        counts = rng.integers(0, 3, k)  # zeros inside: empty coarse bins
+        n = np.zeros(span, dtype=np.int64)
+        n[0] = int(counts.sum())
+        tier.blocks[(start, span, "m")] = Block(
+            start, span, n, n * 1.0, n * 1.0, int(rng.integers(-40, 40)), counts
+        )
+    tier.fine[(hour + 63, "m")] = FineMinute(3, 3.0, 3.0, np.array([-7, 2, 9]), np.array([1, 0, 2]))
+    tier.fine[(hour + 64, "m")] = FineMinute(1, 1.0, 1.0, np.array([40]), np.array([1]))
+    span = _Span(hour, hour + 64, hourly=True, coarse=True)
+    blocks, dropped = _window_blocks(tier, span, excluded={hour + 62})
+    want_unit, want_bin, want_count = [], [], []
+    for (start, _w, _m), b in tier.blocks.items():
+        if start == hour + 62:
+            continue  # holds an excluded minute: left out whole
+        for i, c in enumerate(b.counts.tolist()):
+            if c:
+                want_unit.append(start - hour)
+                want_bin.append(int(coarse_as_fine(np.array([b.lo + i]))[0]))
+                want_count.append(c)
+    for (minute, _m), f in tier.fine.items():
+        for b, c in zip(f.bins.tolist(), f.counts.tolist(), strict=True):
+            if c:
+                want_unit.append(minute - hour)
+                want_bin.append(int(coarse_as_fine(coarse_bin(np.array([b])))[0]))
+                want_count.append(c)
+    assert blocks.unit.tolist() == want_unit
+    assert blocks.bins.tolist() == want_bin
+    assert blocks.counts.tolist() == want_count
+    assert dropped == tier.blocks[(hour + 62, 1, "m")].n
+    assert blocks.n == sum(b.n for b in tier.blocks.values()) + 4 - dropped
