@@ -165,13 +165,19 @@ def test_window_entries_are_every_occupied_bin_of_the_chosen_blocks_and_fine_min
     rng = np.random.default_rng(5)
     tier = ArmTier()
     hour = 600  # minute of an hour boundary
-    for start, span in ((hour, 60), (hour + 60, 1), (hour + 61, 1), (hour + 62, 1)):
+    for start, width in ((hour, 60), (hour + 60, 1), (hour + 61, 1), (hour + 62, 1)):
         k = 0 if start == hour + 61 else int(rng.integers(3, 9))
         counts = rng.integers(0, 3, k)  # zeros inside: empty coarse bins
-        n = np.zeros(span, dtype=np.int64)
+        n = np.zeros(width, dtype=np.int64)
         n[0] = int(counts.sum())
-        tier.blocks[(start, span, "m")] = Block(
-            start, span, n, n * 1.0, n * 1.0, int(rng.integers(-40, 40)), counts
+        tier.blocks[(start, width, "m")] = Block(
+            start,
+            width,
+            n,
+            n.astype(np.float64),
+            n.astype(np.float64),
+            int(rng.integers(-40, 40)),
+            counts,
         )
     tier.fine[(hour + 63, "m")] = FineMinute(3, 3.0, 3.0, np.array([-7, 2, 9]), np.array([1, 0, 2]))
     tier.fine[(hour + 64, "m")] = FineMinute(1, 1.0, 1.0, np.array([40]), np.array([1]))
