@@ -6,7 +6,9 @@ import math
 import time
 
 import numpy as np
+import pytest
 
+from specproxy.engineagg import MEAN_FIELDS, EngineAggregate
 from specproxy.records import (
     GPU_ERROR_MAX_CHARS,
     MODEL_MAX_BYTES,
@@ -15,8 +17,11 @@ from specproxy.records import (
     EngineSample,
     GpuSample,
 )
+from specproxy.stats.clean import restart_times
+from specproxy.stats.diagnosis import summarise_aggregate, summarise_engine
 from specproxy.store.buffered import BufferedStore
 from tests.store.conftest import eventually, make_record
+from tests.test_engineagg import random_engine_samples
 
 
 async def test_every_field_round_trips(store: BufferedStore) -> None:
@@ -234,3 +239,35 @@ async def test_retention_removes_old_gpu_samples(store: BufferedStore) -> None:
     await store.flush()
     assert await store.purge_older_than(now - 86400) == 1
     assert await store.read_gpu_samples(run_id="run") == {Arm.BASELINE: [new]}
+
+
+async def test_engine_aggregates_and_restart_samples_match_the_samples(
+    store: BufferedStore,
+) -> None:
+    """What a stats tick reads instead of every engine sample: per window start the aggregates,
+    and the samples that date restarts; the per-sample functions on every stored sample (as read
+    back, NaN included) give the same summaries (sums up to rounding) and the same restarts."""
+    generated = random_engine_samples(7, n=300, replicas=3)
+    for s in generated:
+        store.record_engine(s)
+    store.record_engine(EngineSample(t=5.0, run_id="other", arm=Arm.BASELINE, up=True))
+    await store.flush()
+    samples = await store.read_engine_samples(run_id="run")
+    assert len(samples) == len(generated)
+    starts = [-math.inf, samples[len(samples) // 2].t, samples[-5].t, samples[-1].t + 1.0]
+    aggregates = await store.read_engine_aggregates(run_id="run", since=starts)
+    evidence = await store.read_restart_samples(run_id="run")
+    assert [s.t for s in evidence] == sorted(s.t for s in evidence)
+    assert 0 < len(evidence) < len(samples) / 3
+    for arm in Arm:
+        assert restart_times(evidence, arm) == restart_times(samples, arm)
+        for start in starts:
+            expected = summarise_engine([s for s in samples if s.arm is arm and s.t >= start])
+            got = summarise_aggregate(aggregates[start][arm])
+            for field in ("samples", "restarts", "up_samples", "num_speculative_tokens"):
+                assert getattr(got, field) == getattr(expected, field)
+            for field in MEAN_FIELDS:
+                mean = getattr(expected, field)
+                assert getattr(got, field) == (mean and pytest.approx(mean, rel=1e-12))
+    assert aggregates[starts[-1]][Arm.BASELINE] == EngineAggregate()
+    assert await store.read_restart_samples(run_id="none") == []

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from specproxy.engineagg import EngineAggregate, EngineView, aggregate_samples, as_view
 from specproxy.records import THERMAL_CLOCK_REASONS, Arm, EngineSample, GpuSample
 from specproxy.stats import result as schema
 
@@ -60,6 +61,7 @@ __all__ = [
     "draft_step_share",
     "headline",
     "implied_draft_cost",
+    "summarise_aggregate",
     "summarise_arms",
     "summarise_engine",
     "summarise_gpu",
@@ -170,17 +172,19 @@ def summarise_gpu(samples: Sequence[GpuSample]) -> GpuSummary:
 
 
 def summarise_arms(
-    engine_samples: Sequence[EngineSample],
+    engine_samples: Sequence[EngineSample] | EngineView,
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None,
     *,
     since: float,
 ) -> dict[Arm, EngineSummary]:
-    """Every arm's summary of the samples at or after `since`; an arm missing from
-    `gpu_samples` has no GPU telemetry configured (`gpu` None)."""
+    """Every arm's summary of the samples at or after `since` (the samples, or a view of them
+    that holds their aggregates, `engineagg.EngineView`); an arm missing from `gpu_samples` has
+    no GPU telemetry configured (`gpu` None)."""
     gpu = gpu_samples or {}
+    view = as_view(engine_samples)
     return {
-        arm: summarise_engine(
-            [s for s in engine_samples if s.arm is arm and s.t >= since],
+        arm: summarise_aggregate(
+            view.aggregate(arm, since),
             [g for g in gpu[arm] if g.t >= since] if arm in gpu else None,
         )
         for arm in Arm
@@ -192,17 +196,23 @@ def summarise_engine(
 ) -> EngineSummary:
     """Average one arm's engine samples; k is the number of per-position acceptance rates.
     `gpu_samples` (None: no GPU telemetry configured) become its `gpu` summary."""
-    up = [s for s in samples if s.up]
-    ks = [len(s.position_acceptance) for s in up if s.position_acceptance]
+    return summarise_aggregate(aggregate_samples(samples), gpu_samples)
+
+
+def summarise_aggregate(
+    agg: EngineAggregate, gpu_samples: Sequence[GpuSample] | None = None
+) -> EngineSummary:
+    """`summarise_engine` of the samples `agg` aggregates (`engineagg`): means over up samples,
+    each ignoring unreported (None) and non-finite values."""
     return EngineSummary(
-        samples=len(samples),
-        restarts=sum(1 for s in samples if s.restarted),
-        up_samples=len(up),
-        acceptance_rate=_mean([s.acceptance_rate for s in up]),
-        mean_acceptance_length=_mean([s.mean_acceptance_length for s in up]),
-        num_speculative_tokens=max(ks) if ks else None,
-        requests_running=_mean([s.requests_running for s in up]),
-        kv_cache_usage=_mean([s.kv_cache_usage for s in up]),
+        samples=agg.samples,
+        restarts=agg.restarts,
+        up_samples=agg.up_samples,
+        acceptance_rate=agg.mean("acceptance_rate"),
+        mean_acceptance_length=agg.mean("mean_acceptance_length"),
+        num_speculative_tokens=agg.max_k,
+        requests_running=agg.mean("requests_running"),
+        kv_cache_usage=agg.mean("kv_cache_usage"),
         gpu=summarise_gpu(gpu_samples) if gpu_samples is not None else None,
     )
 

@@ -38,6 +38,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from specproxy.config import ScrapeConfig, StatsConfig
+from specproxy.engineagg import EngineView, StoredView, as_view
 from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.rollup import ROLLUP_METRICS
 from specproxy.stats.clean import usable_mask, warmup_exclusion
@@ -59,7 +60,7 @@ from specproxy.stats.result import (
     settings_lists,
 )
 from specproxy.stats.rollupcache import RollupCache
-from specproxy.stats.rollupjob import compute_from_rollups
+from specproxy.stats.rollupjob import compute_from_rollups, engine_window_starts
 from specproxy.store.base import ArmArrays, Store
 
 __all__ = [
@@ -109,9 +110,28 @@ def _only_model(arrays: Mapping[Arm, ArmArrays], model: str) -> bool:
     return all(bool(np.all(np.asarray(a["model"]) == model)) for a in arrays.values())
 
 
+def _rows_window_end(arrays: Mapping[Arm, ArmArrays], window_end: float | None) -> float:
+    """The row path's window end: `window_end`, else the latest request start (else now)."""
+    if window_end is not None:
+        return window_end
+    ends = [float(np.max(a["t_start"])) for a in arrays.values() if len(a["t_start"])]
+    return max(ends) if ends else time.time()
+
+
+def _row_window_start(window_s: float | None, window_end: float) -> float:
+    return -math.inf if window_s is None else window_end - window_s
+
+
+async def _engine_view(store: Store, run_id: str, starts: Sequence[float]) -> StoredView:
+    """What a tick needs of the run's engine samples, computed by the store: the aggregates
+    from each window start and the samples that date restarts (never every sample)."""
+    aggregates = await store.read_engine_aggregates(run_id=run_id, since=sorted(set(starts)))
+    return StoredView(aggregates, await store.read_restart_samples(run_id=run_id))
+
+
 def compute_from_arrays(
     arrays: dict[Arm, ArmArrays],
-    engine_samples: Sequence[EngineSample],
+    engine_samples: Sequence[EngineSample] | EngineView,
     *,
     run_id: str,
     stats_cfg: StatsConfig,
@@ -125,9 +145,12 @@ def compute_from_arrays(
     `model_label` bounds the per-model results (`fleet.models.ModelLabels.label`): models it
     maps to the same label are compared together under that label. `gpu_samples` holds the GPU
     telemetry of the arms that have it (`scrape.dcgmloop`), summarised per window.
+    `engine_samples`: the run's engine samples, or a store's `engineagg.StoredView` of them
+    holding the aggregates from each window's start.
     """
     started = time.perf_counter()
     scrape_cfg = scrape_cfg or ScrapeConfig()
+    engine = as_view(engine_samples)
     kept: dict[Arm, ArmArrays] = {}
     excluded: dict[Arm, np.ndarray[Any, np.dtype[np.bool_]]] = {}
     for arm in Arm:
@@ -136,14 +159,12 @@ def compute_from_arrays(
         order = np.argsort(t_start, kind="stable")
         cols = {k: np.asarray(v)[order] for k, v in cols.items()}
         mask = warmup_exclusion(
-            cols, engine_samples, arm, stats_cfg=stats_cfg, scrape_cfg=scrape_cfg
+            cols, engine.restart_samples, arm, stats_cfg=stats_cfg, scrape_cfg=scrape_cfg
         )
         kept[arm] = _subset(cols, ~mask)
         excluded[arm] = mask
         arrays = {**arrays, arm: cols}
-    if window_end is None:
-        ends = [float(a["t_start"].max()) for a in arrays.values() if len(a["t_start"])]
-        window_end = max(ends) if ends else time.time()
+    window_end = _rows_window_end(arrays, window_end)
     if model_label is not None:
         arrays = {arm: _relabel(a, model_label) for arm, a in arrays.items()}
         kept = {arm: _relabel(a, model_label) for arm, a in kept.items()}
@@ -164,7 +185,7 @@ def compute_from_arrays(
             continue
         per_window: dict[str, WindowResult] = {}
         for window_s in stats_cfg.windows_s:
-            since = -math.inf if window_s is None else window_end - window_s
+            since = _row_window_start(window_s, window_end)
             selected: dict[Arm, ArmArrays] = {}
             n_excluded: dict[str, int] = {}
             for arm in Arm:
@@ -178,8 +199,8 @@ def compute_from_arrays(
                 if model != "all":
                     in_window &= np.asarray(arrays[arm]["model"]) == model
                 n_excluded[arm.value] = int(np.sum(excluded[arm] & in_window))
-            engine = summarise_arms(engine_samples, gpu_samples, since=since)
-            result = compare_window(selected, engine=engine, settings=settings, rng=rng)
+            summaries = summarise_arms(engine, gpu_samples, since=since)
+            result = compare_window(selected, engine=summaries, settings=settings, rng=rng)
             per_window[window_label(window_s)] = {
                 "window_s": window_s,
                 **result,
@@ -252,7 +273,12 @@ async def compute_stats(
     if max(tier.n for tier in cache.tiers["e2e"].values()) > stats_cfg.raw_rows_max:
         await cache.refresh(store, run_id, tuple(m for m in ROLLUP_METRICS if m != "e2e"))
         cache.rows_read += rows_read
-        samples = await store.read_engine_samples(run_id=run_id)
+        windows = [(w, window_label(w)) for w in stats_cfg.windows_s]
+        window_end, starts = await loop.run_in_executor(
+            executor,
+            functools.partial(engine_window_starts, cache.tiers, stats_cfg.windows_s, window_end),
+        )
+        samples = await _engine_view(store, run_id, starts)
         started = time.perf_counter()
         scrape_cfg = scrape_cfg or ScrapeConfig()
         out = await loop.run_in_executor(
@@ -261,7 +287,7 @@ async def compute_stats(
                 compute_from_rollups,
                 cache.tiers,
                 samples,
-                windows=[(w, window_label(w)) for w in stats_cfg.windows_s],
+                windows=windows,
                 stats_cfg=stats_cfg,
                 scrape_cfg=scrape_cfg,
                 window_end=window_end,
@@ -283,7 +309,9 @@ async def compute_stats(
             "results": out.results,
         }
     arrays = await store.read_arrays(run_id=run_id, columns=REQUIRED_COLUMNS)
-    samples = await store.read_engine_samples(run_id=run_id)
+    end = _rows_window_end(arrays, window_end)
+    starts = [_row_window_start(w, end) for w in stats_cfg.windows_s]
+    samples = await _engine_view(store, run_id, starts)
     return await loop.run_in_executor(
         executor,
         functools.partial(
@@ -293,7 +321,7 @@ async def compute_stats(
             run_id=run_id,
             stats_cfg=stats_cfg,
             scrape_cfg=scrape_cfg,
-            window_end=window_end,
+            window_end=end,
             model_label=model_label,
             gpu_samples=gpu_samples,
         ),

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.config import ScrapeConfig, StatsConfig
+from specproxy.engineagg import EngineView, as_view
 from specproxy.loggrid import (
     COARSE_ERROR_BOUND,
     GRID_ERROR_BOUND,
@@ -52,7 +53,7 @@ from specproxy.stats.diagnosis import summarise_arms
 from specproxy.stats.rollupcache import ArmTier
 from specproxy.stats.rollupcompare import compare_rollup_window
 
-__all__ = ["RollupResults", "compute_from_rollups", "warmup_minutes"]
+__all__ = ["RollupResults", "compute_from_rollups", "engine_window_starts", "warmup_minutes"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -202,18 +203,28 @@ class RollupResults:
     data_horizon: float | None  # end of the last minute holding data (capped at window_end)
 
 
-def compute_from_rollups(
-    tiers: dict[str, dict[Arm, ArmTier]],
-    engine_samples: Sequence[EngineSample],
-    *,
-    windows: Sequence[tuple[float | None, str]],
-    stats_cfg: StatsConfig,
-    scrape_cfg: ScrapeConfig,
-    window_end: float | None = None,
-    gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
-) -> RollupResults:
-    """Every window (`(seconds or None, label)`) from the run's rollups, `tiers[metric][arm]`;
-    `gpu_samples`: the GPU telemetry of the arms that have it, as for `job.compute_from_arrays`."""
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """Where the run's rollups lie: per arm (minute, n) of e2e, and the minutes bounding every
+    window."""
+
+    e2e: dict[Arm, tuple[IntArray, IntArray]]
+    window_end: float
+    horizon: float | None
+    start_minute: int
+    end_minute: int
+
+    def span(self, tiers: dict[str, dict[Arm, ArmTier]], window_s: float | None) -> _Span:
+        """The minutes of the window of `window_s` seconds (None: the whole run)."""
+        lo = (
+            self.start_minute
+            if window_s is None
+            else max(minute_of(self.window_end - window_s), self.start_minute)
+        )
+        return _span(tiers, min(lo, self.end_minute), self.end_minute)
+
+
+def _frame(tiers: dict[str, dict[Arm, ArmTier]], window_end: float | None) -> _Frame:
     e2e = {arm: tiers["e2e"][arm].minute_counts() for arm in Arm}
     used = [int(m.max()) for m, _n in e2e.values() if m.size]
     first = [int(m.min()) for m, _n in e2e.values() if m.size]
@@ -224,10 +235,42 @@ def compute_from_rollups(
         horizon = min(horizon, window_end)
     end_minute = minute_of(window_end)
     start_minute = min(first) if first else end_minute
+    return _Frame(e2e, window_end, horizon, start_minute, end_minute)
+
+
+def engine_window_starts(
+    tiers: dict[str, dict[Arm, ArmTier]],
+    windows: Sequence[float | None],
+    window_end: float | None,
+) -> tuple[float, list[float]]:
+    """The window end `compute_from_rollups` will use (pass it on) and the start of each
+    window's engine summary there (its first minute), which a tick asks the store to aggregate
+    (`Store.read_engine_aggregates`)."""
+    frame = _frame(tiers, window_end)
+    return frame.window_end, [frame.span(tiers, w).lo * ROLLUP_UNIT_S for w in windows]
+
+
+def compute_from_rollups(
+    tiers: dict[str, dict[Arm, ArmTier]],
+    engine_samples: Sequence[EngineSample] | EngineView,
+    *,
+    windows: Sequence[tuple[float | None, str]],
+    stats_cfg: StatsConfig,
+    scrape_cfg: ScrapeConfig,
+    window_end: float | None = None,
+    gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
+) -> RollupResults:
+    """Every window (`(seconds or None, label)`) from the run's rollups, `tiers[metric][arm]`;
+    `gpu_samples`: the GPU telemetry of the arms that have it, as for `job.compute_from_arrays`.
+    `engine_samples`: the run's engine samples or a store's `engineagg.StoredView` of them
+    (holding the aggregates from `engine_window_starts`)."""
+    frame = _frame(tiers, window_end)
+    e2e, window_end, horizon = frame.e2e, frame.window_end, frame.horizon
+    engine_view = as_view(engine_samples)
     excluded = {
         arm: warmup_minutes(
             *e2e[arm],
-            restart_times(engine_samples, arm),
+            restart_times(engine_view.restart_samples, arm),
             warmup_requests=stats_cfg.warmup_requests,
             restart_requests=scrape_cfg.warmup_requests,
             restart_seconds=scrape_cfg.warmup_seconds,
@@ -238,12 +281,7 @@ def compute_from_rollups(
     rng = np.random.default_rng(stats_cfg.seed)
     per_window: dict[str, Any] = {}
     for window_s, label in windows:
-        lo = (
-            start_minute
-            if window_s is None
-            else max(minute_of(window_end - window_s), start_minute)
-        )
-        span = _span(tiers, min(lo, end_minute), end_minute)
+        span = frame.span(tiers, window_s)
         arms: dict[str, dict[Arm, ArmBlocks]] = {}
         n_excluded: dict[str, int] = {}
         for metric in ROLLUP_METRICS:
@@ -254,7 +292,7 @@ def compute_from_rollups(
                 if metric == "e2e":
                     n_excluded[arm.value] = dropped
         since = span.lo * ROLLUP_UNIT_S
-        engine = summarise_arms(engine_samples, gpu_samples, since=since)
+        engine = summarise_arms(engine_view, gpu_samples, since=since)
         result = compare_rollup_window(arms, engine=engine, settings=settings, rng=rng)
         per_window[label] = {
             "window_s": window_s,

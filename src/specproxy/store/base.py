@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specproxy.engineagg import EngineAggregate
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.arrays import ArmArrays, check_columns
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions
@@ -149,6 +150,19 @@ class Store(abc.ABC):
         self, *, run_id: str, since: float | None = None, arm: Arm | None = None
     ) -> list[EngineSample]:
         """Engine samples in time order (restart markers included)."""
+
+    @abc.abstractmethod
+    async def read_engine_aggregates(
+        self, *, run_id: str, since: Sequence[float]
+    ) -> dict[float, dict[Arm, EngineAggregate]]:
+        """Per window start in `since` (-inf: the whole run) and per arm, the aggregate of the
+        engine samples at or after it (`engineagg.EngineAggregate`; empty for an arm without
+        any), computed by the store: a tick never decodes every sample of a long run."""
+
+    @abc.abstractmethod
+    async def read_restart_samples(self, *, run_id: str) -> list[EngineSample]:
+        """The samples that date the run's restarts (`engineagg.restart_evidence` of each arm),
+        in time order: what `stats.clean.restart_times` needs, read by index."""
 
     @abc.abstractmethod
     async def read_gpu_samples(

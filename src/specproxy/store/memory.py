@@ -7,10 +7,11 @@ proxy see the same timing (rows appear after a flush); `fail_writes` simulates a
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from specproxy.config import StoreConfig
+from specproxy.engineagg import EngineAggregate, SampleView, restart_evidence
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.rollup import rollup_records
@@ -218,6 +219,18 @@ class MemoryStore(BufferedStore):
             ),
             key=lambda s: s.t,
         )
+
+    async def read_engine_aggregates(
+        self, *, run_id: str, since: Sequence[float]
+    ) -> dict[float, dict[Arm, EngineAggregate]]:
+        samples = await self.read_engine_samples(run_id=run_id)
+        view = SampleView(samples)
+        return {start: {arm: view.aggregate(arm, start) for arm in Arm} for start in since}
+
+    async def read_restart_samples(self, *, run_id: str) -> list[EngineSample]:
+        samples = await self.read_engine_samples(run_id=run_id)
+        kept = [s for arm in Arm for s in restart_evidence(samples, arm)]
+        return sorted(kept, key=lambda s: s.t)
 
     async def read_gpu_samples(
         self, *, run_id: str, since: float | None = None, limit: int | None = None

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from specproxy.config import StoreConfig
+from specproxy.engineagg import EngineAggregate
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.rollup import ROLLUP_METRICS, rollup_records
@@ -26,11 +27,14 @@ from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
+    engine_aggregate_from,
+    engine_aggregate_sql,
     engine_sql,
     export_sql,
     gpu_sql,
     placeholders,
     records_sql,
+    restart_plan,
     stats_history_sql,
     with_arm,
 )
@@ -380,6 +384,29 @@ class PostgresStore(BufferedStore):
     ) -> list[EngineSample]:
         sql, params = engine_sql(run_id, since, arm, "postgresql")
         return [EngineSample.from_dict(dict(r)) for r in await self._fetch(sql, *params)]
+
+    async def read_engine_aggregates(
+        self, *, run_id: str, since: Sequence[float]
+    ) -> dict[float, dict[Arm, EngineAggregate]]:
+        out: dict[float, dict[Arm, EngineAggregate]] = {}
+        for start in since:
+            out[start] = {}
+            for arm in Arm:
+                sql, params = engine_aggregate_sql(run_id, arm, start, "postgresql")
+                [row] = await self._fetch(sql, *params)
+                out[start][arm] = engine_aggregate_from(tuple(row))
+        return out
+
+    async def read_restart_samples(self, *, run_id: str) -> list[EngineSample]:
+        plan = restart_plan(run_id, "postgresql")
+        try:
+            sql, params = next(plan)
+            while True:
+                sql, params = plan.send(await self._fetch(sql, *params))
+        except StopIteration as done:
+            rows = done.value
+        samples = [EngineSample.from_dict(dict(r)) for r in rows]
+        return sorted(samples, key=lambda s: s.t)
 
     async def read_gpu_samples(
         self, *, run_id: str, since: float | None = None, limit: int | None = None

@@ -7,8 +7,11 @@ between the two dialects here.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Generator, Sequence
 from typing import Any
 
+from specproxy.engineagg import MEAN_FIELDS, EngineAggregate
 from specproxy.records import Arm
 from specproxy.store.base import RecordQuery
 from specproxy.store.schema import ENGINE_COLUMNS, GPU_COLUMNS, REQUEST_COLUMNS, Dialect
@@ -16,11 +19,17 @@ from specproxy.store.schema import ENGINE_COLUMNS, GPU_COLUMNS, REQUEST_COLUMNS,
 __all__ = [
     "MODELS_SQL",
     "RUN_IDS_SQL",
+    "RestartPlan",
+    "engine_aggregate_from",
+    "engine_aggregate_sql",
     "engine_sql",
     "export_sql",
     "gpu_sql",
     "placeholders",
     "records_sql",
+    "restart_neighbour_sql",
+    "restart_plan",
+    "restarted_sql",
     "stats_history_sql",
     "with_arm",
 ]
@@ -82,6 +91,108 @@ def engine_sql(run_id: str, since: float | None, arm: Arm | None, dialect: Diale
         "ORDER BY t"
     )
     return placeholders(sql, dialect), tuple(params)
+
+
+# Finite bounds per dialect: `x > -INF AND x < INF` drops NULL, infinities and (PostgreSQL,
+# where NaN sorts above Infinity) NaN; SQLite stores NaN as NULL. 9e999 overflows to Infinity.
+_INF = {"sqlite": "9e999", "postgresql": "'Infinity'::float8"}
+# Length of a non-empty per-position acceptance of an up sample: JSON text in SQLite (a list of
+# numbers, so its commas + 1; never parsed, so no row can make the query fail), an array in
+# PostgreSQL.
+_K = {
+    "sqlite": "CASE WHEN position_acceptance IS NULL OR position_acceptance = '[]' THEN NULL "
+    "ELSE length(position_acceptance) - length(replace(position_acceptance, ',', '')) + 1 END",
+    "postgresql": "NULLIF(cardinality(position_acceptance), 0)",
+}
+
+
+def engine_aggregate_sql(run_id: str, arm: Arm, since: float, dialect: Dialect) -> Query:
+    """`read_engine_aggregates` for one arm and window start (-inf: the whole run): one row,
+    `engine_aggregate_from` reads it. The (run_id, arm, t) key bounds the rows read."""
+    inf = _INF[dialect]
+    columns = [
+        "COUNT(*)",
+        "COUNT(CASE WHEN restarted THEN 1 END)",
+        "COUNT(CASE WHEN up THEN 1 END)",
+    ]
+    for field in MEAN_FIELDS:
+        finite = f"up AND {field} > -{inf} AND {field} < {inf}"
+        columns.append(f"SUM(CASE WHEN {finite} THEN {field} END)")
+        columns.append(f"COUNT(CASE WHEN {finite} THEN 1 END)")
+    columns.append(f"MAX(CASE WHEN up THEN {_K[dialect]} END)")
+    where = "run_id = ? AND arm = ?"
+    params: list[Any] = [run_id, arm.value]
+    if since > -math.inf:
+        where += " AND t >= ?"
+        params.append(since)
+    sql = f"SELECT {', '.join(columns)} FROM engine_samples WHERE {where}"
+    return placeholders(sql, dialect), tuple(params)
+
+
+def engine_aggregate_from(row: Sequence[Any]) -> EngineAggregate:
+    """The row of `engine_aggregate_sql` as an aggregate (SQL sums of no rows are NULL)."""
+    n, restarts, up, *means, max_k = row
+    return EngineAggregate(
+        samples=int(n),
+        restarts=int(restarts),
+        up_samples=int(up),
+        sums=tuple(float(v) if v is not None else 0.0 for v in means[0::2]),
+        counts=tuple(int(c) for c in means[1::2]),
+        max_k=int(max_k) if max_k is not None else None,
+    )
+
+
+def restarted_sql(run_id: str, arm: Arm, dialect: Dialect) -> Query:
+    """The up samples of `arm` marked restarted, in time order (`ENGINE_COLUMNS`)."""
+    sql = (
+        f"SELECT {', '.join(ENGINE_COLUMNS)} FROM engine_samples "
+        "WHERE run_id = ? AND arm = ? AND restarted AND up ORDER BY t"
+    )
+    return placeholders(sql, dialect), (run_id, arm.value)
+
+
+def restart_neighbour_sql(
+    run_id: str, arm: Arm, *, up: bool, after: float, before: float, dialect: Dialect
+) -> Query:
+    """The one sample of `arm` with after < t < before that `engineagg.restart_evidence` keeps:
+    the latest up one (`up`) or the earliest failed one (not `up`); by the (run_id, arm, t)
+    key, so it reads the samples between the two times at most."""
+    sql = (
+        f"SELECT {', '.join(ENGINE_COLUMNS)} FROM engine_samples "
+        "WHERE run_id = ? AND arm = ? AND t > ? AND t < ? AND "
+        + ("up ORDER BY t DESC" if up else "NOT up ORDER BY t")
+        + " LIMIT 1"
+    )
+    return placeholders(sql, dialect), (run_id, arm.value, after, before)
+
+
+RestartPlan = Generator[Query, Sequence[Sequence[Any]], list[Sequence[Any]]]
+
+
+def restart_plan(run_id: str, dialect: Dialect) -> RestartPlan:
+    """`read_restart_samples` as queries: send each yielded query's rows back; returns the rows
+    (`ENGINE_COLUMNS`) of `engineagg.restart_evidence` of every arm, each arm in time order.
+    Two key lookups per restart, so the cost follows the restarts, not the run's length."""
+    out: list[Sequence[Any]] = []
+    for arm in Arm:
+        restarted = yield restarted_sql(run_id, arm, dialect)
+        keep = {row[0]: row for row in restarted}  # by t, unique per (run, arm)
+        for row in restarted:
+            t = row[0]
+            previous = yield restart_neighbour_sql(
+                run_id, arm, up=True, after=-math.inf, before=t, dialect=dialect
+            )
+            after = -math.inf
+            if previous:
+                after = previous[0][0]
+                keep[after] = previous[0]
+            failed = yield restart_neighbour_sql(
+                run_id, arm, up=False, after=after, before=t, dialect=dialect
+            )
+            if failed:
+                keep[failed[0][0]] = failed[0]
+        out.extend(keep[t] for t in sorted(keep))
+    return out
 
 
 def stats_history_sql(run_id: str, since: float | None, dialect: Dialect) -> Query:

@@ -21,7 +21,7 @@ import multiprocessing
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from specproxy.children import die_with_parent
 from specproxy.config import StoreConfig
+from specproxy.engineagg import EngineAggregate
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.rollup import ROLLUP_METRICS, rollup_records
@@ -41,10 +42,13 @@ from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
+    engine_aggregate_from,
+    engine_aggregate_sql,
     engine_sql,
     export_sql,
     gpu_sql,
     records_sql,
+    restart_plan,
     stats_history_sql,
     with_arm,
 )
@@ -166,6 +170,16 @@ def migrate_sqlite(conn: sqlite3.Connection) -> int:
         conn.execute("ROLLBACK")
         raise
     return int(found)
+
+
+def _engine_sample(row: Sequence[Any]) -> EngineSample:
+    """A row in `ENGINE_COLUMNS` order (SQLite: integer booleans, positions as JSON text)."""
+    values = dict(zip(ENGINE_COLUMNS, row, strict=True))
+    values["up"] = bool(values["up"])
+    values["restarted"] = bool(values["restarted"])
+    pos = values["position_acceptance"]
+    values["position_acceptance"] = json.loads(pos) if pos is not None else None
+    return EngineSample.from_dict(values)
 
 
 @register_backend("sqlite")
@@ -427,15 +441,36 @@ class SqliteStore(BufferedStore):
         sql, params = engine_sql(run_id, since, arm, "sqlite")
 
         def fetch(conn: sqlite3.Connection) -> list[EngineSample]:
-            samples = []
-            for row in conn.execute(sql, params):
-                values = dict(zip(ENGINE_COLUMNS, row, strict=True))
-                values["up"] = bool(values["up"])
-                values["restarted"] = bool(values["restarted"])
-                pos = values["position_acceptance"]
-                values["position_acceptance"] = json.loads(pos) if pos is not None else None
-                samples.append(EngineSample.from_dict(values))
-            return samples
+            return [_engine_sample(row) for row in conn.execute(sql, params)]
+
+        return await self._read(fetch)
+
+    async def read_engine_aggregates(
+        self, *, run_id: str, since: Sequence[float]
+    ) -> dict[float, dict[Arm, EngineAggregate]]:
+        def fetch(conn: sqlite3.Connection) -> dict[float, dict[Arm, EngineAggregate]]:
+            return {
+                start: {
+                    arm: engine_aggregate_from(
+                        conn.execute(*engine_aggregate_sql(run_id, arm, start, "sqlite")).fetchone()
+                    )
+                    for arm in Arm
+                }
+                for start in since
+            }
+
+        return await self._read(fetch)
+
+    async def read_restart_samples(self, *, run_id: str) -> list[EngineSample]:
+        def fetch(conn: sqlite3.Connection) -> list[EngineSample]:
+            plan = restart_plan(run_id, "sqlite")
+            try:
+                query = next(plan)
+                while True:
+                    query = plan.send(conn.execute(*query).fetchall())
+            except StopIteration as done:
+                rows = done.value
+            return sorted((_engine_sample(row) for row in rows), key=lambda s: s.t)
 
         return await self._read(fetch)
 
