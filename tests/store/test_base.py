@@ -241,20 +241,13 @@ async def test_retention_removes_old_gpu_samples(store: BufferedStore) -> None:
     assert await store.read_gpu_samples(run_id="run") == {Arm.BASELINE: [new]}
 
 
-async def test_engine_aggregates_and_restart_samples_match_the_samples(
-    store: BufferedStore,
-) -> None:
-    """What a stats tick reads instead of every engine sample: per window start the aggregates,
-    and the samples that date restarts; the per-sample functions on every stored sample (as read
-    back, NaN included) give the same summaries (sums up to rounding) and the same restarts."""
-    generated = random_engine_samples(7, n=300, replicas=3)
-    for s in generated:
-        store.record_engine(s)
-    store.record_engine(EngineSample(t=5.0, run_id="other", arm=Arm.BASELINE, up=True))
-    await store.flush()
+async def _check_engine_reads(store: BufferedStore) -> None:
+    """The store's aggregates and restart samples against the per-sample functions applied to
+    every stored sample (as read back, NaN included): same summaries (sums up to rounding), same
+    restarts; window starts inside hours, on an hour boundary and after the last sample."""
     samples = await store.read_engine_samples(run_id="run")
-    assert len(samples) == len(generated)
-    starts = [-math.inf, samples[len(samples) // 2].t, samples[-5].t, samples[-1].t + 1.0]
+    hour = 3600.0 * math.ceil(samples[len(samples) // 2].t / 3600)
+    starts = [-math.inf, samples[len(samples) // 2].t, hour, samples[-5].t, samples[-1].t + 1.0]
     aggregates = await store.read_engine_aggregates(run_id="run", since=starts)
     evidence = await store.read_restart_samples(run_id="run")
     assert [s.t for s in evidence] == sorted(s.t for s in evidence)
@@ -265,9 +258,31 @@ async def test_engine_aggregates_and_restart_samples_match_the_samples(
             expected = summarise_engine([s for s in samples if s.arm is arm and s.t >= start])
             got = summarise_aggregate(aggregates[start][arm])
             for field in ("samples", "restarts", "up_samples", "num_speculative_tokens"):
-                assert getattr(got, field) == getattr(expected, field)
+                assert getattr(got, field) == getattr(expected, field), (arm, start, field)
             for field in MEAN_FIELDS:
                 mean = getattr(expected, field)
                 assert getattr(got, field) == (mean and pytest.approx(mean, rel=1e-12))
     assert aggregates[starts[-1]][Arm.BASELINE] == EngineAggregate()
+
+
+async def test_engine_aggregates_and_restart_samples_match_the_samples(
+    store: BufferedStore,
+) -> None:
+    """What a stats tick reads instead of every engine sample (`Store.read_engine_aggregates`,
+    `Store.read_restart_samples`), through writes in batches, duplicates (a replayed batch) and
+    retention, which cuts an hour in two."""
+    generated = random_engine_samples(7, n=3000, replicas=3)  # 5000 s: two hour boundaries
+    for s in generated[:4000]:
+        store.record_engine(s)
+    await store.flush()
+    for s in generated[3000:]:  # 1000 duplicates
+        store.record_engine(s)
+    store.record_engine(EngineSample(t=5.0, run_id="other", arm=Arm.BASELINE, up=True))
+    await store.flush()
+    assert len(await store.read_engine_samples(run_id="run")) == len(generated)
+    await _check_engine_reads(store)
+    cut = 3600.0 * math.ceil(generated[0].t / 3600) + 1234.5
+    assert await store.purge_older_than(cut) > 0
+    assert min(s.t for s in await store.read_engine_samples(run_id="run")) >= cut
+    await _check_engine_reads(store)
     assert await store.read_restart_samples(run_id="none") == []

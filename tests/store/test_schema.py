@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from pathlib import Path
 
@@ -181,7 +182,7 @@ async def test_sqlite_v5_store_gains_gpu_samples_and_keeps_its_data(tmp_path: Pa
     await _check_v5_upgraded(f"sqlite:///{db}", tmp_path)
     with sqlite3.connect(db) as conn:
         versions = [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
-    assert versions == list(range(1, SCHEMA_VERSION + 1)) and SCHEMA_VERSION == 6
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
 
 
 async def test_postgres_v5_store_gains_gpu_samples_and_keeps_its_data(
@@ -230,3 +231,86 @@ def test_gpu_row_and_its_reading_are_inverse() -> None:
     assert [gpu_sample(r) for r in rows] == samples
     # SQLite hands booleans back as 0/1
     assert gpu_sample(tuple(int(v) if isinstance(v, bool) else v for v in rows[2])) == samples[2]
+
+
+# Engine samples a version-6 store holds: two hours of both arms, a restart after failed scrapes,
+# unreported fields and per-position acceptance ({pos}: a dialect's list of 3).
+V6_ENGINE_ROWS = tuple(
+    "INSERT INTO engine_samples (t, run_id, arm, up, restarted, acceptance_rate, "
+    "kv_cache_usage, position_acceptance, process_start_time) VALUES "
+    f"({t}, 'run', '{arm}', {{{up}}}, {{{restarted}}}, {rate}, {kv}, {pos}, {start})"
+    for t, arm, up, restarted, rate, kv, pos, start in (
+        (3590.0, "speculative", "true", "false", 0.5, 0.25, "{pos}", 100.0),
+        (3595.0, "speculative", "false", "false", "NULL", "NULL", "NULL", "NULL"),
+        (3600.0, "speculative", "false", "false", "NULL", "NULL", "NULL", "NULL"),
+        (3605.0, "speculative", "true", "true", 0.75, 0.5, "NULL", 3597.0),
+        (7300.0, "speculative", "true", "false", "NULL", 1.0, "{pos}", 3597.0),
+        (3600.0, "baseline", "true", "false", "NULL", 0.125, "NULL", 50.0),
+    )
+)
+
+
+async def _check_v6_upgraded(url: str, tmp_path: Path) -> None:
+    """The v7 hour aggregates are filled from the samples a v6 store held (and then kept up to
+    date by writes): every window's summary and the restarts read as from the samples."""
+    from specproxy.engineagg import MEAN_FIELDS
+    from specproxy.stats.clean import restart_times
+    from specproxy.stats.diagnosis import summarise_aggregate, summarise_engine
+
+    store = open_store(store_config(url, tmp_path))
+    await store.start()
+    store.record_engine(EngineSample(t=7305.0, run_id="run", arm=Arm.BASELINE, up=True))
+    await store.flush()
+    samples = await store.read_engine_samples(run_id="run")
+    assert len(samples) == 7
+    starts = [-math.inf, 3595.0, 3600.0, 7300.0]
+    aggregates = await store.read_engine_aggregates(run_id="run", since=starts)
+    for arm in Arm:
+        for start in starts:
+            want = summarise_engine([s for s in samples if s.arm is arm and s.t >= start])
+            assert summarise_aggregate(aggregates[start][arm]) == want, (arm, start)
+        assert restart_times(await store.read_restart_samples(run_id="run"), arm) == (
+            restart_times(samples, arm)
+        )
+    assert restart_times(samples, Arm.SPECULATIVE) == [3597.0]  # its start, after 3595 failed
+    assert MEAN_FIELDS[0] == "acceptance_rate"
+    assert summarise_aggregate(aggregates[-math.inf][Arm.SPECULATIVE]).acceptance_rate == 0.625
+    assert summarise_aggregate(aggregates[-math.inf][Arm.SPECULATIVE]).num_speculative_tokens == 3
+    await store.close()
+    assert store.dropped == 0
+
+
+async def test_sqlite_v6_store_gains_hour_aggregates_of_its_samples(tmp_path: Path) -> None:
+    db = tmp_path / "v6.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at REAL)")
+        for migration in MIGRATIONS[:6]:  # frozen SQL: what a version-6 release created
+            for statement in migration.sqlite:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (migration.version,))
+        for statement in V6_ENGINE_ROWS:
+            conn.execute(statement.format(true=1, false=0, pos="'[0.9, 0.5, 0.2]'"))
+    await _check_v6_upgraded(f"sqlite:///{db}", tmp_path)
+
+
+async def test_postgres_v6_store_gains_hour_aggregates_of_its_samples(
+    pg_url: str, tmp_path: Path
+) -> None:
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
+            "applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for migration in MIGRATIONS[:6]:
+            for statement in migration.postgresql:
+                await conn.execute(statement)
+            await conn.execute("INSERT INTO schema_version VALUES ($1, 0)", migration.version)
+        for statement in V6_ENGINE_ROWS:
+            await conn.execute(
+                statement.format(true="TRUE", false="FALSE", pos="ARRAY[0.9, 0.5, 0.2]")
+            )
+    finally:
+        await conn.close()
+    await _check_v6_upgraded(pg_url, tmp_path)
+    assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))

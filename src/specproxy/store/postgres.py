@@ -24,11 +24,12 @@ from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.compaction import CompactionBounds, fold
+from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
+    aggregate_queries,
     engine_aggregate_from,
-    engine_aggregate_sql,
     engine_sql,
     export_sql,
     gpu_sql,
@@ -97,7 +98,7 @@ _MOVE_REQUESTS = (
 )
 _MOVE_ENGINE = (
     f"INSERT INTO engine_samples ({_ENGINE_COLS}) SELECT {_ENGINE_COLS} FROM incoming_engine "
-    "ON CONFLICT DO NOTHING"
+    f"ON CONFLICT DO NOTHING RETURNING {_ENGINE_COLS}"  # the inserted samples join their hour
 )
 
 # GPU samples are one row per arm and scrape: a plain multi-row insert, no COPY staging table
@@ -198,7 +199,8 @@ class PostgresStore(BufferedStore):
                     records=[engine_row(s, "postgresql") for s in engine],
                     columns=ENGINE_COLUMNS,
                 )
-                await conn.execute(_MOVE_ENGINE)
+                taken = [EngineSample.from_dict(dict(r)) for r in await conn.fetch(_MOVE_ENGINE)]
+                await conn.executemany(upsert_hours_sql("postgresql"), hour_rows(taken))
             if gpu:
                 await conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
@@ -213,6 +215,8 @@ class PostgresStore(BufferedStore):
             ):
                 status = await conn.execute(sql, before)
                 removed += int(status.split()[-1])
+            for sql in rebuild_hour_sql("postgresql"):  # the hour aggregates of the kept samples
+                await conn.execute(sql, before)
         return removed
 
     async def _purge_rollups(self, before_minute: int) -> int:
@@ -388,13 +392,21 @@ class PostgresStore(BufferedStore):
     async def read_engine_aggregates(
         self, *, run_id: str, since: Sequence[float]
     ) -> dict[float, dict[Arm, EngineAggregate]]:
+        await self._ensure_open()
         out: dict[float, dict[Arm, EngineAggregate]] = {}
-        for start in since:
-            out[start] = {}
-            for arm in Arm:
-                sql, params = engine_aggregate_sql(run_id, arm, start, "postgresql")
-                [row] = await self._fetch(sql, *params)
-                out[start][arm] = engine_aggregate_from(tuple(row))
+        try:  # one snapshot: samples and hours written together
+            async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+                for start in since:
+                    out[start] = {}
+                    for arm in Arm:
+                        total = EngineAggregate()
+                        for sql, params in aggregate_queries(run_id, arm, start, "postgresql"):
+                            row = await conn.fetchrow(sql, *params)
+                            assert row is not None  # an aggregate always has one row
+                            total = total.merge(engine_aggregate_from(tuple(row)))
+                        out[start][arm] = total
+        except Exception as exc:
+            raise StoreError(f"cannot read store: {exc}") from exc
         return out
 
     async def read_restart_samples(self, *, run_id: str) -> list[EngineSample]:

@@ -11,17 +11,25 @@ import math
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from specproxy.engineagg import MEAN_FIELDS, EngineAggregate
+from specproxy.engineagg import EngineAggregate
 from specproxy.records import Arm
 from specproxy.store.base import RecordQuery
+from specproxy.store.enginehours import (
+    HOUR_S,
+    aggregate_columns,
+    first_hour_from,
+    hours_sum_sql_text,
+)
 from specproxy.store.schema import ENGINE_COLUMNS, GPU_COLUMNS, REQUEST_COLUMNS, Dialect
 
 __all__ = [
     "MODELS_SQL",
     "RUN_IDS_SQL",
     "RestartPlan",
+    "aggregate_queries",
     "engine_aggregate_from",
     "engine_aggregate_sql",
+    "engine_hours_sql",
     "engine_sql",
     "export_sql",
     "gpu_sql",
@@ -93,51 +101,51 @@ def engine_sql(run_id: str, since: float | None, arm: Arm | None, dialect: Diale
     return placeholders(sql, dialect), tuple(params)
 
 
-# Finite bounds per dialect: `x > -INF AND x < INF` drops NULL, infinities and (PostgreSQL,
-# where NaN sorts above Infinity) NaN; SQLite stores NaN as NULL. 9e999 overflows to Infinity.
-_INF = {"sqlite": "9e999", "postgresql": "'Infinity'::float8"}
-# Length of a non-empty per-position acceptance of an up sample: JSON text in SQLite (a list of
-# numbers, so its commas + 1; never parsed, so no row can make the query fail), an array in
-# PostgreSQL.
-_K = {
-    "sqlite": "CASE WHEN position_acceptance IS NULL OR position_acceptance = '[]' THEN NULL "
-    "ELSE length(position_acceptance) - length(replace(position_acceptance, ',', '')) + 1 END",
-    "postgresql": "NULLIF(cardinality(position_acceptance), 0)",
-}
-
-
-def engine_aggregate_sql(run_id: str, arm: Arm, since: float, dialect: Dialect) -> Query:
-    """`read_engine_aggregates` for one arm and window start (-inf: the whole run): one row,
-    `engine_aggregate_from` reads it. The (run_id, arm, t) key bounds the rows read."""
-    inf = _INF[dialect]
-    columns = [
-        "COUNT(*)",
-        "COUNT(CASE WHEN restarted THEN 1 END)",
-        "COUNT(CASE WHEN up THEN 1 END)",
-    ]
-    for field in MEAN_FIELDS:
-        finite = f"up AND {field} > -{inf} AND {field} < {inf}"
-        columns.append(f"SUM(CASE WHEN {finite} THEN {field} END)")
-        columns.append(f"COUNT(CASE WHEN {finite} THEN 1 END)")
-    columns.append(f"MAX(CASE WHEN up THEN {_K[dialect]} END)")
+def engine_aggregate_sql(
+    run_id: str, arm: Arm, since: float, dialect: Dialect, until: float | None = None
+) -> Query:
+    """The aggregate of one arm's samples with since <= t < until (-inf / None: unbounded):
+    one row, `engine_aggregate_from` reads it. The (run_id, arm, t) key bounds the rows read."""
     where = "run_id = ? AND arm = ?"
     params: list[Any] = [run_id, arm.value]
     if since > -math.inf:
         where += " AND t >= ?"
         params.append(since)
-    sql = f"SELECT {', '.join(columns)} FROM engine_samples WHERE {where}"
+    if until is not None:
+        where += " AND t < ?"
+        params.append(until)
+    sql = f"SELECT {', '.join(aggregate_columns(dialect))} FROM engine_samples WHERE {where}"
     return placeholders(sql, dialect), tuple(params)
+
+
+def engine_hours_sql(run_id: str, arm: Arm, from_hour: int | None, dialect: Dialect) -> Query:
+    """The sum of one arm's `engine_hours` rows from `from_hour` (None: all), in the row shape
+    of `engine_aggregate_sql`."""
+    first = from_hour if from_hour is not None else -(2**62)
+    return placeholders(hours_sum_sql_text(), dialect), (run_id, arm.value, first)
+
+
+def aggregate_queries(run_id: str, arm: Arm, since: float, dialect: Dialect) -> list[Query]:
+    """`read_engine_aggregates` for one arm and window start: the samples of [since, the next
+    whole hour) and the hour rows from that hour (`store.enginehours`); merge their rows."""
+    if since == -math.inf:
+        return [engine_hours_sql(run_id, arm, None, dialect)]
+    hour = first_hour_from(since)
+    return [
+        engine_aggregate_sql(run_id, arm, since, dialect, until=float(hour * HOUR_S)),
+        engine_hours_sql(run_id, arm, hour, dialect),
+    ]
 
 
 def engine_aggregate_from(row: Sequence[Any]) -> EngineAggregate:
     """The row of `engine_aggregate_sql` as an aggregate (SQL sums of no rows are NULL)."""
     n, restarts, up, *means, max_k = row
     return EngineAggregate(
-        samples=int(n),
-        restarts=int(restarts),
-        up_samples=int(up),
+        samples=int(n or 0),
+        restarts=int(restarts or 0),
+        up_samples=int(up or 0),
         sums=tuple(float(v) if v is not None else 0.0 for v in means[0::2]),
-        counts=tuple(int(c) for c in means[1::2]),
+        counts=tuple(int(c or 0) for c in means[1::2]),
         max_k=int(max_k) if max_k is not None else None,
     )
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.store.enginehours import V7_POSTGRESQL, V7_SQLITE
 
 __all__ = [
     "ENGINE_COLUMNS",
@@ -310,6 +311,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "per-minute additive rollups", _V4_SQLITE, _V4_POSTGRESQL),
     Migration(5, "compacted rollup blocks", _V5_SQLITE, _V5_POSTGRESQL),
     Migration(6, "GPU samples", _V6_SQLITE, _V6_POSTGRESQL),
+    # Version 7: hourly engine-sample aggregates (filled from the stored samples) and an index
+    # of restarts, so a stats tick never reads every engine sample (`store.enginehours`).
+    Migration(7, "hourly engine aggregates", V7_SQLITE, V7_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

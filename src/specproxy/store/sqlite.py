@@ -39,11 +39,12 @@ from specproxy.store.arrays import ArmArrays, arrow_to_arrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.compaction import CompactionBounds, fold
+from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
+    aggregate_queries,
     engine_aggregate_from,
-    engine_aggregate_sql,
     engine_sql,
     export_sql,
     gpu_sql,
@@ -261,7 +262,13 @@ class SqliteStore(BufferedStore):
                 conn.executemany(upsert_minutes_sql("sqlite"), batch.summaries)
                 conn.executemany(upsert_bins_sql("sqlite"), batch.bins)
             if engine:
-                conn.executemany(_INSERT_ENGINE, [engine_row(s, "sqlite") for s in engine])
+                # row by row: only the samples inserted (not duplicates) join their hour
+                new = [
+                    s
+                    for s in engine
+                    if conn.execute(_INSERT_ENGINE, engine_row(s, "sqlite")).rowcount == 1
+                ]
+                conn.executemany(upsert_hours_sql("sqlite"), hour_rows(new))
             if gpu:
                 conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
@@ -282,6 +289,8 @@ class SqliteStore(BufferedStore):
                 "DELETE FROM stats_history WHERE t < ?",
             ):
                 removed += conn.execute(sql, (before,)).rowcount
+            for sql in rebuild_hour_sql("sqlite"):  # the hour aggregates of the kept samples
+                conn.execute(sql, (before,))
             return removed
 
         return self._in_transaction(delete)
@@ -448,16 +457,18 @@ class SqliteStore(BufferedStore):
     async def read_engine_aggregates(
         self, *, run_id: str, since: Sequence[float]
     ) -> dict[float, dict[Arm, EngineAggregate]]:
+        def aggregate(conn: sqlite3.Connection, arm: Arm, start: float) -> EngineAggregate:
+            total = EngineAggregate()
+            for query in aggregate_queries(run_id, arm, start, "sqlite"):
+                total = total.merge(engine_aggregate_from(conn.execute(*query).fetchone()))
+            return total
+
         def fetch(conn: sqlite3.Connection) -> dict[float, dict[Arm, EngineAggregate]]:
-            return {
-                start: {
-                    arm: engine_aggregate_from(
-                        conn.execute(*engine_aggregate_sql(run_id, arm, start, "sqlite")).fetchone()
-                    )
-                    for arm in Arm
-                }
-                for start in since
-            }
+            conn.execute("BEGIN")  # one snapshot: samples and hours written together
+            try:
+                return {start: {arm: aggregate(conn, arm, start) for arm in Arm} for start in since}
+            finally:
+                conn.execute("ROLLBACK")
 
         return await self._read(fetch)
 
