@@ -157,6 +157,18 @@ def _child(url: str, spill: str, end: float) -> None:
     asyncio.run(_ticks(url, spill, end))
 
 
+def _store_url(pg: bool, tmp: Path) -> tuple[str, PgCluster | None]:
+    """A SQLite file in `tmp`, or a database on a throw-away PostgreSQL cluster (close it)."""
+    initdb = find_pg_bin("initdb") if pg else None
+    if not pg:
+        return f"sqlite:///{tmp}/engine.db", None
+    if initdb is None:
+        raise SystemExit("no initdb: scripts/sysdeps.sh installs PostgreSQL")
+    cluster = PgCluster(initdb)
+    cluster.start()
+    return cluster.create_database("bench"), cluster
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--days", type=float, default=1.0)
@@ -165,16 +177,7 @@ async def main() -> None:
     parser.add_argument("--pg", action="store_true", help="a throw-away PostgreSQL cluster")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    cluster = None
-    if args.pg:
-        initdb = find_pg_bin("initdb")
-        if initdb is None:
-            raise SystemExit("no initdb: scripts/sysdeps.sh installs PostgreSQL")
-        cluster = PgCluster(initdb)
-        cluster.start()
-        url = cluster.create_database("bench")
-    else:
-        url = f"sqlite:///{tmp}/engine.db"
+    url, cluster = _store_url(args.pg, tmp)
     try:
         t0 = time.perf_counter()
         n = await _build(url, args.days, args.replicas, args.restart_every_h, str(tmp / "s0"))

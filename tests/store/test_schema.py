@@ -138,6 +138,37 @@ def test_row_builders_follow_the_column_order() -> None:
     assert lite["arm"] == pg["arm"] == "baseline" and lite["t"] == 2.0
 
 
+def _sqlite_store_at(db: Path, version: int, rows: list[str]) -> None:
+    """A SQLite store as a release at schema `version` created it (the frozen migrations up to
+    it), holding `rows` (INSERT statements)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at REAL)")
+        for migration in MIGRATIONS[:version]:
+            for statement in migration.sqlite:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (migration.version,))
+        for statement in rows:
+            conn.execute(statement)
+
+
+async def _pg_store_at(url: str, version: int, rows: list[str]) -> None:
+    """`_sqlite_store_at` for PostgreSQL."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
+            "applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for migration in MIGRATIONS[:version]:
+            for statement in migration.postgresql:
+                await conn.execute(statement)
+            await conn.execute("INSERT INTO schema_version VALUES ($1, 0)", migration.version)
+        for statement in rows:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
 # Rows a version-5 store holds (requests, an engine sample, a stats row, a fine rollup minute).
 V5_ROWS = (
     "INSERT INTO requests (request_id, run_id, arm, t_start, model, endpoint, stream, status, "
@@ -171,14 +202,7 @@ async def _check_v5_upgraded(url: str, tmp_path: Path) -> None:
 
 async def test_sqlite_v5_store_gains_gpu_samples_and_keeps_its_data(tmp_path: Path) -> None:
     db = tmp_path / "v5.db"
-    with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at REAL)")
-        for migration in MIGRATIONS[:5]:  # frozen SQL: what a version-5 release created
-            for statement in migration.sqlite:
-                conn.execute(statement)
-            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (migration.version,))
-        for statement in V5_ROWS:
-            conn.execute(statement.format(true=1))
+    _sqlite_store_at(db, 5, [statement.format(true=1) for statement in V5_ROWS])
     await _check_v5_upgraded(f"sqlite:///{db}", tmp_path)
     with sqlite3.connect(db) as conn:
         versions = [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
@@ -188,20 +212,7 @@ async def test_sqlite_v5_store_gains_gpu_samples_and_keeps_its_data(tmp_path: Pa
 async def test_postgres_v5_store_gains_gpu_samples_and_keeps_its_data(
     pg_url: str, tmp_path: Path
 ) -> None:
-    conn = await asyncpg.connect(pg_url)
-    try:
-        await conn.execute(
-            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
-            "applied_at DOUBLE PRECISION NOT NULL)"
-        )
-        for migration in MIGRATIONS[:5]:
-            for statement in migration.postgresql:
-                await conn.execute(statement)
-            await conn.execute("INSERT INTO schema_version VALUES ($1, 0)", migration.version)
-        for statement in V5_ROWS:
-            await conn.execute(statement.format(true="TRUE"))
-    finally:
-        await conn.close()
+    await _pg_store_at(pg_url, 5, [statement.format(true="TRUE") for statement in V5_ROWS])
     await _check_v5_upgraded(pg_url, tmp_path)
     assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
 
@@ -282,35 +293,17 @@ async def _check_v6_upgraded(url: str, tmp_path: Path) -> None:
 
 async def test_sqlite_v6_store_gains_hour_aggregates_of_its_samples(tmp_path: Path) -> None:
     db = tmp_path / "v6.db"
-    with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at REAL)")
-        for migration in MIGRATIONS[:6]:  # frozen SQL: what a version-6 release created
-            for statement in migration.sqlite:
-                conn.execute(statement)
-            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (migration.version,))
-        for statement in V6_ENGINE_ROWS:
-            conn.execute(statement.format(true=1, false=0, pos="'[0.9, 0.5, 0.2]'"))
+    rows = [r.format(true=1, false=0, pos="'[0.9, 0.5, 0.2]'") for r in V6_ENGINE_ROWS]
+    _sqlite_store_at(db, 6, rows)
     await _check_v6_upgraded(f"sqlite:///{db}", tmp_path)
 
 
 async def test_postgres_v6_store_gains_hour_aggregates_of_its_samples(
     pg_url: str, tmp_path: Path
 ) -> None:
-    conn = await asyncpg.connect(pg_url)
-    try:
-        await conn.execute(
-            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
-            "applied_at DOUBLE PRECISION NOT NULL)"
-        )
-        for migration in MIGRATIONS[:6]:
-            for statement in migration.postgresql:
-                await conn.execute(statement)
-            await conn.execute("INSERT INTO schema_version VALUES ($1, 0)", migration.version)
-        for statement in V6_ENGINE_ROWS:
-            await conn.execute(
-                statement.format(true="TRUE", false="FALSE", pos="ARRAY[0.9, 0.5, 0.2]")
-            )
-    finally:
-        await conn.close()
+    rows = [
+        r.format(true="TRUE", false="FALSE", pos="ARRAY[0.9, 0.5, 0.2]") for r in V6_ENGINE_ROWS
+    ]
+    await _pg_store_at(pg_url, 6, rows)
     await _check_v6_upgraded(pg_url, tmp_path)
     assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
