@@ -3,8 +3,10 @@ minutes; freshness fields on both paths."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,13 +14,15 @@ import pytest
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.loggrid import coarse_as_fine, coarse_bin
 from specproxy.records import Arm, EngineSample, RequestRecord
-from specproxy.rollup import rollup_records
+from specproxy.rollup import ROLLUP_METRICS, rollup_records
 from specproxy.rollupblob import Block
-from specproxy.stats.job import compute_stats
-from specproxy.stats.rollupcache import ArmTier, FineMinute
-from specproxy.stats.rollupjob import _Span, _window_blocks, warmup_minutes
+from specproxy.stats.compare import REQUIRED_COLUMNS
+from specproxy.stats.job import compute_from_arrays, compute_stats, window_label
+from specproxy.stats.rollupcache import ArmTier, FineMinute, RollupCache
+from specproxy.stats.rollupjob import _Span, _window_blocks, compute_from_rollups, warmup_minutes
 from specproxy.store.memory import MemoryStore
 from specproxy.store.rollups import rollup_rows_from
+from tests.test_engineagg import random_engine_samples
 
 RUN = "r"
 T0 = 60_000.0  # minute 1000
@@ -203,3 +207,49 @@ def test_window_entries_are_every_occupied_bin_of_the_chosen_blocks_and_fine_min
     assert blocks.counts.tolist() == want_count
     assert dropped == tier.blocks[(hour + 62, 1, "m")].n
     assert blocks.n == sum(b.n for b in tier.blocks.values()) + 4 - dropped
+
+
+@pytest.mark.parametrize("raw_rows_max", [1000, 1_000_000])  # rollups, rows
+async def test_a_tick_reads_engine_aggregates_with_the_results_of_every_sample(
+    store: MemoryStore, raw_rows_max: int
+) -> None:
+    """compute_stats reads the store's engine aggregates and restart samples (`engineagg`), not
+    every sample: its result equals the computation fed every stored sample, restarts (warm-up
+    exclusion) and engine summaries included, on both paths."""
+    shift = T0 - 1000.0 + 30.0
+    samples = [
+        dataclasses.replace(s, t=s.t + shift, run_id=RUN)
+        for s in random_engine_samples(3, n=600, replicas=2)  # 1000 s, both arms
+    ]
+    for s in samples:
+        store.record_engine(s)
+    await store.flush()
+    assert any(s.restarted and s.up for s in samples)
+    cfg = StatsConfig(
+        windows_s=(300.0, 1800.0, None), resamples=100, warmup_requests=5, raw_rows_max=raw_rows_max
+    )
+    scrape = ScrapeConfig(warmup_requests=3, warmup_seconds=20.0)
+    end = T0 + 40 * 60
+    got = await compute_stats(store, run_id=RUN, stats_cfg=cfg, scrape_cfg=scrape, window_end=end)
+    stored = await store.read_engine_samples(run_id=RUN)
+    if raw_rows_max == 1000:
+        cache = RollupCache()
+        await cache.refresh(store, RUN, tuple(ROLLUP_METRICS))
+        want: dict[str, Any] = compute_from_rollups(
+            cache.tiers,
+            stored,
+            windows=[(w, window_label(w)) for w in cfg.windows_s],
+            stats_cfg=cfg,
+            scrape_cfg=scrape,
+            window_end=end,
+        ).results
+    else:
+        arrays = await store.read_arrays(run_id=RUN, columns=REQUIRED_COLUMNS)
+        want = compute_from_arrays(
+            arrays, stored, run_id=RUN, stats_cfg=cfg, scrape_cfg=scrape, window_end=end
+        )["results"]
+    assert got["source"] == ("rollups" if raw_rows_max == 1000 else "rows")
+    assert got["results"] == want
+    whole = got["results"]["all"]["all"]
+    assert whole["engine"]["speculative"]["restarts"] > 0
+    assert sum(whole["excluded_warmup"].values()) > 10
