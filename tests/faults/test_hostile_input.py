@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specproxy.fleet.models import OTHER
 from specproxy.records import MODEL_MAX_BYTES
 from tests.faults.conftest import RUN, MiB, fault_row
 from tests.faults.serve_proc import Serve, stored_rows
@@ -204,6 +205,10 @@ def test_memory_and_store_stay_bounded(live: LiveProxy) -> None:
     assert size / len(rows) < 4096  # a record stays small, whatever model string it named
     models = stored_models(live.workdir / "store.db")
     assert max(len(m.encode()) for m in models) <= MODEL_MAX_BYTES
+    # the rollups, which every stats tick reads, are keyed by the bounded label: the model the
+    # upstream serves, or "other", however many strings the clients made up
+    assert len(models) > 100
+    assert set(stored_models(live.workdir / "store.db", "rollup_minutes")) <= {"tiny-llama", OTHER}
     # The first half carries one-time costs (the stats job's first numpy/scipy runs, allocator
     # arenas): +34 to +51 MiB on a calm machine, +103 MiB in all beside two CPU hogs. A leak grows
     # with the requests, so the second half, which repeats the first's mix, must stay nearly flat
@@ -220,6 +225,6 @@ def test_memory_and_store_stay_bounded(live: LiveProxy) -> None:
               live.rss_before, rss_after)  # fmt: skip
 
 
-def stored_models(db: Path) -> list[str]:
+def stored_models(db: Path, table: str = "requests") -> list[str]:
     with sqlite3.connect(db) as conn:
-        return [m for (m,) in conn.execute("SELECT DISTINCT model FROM requests")]
+        return [m for (m,) in conn.execute(f"SELECT DISTINCT model FROM {table}")]

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.loggrid import coarse_as_fine, coarse_bin
 from specproxy.records import Arm, RequestRecord
 from specproxy.rollup import ROLLUP_METRICS, minute_of, rollup_records
@@ -119,6 +120,26 @@ async def test_a_replayed_batch_is_not_rolled_up_twice(store: BufferedStore) -> 
     for arm in Arm:
         bins, _ = _expected(records + more, "e2e", arm)
         assert _pooled(got[arm]) == bins
+
+
+async def test_rollups_are_keyed_by_the_bounded_model_label(store: BufferedStore) -> None:
+    """A client that names a new model in every request adds one request row each, but rollup
+    keys only under the labels the store's labeller returns; the rows keep the client's string."""
+    labels = ModelLabels(["allowed"])
+    labels.set_served(["served"])
+    store.label_models(labels.label)
+    hostile = [f"m-{i}-{'x' * 30}" for i in range(300)]
+    named = ["served", "allowed", *hostile]
+    for i, model in enumerate(named):
+        store.record(make_record(i, t_start=T0 + i * 0.1, arm=Arm.BASELINE, model=model))
+    await store.flush()
+    rows = await store.read_arrays(run_id="run", columns=("model",))
+    assert sorted(rows[Arm.BASELINE]["model"].tolist()) == sorted(named)
+    read = await _full(store)
+    assert {model for _minute, model, _arm, *_ in read.minutes} == {"served", "allowed", OTHER}
+    assert {model for _minute, model, _arm in read.bins} == {"served", "allowed", OTHER}
+    by_model = {model: n for _minute, model, _arm, n, _t, _sq in read.minutes}
+    assert by_model == {"served": 1, "allowed": 1, OTHER: len(hostile)}
 
 
 async def test_only_usable_primary_requests_are_rolled_up(store: BufferedStore) -> None:

@@ -19,7 +19,7 @@ How to extend it (the tests in tests/store/test_base.py run against every backen
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def record(self, rec: RequestRecord) -> None:
         """Queue a request record; never blocks, never raises."""
+
+    @abc.abstractmethod
+    def label_models(self, model_label: Callable[[str], str]) -> None:
+        """Key the rollups of every later write by `model_label(record.model)` (the bounded
+        label, `fleet.models.ModelLabels.label`) instead of the client's string; the request
+        rows keep the string. Safe to call from the event loop at any time; a write thread sees
+        the new labeller from its next batch."""
 
     @abc.abstractmethod
     def record_engine(self, sample: EngineSample) -> None:

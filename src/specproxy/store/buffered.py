@@ -21,12 +21,13 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Final
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import EngineSample, GpuSample, RequestRecord
-from specproxy.rollup import ROLLUP_UNIT_S
+from specproxy.rollup import ROLLUP_UNIT_S, as_is
 from specproxy.store.base import Store
 from specproxy.store.compaction import CompactionBounds
 from specproxy.store.spill import Row, Sample, SpillSet
@@ -70,6 +71,7 @@ class BufferedStore(Store):
         self._task: asyncio.Task[None] | None = None
         self._next_purge = 0.0
         self._read_only = False
+        self._model_label: Callable[[str], str] = as_is  # rollup keys (`label_models`)
 
     # -- backend hooks -------------------------------------------------------------------------
 
@@ -203,6 +205,9 @@ class BufferedStore(Store):
         if self._read_only:
             raise StoreError("store opened read-only")
         self._enqueue(rec, self._requests)
+
+    def label_models(self, model_label: Callable[[str], str]) -> None:
+        self._model_label = model_label
 
     def record_engine(self, sample: EngineSample) -> None:
         self._enqueue(sample, self._engine)

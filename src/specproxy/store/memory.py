@@ -67,7 +67,7 @@ class MemoryStore(BufferedStore):
             if key not in self._rows:
                 self._rows[key] = rec
                 new.append(rec)
-        batch = rollup_records(new)  # additive, as the SQL stores' upserts
+        batch = rollup_records(new, self._model_label)  # additive, as the SQL upserts
         for run_id, minute, model, arm, metric, n, total, total_sq in batch.summaries:
             acc = self._minutes.setdefault((run_id, minute, model, arm, metric), [0, 0.0, 0.0])
             acc[0] += n

@@ -189,7 +189,7 @@ class PostgresStore(BufferedStore):
                 inserted = [
                     r for r in requests if (r.run_id, r.request_id, r.arm.value, r.shadow) in new
                 ]
-                batch = await asyncio.to_thread(rollup_records, inserted)
+                batch = await asyncio.to_thread(rollup_records, inserted, self._model_label)
                 if batch.summaries:
                     await conn.executemany(upsert_minutes_sql("postgresql"), batch.summaries)
                     await conn.executemany(upsert_bins_sql("postgresql"), batch.bins)

@@ -258,7 +258,7 @@ class SqliteStore(BufferedStore):
         def insert(conn: sqlite3.Connection) -> None:
             if requests:
                 inserted = _insert_requests(conn, requests)
-                batch = rollup_records(inserted)
+                batch = rollup_records(inserted, self._model_label)
                 conn.executemany(upsert_minutes_sql("sqlite"), batch.summaries)
                 conn.executemany(upsert_bins_sql("sqlite"), batch.bins)
             if engine:
