@@ -19,7 +19,13 @@ from specproxy.rollupblob import Block
 from specproxy.stats.compare import REQUIRED_COLUMNS
 from specproxy.stats.job import compute_from_arrays, compute_stats, window_label
 from specproxy.stats.rollupcache import ArmTier, FineMinute, RollupCache
-from specproxy.stats.rollupjob import _Span, _window_blocks, compute_from_rollups, warmup_minutes
+from specproxy.stats.rollupjob import (
+    _Span,
+    _window_blocks,
+    compute_from_rollups,
+    models_by_label,
+    warmup_minutes,
+)
 from specproxy.store.memory import MemoryStore
 from specproxy.store.rollups import rollup_rows_from
 from tests.test_engineagg import random_engine_samples
@@ -253,3 +259,84 @@ async def test_a_tick_reads_engine_aggregates_with_the_results_of_every_sample(
     whole = got["results"]["all"]["all"]
     assert whole["engine"]["speculative"]["restarts"] > 0
     assert sum(whole["excluded_warmup"].values()) > 10
+
+
+def _two_models(minutes: int = 40, per_minute: int = 60) -> list[RequestRecord]:
+    """Model "a": speculation 1.5x faster per token; model "b" (every third request): 1.25x
+    slower."""
+    out = []
+    for i, rec in enumerate(_records(minutes, per_minute, seed=3)):
+        if i % 6 in (0, 1):  # a third of each arm's requests
+            slow = 1.25 if rec.arm is Arm.SPECULATIVE else 1 / 1.5
+            tpot = (rec.tpot_s or 0.0) * (1.5 if rec.arm is Arm.SPECULATIVE else 1.0) * slow
+            e2e = 0.1 + 100 * tpot
+            rec = dataclasses.replace(rec, model="b", tpot_s=tpot, e2e_s=e2e, upstream_s=e2e)
+        else:
+            rec = dataclasses.replace(rec, model="a")
+        out.append(rec)
+    return out
+
+
+async def test_rollups_give_per_model_results_like_rows() -> None:
+    """Per model on both paths: the same models, summaries and verdicts (speculation helps "a" and
+    hurts "b"), estimates within the grid bound's reach of each other; a model the labeller no
+    longer keeps is compared under "other", as on rows."""
+    s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
+    await s.start()
+    for rec in _two_models():
+        s.record(rec)
+    await s.flush()
+    end = T0 + 40 * 60
+    windows = (600.0, None)
+    base = StatsConfig(windows_s=windows, resamples=200, warmup_requests=0)
+    rolled_cfg = dataclasses.replace(base, raw_rows_max=1000)
+    rows = await compute_stats(s, run_id=RUN, stats_cfg=base, scrape_cfg=SCRAPE, window_end=end)
+    rolled = await compute_stats(
+        s, run_id=RUN, stats_cfg=rolled_cfg, scrape_cfg=SCRAPE, window_end=end
+    )
+    assert (rows["source"], rolled["source"]) == ("rows", "rollups")
+    assert set(rolled["results"]) == set(rows["results"]) == {"all", "a", "b"}
+    for model, verdict in (("a", "faster"), ("b", "slower")):
+        for label in ("10m", "all"):
+            r, w = rows["results"][model][label], rolled["results"][model][label]
+            assert r["samples"] == w["samples"], (model, label)
+            for stat in ("median", "mean", "p90"):
+                a = r["metrics"]["tpot"]["speedup"][stat]["estimate"]
+                b = w["metrics"]["tpot"]["speedup"][stat]["estimate"]
+                assert b == pytest.approx(a, rel=0.01), (model, label, stat)
+        assert rolled["results"][model]["all"]["metrics"]["tpot"]["verdict"] == verdict
+        assert rows["results"][model]["all"]["metrics"]["tpot"]["verdict"] == verdict
+    whole = rolled["results"]
+    assert (
+        whole["a"]["all"]["samples"]["baseline"] + whole["b"]["all"]["samples"]["baseline"]
+        == (whole["all"]["all"]["samples"]["baseline"])
+    )
+    relabelled = await compute_stats(
+        s,
+        run_id=RUN,
+        stats_cfg=rolled_cfg,
+        scrape_cfg=SCRAPE,
+        window_end=end,
+        model_label=lambda m: m if m == "a" else "other",
+    )
+    assert set(relabelled["results"]) == {"all", "a", "other"}
+    assert relabelled["results"]["other"]["all"]["samples"] == whole["b"]["all"]["samples"]
+    await s.close()
+
+
+def test_a_single_model_run_reuses_the_all_result_on_rollups() -> None:
+    tier = ArmTier()
+    tier.fine[(1000, "m")] = FineMinute(1, 1.0, 1.0, np.array([5]), np.array([1]))
+    tiers = {metric: {arm: tier for arm in Arm} for metric in ROLLUP_METRICS}
+    assert models_by_label(tiers, None) == {"m": frozenset({"m"})}
+    assert models_by_label(tiers, lambda m: "other") == {"other": frozenset({"m"})}
+    result = compute_from_rollups(
+        tiers,
+        [],
+        windows=[(None, "all")],
+        stats_cfg=StatsConfig(windows_s=(None,), resamples=100, warmup_requests=0),
+        scrape_cfg=SCRAPE,
+        window_end=T0 + 60,
+    ).results
+    assert set(result) == {"all", "m"}
+    assert result["m"] == result["all"] and result["m"] is not result["all"]

@@ -292,6 +292,7 @@ async def compute_stats(
                 scrape_cfg=scrape_cfg,
                 window_end=window_end,
                 gpu_samples=gpu_samples,
+                model_label=model_label,
             ),
         )
         computed_at = time.time()

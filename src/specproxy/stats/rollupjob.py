@@ -8,7 +8,10 @@ test_rollupcompare.py).
 
 What changes on rollups (stated in the result):
   * windows are whole minutes: [floor((end - w) / 60), floor(end / 60)];
-  * the model breakdown is "all" only (rollups of every model are summed);
+  * the model breakdown: "all" (every model's rollups summed) and one result per model label
+    found in the rollups (the store keys them by the bounded label, `rollup`; `model_label`
+    maps them again as the row path does, so a model no longer served joins "other"). A label
+    that holds every rollup of the run reuses the "all" result, as on rows;
   * warm-up is excluded by whole minutes, per arm: the minutes holding the run's first
     `stats.warmup_requests` usable requests, and after each restart the minutes from the
     restart's minute until both `scrape.warmup_requests` requests and `scrape.warmup_seconds`
@@ -27,8 +30,9 @@ blocks are entered as they are (a compacted histogram's bins as the fine bins at
 from __future__ import annotations
 
 import bisect
+import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +57,13 @@ from specproxy.stats.diagnosis import summarise_arms
 from specproxy.stats.rollupcache import ArmTier
 from specproxy.stats.rollupcompare import compare_rollup_window
 
-__all__ = ["RollupResults", "compute_from_rollups", "engine_window_starts", "warmup_minutes"]
+__all__ = [
+    "RollupResults",
+    "compute_from_rollups",
+    "engine_window_starts",
+    "models_by_label",
+    "warmup_minutes",
+]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -116,17 +126,20 @@ def _joined(parts: list[IntArray]) -> IntArray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _window_blocks(tier: ArmTier, span: _Span, excluded: set[int]) -> tuple[ArmBlocks, int]:
+def _window_blocks(
+    tier: ArmTier, span: _Span, excluded: set[int], models: frozenset[str] | None = None
+) -> tuple[ArmBlocks, int]:
     """ArmBlocks of the window's minutes minus `excluded` (a block holding an excluded minute is
-    left out whole: its histogram cannot be split); also the excluded request count."""
+    left out whole: its histogram cannot be split); also the excluded request count. `models`:
+    only the rollups stored under these model keys (None: every model)."""
     lo, units = span.lo, span.hi - span.lo + 1
     unit_n = np.zeros(units, dtype=np.int64)
     unit_sum = np.zeros(units, dtype=np.float64)
     dropped = 0
     chosen = []
     ordered = sorted(excluded)
-    for (start, width, _model), block in tier.blocks.items():
-        if start < lo or start > span.hi:
+    for (start, width, model), block in tier.blocks.items():
+        if start < lo or start > span.hi or (models is not None and model not in models):
             continue
         first = bisect.bisect_left(ordered, start)  # an excluded minute inside the block?
         if first < len(ordered) and ordered[first] < start + width:
@@ -160,8 +173,8 @@ def _window_blocks(tier: ArmTier, span: _Span, excluded: set[int]) -> tuple[ArmB
         # position p of block i is coarse bin firsts[i] + p - starts[i]
         bins.append(coarse_as_fine(at - np.repeat(starts - firsts, per_block)))
         counts.append(dense[at])
-    for (minute, _model), fine in tier.fine.items():
-        if minute < lo or minute > span.hi:
+    for (minute, model), fine in tier.fine.items():
+        if minute < lo or minute > span.hi or (models is not None and model not in models):
             continue
         if minute in excluded:
             dropped += fine.n
@@ -198,7 +211,7 @@ def _window_blocks(tier: ArmTier, span: _Span, excluded: set[int]) -> tuple[ArmB
 class RollupResults:
     """What `stats.job` wraps into its result envelope."""
 
-    results: dict[str, Any]  # {"all": {label: window result}}
+    results: dict[str, Any]  # {"all" or model label: {window label: window result}}
     window_end: float
     data_horizon: float | None  # end of the last minute holding data (capped at window_end)
 
@@ -238,6 +251,21 @@ def _frame(tiers: dict[str, dict[Arm, ArmTier]], window_end: float | None) -> _F
     return _Frame(e2e, window_end, horizon, start_minute, end_minute)
 
 
+def models_by_label(
+    tiers: dict[str, dict[Arm, ArmTier]], model_label: Callable[[str], str] | None
+) -> dict[str, frozenset[str]]:
+    """The model labels of the run's rollups, each with the stored model keys it gathers."""
+    keys: set[str] = set()
+    for per_arm in tiers.values():
+        for tier in per_arm.values():
+            keys.update(model for _start, _span, model in tier.blocks)
+            keys.update(model for _minute, model in tier.fine)
+    groups: dict[str, set[str]] = {}
+    for key in keys:
+        groups.setdefault(model_label(key) if model_label is not None else key, set()).add(key)
+    return {label: frozenset(group) for label, group in sorted(groups.items())}
+
+
 def engine_window_starts(
     tiers: dict[str, dict[Arm, ArmTier]],
     windows: Sequence[float | None],
@@ -259,11 +287,13 @@ def compute_from_rollups(
     scrape_cfg: ScrapeConfig,
     window_end: float | None = None,
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
+    model_label: Callable[[str], str] | None = None,
 ) -> RollupResults:
-    """Every window (`(seconds or None, label)`) from the run's rollups, `tiers[metric][arm]`;
-    `gpu_samples`: the GPU telemetry of the arms that have it, as for `job.compute_from_arrays`.
-    `engine_samples`: the run's engine samples or a store's `engineagg.StoredView` of them
-    (holding the aggregates from `engine_window_starts`)."""
+    """Every window (`(seconds or None, label)`) from the run's rollups, `tiers[metric][arm]`,
+    for "all" and per model label (`models_by_label`); `gpu_samples`: the GPU telemetry of the
+    arms that have it, as for `job.compute_from_arrays`. `engine_samples`: the run's engine
+    samples or a store's `engineagg.StoredView` of them (holding the aggregates from
+    `engine_window_starts`)."""
     frame = _frame(tiers, window_end)
     e2e, window_end, horizon = frame.e2e, frame.window_end, frame.horizon
     engine_view = as_view(engine_samples)
@@ -279,26 +309,41 @@ def compute_from_rollups(
     }
     settings = CompareSettings.from_config(stats_cfg)
     rng = np.random.default_rng(stats_cfg.seed)
-    per_window: dict[str, Any] = {}
+    # per window: its minutes and its engine summary (one per window, shared by the models)
+    spans = []
     for window_s, label in windows:
         span = frame.span(tiers, window_s)
-        arms: dict[str, dict[Arm, ArmBlocks]] = {}
-        n_excluded: dict[str, int] = {}
-        for metric in ROLLUP_METRICS:
-            arms[metric] = {}
-            for arm in Arm:
-                blocks, dropped = _window_blocks(tiers[metric][arm], span, excluded[arm])
-                arms[metric][arm] = blocks
-                if metric == "e2e":
-                    n_excluded[arm.value] = dropped
-        since = span.lo * ROLLUP_UNIT_S
-        engine = summarise_arms(engine_view, gpu_samples, since=since)
-        result = compare_rollup_window(arms, engine=engine, settings=settings, rng=rng)
-        per_window[label] = {
-            "window_s": window_s,
-            "minutes": [span.lo, span.hi],
-            **result,
-            "grid_error_bound": COARSE_ERROR_BOUND if span.coarse else GRID_ERROR_BOUND,
-            "excluded_warmup": n_excluded,
-        }
-    return RollupResults({"all": per_window}, window_end, horizon)
+        engine = summarise_arms(engine_view, gpu_samples, since=span.lo * ROLLUP_UNIT_S)
+        spans.append((span, window_s, label, engine))
+
+    def windows_of(models: frozenset[str] | None) -> dict[str, Any]:
+        per_window: dict[str, Any] = {}
+        for span, window_s, label, engine in spans:
+            arms: dict[str, dict[Arm, ArmBlocks]] = {}
+            n_excluded: dict[str, int] = {}
+            for metric in ROLLUP_METRICS:
+                arms[metric] = {}
+                for arm in Arm:
+                    blocks, dropped = _window_blocks(
+                        tiers[metric][arm], span, excluded[arm], models
+                    )
+                    arms[metric][arm] = blocks
+                    if metric == "e2e":
+                        n_excluded[arm.value] = dropped
+            result = compare_rollup_window(arms, engine=engine, settings=settings, rng=rng)
+            per_window[label] = {
+                "window_s": window_s,
+                "minutes": [span.lo, span.hi],
+                **result,
+                "grid_error_bound": COARSE_ERROR_BOUND if span.coarse else GRID_ERROR_BOUND,
+                "excluded_warmup": n_excluded,
+            }
+        return per_window
+
+    results: dict[str, Any] = {"all": windows_of(None)}
+    groups = models_by_label(tiers, model_label)
+    for model, keys in groups.items():
+        # one label holding every rollup of the run: its selections are the "all" ones, and
+        # bootstrapping them again would only cost a second tick with other random draws
+        results[model] = copy.deepcopy(results["all"]) if len(groups) == 1 else windows_of(keys)
+    return RollupResults(results, window_end, horizon)
