@@ -204,6 +204,23 @@ def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
             r = block["summary"]["baseline"][stat]
             assert r == pytest.approx(e, rel=0.01)  # linear vs lower order statistic at n=2400
         assert block["verdict"] == exact["metrics"][metric]["verdict"]
+        # the secondary statistics from the histograms (`binned`): the rows' within the grid
+        rows_block = exact["metrics"][metric]
+        ranks, exact_ranks = block["rank_tests"], rows_block["rank_tests"]
+        for key in ("hl_speedup", "hl_lower", "hl_upper"):
+            assert ranks[key] == pytest.approx(exact_ranks[key], rel=2 * GRID_ERROR_BOUND), key
+        assert ranks["mann_whitney_p"] == pytest.approx(exact_ranks["mann_whitney_p"], rel=0.05)
+        for arm in Arm:
+            got_out, want_out = block["outliers"][arm.value], rows_block["outliers"][arm.value]
+            assert abs(got_out["count"] - want_out["count"]) <= 2, (metric, arm)
+            assert got_out["high_fence"] == pytest.approx(want_out["high_fence"], rel=1e-3)
+        needed, exact_needed = (
+            block["samples_for_5pct_median"],
+            rows_block["samples_for_5pct_median"],
+        )
+        assert needed is not None and exact_needed is not None
+        assert needed == pytest.approx(exact_needed, rel=0.02)
+        assert block["adjusted"] is None  # the one statistic rollups lack
         # the exceedance P99 test runs on the minutes' histograms, conservatively (never above
         # the rows'; same minutes, same coarse-grid thresholds)
         seq, exact_seq = block["sequential"], exact["metrics"][metric]["sequential"]

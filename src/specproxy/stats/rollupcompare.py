@@ -11,9 +11,10 @@ What rollups can give, and how:
     conservatively inside each bin (`p99test.p99_slower_test_binned`), and the per-minute
     exceedance test on each minute's entries, counted conservatively
     (`exceedance.unit_counts_binned`);
-  * NOT available (null, with `"unavailable"` naming them): rank tests, outlier counts and the
-    length adjustment (they need each request), the sample-size estimate. The design is always
-    "split": pairs need request ids.
+  * outlier counts, the rank tests (Mann-Whitney, Hodges-Lehmann) and the sample-size estimate
+    from each arm's pooled histogram (`binned`, within the window's grid bound);
+  * NOT available (null, with `"unavailable"` naming it): the length adjustment (a regression
+    on each request's token counts). The design is always "split": pairs need request ids.
 """
 
 from __future__ import annotations
@@ -26,23 +27,20 @@ import numpy.typing as npt
 
 from specproxy.loggrid import COARSE_FACTOR, bin_centres, bin_lower_edges
 from specproxy.records import Arm
+from specproxy.stats.binned import binned_density_at_median, binned_outliers, binned_rank_tests
 from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
 from specproxy.stats.compare import METRIC_COLUMNS, CompareSettings, diagnose_metrics, speedup_block
 from specproxy.stats.diagnosis import EngineSummary
 from specproxy.stats.exceedance import BinnedUnits
 from specproxy.stats.p99test import BinnedArm
 from specproxy.stats.quantile import STATISTICS
+from specproxy.stats.samplesize import samples_from_densities
 from specproxy.stats.sequential import RankedArm
 from specproxy.stats.verdict import anytime_valid_binned
 
 __all__ = ["UNAVAILABLE_FROM_ROLLUPS", "compare_rollup_window"]
 
-UNAVAILABLE_FROM_ROLLUPS: Final = (
-    "rank_tests",
-    "outliers",
-    "adjusted",
-    "samples_for_5pct_median",
-)
+UNAVAILABLE_FROM_ROLLUPS: Final = ("adjusted",)
 
 
 def _finite(x: float) -> float | None:
@@ -89,6 +87,25 @@ def _arms(arm: ArmBlocks, *, units: bool = True) -> tuple[RankedArm, BinnedArm, 
     )
 
 
+def _secondary(base: ArmBlocks, spec: ArmBlocks, settings: CompareSettings) -> dict[str, Any]:
+    """Outliers, rank tests and the sample-size estimate from the pooled histograms."""
+    (b_bins, b_counts), (s_bins, s_counts) = base.pooled(), spec.pooled()
+    return {
+        "outliers": {
+            Arm.BASELINE.value: binned_outliers(b_bins, b_counts).to_dict(),
+            Arm.SPECULATIVE.value: binned_outliers(s_bins, s_counts).to_dict(),
+        },
+        "rank_tests": binned_rank_tests(
+            b_bins, b_counts, s_bins, s_counts, settings.confidence
+        ).to_dict(),
+        "samples_for_5pct_median": samples_from_densities(
+            binned_density_at_median(b_bins, b_counts),
+            binned_density_at_median(s_bins, s_counts),
+            alpha=settings.alpha,
+        ),
+    }
+
+
 def _metric_block(
     base: ArmBlocks, spec: ArmBlocks, settings: CompareSettings, rng: np.random.Generator
 ) -> dict[str, Any]:
@@ -109,6 +126,7 @@ def _metric_block(
             arm.value: {stat: _finite(blocks.point_statistic(stat)) for stat in STATISTICS}
             for arm, blocks in ((Arm.BASELINE, base), (Arm.SPECULATIVE, spec))
         },
+        **_secondary(base, spec, settings),
         **dict.fromkeys(UNAVAILABLE_FROM_ROLLUPS),
     }
     if base.n and spec.n:

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-__all__ = ["log_density_at_median", "samples_for_median_change"]
+__all__ = ["log_density_at_median", "samples_for_median_change", "samples_from_densities"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -46,7 +46,20 @@ def samples_for_median_change(
     power: float = 0.8,
 ) -> int | None:
     """Samples per arm to detect a relative median change of `effect`; None if unknowable yet."""
-    f_b, f_s = log_density_at_median(baseline), log_density_at_median(speculative)
+    return samples_from_densities(
+        log_density_at_median(baseline),
+        log_density_at_median(speculative),
+        effect=effect,
+        alpha=alpha,
+        power=power,
+    )
+
+
+def samples_from_densities(
+    f_b: float, f_s: float, *, effect: float = 0.05, alpha: float = 0.05, power: float = 0.8
+) -> int | None:
+    """The formula of the module docstring from each arm's density of log latency at its
+    median (however estimated: from values, or from a histogram, `binned`)."""
     if not (math.isfinite(f_b) and math.isfinite(f_s)) or f_b <= 0 or f_s <= 0:
         return None
     z = float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power))
