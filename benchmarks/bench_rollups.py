@@ -15,6 +15,8 @@ RSS is the tick's and not the build's), as `StatsJob.run_once` does (compaction 
   2. a warm tick after 15 s more traffic in the current minute;
   3. a warm tick one minute later (one more minute of traffic; a minute leaves the fine tier, so
      the compaction pass moves it).
+The ticks run with `specproxy serve`'s malloc thresholds (`specproxy.malloc`): they decide how
+many page faults a tick takes (with glibc's 128 KiB defaults pinned, twice the time).
 Printed per tick: wall s (and of it: the store reads, decoding them into the job's cache, the
 rest: compaction and the statistics), CPU s of this process (PostgreSQL's own CPU is not in it),
 rows and blobs read, and the child's peak RSS.
@@ -51,6 +53,7 @@ from tests.store.pgcluster import PgCluster, find_pg_bin
 
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index
+from specproxy.malloc import pin_malloc_thresholds
 from specproxy.records import Arm, RequestRecord
 from specproxy.rollupblob import HOUR_SPAN, Block
 from specproxy.stats.job import compute_stats
@@ -239,6 +242,7 @@ async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: 
 
 
 def _child(url: str, rate: float, end_minute: int, resamples: int, spill: str) -> None:
+    pin_malloc_thresholds()  # as `specproxy serve` does: the allocator decides page faults
     asyncio.run(_ticks(url, rate, end_minute, resamples, spill))
 
 
@@ -297,6 +301,7 @@ async def main() -> None:
     parser.add_argument("--raw-rows", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=2000)
     args = parser.parse_args()
+    pin_malloc_thresholds()  # the raw-rows ticks run here: the same allocator as the proxy's
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollups-"))
     end_minute = 29_000_000  # ~2025
     if args.days:

@@ -1,5 +1,6 @@
-"""`malloc.pin_mmap_threshold`, observed through glibc's own accounting (mallinfo2's `hblkhd`:
-bytes held in mmapped blocks) in a fresh interpreter per case."""
+"""`malloc.pin_malloc_thresholds`, observed through glibc's own accounting (mallinfo2's `hblkhd`:
+bytes held in mmapped blocks; `keepcost`: the releasable free top of the heap) in a fresh
+interpreter per case."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import sys
 
 import pytest
 
-from specproxy.malloc import pin_mmap_threshold
+from specproxy.malloc import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES, pin_malloc_thresholds
 
-# Allocates and frees a 1 MiB block, then allocates another one and prints whether it was
-# mmapped. glibc's dynamic threshold rises to 1 MiB at the first free, so without a pinned
-# threshold the second block comes from the heap.
+# argv: mode (default | pin | pin-low-trim). Allocates and frees a block above the pinned mmap
+# threshold, then allocates another and prints whether it was mmapped: glibc's dynamic threshold
+# rises to that size at the first free, so without a pin the second block comes from the heap.
+# Then frees a heap block below the mmap threshold at the top of the heap and prints whether
+# glibc kept it (keepcost): above the default 128 KiB trim threshold it is given back.
 _PROBE = """
 import ctypes, sys
-from specproxy.malloc import pin_mmap_threshold
+from specproxy.malloc import MMAP_THRESHOLD_BYTES, pin_malloc_thresholds
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
         "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost").split()]
@@ -24,13 +27,25 @@ libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = Mallinfo2
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = (ctypes.c_void_p,)
-pinned = pin_mmap_threshold() if sys.argv[1] == "pin" else False
-size = 1 << 20
-libc.free(libc.malloc(size))
+mode = sys.argv[1]
+pinned = False
+if mode == "pin":
+    pinned = pin_malloc_thresholds()
+elif mode == "pin-low-trim":
+    pinned = pin_malloc_thresholds(trim_bytes=128 * 1024)
+big = 2 * MMAP_THRESHOLD_BYTES
+libc.free(libc.malloc(big))
 before = libc.mallinfo2().hblkhd
-block = libc.malloc(size)
-print(pinned, libc.mallinfo2().hblkhd - before >= size)
+block = libc.malloc(big)
+mapped = libc.mallinfo2().hblkhd - before >= big
 libc.free(block)
+heap = MMAP_THRESHOLD_BYTES * 3 // 4
+if mode != "default":
+    libc.free(libc.malloc(heap))
+    kept = libc.mallinfo2().keepcost >= heap
+else:
+    kept = None
+print(pinned, mapped, kept)
 """
 
 
@@ -50,21 +65,30 @@ def _probe(mode: str, **env: str) -> str:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc behaviour")
 def test_default_glibc_moves_a_freed_block_size_to_the_heap() -> None:
     """The behaviour the module exists for (so the next test cannot pass vacuously)."""
-    assert _probe("default") == "False False"
+    assert _probe("default") == "False False None"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc behaviour")
-def test_pinned_threshold_keeps_large_blocks_mmapped() -> None:
-    assert _probe("pin") == "True True"
+def test_pinned_thresholds_keep_large_blocks_mmapped_and_a_freed_heap_top() -> None:
+    assert _probe("pin") == "True True True"
+    # the control: the same heap block is trimmed at glibc's default trim threshold
+    assert _probe("pin-low-trim") == "True True False"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc behaviour")
 def test_operator_threshold_wins() -> None:
-    assert _probe("pin", MALLOC_MMAP_THRESHOLD_="4194304") == "False False"
-    tunables = "glibc.malloc.mmap_threshold=4194304"
-    assert _probe("pin", GLIBC_TUNABLES=tunables) == "False False"
+    for env in (
+        {"MALLOC_MMAP_THRESHOLD_": "4194304"},
+        {"MALLOC_TRIM_THRESHOLD_": "4194304"},
+        {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4194304"},
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=4194304"},
+    ):
+        assert _probe("pin", **env).startswith("False"), env
 
 
 def test_environment_settings_are_respected_without_calling_glibc() -> None:
-    assert pin_mmap_threshold(environ={"MALLOC_MMAP_THRESHOLD_": "65536"}) is False
-    assert pin_mmap_threshold(environ={"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1"}) is False
+    assert pin_malloc_thresholds(environ={"MALLOC_MMAP_THRESHOLD_": "65536"}) is False
+    assert pin_malloc_thresholds(environ={"MALLOC_TRIM_THRESHOLD_": "65536"}) is False
+    tunables = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1"}
+    assert pin_malloc_thresholds(environ=tunables) is False
+    assert MMAP_THRESHOLD_BYTES < TRIM_THRESHOLD_BYTES

@@ -28,7 +28,7 @@ from specproxy.config import Config, load_toml
 from specproxy.config_env import env_settings, name_variable, variable_name
 from specproxy.errors import ConfigError
 from specproxy.fleet.workers import merged_metrics, supervise, this_worker, worker_argv
-from specproxy.malloc import pin_mmap_threshold
+from specproxy.malloc import pin_malloc_thresholds
 
 __all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
 
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--workers needs a fixed --port: the workers share it")
         return supervise(worker_argv(sys.argv[1:]), args.workers)
     admin_token = load_admin_token()
-    pin_mmap_threshold()  # a long-running process keeps RSS at its live data (`malloc`)
+    pin_malloc_thresholds()  # RSS stays at the live data, ticks do not page-fault (`malloc`)
     # Bind before anything starts, so a port in use is one error line and exit 2, and the
     # "serving" line below is logged only once the proxy really listens. Workers share the
     # port (SO_REUSEPORT: the kernel spreads connections over them).
