@@ -206,10 +206,10 @@ def fine_bins_of_minute_sql(dialect: Dialect) -> str:
         # visited in bin order (`fine_bins_arrays` sorts if they were not)
         packed = "group_concat(bin), group_concat(count)"
     else:
-        packed = (
-            "string_agg(int4send(bin), ''::bytea ORDER BY bin), "
-            "string_agg(int8send(count), ''::bytea ORDER BY bin)"
-        )
+        # no ORDER BY: both aggregates of a group take its rows in one order, so bins and counts
+        # stay aligned, and `fine_bins_arrays` sorts them when that order is not the bins'; the
+        # per-group sort was half of a cold reader's store time (0.49 of 0.76 s at 30 days)
+        packed = "string_agg(int4send(bin), ''::bytea), string_agg(int8send(count), ''::bytea)"
     return f"SELECT model, arm, {packed} FROM rollup_bins {where} GROUP BY model, arm"
 
 
