@@ -10,14 +10,15 @@ import pytest
 from scipy import stats
 
 from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index, coarse_as_fine, coarse_bin
-from specproxy.stats import binned
+from specproxy.stats import binned, compare
 from specproxy.stats.binned import (
     binned_density_at_median,
     binned_outliers,
     binned_rank_tests,
+    grid_histogram,
 )
 from specproxy.stats.clean import count_outliers
-from specproxy.stats.ranktests import hodges_lehmann
+from specproxy.stats.ranktests import HL_MAX_N, hodges_lehmann
 from specproxy.stats.samplesize import log_density_at_median
 
 IntArray = npt.NDArray[np.int64]
@@ -92,3 +93,23 @@ def test_a_span_wider_than_the_dense_limit_merges_bins(monkeypatch: pytest.Monke
         np.zeros(0, np.int64), np.zeros(0, np.int64), bins, np.ones_like(bins)
     )
     assert math.isnan(empty.hl_speedup) and math.isnan(empty.mann_whitney_p)
+
+
+def test_the_row_path_takes_large_arms_rank_tests_from_the_grid() -> None:
+    """Above `HL_MAX_N` values per arm the row path's HL is the binned one over every value:
+    within a bin of the exact HL of all values (the exact code would subsample)."""
+    rng = np.random.default_rng(9)
+    base, spec = rng.lognormal(0.0, 0.5, HL_MAX_N + 5000), rng.lognormal(-0.15, 0.5, HL_MAX_N + 1)
+    got = compare._rank_tests(base, spec, rng, 0.95)
+    want = binned_rank_tests(*grid_histogram(base), *grid_histogram(spec))
+    assert got == want.to_dict()
+    exact = hodges_lehmann(np.log(base), np.log(spec))
+    assert got["hl_speedup"] is not None and got["mann_whitney_p"] is not None
+    assert abs(math.log(got["hl_speedup"]) - exact[0]) <= D * (1 + 1e-9)
+    scipy_p = stats.mannwhitneyu(base, spec, alternative="two-sided", method="asymptotic").pvalue
+    # ties within a bin move U a little: p ~ 1e-198 here, equal on the log scale
+    assert math.log(got["mann_whitney_p"]) == pytest.approx(math.log(scipy_p), rel=1e-4)
+    small = compare._rank_tests(base[:500], spec[:500], rng, 0.95)  # exact below the limit
+    assert small["hl_speedup"] == pytest.approx(
+        math.exp(hodges_lehmann(np.log(base[:500]), np.log(spec[:500]))[0]), rel=1e-12
+    )

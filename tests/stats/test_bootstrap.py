@@ -11,7 +11,10 @@ from specproxy.stats.bootstrap import (
     HISTOGRAM_ERROR_BOUND,
     HISTOGRAM_MEAN_ERROR_BOUND,
     LogHistogram,
+    histogram_replicates,
     paired_speedup_intervals,
+    percentile_interval,
+    split_replicates,
     split_speedup_intervals,
 )
 
@@ -54,7 +57,7 @@ def test_same_seed_same_interval() -> None:
     assert a == b
 
 
-def test_large_arms_use_histogram_engine_and_match_exact_engine() -> None:
+def test_large_arms_take_the_mean_from_histograms_and_match_the_exact_engine() -> None:
     rng = np.random.default_rng(3)
     base = rng.lognormal(0.0, 0.5, 30_000)
     spec = rng.lognormal(-0.1, 0.5, 30_000)
@@ -68,6 +71,21 @@ def test_large_arms_use_histogram_engine_and_match_exact_engine() -> None:
         width = exact[s].upper - exact[s].lower
         assert abs(hist[s].lower - exact[s].lower) < 0.1 * width
         assert abs(hist[s].upper - exact[s].upper) < 0.1 * width
+    # which engine draws what: quantiles exact order statistics, the mean from the histogram
+    got = split_speedup_intervals(
+        base, spec, statistics=stats_, rng=np.random.default_rng(5), resamples=500
+    )
+    again = np.random.default_rng(5)
+    reps = [
+        {
+            **split_replicates(arm, ["median", "p99"], again, 500),
+            **histogram_replicates(arm, ["mean"], again, 500),
+        }
+        for arm in (base, spec)
+    ]
+    for s in stats_:
+        lower, upper = percentile_interval(reps[0][s] / reps[1][s], 0.95)
+        assert (got[s].lower, got[s].upper) == (lower, upper), s
 
 
 def _exact_lower_order_stat(

@@ -16,7 +16,8 @@ for the compacted tier's histograms):
     of log latency between the arms falls on a lag of bins, and the cross-correlation of the two
     histograms (one FFT) counts the pairs at each lag, so the median difference and the Moses
     bounds are read off its cumulative sum, within one bin width (a difference of two values
-    each within half a bin): exact over every request, where the row path subsamples 20k;
+    each within half a bin): exact over every request, where the exact bisection would have to
+    subsample (the row path uses this above `ranktests.HL_MAX_N` per arm too);
   * the density of log latency at the median (`samplesize`): the same Gaussian kernel and
     Silverman bandwidth, over the bin centres weighted by their counts.
 """
@@ -30,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from specproxy.loggrid import GRID_LOG_WIDTH
+from specproxy.loggrid import GRID_LOG_WIDTH, bin_index
 from specproxy.stats.clean import OutlierSummary
 from specproxy.stats.ranktests import RankTests
 
@@ -39,6 +40,7 @@ __all__ = [
     "binned_density_at_median",
     "binned_outliers",
     "binned_rank_tests",
+    "grid_histogram",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -48,6 +50,12 @@ IntArray = npt.NDArray[np.int64]
 # (latencies from 10 us to 10 min span ~90k bins); a wider span is merged into wider bins first,
 # and the estimate's error bound grows with them.
 MAX_DENSE_BINS: Final = 1 << 20
+
+
+def grid_histogram(values: FloatArray) -> tuple[IntArray, IntArray]:
+    """(sorted bins, counts) of strictly positive values on the fixed grid."""
+    bins, counts = np.unique(bin_index(values), return_counts=True)
+    return bins.astype(np.int64), counts.astype(np.int64)
 
 
 def _logs(bins: IntArray) -> FloatArray:

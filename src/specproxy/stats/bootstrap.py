@@ -14,8 +14,13 @@ Three engines, all vectorised over resamples and all driven by the caller's `np.
   - the mean resamples indices (multinomial), in chunks.
 * mirrored traffic (paired over pair ids): one multinomial resample of pair indices is applied to
   both arms; quantiles come from the resample counts in each arm's sorted order (no re-sorting).
-* split traffic, large n (> `HISTOGRAM_MIN_N` per arm): the *Poisson bootstrap over fine
-  log-spaced histograms* (Chamandy et al., "Estimating uncertainty for massive data streams").
+* split traffic, large n (> `HISTOGRAM_MIN_N` per arm): quantiles keep the exact order-statistic
+  engine (O(n log n) for the sort, then O(resamples) whatever n is: 2-18 ms for three quantiles
+  at 21k-1M values, where the histogram engine below took 110-200 ms), and the mean, whose exact
+  resampling costs O(resamples x n) (0.6 s at 21k values, 2.4 s at 100k), uses the *Poisson
+  bootstrap over log-spaced histograms* (Chamandy et al., "Estimating uncertainty for massive
+  data streams"), which `histogram_replicates` also offers for quantiles (the rollups' engine,
+  `blockboot`, works the same way on the fixed grid).
   Each observation gets a Poisson(1) weight; the weights of one bin then sum to Poisson(count), so
   a replicate needs one draw per bin, and only the bins near a quantile matter (the rest sum to one
   draw per side). With bins of log-width d = log(1 + rel_width):
@@ -308,8 +313,14 @@ def split_speedup_intervals(
         return {s: Interval(math.nan, math.nan, math.nan) for s in statistics}
     reps: list[dict[str, FloatArray]] = []
     for arm in (baseline, speculative):
-        if arm.size > histogram_min_n and bool(np.all(arm > 0)):
-            reps.append(histogram_replicates(arm, statistics, rng, resamples))
+        if arm.size > histogram_min_n and "mean" in statistics and bool(np.all(arm > 0)):
+            quantiles = [s for s in statistics if s != "mean"]
+            reps.append(
+                {
+                    **split_replicates(arm, quantiles, rng, resamples),
+                    **histogram_replicates(arm, ["mean"], rng, resamples),
+                }
+            )
         else:
             reps.append(split_replicates(arm, statistics, rng, resamples))
     out: dict[str, Interval] = {}

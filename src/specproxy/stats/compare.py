@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from specproxy.records import Arm
 from specproxy.stats.adjust import adjusted_speedup
+from specproxy.stats.binned import binned_rank_tests, grid_histogram
 from specproxy.stats.blockboot import ArmBlocks, BlockBootstrapResult, block_speedup_intervals
 from specproxy.stats.blocklength import unit_seconds
 from specproxy.stats.bootstrap import (
@@ -41,7 +42,7 @@ from specproxy.stats.diagnosis import (
     headline,
 )
 from specproxy.stats.quantile import STATISTICS, point_statistic, samples_needed
-from specproxy.stats.ranktests import rank_tests
+from specproxy.stats.ranktests import HL_MAX_N, rank_tests
 from specproxy.stats.result import (
     METRIC_COLUMNS,
     METRICS,
@@ -52,6 +53,7 @@ from specproxy.stats.result import (
     WindowComparison,
 )
 from specproxy.stats.result import Interval as IntervalResult
+from specproxy.stats.result import RankTests as RankTestsResult
 from specproxy.stats.samplesize import samples_for_median_change
 from specproxy.stats.verdict import anytime_valid
 
@@ -278,7 +280,7 @@ def _metric_block(
             Arm.BASELINE.value: count_outliers(b_used).to_dict(),
             Arm.SPECULATIVE.value: count_outliers(s_used).to_dict(),
         },
-        "rank_tests": rank_tests(base, spec, rng, settings.confidence).to_dict(),
+        "rank_tests": _rank_tests(base, spec, rng, settings.confidence),
         "samples_for_5pct_median": samples_for_median_change(base, spec, alpha=settings.alpha),
         "adjusted": None,
         "sequential": None,
@@ -311,6 +313,17 @@ def _metric_block(
 
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
+
+
+def _rank_tests(
+    base: FloatArray, spec: FloatArray, rng: np.random.Generator, confidence: float
+) -> RankTestsResult:
+    """Exact up to `HL_MAX_N` values per arm; above, from the grid histograms of every value
+    (`binned`: within a 0.02 % bin instead of the exact bisection's 20k-value subsample, and
+    ~20x cheaper: 0.1 s per call at 21k values per arm)."""
+    if max(base.size, spec.size) <= HL_MAX_N:
+        return rank_tests(base, spec, rng, confidence).to_dict()
+    return binned_rank_tests(*grid_histogram(base), *grid_histogram(spec), confidence).to_dict()
 
 
 def compare_window(
