@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from specproxy.loggrid import GRID_LOG_WIDTH, bin_index
+from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index
 from specproxy.stats.clean import OutlierSummary
 from specproxy.stats.ranktests import RankTests
 
@@ -105,27 +105,34 @@ def _mann_whitney_p(
     return float(min(1.0, 2.0 * stats.norm.sf(z)))
 
 
-def _dense(bins: IntArray, counts: IntArray, lo: int, width: int, merge: int) -> FloatArray:
+def _dense(bins: IntArray, counts: IntArray, lo: int, width: int, step: int) -> FloatArray:
     out = np.zeros(width)
-    np.add.at(out, (bins - lo) // merge, counts.astype(np.float64))
+    np.add.at(out, (bins - lo) // step, counts.astype(np.float64))
     return out
 
 
 def _difference_counts(
     b_bins: IntArray, b_counts: IntArray, s_bins: IntArray, s_counts: IntArray
 ) -> tuple[FloatArray, int, int]:
-    """Pair counts per lag of (baseline bin - speculative bin), the lag of index 0, and the bins
-    merged per lag step (1 unless the span exceeds `MAX_DENSE_BINS`)."""
+    """Pair counts per lag of (baseline bin - speculative bin) in steps of `step` bins, the lag
+    of index 0 (in steps), and `step`: COARSE_FACTOR when every entry is a compacted bin (all
+    at coarse centres, so their lags are whole coarse bins and the FFT is 25x shorter), merged
+    further only if the span exceeds `MAX_DENSE_BINS` (then lags are rounded to the step)."""
     lo = int(min(b_bins[0], s_bins[0]))
+    residue = lo % COARSE_FACTOR
+    coarse = bool(
+        np.all(b_bins % COARSE_FACTOR == residue) and np.all(s_bins % COARSE_FACTOR == residue)
+    )
     span = int(max(b_bins[-1], s_bins[-1])) - lo + 1
-    merge = max(1, math.ceil(span / MAX_DENSE_BINS))
-    width = (span + merge - 1) // merge
-    b = _dense(b_bins, b_counts, lo, width, merge)
-    s = _dense(s_bins, s_counts, lo, width, merge)
+    step = COARSE_FACTOR if coarse else 1
+    step *= max(1, math.ceil(span / step / MAX_DENSE_BINS))
+    width = (span + step - 1) // step
+    b = _dense(b_bins, b_counts, lo, width, step)
+    s = _dense(s_bins, s_counts, lo, width, step)
     size = 1 << (2 * width - 1).bit_length()
-    # conv[m] = sum_k b[k] s[width - 1 - m + k]: pairs whose lag (in merged steps) is m - width + 1
+    # conv[m] = sum_k b[k] s[width - 1 - m + k]: pairs whose lag (in steps) is m - width + 1
     conv = np.fft.irfft(np.fft.rfft(b, size) * np.fft.rfft(s[::-1], size), size)[: 2 * width - 1]
-    return np.maximum(np.rint(conv), 0.0), -(width - 1), merge
+    return np.maximum(np.rint(conv), 0.0), -(width - 1), step
 
 
 def binned_rank_tests(
@@ -139,10 +146,10 @@ def binned_rank_tests(
     if b_counts.sum() == 0 or s_counts.sum() == 0:
         return RankTests(math.nan, math.nan, math.nan, math.nan)
     p_value = _mann_whitney_p(b_bins, b_counts, s_bins, s_counts)
-    pairs, lag0, merge = _difference_counts(b_bins, b_counts, s_bins, s_counts)
+    pairs, lag0, step_bins = _difference_counts(b_bins, b_counts, s_bins, s_counts)
     cum = np.cumsum(pairs)
     total = float(cum[-1])  # n * m, up to the FFT's rounding of very large counts
-    step = merge * GRID_LOG_WIDTH
+    step = step_bins * GRID_LOG_WIDTH
 
     def kth(k: float) -> float:
         """The k-th smallest difference (1-based) as a log value."""

@@ -39,6 +39,7 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+import scipy.fft
 
 from specproxy.rollup import ROLLUP_UNIT_S
 
@@ -78,9 +79,12 @@ def politis_white_block_length(series: npt.NDArray[np.float64]) -> float:
     m_max = min(m_max, n - 1)
     b_max = math.ceil(min(3.0 * math.sqrt(n), n / 3.0))
     # autocovariances at lags 0..m_max through one zero-padded FFT (O(n log n); a dot product
-    # per lag costs O(n m_max), 0.1-0.6 s per arm on the 43k minutes of a 30-day window)
-    spectrum = np.fft.rfft(x, 2 * n)
-    acv = np.fft.irfft(spectrum * np.conj(spectrum), 2 * n)[: m_max + 1] / n
+    # per lag costs O(n m_max), 0.1-0.6 s per arm on the 43k minutes of a 30-day window). Padding
+    # to n + m_max keeps lags up to m_max free of wrap-around; a 5-smooth length is ~6x faster
+    # than 2n (13 ms for 2n = 86,562, 2 ms for 43,740)
+    size = scipy.fft.next_fast_len(n + m_max + 1, real=True)
+    spectrum = np.fft.rfft(x, size)
+    acv = np.fft.irfft(spectrum * np.conj(spectrum), size)[: m_max + 1] / n
     rho = acv / acv[0]
     threshold = 2.0 * math.sqrt(math.log10(n) / n)
     small = np.abs(rho[1:]) < threshold

@@ -16,7 +16,8 @@ Test of "slower" (the "faster" direction swaps the arms' roles), c = 1 + toleran
   * In unit u: K = speculative count, N = K + baseline count, X = #{speculative v: v / c > q_u},
     Y = #{baseline v: v > q_u}, m = X + Y.
   * Factor: F_u(lam) = exp(lam X - psi(N, K, m; lam)), psi = log E[exp(lam H)] for
-    H ~ Hypergeometric(population N, m marked, K drawn) (exact, from scipy's pmf).
+    H ~ Hypergeometric(population N, m marked, K drawn) (exact: its pmf from log-gammas,
+    normalised over the support).
   * E-process: E_t = sum_j w_j prod_{u <= t} F_u(lam_j) over the fixed grid `LAMBDAS` with equal
     weights w_j (a mixture of test martingales is a test martingale). "slower" iff
     max_{t} log E_t >= log(1 / alpha) (Ville's inequality: crossing at ANY unit, under any
@@ -71,7 +72,6 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 import scipy.special as sp
-import scipy.stats
 
 from specproxy.loggrid import COARSE_FACTOR, bin_index, bin_lower_edges, coarse_bin
 
@@ -174,7 +174,20 @@ def hypergeom_log_mgf(
     starts = np.concatenate([[0], np.cumsum(size)[:-1]])
     unit = np.repeat(np.arange(total.size), size)
     k = lo[unit] + np.arange(int(size.sum())) - starts[unit]
-    logpmf = scipy.stats.hypergeom.logpmf(k, total[unit], marked[unit], drawn[unit])
+    # log pmf up to a per-unit constant (the k-dependent log-gamma terms of
+    # C(m, k) C(N - m, K - k) / C(N, K)), normalised over each unit's support: the support holds
+    # every k of positive probability, so the pmf sums to one there and the constant is exactly
+    # the normaliser; 4 log-gammas per point where scipy's logpmf spends 6 betaln (4x faster)
+    m, n = marked[unit].astype(np.float64), drawn[unit].astype(np.float64)
+    kf = k.astype(np.float64)
+    log_f = -(
+        sp.gammaln(kf + 1.0)
+        + sp.gammaln(m - kf + 1.0)
+        + sp.gammaln(n - kf + 1.0)
+        + sp.gammaln(total[unit] - m - n + kf + 1.0)
+    )
+    peak = np.maximum.reduceat(log_f, starts)
+    logpmf = log_f - (peak + np.log(np.add.reduceat(np.exp(log_f - peak[unit]), starts)))[unit]
     for j, lam in enumerate(lams):
         v = logpmf + lam * k
         top = np.maximum.reduceat(v, starts)
