@@ -9,17 +9,19 @@ with the default `store.rollup_fine_minutes` (6) and `store.rollup_minute_hours`
   * fine 0.02 % rows for the last 6 minutes and the current one (real lognormal draws, written
     with the stores' own SQL: these are the rows replicas upsert).
 Both arms (speculative 20 % faster), three metrics. Then, in a fresh child process (so its peak
-RSS is the tick's and not the build's), as `StatsJob.run_once` does (compaction pass, then
-`compute_stats` with the job's cache and its one computing thread):
+RSS is the tick's and not the build's), as `StatsJob.run_once` does (`compute_stats` with the
+job's cache and its one computing thread, then the compaction pass, after the result):
   1. a cold tick (a new leader: empty cache);
   2. a warm tick after 15 s more traffic in the current minute;
   3. a warm tick one minute later (one more minute of traffic; a minute leaves the fine tier, so
-     the compaction pass moves it).
+     the compaction pass after it moves ~70k fine rows at 1k req/s);
+  4. the tick after that compaction (its read picks up the blocks the pass wrote).
 The ticks run with `specproxy serve`'s malloc thresholds (`specproxy.malloc`): they decide how
 many page faults a tick takes (with glibc's 128 KiB defaults pinned, twice the time).
-Printed per tick: wall s (and of it: the store reads, decoding them into the job's cache, the
-rest: compaction and the statistics), CPU s of this process (PostgreSQL's own CPU is not in it),
-rows and blobs read, and the child's peak RSS.
+Printed per tick: wall s to the result (and of it: the store reads, decoding them into the
+job's cache, the rest: the statistics), CPU s of this process (PostgreSQL's own CPU is not in
+it), rows and blobs read, the compaction pass's wall s and rows after the result, and the
+child's peak RSS.
 
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000            # SQLite
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000 --pg       # PostgreSQL
@@ -192,7 +194,6 @@ async def _tick(
 ) -> str:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     read0, decode0 = cache.read_s, cache.decode_s
-    moved = await store.compact_rollups(run_id=RUN, now=now)
     result = await compute_stats(
         store,
         run_id=RUN,
@@ -204,6 +205,9 @@ async def _tick(
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     read, decode = cache.read_s - read0, cache.decode_s - decode0
+    compact0 = time.perf_counter()
+    moved = await store.compact_rollups(run_id=RUN, now=now)  # after the result, as StatsJob
+    compaction = time.perf_counter() - compact0
     bounds = {
         label: f"{w.get('grid_error_bound', 0.0):.2%}"
         for label, w in result["results"]["all"].items()
@@ -211,7 +215,8 @@ async def _tick(
     return (
         f"wall {wall:.2f} s (store read {read:.2f}, decode {decode:.2f}, the rest "
         f"{wall - read - decode:.2f}), CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
-        f"compacted {moved:,} rows, source {result.get('source')}, grid bounds {bounds}, "
+        f"then compaction {compaction:.2f} s ({moved:,} rows), source {result.get('source')}, "
+        f"grid bounds {bounds}, "
         f"peak RSS {_rss_mb():.0f} MB, host load {os.getloadavg()[0]:.1f}"
     )
 
@@ -236,6 +241,9 @@ async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: 
         await _write_fine(url, rng, end_minute + 1, per_minute // 2)
         now += 60
         print(f"  next minute: {await _tick(store, cfg, cache, now, pool)}", flush=True)
+        await _write_fine(url, rng, end_minute + 1, per_minute // 4)
+        now += 15
+        print(f"  after that:  {await _tick(store, cfg, cache, now, pool)}", flush=True)
     finally:
         pool.shutdown()
         await store.close()

@@ -380,12 +380,10 @@ class StatsJob:
         return self._latest
 
     async def run_once(self) -> StatsResult:
-        """Compact the run's closed rollups (the leader's chore), compute now, publish, and append
-        to the store's history."""
-        try:
-            await self._store.compact_rollups(run_id=self._run_id, now=self._clock())
-        except Exception:  # retried next interval; the fine rows stay until then
-            log.exception("stats: rollup compaction failed")
+        """Compute now, publish, append to the store's history, then compact the run's closed
+        rollups (the leader's chore). Compaction comes last so it never delays a result: once a
+        minute it folds that minute's ~70k fine rows at 1k req/s (0.5-0.8 s), and the next
+        tick's incremental read picks up the blocks it wrote."""
         result = await compute_stats(
             self._store,
             run_id=self._run_id,
@@ -411,6 +409,10 @@ class StatsJob:
             )
         except Exception:  # history is best effort; the live result is already published
             log.exception("stats: could not write the history row")
+        try:
+            await self._store.compact_rollups(run_id=self._run_id, now=self._clock())
+        except Exception:  # retried next interval; the fine rows stay until then
+            log.exception("stats: rollup compaction failed")
         return result
 
     async def follow_once(self) -> StatsResult | None:
