@@ -18,10 +18,10 @@ job's cache and its one computing thread, then the compaction pass, after the re
   4. the tick after that compaction (its read picks up the blocks the pass wrote).
 The ticks run with `specproxy serve`'s malloc thresholds (`specproxy.malloc`): they decide how
 many page faults a tick takes (with glibc's 128 KiB defaults pinned, twice the time).
-Printed per tick: wall s to the result (and of it: the store reads, decoding them into the
-job's cache, the rest: the statistics), CPU s of this process (PostgreSQL's own CPU is not in
-it), rows and blobs read, the compaction pass's wall s and rows after the result, and the
-child's peak RSS.
+Printed per tick: wall s to the result (and of it: the cache refresh, with its store reads and
+decoding them into the job's cache, which overlap; the rest: the statistics), CPU s of this
+process (PostgreSQL's own CPU is not in it), rows and blobs read, the compaction pass's wall s
+and rows after the result, and the child's peak RSS.
 
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000            # SQLite
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000 --pg       # PostgreSQL
@@ -193,7 +193,7 @@ async def _tick(
     store: Any, cfg: StatsConfig, cache: RollupCache, now: float, pool: ThreadPoolExecutor
 ) -> str:
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    read0, decode0 = cache.read_s, cache.decode_s
+    read0, decode0, refresh0 = cache.read_s, cache.decode_s, cache.refresh_s
     result = await compute_stats(
         store,
         run_id=RUN,
@@ -205,6 +205,7 @@ async def _tick(
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     read, decode = cache.read_s - read0, cache.decode_s - decode0
+    refresh = cache.refresh_s - refresh0
     compact0 = time.perf_counter()
     moved = await store.compact_rollups(run_id=RUN, now=now)  # after the result, as StatsJob
     compaction = time.perf_counter() - compact0
@@ -213,8 +214,8 @@ async def _tick(
         for label, w in result["results"]["all"].items()
     }
     return (
-        f"wall {wall:.2f} s (store read {read:.2f}, decode {decode:.2f}, the rest "
-        f"{wall - read - decode:.2f}), CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
+        f"wall {wall:.2f} s (refresh {refresh:.2f}: store read {read:.2f}, decode {decode:.2f}; "
+        f"the rest {wall - refresh:.2f}), CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
         f"then compaction {compaction:.2f} s ({moved:,} rows), source {result.get('source')}, "
         f"grid bounds {bounds}, "
         f"peak RSS {_rss_mb():.0f} MB, host load {os.getloadavg()[0]:.1f}"
