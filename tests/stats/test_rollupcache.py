@@ -207,3 +207,27 @@ async def test_decoding_runs_on_the_given_executor_not_the_event_loop(
     assert all(name.startswith("decoder") for name in threads)
     assert _canonical(cache) == _canonical(await _cold(store))
     assert cache.read_s > 0 and cache.decode_s > 0
+
+
+async def test_a_refresh_reads_the_other_metrics_only_when_the_first_ones_counts_say_so(
+    store: BufferedStore,
+) -> None:
+    """`go_on` sees the first metric's requests per arm as the tiers will hold them (blocks and
+    fine minutes, compacted or not), and a refused `go_on` leaves the other metrics unread."""
+    await _write(store, _records(M0, 90, 20, "g"))
+    await store.compact_rollups(run_id=RUN, now=(M0 + 85) * 60.0)  # hour and minute blocks
+    seen: list[dict[str, int]] = []
+
+    def refuse(requests: dict[str, int]) -> bool:
+        seen.append(requests)
+        return False
+
+    cache = RollupCache()
+    await cache.refresh(store, RUN, tuple(ROLLUP_METRICS), go_on=refuse)
+    first = next(iter(ROLLUP_METRICS))
+    assert seen == [{arm.value: cache.tiers[first][arm].n for arm in Arm}]
+    assert all(v > 0 for v in seen[0].values())
+    assert all(t.n == 0 for m in ROLLUP_METRICS if m != first for t in cache.tiers[m].values())
+    assert any(t.blocks for t in cache.tiers[first].values())  # the counts included blocks
+    await cache.refresh(store, RUN, tuple(ROLLUP_METRICS), go_on=lambda _requests: True)
+    assert _canonical(cache) == _canonical(await _cold(store))

@@ -268,11 +268,14 @@ async def compute_stats(
     if gpu_samples is None:
         gpu_samples = await store.read_gpu_samples(run_id=run_id, limit=GPU_SAMPLES_READ)
     cache = cache if cache is not None else RollupCache()
-    await cache.refresh(store, run_id, ("e2e",))
-    rows_read = cache.rows_read
+    # e2e first: its counts decide rows or rollups, and only rollups need the other metrics
+    await cache.refresh(
+        store,
+        run_id,
+        ("e2e", *(m for m in ROLLUP_METRICS if m != "e2e")),
+        go_on=lambda requests: max(requests.values(), default=0) > stats_cfg.raw_rows_max,
+    )
     if max(tier.n for tier in cache.tiers["e2e"].values()) > stats_cfg.raw_rows_max:
-        await cache.refresh(store, run_id, tuple(m for m in ROLLUP_METRICS if m != "e2e"))
-        cache.rows_read += rows_read
         windows = [(w, window_label(w)) for w in stats_cfg.windows_s]
         window_end, starts = await loop.run_in_executor(
             executor,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -135,12 +136,15 @@ class RollupCache:
         metrics: tuple[str, ...],
         *,
         executor: Executor | None = None,
+        go_on: Callable[[dict[str, int]], bool] | None = None,
     ) -> int:
         """Read what changed of `metrics`; return the rows (and blobs) read. Decoding runs on
         `executor` (the stats job's own thread, so the cache's arrays live in its malloc arena;
         None: the loop's default pool), never on the event loop, and overlaps the next metric's
         read (a new leader's first refresh reads ~490k rows and blobs at 30 days x 1k req/s:
-        store and decoder work at once on two cores)."""
+        store and decoder work at once on two cores). `go_on`: asked with the first metric's
+        requests per arm (`TierRead.requests`) whether to read the others at all, so a caller
+        that needs them only for big runs still overlaps the first decode with the next read."""
         loop = asyncio.get_running_loop()
         began = time.perf_counter()
         rows = 0
@@ -156,6 +160,8 @@ class RollupCache:
                     self.decode_s += await decoding
                 decoding = loop.run_in_executor(executor, self._timed_apply, metric, read)
                 rows += read.rows
+                if go_on is not None and metric == metrics[0] and not go_on(read.requests()):
+                    break
             if decoding is not None:
                 self.decode_s += await decoding
                 decoding = None

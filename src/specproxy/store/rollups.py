@@ -254,6 +254,16 @@ class TierRead:
     # changed key only
     bins: dict[FineKey, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]
 
+    def requests(self) -> dict[str, int]:
+        """Requests per arm name in the whole snapshot (every block and fine minute, changed or
+        not): what the reader's tiers hold once it applies this read."""
+        out: dict[str, int] = {}
+        for *_key, arm, n in self.blocks:
+            out[arm] = out.get(arm, 0) + n
+        for _minute, _model, arm, n, _total, _sq in self.minutes:
+            out[arm] = out.get(arm, 0) + n
+        return out
+
     @property
     def rows(self) -> int:
         """Rows (or blobs) the read transferred."""
