@@ -16,8 +16,9 @@ job's cache and its one computing thread, then the compaction pass, after the re
   3. a warm tick one minute later (one more minute of traffic; a minute leaves the fine tier, so
      the compaction pass after it moves ~70k fine rows at 1k req/s);
   4. the tick after that compaction (its read picks up the blocks the pass wrote).
-The ticks run with `specproxy serve`'s malloc thresholds (`specproxy.malloc`): they decide how
-many page faults a tick takes (with glibc's 128 KiB defaults pinned, twice the time).
+The ticks run with `specproxy serve`'s malloc thresholds (`specproxy.malloc`: they decide how
+many page faults a tick takes; with glibc's 128 KiB defaults pinned, twice the time) and its one
+BLAS thread (`specproxy.blas`: with one per core, the CPU-s nearly double).
 Printed per tick: wall s to the result (and of it: the cache refresh, with its store reads and
 decoding them into the job's cache, which overlap; the rest: the statistics), CPU s of this
 process (PostgreSQL's own CPU is not in it), rows and blobs read, the compaction pass's wall s
@@ -53,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.store.
 
 from tests.store.pgcluster import PgCluster, find_pg_bin
 
+from specproxy.blas import limit_blas_threads
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index
 from specproxy.malloc import pin_malloc_thresholds
@@ -252,6 +254,7 @@ async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: 
 
 def _child(url: str, rate: float, end_minute: int, resamples: int, spill: str) -> None:
     pin_malloc_thresholds()  # as `specproxy serve` does: the allocator decides page faults
+    limit_blas_threads()  # and so does its one BLAS thread (CPU-s halve)
     asyncio.run(_ticks(url, rate, end_minute, resamples, spill))
 
 
@@ -311,6 +314,7 @@ async def main() -> None:
     parser.add_argument("--resamples", type=int, default=2000)
     args = parser.parse_args()
     pin_malloc_thresholds()  # the raw-rows ticks run here: the same allocator as the proxy's
+    limit_blas_threads()
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollups-"))
     end_minute = 29_000_000  # ~2025
     if args.days:

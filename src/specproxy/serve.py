@@ -24,6 +24,7 @@ from aiohttp import web
 from specproxy.admin import load_admin_token
 from specproxy.app import create_app
 from specproxy.appkeys import METRICS_VIEW, REGISTRY
+from specproxy.blas import limit_blas_threads
 from specproxy.config import Config, load_toml
 from specproxy.config_env import env_settings, name_variable, variable_name
 from specproxy.errors import ConfigError
@@ -181,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         return supervise(worker_argv(sys.argv[1:]), args.workers)
     admin_token = load_admin_token()
     pin_malloc_thresholds()  # RSS stays at the live data, ticks do not page-fault (`malloc`)
+    limit_blas_threads()  # the stats job's matrix products leave the other cores alone (`blas`)
     # Bind before anything starts, so a port in use is one error line and exit 2, and the
     # "serving" line below is logged only once the proxy really listens. Workers share the
     # port (SO_REUSEPORT: the kernel spreads connections over them).
