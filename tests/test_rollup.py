@@ -66,3 +66,26 @@ def test_unusable_and_non_positive_values_are_left_out() -> None:
     batch = rollup_records(recs)
     assert [s[4] for s in batch.summaries] == ["e2e"]
     assert batch.summaries[0][5] == 1
+
+
+def test_moments_are_the_regression_sums_of_requests_with_both_token_counts() -> None:
+    recs = [
+        _rec(0, 60.0, 2.0, output_tokens=10, prompt_tokens=100),
+        _rec(1, 61.0, 4.0, output_tokens=30, prompt_tokens=50),
+        _rec(2, 62.0, 3.0, output_tokens=20),  # no prompt count: left out
+        _rec(3, 63.0, 3.0, output_tokens=0, prompt_tokens=5),  # no output token: left out
+        _rec(4, 64.0, 5.0, output_tokens=8, prompt_tokens=9, status=500),  # unusable
+        _rec(5, 180.0, 1.5, output_tokens=7, prompt_tokens=3, arm=Arm.SPECULATIVE),
+    ]
+    batch = rollup_records(recs)
+    by_key = {row[:4]: row[4:] for row in batch.moments}
+    assert set(by_key) == {("run", 1, "m", "baseline"), ("run", 3, "m", "speculative")}
+    y, u, v = np.log([2.0, 4.0]), np.log([10.0, 30.0]), np.log([100.0, 50.0])
+    want = [2, u.sum(), v.sum(), u @ u, v @ v, u @ v, y.sum(), u @ y, v @ y, y @ y]
+    got = by_key[("run", 1, "m", "baseline")]
+    assert got[0] == 2 and isinstance(got[0], int)
+    assert np.allclose(got, want, rtol=1e-12)
+    halves = merge_batches([rollup_records(recs[:1]), rollup_records(recs[1:])]).moments
+    assert {r[:4]: r[4:] for r in halves}.keys() == by_key.keys()
+    for row in halves:
+        assert np.allclose(row[4:], by_key[row[:4]], rtol=1e-12)

@@ -23,35 +23,44 @@ rows per request, measured: 20,000 requests with distinct strings wrote 60,000 s
 instead of 24), and with them every stats tick. The store passes its labeller in
 (`Store.label_models`); the raw string stays on the request row.
 
-The length adjustment's regression is NOT rolled up: it needs per-request covariates; windows
-analysed from rollups report it as unavailable.
+The length adjustment's regression (`stats.adjust`) is rolled up as its sufficient statistics:
+per (run, minute, model, arm), over the same requests when they report both token counts, the
+count and the sums of u, v, u^2, v^2, uv, y, uy, vy, y^2 with y = log E2E, u = log output tokens,
+v = log prompt tokens (`MOMENT_SUMS`; schema v8, `store.moments`). Its fully interacted OLS is
+one 3x3 solve per arm from those sums, so a window (or a bootstrap block) of minutes gives the
+same estimate as its rows.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from specproxy.loggrid import bin_index
 from specproxy.records import RequestRecord
 
 __all__ = [
+    "MOMENT_SUMS",
     "ROLLUP_METRICS",
     "ROLLUP_UNIT_S",
     "BinRow",
+    "MomentRow",
     "RollupBatch",
     "SummaryRow",
     "as_is",
     "merge_batches",
     "minute_of",
+    "moment_values",
     "rollup_records",
     "usable_for_rollup",
 ]
 
+FloatArray = npt.NDArray[np.float64]
 ROLLUP_UNIT_S: Final = 60.0  # one minute: the rollups' (and the block bootstrap's) time unit
 # metric name -> record attribute (the same names as `compare.METRIC_COLUMNS`)
 ROLLUP_METRICS: Final[dict[str, str]] = {"e2e": "e2e_s", "ttft": "ttft_s", "tpot": "tpot_s"}
@@ -60,6 +69,10 @@ ROLLUP_METRICS: Final[dict[str, str]] = {"e2e": "e2e_s", "ttft": "ttft_s", "tpot
 SummaryRow = tuple[str, int, str, str, str, int, float, float]
 # (run_id, minute, model, arm, metric, bin, count)
 BinRow = tuple[str, int, str, str, str, int, int]
+# The regression's sufficient statistics, in this order (n, then sums; see the module docstring).
+MOMENT_SUMS: Final = ("n", "su", "sv", "suu", "svv", "suv", "sy", "suy", "svy", "syy")
+# (run_id, minute, model, arm, *MOMENT_SUMS)
+MomentRow = tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +81,16 @@ class RollupBatch:
 
     summaries: list[SummaryRow]
     bins: list[BinRow]
+    moments: list[MomentRow] = field(default_factory=list)
+
+
+def moment_values(e2e: FloatArray, output: FloatArray, prompt: FloatArray) -> FloatArray:
+    """`MOMENT_SUMS` of requests with these E2E latencies and token counts (all positive)."""
+    y, u, v = np.log(e2e), np.log(output), np.log(prompt)
+    return np.array(
+        [y.size, u.sum(), v.sum(), u @ u, v @ v, u @ v, y.sum(), u @ y, v @ y, y @ y],
+        dtype=np.float64,
+    )
 
 
 def minute_of(t: float) -> int:
@@ -89,6 +112,7 @@ def rollup_records(
     """The rollup rows of `records` (one summary per key, one row per occupied bin), keyed by
     `model_label(record.model)`."""
     groups: dict[tuple[str, int, str, str, str], list[float]] = {}
+    covariates: dict[tuple[str, int, str, str], list[tuple[float, float, float]]] = {}
     labels: dict[str, str] = {}
     for rec in records:
         if not usable_for_rollup(rec):
@@ -97,6 +121,10 @@ def rollup_records(
         model = labels.get(rec.model)
         if model is None:
             model = labels[rec.model] = model_label(rec.model)
+        if _regressable(rec):
+            covariates.setdefault((rec.run_id, minute, model, rec.arm.value), []).append(
+                (rec.e2e_s, float(rec.output_tokens or 0), float(rec.prompt_tokens or 0))
+            )
         for metric, attr in ROLLUP_METRICS.items():
             value = getattr(rec, attr)
             if value is None or not math.isfinite(value) or value <= 0:
@@ -110,7 +138,24 @@ def rollup_records(
         summaries.append((*key, int(v.size), float(v.sum()), float(v @ v)))
         b, c = np.unique(bin_index(v), return_counts=True)
         bins.extend((*key, int(i), int(n)) for i, n in zip(b, c, strict=True))
-    return RollupBatch(summaries, bins)
+    moments: list[MomentRow] = []
+    for mkey, rows in covariates.items():
+        e2e, output, prompt = np.asarray(rows, dtype=np.float64).T
+        sums = moment_values(e2e, output, prompt)
+        moments.append((*mkey, int(sums[0]), *(float(x) for x in sums[1:])))
+    return RollupBatch(summaries, bins, moments)
+
+
+def _regressable(rec: RequestRecord) -> bool:
+    """A request the length adjustment can use: finite positive E2E and both token counts."""
+    return (
+        math.isfinite(rec.e2e_s)
+        and rec.e2e_s > 0
+        and rec.output_tokens is not None
+        and rec.output_tokens > 0
+        and rec.prompt_tokens is not None
+        and rec.prompt_tokens > 0
+    )
 
 
 def merge_batches(batches: Sequence[RollupBatch]) -> RollupBatch:
@@ -126,7 +171,13 @@ def merge_batches(batches: Sequence[RollupBatch]) -> RollupBatch:
         for run_id, minute, model, arm, metric, b, count in batch.bins:
             k = (run_id, minute, model, arm, metric, b)
             bins[k] = bins.get(k, 0) + count
+    moments: dict[tuple[Any, ...], FloatArray] = {}
+    for batch in batches:
+        for row in batch.moments:
+            key, values = row[:4], np.asarray(row[4:], dtype=np.float64)
+            moments[key] = moments[key] + values if key in moments else values
     return RollupBatch(
         [(*k, int(v[0]), float(v[1]), float(v[2])) for k, v in summaries.items()],
         [(*k, c) for k, c in bins.items()],
+        [(*k, int(v[0]), *(float(x) for x in v[1:])) for k, v in moments.items()],
     )

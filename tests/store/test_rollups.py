@@ -3,11 +3,13 @@ retention, on every backend."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,11 +17,12 @@ import pytest
 from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.loggrid import coarse_as_fine, coarse_bin
 from specproxy.records import Arm, RequestRecord
-from specproxy.rollup import ROLLUP_METRICS, minute_of, rollup_records
+from specproxy.rollup import ROLLUP_METRICS, merge_batches, minute_of, rollup_records
 from specproxy.rollupblob import Block
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.compaction import CompactionBounds
 from specproxy.store.factory import open_store
+from specproxy.store.moments import hour_moment_rows
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions, fine_bins_arrays
 from tests.store.conftest import make_record, store_config
 
@@ -72,10 +75,13 @@ async def _read(
     )
 
 
-async def test_rollups_of_batches_and_replicas_add_up(backend_url: str, tmp_path: Path) -> None:
-    records = _records(600)
+@contextlib.asynccontextmanager
+async def _replicas(
+    backend_url: str, tmp_path: Path, records: list[RequestRecord]
+) -> AsyncIterator[BufferedStore]:
+    """Two replicas sharing one database write `records` alternately (memory:// is per process,
+    so there it is one store); yields the first, after both flushed."""
     first = open_store(store_config(backend_url, tmp_path / "a"), run_id="run")
-    # two replicas share one database; memory:// is per process, so there it is one store
     shared = not backend_url.startswith("memory")
     second = (
         open_store(store_config(backend_url, tmp_path / "b"), run_id="run") if shared else first
@@ -84,10 +90,20 @@ async def test_rollups_of_batches_and_replicas_add_up(backend_url: str, tmp_path
     if shared:
         await second.start()
     try:
-        for i, rec in enumerate(records):  # two replicas, batches of 100, interleaved minutes
+        for i, rec in enumerate(records):  # batches of 100, interleaved minutes
             (first if i % 2 else second).record(rec)
         await first.flush()
         await second.flush()
+        yield first
+    finally:
+        await first.close()
+        if shared:
+            await second.close()
+
+
+async def test_rollups_of_batches_and_replicas_add_up(backend_url: str, tmp_path: Path) -> None:
+    records = _records(600)
+    async with _replicas(backend_url, tmp_path, records) as first:
         for metric in ROLLUP_METRICS:
             got = await _read(first, metric)
             for arm in Arm:
@@ -99,10 +115,6 @@ async def test_rollups_of_batches_and_replicas_add_up(backend_url: str, tmp_path
         only_a = await _read(first, "e2e", model="a")
         bins_a, _ = _expected([r for r in records if r.model == "a"], "e2e", Arm.BASELINE)
         assert _pooled(only_a[Arm.BASELINE]) == bins_a
-    finally:
-        await first.close()
-        if shared:
-            await second.close()
 
 
 async def test_a_replayed_batch_is_not_rolled_up_twice(store: BufferedStore) -> None:
@@ -140,6 +152,56 @@ async def test_rollups_are_keyed_by_the_bounded_model_label(store: BufferedStore
     assert {model for _minute, model, _arm in read.bins} == {"served", "allowed", OTHER}
     by_model = {model: n for _minute, model, _arm, n, _t, _sq in read.minutes}
     assert by_model == {"served": 1, "allowed": 1, OTHER: len(hostile)}
+
+
+def _with_tokens(records: list[RequestRecord], hours: float) -> list[RequestRecord]:
+    """`records` spread over `hours` hours from T0, with token counts (some without a prompt
+    count: those the moments leave out)."""
+    step = hours * 3600 / len(records)
+    return [
+        replace(
+            r,
+            t_start=T0 + i * step,
+            output_tokens=1 + i % 97,
+            prompt_tokens=None if i % 19 == 0 else 5 + i % 41,
+        )
+        for i, r in enumerate(records)
+    ]
+
+
+def _moment_key_rows(rows: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], list[float]]:
+    return {tuple(r[:3]): [float(x) for x in r[3:]] for r in rows}
+
+
+async def test_moments_of_batches_and_replicas_add_up(backend_url: str, tmp_path: Path) -> None:
+    """The length adjustment's sums (schema v8): per minute and per hour, equal to those of the
+    inserted rows whatever the replicas and batches, a replay not counted twice, retention
+    cutting minutes and whole hours."""
+    records = _with_tokens(_records(900, prefix="m"), hours=2.5)
+    async with _replicas(backend_url, tmp_path, records) as first:
+        for rec in records[:100]:  # a replay of rows already stored
+            first.record(rec)
+        await first.flush()
+        want = merge_batches([rollup_records(records)]).moments
+        assert want and all(r[4] > 0 for r in want)
+        got = await first.read_moments(run_id="run", since_minute=0)
+        expect_minutes = _moment_key_rows([r[1:] for r in want])
+        expect_hours = _moment_key_rows([r[1:] for r in hour_moment_rows(want)])
+        for rows, expect in ((got.minutes, expect_minutes), (got.hours, expect_hours)):
+            have = _moment_key_rows(rows)
+            assert have.keys() == expect.keys()
+            for key, values in expect.items():
+                assert have[key] == pytest.approx(values, rel=1e-12), key
+        since = minute_of(T0) + 100
+        later = await first.read_moments(run_id="run", since_minute=since)
+        assert {r[0] for r in later.minutes} == {m for m, *_ in expect_minutes if m >= since}
+        assert len(later.hours) == len(got.hours)  # hours are read whole
+        # retention at minute T0 + 70: minutes before it go, and the first hour (ended)
+        cut = minute_of(T0) + 70
+        await first.purge_rollups_older_than(cut * 60.0)
+        kept = await first.read_moments(run_id="run", since_minute=0)
+        assert {r[0] for r in kept.minutes} == {m for m, *_ in expect_minutes if m >= cut}
+        assert {r[0] for r in kept.hours} == {h for h, *_ in expect_hours if h + 60 > cut}
 
 
 async def test_only_usable_primary_requests_are_rolled_up(store: BufferedStore) -> None:

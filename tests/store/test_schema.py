@@ -8,8 +8,9 @@ from pathlib import Path
 
 import asyncpg
 import numpy as np
+import pytest
 
-from specproxy.records import Arm, EngineSample, GpuSample
+from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.factory import open_store
 from specproxy.store.schema import (
     GPU_COLUMNS,
@@ -306,4 +307,49 @@ async def test_postgres_v6_store_gains_hour_aggregates_of_its_samples(
     ]
     await _pg_store_at(pg_url, 6, rows)
     await _check_v6_upgraded(pg_url, tmp_path)
+    assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
+
+
+async def _check_v7_upgraded(url: str, tmp_path: Path) -> None:
+    """A v7 store keeps its rollups and starts the v8 moment tables empty; writes fill them."""
+    store = open_store(store_config(url, tmp_path))
+    await store.start()
+    rollups = await store.read_rollups(run_id="run", metric="e2e", since_minute=0, until_minute=1)
+    assert rollups[Arm.BASELINE].n.tolist() == [1]
+    empty = await store.read_moments(run_id="run", since_minute=0)
+    assert empty.hours == [] and empty.minutes == []
+    store.record(
+        RequestRecord(
+            request_id="v8-1",
+            run_id="run",
+            arm=Arm.BASELINE,
+            t_start=130.0,
+            model="tiny",
+            endpoint="completions",
+            stream=True,
+            status=200,
+            e2e_s=2.0,
+            upstream_s=1.9,
+            prompt_tokens=8,
+            output_tokens=16,
+        )
+    )
+    await store.flush()
+    got = await store.read_moments(run_id="run", since_minute=0)
+    assert [r[:4] for r in got.minutes] == [(2, "tiny", "baseline", 1)]
+    assert [r[:4] for r in got.hours] == [(0, "tiny", "baseline", 1)]
+    assert got.minutes[0][4:] == pytest.approx(got.hours[0][4:])
+    await store.close()
+    assert store.dropped == 0
+
+
+async def test_sqlite_v7_store_gains_empty_moment_tables(tmp_path: Path) -> None:
+    db = tmp_path / "v7.db"
+    _sqlite_store_at(db, 7, [statement.format(true=1) for statement in V5_ROWS])
+    await _check_v7_upgraded(f"sqlite:///{db}", tmp_path)
+
+
+async def test_postgres_v7_store_gains_empty_moment_tables(pg_url: str, tmp_path: Path) -> None:
+    await _pg_store_at(pg_url, 7, [statement.format(true="TRUE") for statement in V5_ROWS])
+    await _check_v7_upgraded(pg_url, tmp_path)
     assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))

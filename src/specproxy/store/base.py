@@ -26,6 +26,7 @@ from typing import Any
 from specproxy.engineagg import EngineAggregate
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.arrays import ArmArrays, check_columns
+from specproxy.store.moments import MomentRead
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions
 
 __all__ = ["ArmArrays", "RecordQuery", "Store"]
@@ -151,6 +152,11 @@ class Store(abc.ABC):
     async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
         """Every rollup block and fine minute of `metric` from one snapshot: keys and `n` of all,
         contents of those whose `n` is not what `known` holds (`store.rollups.TierRead`)."""
+
+    @abc.abstractmethod
+    async def read_moments(self, *, run_id: str, since_minute: int) -> MomentRead:
+        """The run's length-adjustment moments (`store.moments`): every hour row, and the minute
+        rows from `since_minute` on."""
 
     @abc.abstractmethod
     async def read_engine_samples(

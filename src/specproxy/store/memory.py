@@ -20,6 +20,7 @@ from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.compaction import CompactionBounds, fold
+from specproxy.store.moments import MomentRead, hour_moment_rows
 from specproxy.store.registry import register_backend
 from specproxy.store.rollups import (
     RollupRows,
@@ -53,6 +54,9 @@ class MemoryStore(BufferedStore):
         self._minutes: dict[RollupKey, list[float]] = {}
         self._bins: dict[RollupKey, dict[int, int]] = {}
         self._blocks: dict[StoredBlockKey, bytes] = {}
+        # (run_id, minute or hour start, model, arm) -> MOMENT_SUMS, as the two v8 tables
+        self._moments: dict[tuple[str, int, str, str], list[float]] = {}
+        self._moment_hours: dict[tuple[str, int, str, str], list[float]] = {}
 
     async def _open(self) -> None:
         self._check_up()
@@ -68,6 +72,14 @@ class MemoryStore(BufferedStore):
                 self._rows[key] = rec
                 new.append(rec)
         batch = rollup_records(new, self._model_label)  # additive, as the SQL upserts
+        for table, rows in (
+            (self._moments, batch.moments),
+            (self._moment_hours, hour_moment_rows(batch.moments)),
+        ):
+            for run_id, start, model, arm, *sums in rows:
+                acc = table.setdefault((run_id, start, model, arm), [0.0] * len(sums))
+                for i, value in enumerate(sums):
+                    acc[i] += value
         for run_id, minute, model, arm, metric, n, total, total_sq in batch.summaries:
             acc = self._minutes.setdefault((run_id, minute, model, arm, metric), [0, 0.0, 0.0])
             acc[0] += n
@@ -108,7 +120,22 @@ class MemoryStore(BufferedStore):
         for bk in [bk for bk in self._blocks if bk[2] + bk[3] <= before_minute]:
             del self._blocks[bk]
             removed += 1
+        for table, span in ((self._moments, 1), (self._moment_hours, 60)):
+            for mk in [mk for mk in table if mk[1] + span <= before_minute]:
+                del table[mk]
+                removed += 1
         return removed
+
+    async def read_moments(self, *, run_id: str, since_minute: int) -> MomentRead:
+        self._check_up()
+
+        def rows(table: dict[tuple[str, int, str, str], list[float]]) -> list[tuple[Any, ...]]:
+            return [
+                (k[1], k[2], k[3], int(v[0]), *v[1:]) for k, v in table.items() if k[0] == run_id
+            ]
+
+        minutes = [r for r in rows(self._moments) if r[0] >= since_minute]
+        return MomentRead(rows(self._moment_hours), minutes)
 
     async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
         self._check_up()

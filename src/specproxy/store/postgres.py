@@ -25,6 +25,13 @@ from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
+from specproxy.store.moments import (
+    MomentRead,
+    delete_moments_sql,
+    hour_moment_rows,
+    read_moments_sql,
+    upsert_moments_sql,
+)
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
@@ -193,6 +200,14 @@ class PostgresStore(BufferedStore):
                 if batch.summaries:
                     await conn.executemany(upsert_minutes_sql("postgresql"), batch.summaries)
                     await conn.executemany(upsert_bins_sql("postgresql"), batch.bins)
+                if batch.moments:  # in key order, as the hour rows: writers lock rows alike
+                    await conn.executemany(
+                        upsert_moments_sql("postgresql", hours=False), sorted(batch.moments)
+                    )
+                    await conn.executemany(
+                        upsert_moments_sql("postgresql", hours=True),
+                        hour_moment_rows(batch.moments),
+                    )
             if engine:
                 await conn.copy_records_to_table(
                     "incoming_engine",
@@ -222,7 +237,7 @@ class PostgresStore(BufferedStore):
     async def _purge_rollups(self, before_minute: int) -> int:
         removed = 0
         async with self.pool.acquire() as conn, conn.transaction():
-            for sql in delete_rollups_sql("postgresql"):
+            for sql in (*delete_rollups_sql("postgresql"), *delete_moments_sql("postgresql")):
                 status = await conn.execute(sql, before_minute)
                 removed += int(status.split()[-1])
         return removed
@@ -304,6 +319,21 @@ class PostgresStore(BufferedStore):
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
         return TierRead(listing, blobs, minutes, bins)
+
+    async def read_moments(self, *, run_id: str, since_minute: int) -> MomentRead:
+        await self._ensure_open()
+        try:
+            async with (
+                self.pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):  # one snapshot of both tables
+                hours = await conn.fetch(read_moments_sql("postgresql", hours=True), run_id)
+                minutes = await conn.fetch(
+                    read_moments_sql("postgresql", hours=False), run_id, since_minute
+                )
+        except Exception as exc:
+            raise StoreError(f"cannot read store: {exc}") from exc
+        return MomentRead([tuple(r) for r in hours], [tuple(r) for r in minutes])
 
     async def read_rollups(
         self,

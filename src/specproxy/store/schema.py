@@ -19,6 +19,7 @@ from typing import Any, Literal
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.enginehours import V7_POSTGRESQL, V7_SQLITE
+from specproxy.store.moments import V8_POSTGRESQL, V8_SQLITE
 
 __all__ = [
     "ENGINE_COLUMNS",
@@ -314,6 +315,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     # Version 7: hourly engine-sample aggregates (filled from the stored samples) and an index
     # of restarts, so a stats tick never reads every engine sample (`store.enginehours`).
     Migration(7, "hourly engine aggregates", V7_SQLITE, V7_POSTGRESQL),
+    # Version 8: the length adjustment's sufficient statistics per minute and per hour, so a
+    # window analysed from rollups has the adjusted speedup too (`store.moments`).
+    Migration(8, "rollup moments of the length adjustment", V8_SQLITE, V8_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

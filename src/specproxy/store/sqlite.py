@@ -40,6 +40,13 @@ from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
+from specproxy.store.moments import (
+    MomentRead,
+    delete_moments_sql,
+    hour_moment_rows,
+    read_moments_sql,
+    upsert_moments_sql,
+)
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
@@ -261,6 +268,10 @@ class SqliteStore(BufferedStore):
                 batch = rollup_records(inserted, self._model_label)
                 conn.executemany(upsert_minutes_sql("sqlite"), batch.summaries)
                 conn.executemany(upsert_bins_sql("sqlite"), batch.bins)
+                conn.executemany(upsert_moments_sql("sqlite", hours=False), batch.moments)
+                conn.executemany(
+                    upsert_moments_sql("sqlite", hours=True), hour_moment_rows(batch.moments)
+                )
             if engine:
                 # row by row: only the samples inserted (not duplicates) join their hour
                 new = [
@@ -300,9 +311,8 @@ class SqliteStore(BufferedStore):
 
     def _purge_rollups_sync(self, before_minute: int) -> int:
         def delete(conn: sqlite3.Connection) -> int:
-            return sum(
-                conn.execute(sql, (before_minute,)).rowcount for sql in delete_rollups_sql("sqlite")
-            )
+            statements = (*delete_rollups_sql("sqlite"), *delete_moments_sql("sqlite"))
+            return sum(conn.execute(sql, (before_minute,)).rowcount for sql in statements)
 
         return self._in_transaction(delete)
 
@@ -439,6 +449,20 @@ class SqliteStore(BufferedStore):
             conn.execute("BEGIN")  # one snapshot: a compaction commits wholly before or after
             try:
                 return _read_tiers(conn, run_id, metric, known)
+            finally:
+                conn.execute("ROLLBACK")
+
+        return await self._read(fetch)
+
+    async def read_moments(self, *, run_id: str, since_minute: int) -> MomentRead:
+        def fetch(conn: sqlite3.Connection) -> MomentRead:
+            conn.execute("BEGIN")  # one snapshot of both tables
+            try:
+                hours = conn.execute(read_moments_sql("sqlite", hours=True), (run_id,))
+                minutes = conn.execute(
+                    read_moments_sql("sqlite", hours=False), (run_id, since_minute)
+                )
+                return MomentRead(hours.fetchall(), minutes.fetchall())
             finally:
                 conn.execute("ROLLBACK")
 
