@@ -64,6 +64,7 @@ from specproxy.stats.job import compute_stats
 from specproxy.stats.rollupcache import RollupCache
 from specproxy.store.compaction import CompactionBounds
 from specproxy.store.factory import open_store
+from specproxy.store.moments import upsert_moments_sql
 from specproxy.store.rollups import upsert_bins_sql, upsert_block_sql, upsert_minutes_sql
 
 RUN = "bench"
@@ -125,6 +126,18 @@ def _fine_rows(
     return summaries, bins
 
 
+def _moment_rows(start: int, span: int, per_minute: int, mu: float, arm: Arm) -> tuple[Any, ...]:
+    """A (run, start, model, arm, *MOMENT_SUMS) row of `span` minutes: the expected sums of
+    log E2E ~ N(mu, SIGMA^2) beside log output ~ N(4.5, 0.5) and log prompt ~ N(6, 1) tokens
+    (E2E rising 0.3 per unit of log output): a proper regression's sums."""
+    n = per_minute * span
+    u, v, y = 4.5, 6.0, mu  # means; cov(u, y) = 0.3 x var(u) = 0.15
+    return (
+        RUN, start, "m", arm.value, n, n * u, n * v, n * (u * u + 0.5), n * (v * v + 1.0),
+        n * u * v, n * y, n * (u * y + 0.15), n * v * y, n * (y * y + SIGMA**2),
+    )  # fmt: skip
+
+
 async def _execute(url: str, sql: dict[str, list[tuple[Any, ...]]]) -> None:
     """Run each statement over its rows in one transaction, with the backend's own driver."""
     if url.startswith("sqlite"):
@@ -176,7 +189,28 @@ async def _build(url: str, days: float, rate: float, end_minute: int) -> None:
             for metric, mu in METRIC_MU.items():
                 b = _coarse_block(rng, start, span, per_minute, mu + shift + _wave(start))
                 blocks.append((RUN, metric, start, span, "m", arm.value, b.n, b.encode()))
-    await _execute(url, {upsert_block_sql(_dialect(url)): blocks})
+    # the length adjustment's moments (schema v8): a row per minute of the whole run and a row
+    # per hour, as the writes leave them (nothing compacts them)
+    e2e_mu = METRIC_MU["e2e"]
+    minute_rows = [
+        _moment_rows(m, 1, per_minute, e2e_mu + shift + _wave(m), arm)
+        for m in range(first, end_minute + 1)
+        for arm, shift in ARM_SHIFT.items()
+    ]
+    hour_rows = [
+        _moment_rows(h, HOUR_SPAN, per_minute, e2e_mu + shift + _wave(h), arm)
+        for h in range(first, end_minute + 1, HOUR_SPAN)
+        for arm, shift in ARM_SHIFT.items()
+    ]
+    dialect = _dialect(url)
+    await _execute(
+        url,
+        {
+            upsert_block_sql(dialect): blocks,
+            upsert_moments_sql(dialect, hours=False): minute_rows,
+            upsert_moments_sql(dialect, hours=True): hour_rows,
+        },
+    )
     fine = 0
     for minute in range(bounds.fine_before, end_minute + 1):
         # the current minute is half full
@@ -215,11 +249,15 @@ async def _tick(
         label: f"{w.get('grid_error_bound', 0.0):.2%}"
         for label, w in result["results"]["all"].items()
     }
+    adjusted: dict[str, str | None] = {}
+    for label, w in result["results"]["all"].items():
+        adj = w["metrics"]["e2e"]["adjusted"]
+        adjusted[label] = adj["method"] if adj is not None else None
     return (
         f"wall {wall:.2f} s (refresh {refresh:.2f}: store read {read:.2f}, decode {decode:.2f}; "
         f"the rest {wall - refresh:.2f}), CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
         f"then compaction {compaction:.2f} s ({moved:,} rows), source {result.get('source')}, "
-        f"grid bounds {bounds}, "
+        f"grid bounds {bounds}, length adjustment {adjusted}, "
         f"peak RSS {_rss_mb():.0f} MB, host load {os.getloadavg()[0]:.1f}"
     )
 

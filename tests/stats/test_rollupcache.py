@@ -19,6 +19,7 @@ from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
 from specproxy.loggrid import COARSE_ERROR_BOUND
 from specproxy.records import Arm, RequestRecord
 from specproxy.rollup import ROLLUP_METRICS, usable_for_rollup
+from specproxy.stats.adjust import adjusted_speedup
 from specproxy.stats.job import compute_stats
 from specproxy.stats.quantile import QUANTILE_LEVELS
 from specproxy.stats.rollupcache import RollupCache
@@ -186,6 +187,27 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
         for stat, speed in block["speedup"].items():
             want = exact["baseline"][stat] / exact["speculative"][stat]
             assert abs(math.log(speed["estimate"] / want)) <= math.log1p(COARSE_ERROR_BOUND) + 1e-9
+    # the length adjustment of a window of hour blocks, from the hour moment rows: the rows'
+    cols = {
+        arm: {
+            a: np.array(
+                [float(getattr(r, a)) for r in records if r.arm is arm and usable_for_rollup(r)]
+            )
+            for a in ("e2e_s", "output_tokens", "prompt_tokens")
+        }
+        for arm in Arm
+    }
+    b, sp = cols[Arm.BASELINE], cols[Arm.SPECULATIVE]
+    rows_adj = adjusted_speedup(
+        b["e2e_s"], b["output_tokens"], sp["e2e_s"], sp["output_tokens"],
+        baseline_prompt_tokens=b["prompt_tokens"], speculative_prompt_tokens=sp["prompt_tokens"],
+    )  # fmt: skip
+    adj = window["metrics"]["e2e"]["adjusted"]
+    reliable = window["metrics"]["e2e"]["time_blocks"]["reliable"]  # 4 hour blocks: False
+    assert rows_adj is not None and adj is not None
+    assert adj["method"] == ("block" if reliable else "iid")
+    assert adj["estimate"] == pytest.approx(rows_adj.estimate, rel=1e-9)
+    assert adj["n"] == rows_adj.n
 
 
 async def test_decoding_runs_on_the_given_executor_not_the_event_loop(

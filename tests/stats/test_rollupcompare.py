@@ -27,7 +27,7 @@ from specproxy.loggrid import (
     coarse_bin,
 )
 from specproxy.records import Arm, RequestRecord
-from specproxy.rollup import minute_of, rollup_records
+from specproxy.rollup import MOMENT_SUMS, minute_of, rollup_records
 from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
 from specproxy.stats.compare import CompareSettings, compare_window
 from specproxy.stats.quantile import QUANTILE_LEVELS, STATISTICS
@@ -65,8 +65,8 @@ def _records(seed: int = 1, per_minute: int = 40) -> list[RequestRecord]:
                     upstream_s=float(e2e[i]),
                     ttft_s=float(e2e[i]) / 5,
                     tpot_s=float(e2e[i]) / 50,
-                    prompt_tokens=10,
-                    output_tokens=40,
+                    prompt_tokens=10 + i % 7,
+                    output_tokens=40 + i % 13,
                 )
             )
     return out
@@ -177,8 +177,19 @@ def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
         for metric in ("e2e", "ttft", "tpot")
     }
     settings = CompareSettings(resamples=300)
-    got = compare_rollup_window(arms, engine={}, settings=settings, rng=np.random.default_rng(0))
+    moments = {arm: np.zeros((MINUTES, len(MOMENT_SUMS))) for arm in Arm}
+    for _run, minute, _model, arm_name, *sums in rollup_records(records).moments:
+        moments[Arm(arm_name)][minute - minute_of(T0)] += sums
+    got = compare_rollup_window(
+        arms, engine={}, settings=settings, rng=np.random.default_rng(0), moments=moments
+    )
     assert got["source"] == "rollups" and got["unavailable"] == list(UNAVAILABLE_FROM_ROLLUPS)
+    assert got["unavailable"] == []
+    without = compare_rollup_window(
+        arms, engine={}, settings=settings, rng=np.random.default_rng(0)
+    )
+    assert without["unavailable"] == ["adjusted"]
+    assert without["metrics"]["e2e"]["adjusted"] is None
     raw_arrays = {
         arm: {
             "t_start": np.array([r.t_start for r in records if r.arm is arm]),
@@ -220,7 +231,21 @@ def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
         )
         assert needed is not None and exact_needed is not None
         assert needed == pytest.approx(exact_needed, rel=0.02)
-        assert block["adjusted"] is None  # the one statistic rollups lack
+        if metric != "e2e":
+            assert block["adjusted"] is None and rows_block["adjusted"] is None
+        else:  # the rows' regression from the minutes' moments; its CI from E2E's blocks
+            adj, exact_adj = block["adjusted"], rows_block["adjusted"]
+            assert adj is not None and exact_adj is not None
+            assert adj["lower"] is not None and adj["upper"] is not None
+            assert exact_adj["lower"] is not None and exact_adj["upper"] is not None
+            assert adj["estimate"] == pytest.approx(exact_adj["estimate"], rel=1e-9)
+            assert adj["n"] == exact_adj["n"] and adj["covariates"] == exact_adj["covariates"]
+            assert (adj["method"], exact_adj["method"]) == ("block", "hc3")
+            assert adj["lower"] < adj["estimate"] < adj["upper"]
+            width = math.log(adj["upper"] / adj["lower"])
+            assert width == pytest.approx(
+                math.log(exact_adj["upper"] / exact_adj["lower"]), rel=0.3
+            )
         # the exceedance P99 test runs on the minutes' histograms, conservatively (never above
         # the rows'; same minutes, same coarse-grid thresholds)
         seq, exact_seq = block["sequential"], exact["metrics"][metric]["sequential"]

@@ -24,6 +24,7 @@ from specproxy.stats.rollupjob import (
     _window_blocks,
     compute_from_rollups,
     models_by_label,
+    tick_reads,
     warmup_minutes,
 )
 from specproxy.store.memory import MemoryStore
@@ -241,6 +242,7 @@ async def test_a_tick_reads_engine_aggregates_with_the_results_of_every_sample(
     if raw_rows_max == 1000:
         cache = RollupCache()
         await cache.refresh(store, RUN, tuple(ROLLUP_METRICS))
+        since = tick_reads(cache.tiers, cfg.windows_s, end).moments_from
         want: dict[str, Any] = compute_from_rollups(
             cache.tiers,
             stored,
@@ -248,6 +250,7 @@ async def test_a_tick_reads_engine_aggregates_with_the_results_of_every_sample(
             stats_cfg=cfg,
             scrape_cfg=scrape,
             window_end=end,
+            moments=await store.read_moments(run_id=RUN, since_minute=since),
         ).results
     else:
         arrays = await store.read_arrays(run_id=RUN, columns=REQUIRED_COLUMNS)
@@ -304,6 +307,10 @@ async def test_rollups_give_per_model_results_like_rows() -> None:
                 a = r["metrics"]["tpot"]["speedup"][stat]["estimate"]
                 b = w["metrics"]["tpot"]["speedup"][stat]["estimate"]
                 assert b == pytest.approx(a, rel=0.01), (model, label, stat)
+        rolled_adj = rolled["results"][model]["all"]["metrics"]["e2e"]["adjusted"]
+        rows_adj = rows["results"][model]["all"]["metrics"]["e2e"]["adjusted"]
+        assert rolled_adj is not None and rows_adj is not None
+        assert rolled_adj["estimate"] == pytest.approx(rows_adj["estimate"], rel=1e-9)
         assert rolled["results"][model]["all"]["metrics"]["tpot"]["verdict"] == verdict
         assert rows["results"][model]["all"]["metrics"]["tpot"]["verdict"] == verdict
     whole = rolled["results"]

@@ -60,7 +60,7 @@ from specproxy.stats.result import (
     settings_lists,
 )
 from specproxy.stats.rollupcache import RollupCache
-from specproxy.stats.rollupjob import compute_from_rollups, engine_window_starts
+from specproxy.stats.rollupjob import compute_from_rollups, tick_reads
 from specproxy.store.base import ArmArrays, Store
 
 __all__ = [
@@ -277,11 +277,12 @@ async def compute_stats(
     )
     if max(tier.n for tier in cache.tiers["e2e"].values()) > stats_cfg.raw_rows_max:
         windows = [(w, window_label(w)) for w in stats_cfg.windows_s]
-        window_end, starts = await loop.run_in_executor(
-            executor,
-            functools.partial(engine_window_starts, cache.tiers, stats_cfg.windows_s, window_end),
+        reads = await loop.run_in_executor(
+            executor, functools.partial(tick_reads, cache.tiers, stats_cfg.windows_s, window_end)
         )
-        samples = await _engine_view(store, run_id, starts)
+        window_end = reads.window_end
+        samples = await _engine_view(store, run_id, reads.engine_starts)
+        moments = await store.read_moments(run_id=run_id, since_minute=reads.moments_from)
         started = time.perf_counter()
         scrape_cfg = scrape_cfg or ScrapeConfig()
         out = await loop.run_in_executor(
@@ -296,6 +297,7 @@ async def compute_stats(
                 window_end=window_end,
                 gpu_samples=gpu_samples,
                 model_label=model_label,
+                moments=moments,
             ),
         )
         computed_at = time.time()

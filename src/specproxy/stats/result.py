@@ -158,6 +158,7 @@ class Adjusted(Interval):
     n: int
     r_squared: float | None
     covariates: list[str]
+    method: str  # "hc3" (rows), "block" or "iid" (rollups: `adjust.adjusted_from_moments`)
 
 
 class TwoSampleP99(TypedDict):

@@ -13,8 +13,11 @@ What rollups can give, and how:
     (`exceedance.unit_counts_binned`);
   * outlier counts, the rank tests (Mann-Whitney, Hodges-Lehmann) and the sample-size estimate
     from each arm's pooled histogram (`binned`, within the window's grid bound);
-  * NOT available (null, with `"unavailable"` naming it): the length adjustment (a regression
-    on each request's token counts). The design is always "split": pairs need request ids.
+  * the length adjustment from the window's moment rows (`adjust.adjusted_from_moments`: the
+    rows' estimate; its CI bootstraps E2E's time blocks, or is the OLS one below
+    `blocklength.MIN_BLOCKS` blocks); null when the store has no moments for the window (a
+    store upgraded from schema v7, for its older minutes), named in `"unavailable"` then.
+The design is always "split": pairs need request ids.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import numpy.typing as npt
 
 from specproxy.loggrid import COARSE_FACTOR, bin_centres, bin_lower_edges
 from specproxy.records import Arm
+from specproxy.stats.adjust import adjusted_from_moments
 from specproxy.stats.binned import binned_density_at_median, binned_outliers, binned_rank_tests
 from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
+from specproxy.stats.blocklength import BlockPlan
 from specproxy.stats.compare import METRIC_COLUMNS, CompareSettings, diagnose_metrics, speedup_block
 from specproxy.stats.diagnosis import EngineSummary
 from specproxy.stats.exceedance import BinnedUnits
@@ -40,7 +45,7 @@ from specproxy.stats.verdict import anytime_valid_binned
 
 __all__ = ["UNAVAILABLE_FROM_ROLLUPS", "compare_rollup_window"]
 
-UNAVAILABLE_FROM_ROLLUPS: Final = ("adjusted",)
+UNAVAILABLE_FROM_ROLLUPS: Final[tuple[str, ...]] = ()  # every statistic of a row window
 
 
 def _finite(x: float) -> float | None:
@@ -106,8 +111,37 @@ def _secondary(base: ArmBlocks, spec: ArmBlocks, settings: CompareSettings) -> d
     }
 
 
+def _adjusted(
+    moments: dict[Arm, FloatArray],
+    plan: BlockPlan,
+    settings: CompareSettings,
+    rng: np.random.Generator,
+) -> dict[str, Any] | None:
+    """The adjusted speedup over E2E's time blocks (`plan`) from per-unit moments."""
+    per_block = []
+    for arm in (Arm.BASELINE, Arm.SPECULATIVE):
+        units = moments[arm]
+        block = np.arange(units.shape[0]) // max(plan.block_units, 1)
+        sums = np.zeros((max(plan.blocks, 1), units.shape[1]))
+        np.add.at(sums, block, units)
+        per_block.append(sums)
+    weights = (
+        rng.poisson(1.0, size=(settings.resamples, per_block[0].shape[0])).astype(np.float64)
+        if plan.reliable
+        else None
+    )
+    adj = adjusted_from_moments(
+        per_block[0], per_block[1], weights=weights, confidence=settings.confidence
+    )
+    return dict(adj.to_dict()) if adj is not None else None
+
+
 def _metric_block(
-    base: ArmBlocks, spec: ArmBlocks, settings: CompareSettings, rng: np.random.Generator
+    base: ArmBlocks,
+    spec: ArmBlocks,
+    settings: CompareSettings,
+    rng: np.random.Generator,
+    moments: dict[Arm, FloatArray] | None = None,
 ) -> dict[str, Any]:
     result = block_speedup_intervals(
         base,
@@ -127,7 +161,9 @@ def _metric_block(
             for arm, blocks in ((Arm.BASELINE, base), (Arm.SPECULATIVE, spec))
         },
         **_secondary(base, spec, settings),
-        **dict.fromkeys(UNAVAILABLE_FROM_ROLLUPS),
+        "adjusted": (
+            _adjusted(moments, result.plan, settings, rng) if moments is not None else None
+        ),
     }
     if base.n and spec.n:
         # the exceedance test needs minute units: not run while hour blocks are in the window
@@ -158,21 +194,29 @@ def compare_rollup_window(
     engine: dict[Arm, EngineSummary],
     settings: CompareSettings,
     rng: np.random.Generator,
+    moments: dict[Arm, FloatArray] | None = None,
 ) -> dict[str, Any]:
-    """Everything rollups allow for one window and model; `arms[metric][arm]`."""
+    """Everything rollups allow for one window and model; `arms[metric][arm]`, and `moments`:
+    per arm the window's `rollup.MOMENT_SUMS` per time unit (units x 10, the units of
+    `arms["e2e"]`), None when the store has none for it."""
     metrics = {
         metric: _metric_block(
-            arms[metric][Arm.BASELINE], arms[metric][Arm.SPECULATIVE], settings, rng
+            arms[metric][Arm.BASELINE],
+            arms[metric][Arm.SPECULATIVE],
+            settings,
+            rng,
+            moments if metric == "e2e" else None,
         )
         for metric in METRIC_COLUMNS
     }
+    unavailable = [*UNAVAILABLE_FROM_ROLLUPS, *(["adjusted"] if moments is None else [])]
     return {
         "source": "rollups",
         "design": "split",
         "pairs": 0,
         "samples": {arm.value: arms["e2e"][arm].n for arm in Arm},
         "metrics": metrics,
-        "unavailable": list(UNAVAILABLE_FROM_ROLLUPS),
+        "unavailable": unavailable,
         "engine": {arm.value: summary.to_dict() for arm, summary in engine.items()},
         "diagnosis": diagnose_metrics(metrics, engine, tolerance=settings.p99_tolerance).to_dict(),
     }

@@ -48,7 +48,7 @@ from specproxy.loggrid import (
     coarse_bin,
 )
 from specproxy.records import Arm, EngineSample, GpuSample
-from specproxy.rollup import ROLLUP_METRICS, ROLLUP_UNIT_S, minute_of
+from specproxy.rollup import MOMENT_SUMS, ROLLUP_METRICS, ROLLUP_UNIT_S, minute_of
 from specproxy.rollupblob import HOUR_SPAN, MINUTE_SPAN
 from specproxy.stats.blockboot import ArmBlocks
 from specproxy.stats.clean import restart_times
@@ -56,16 +56,19 @@ from specproxy.stats.compare import CompareSettings
 from specproxy.stats.diagnosis import summarise_arms
 from specproxy.stats.rollupcache import ArmTier
 from specproxy.stats.rollupcompare import compare_rollup_window
+from specproxy.store.moments import MomentRead
 
 __all__ = [
     "RollupResults",
+    "TickReads",
     "compute_from_rollups",
-    "engine_window_starts",
     "models_by_label",
+    "tick_reads",
     "warmup_minutes",
 ]
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 
 def warmup_minutes(
@@ -266,16 +269,51 @@ def models_by_label(
     return {label: frozenset(group) for label, group in sorted(groups.items())}
 
 
-def engine_window_starts(
+@dataclass(frozen=True, slots=True)
+class TickReads:
+    """What a tick reads from the store besides the tiers, and the window end to pass on to
+    `compute_from_rollups`."""
+
+    window_end: float
+    engine_starts: list[float]  # each window's first minute, s (`Store.read_engine_aggregates`)
+    moments_from: int  # first minute of moment rows (`Store.read_moments`): the windows that
+    # do not reach hour blocks take minute rows, the others hour rows
+
+
+def tick_reads(
     tiers: dict[str, dict[Arm, ArmTier]],
     windows: Sequence[float | None],
     window_end: float | None,
-) -> tuple[float, list[float]]:
-    """The window end `compute_from_rollups` will use (pass it on) and the start of each
-    window's engine summary there (its first minute), which a tick asks the store to aggregate
-    (`Store.read_engine_aggregates`)."""
+) -> TickReads:
     frame = _frame(tiers, window_end)
-    return frame.window_end, [frame.span(tiers, w).lo * ROLLUP_UNIT_S for w in windows]
+    spans = [frame.span(tiers, w) for w in windows]
+    by_minute = [span.lo for span in spans if not span.hourly]
+    return TickReads(
+        frame.window_end,
+        [span.lo * ROLLUP_UNIT_S for span in spans],
+        min(by_minute) if by_minute else frame.end_minute + 1,
+    )
+
+
+def _unit_moments(
+    moments: MomentRead, span: _Span, excluded: dict[Arm, set[int]], models: frozenset[str] | None
+) -> dict[Arm, FloatArray] | None:
+    """Per arm the window's MOMENT_SUMS per unit (units x 10): hour rows when its bootstrap
+    blocks are whole hours, else minute rows; a unit holding an excluded (warm-up) minute is
+    left out, as its histograms are. None when the store has no moments in the window."""
+    units = span.hi - span.lo + 1
+    out = {arm: np.zeros((units, len(MOMENT_SUMS))) for arm in Arm}
+    width = HOUR_SPAN if span.hourly else 1
+    found = False
+    for start, model, arm_name, *sums in moments.hours if span.hourly else moments.minutes:
+        if start < span.lo or start > span.hi or (models is not None and model not in models):
+            continue
+        arm = Arm(arm_name)
+        if any(m in excluded[arm] for m in range(start, start + width)):
+            continue
+        out[arm][start - span.lo] += sums
+        found = True
+    return out if found else None
 
 
 def compute_from_rollups(
@@ -288,12 +326,14 @@ def compute_from_rollups(
     window_end: float | None = None,
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
     model_label: Callable[[str], str] | None = None,
+    moments: MomentRead | None = None,
 ) -> RollupResults:
     """Every window (`(seconds or None, label)`) from the run's rollups, `tiers[metric][arm]`,
     for "all" and per model label (`models_by_label`); `gpu_samples`: the GPU telemetry of the
     arms that have it, as for `job.compute_from_arrays`. `engine_samples`: the run's engine
     samples or a store's `engineagg.StoredView` of them (holding the aggregates from
-    `engine_window_starts`)."""
+    `tick_reads`); `moments`: the store's moment rows from `tick_reads().moments_from` (None:
+    no length adjustment)."""
     frame = _frame(tiers, window_end)
     e2e, window_end, horizon = frame.e2e, frame.window_end, frame.horizon
     engine_view = as_view(engine_samples)
@@ -330,7 +370,15 @@ def compute_from_rollups(
                     arms[metric][arm] = blocks
                     if metric == "e2e":
                         n_excluded[arm.value] = dropped
-            result = compare_rollup_window(arms, engine=engine, settings=settings, rng=rng)
+            result = compare_rollup_window(
+                arms,
+                engine=engine,
+                settings=settings,
+                rng=rng,
+                moments=(
+                    _unit_moments(moments, span, excluded, models) if moments is not None else None
+                ),
+            )
             per_window[label] = {
                 "window_s": window_s,
                 "minutes": [span.lo, span.hi],
