@@ -13,7 +13,9 @@ from specproxy.loggrid import (
     GRID_REL_WIDTH,
     bin_centres,
     bin_index,
+    bin_log_centres,
     bin_lower_edges,
+    grid_histogram,
 )
 from specproxy.stats.bootstrap import HISTOGRAM_ERROR_BOUND, HISTOGRAM_REL_WIDTH
 
@@ -44,3 +46,13 @@ def test_the_grid_shares_the_poisson_paths_width_and_bound() -> None:
 def test_non_positive_or_non_finite_values_are_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="strictly positive"):
         bin_index(np.array([1.0, bad]))
+
+
+def test_grid_histogram_counts_each_value_in_its_bin_in_bin_order() -> None:
+    centre = float(bin_centres(np.array([5000]))[0])  # ~2.7 s; a quarter bin off stays inside
+    values = np.array([centre, 1e-3, centre * (1 + GRID_REL_WIDTH / 4), 1e-3, 50.0, 1e-3])
+    bins, counts = grid_histogram(values)
+    assert bins.dtype == np.int64 and counts.dtype == np.int64
+    assert bins.tolist() == sorted(set(bin_index(values).tolist()))
+    assert counts.tolist() == [3, 2, 1]  # 1e-3 three times, then bin 5000 twice
+    assert np.allclose(np.exp(bin_log_centres(bins)), bin_centres(bins))

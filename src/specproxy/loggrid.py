@@ -38,9 +38,11 @@ __all__ = [
     "GRID_REL_WIDTH",
     "bin_centres",
     "bin_index",
+    "bin_log_centres",
     "bin_lower_edges",
     "coarse_as_fine",
     "coarse_bin",
+    "grid_histogram",
 ]
 
 GRID_REL_WIDTH: Final = 2e-4  # bins are 0.02 % wide, well below a P50 CI at n = 1M
@@ -59,9 +61,22 @@ def bin_index(values: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     return np.floor(np.log(v) / GRID_LOG_WIDTH).astype(np.int64)
 
 
+def grid_histogram(
+    values: npt.NDArray[np.float64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(sorted bins, counts) of strictly positive values on the grid."""
+    bins, counts = np.unique(bin_index(values), return_counts=True)
+    return bins.astype(np.int64), counts.astype(np.int64)
+
+
+def bin_log_centres(bins: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """Log of each bin's geometric centre."""
+    return (np.asarray(bins, dtype=np.float64) + 0.5) * GRID_LOG_WIDTH
+
+
 def bin_centres(bins: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
     """Geometric centre of each bin."""
-    return np.exp((np.asarray(bins, dtype=np.float64) + 0.5) * GRID_LOG_WIDTH)
+    return np.exp(bin_log_centres(bins))
 
 
 def bin_lower_edges(bins: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:

@@ -41,7 +41,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.loggrid import bin_index
+from specproxy.loggrid import grid_histogram
 from specproxy.records import RequestRecord
 
 __all__ = [
@@ -136,7 +136,7 @@ def rollup_records(
     for key, values in groups.items():
         v = np.asarray(values, dtype=np.float64)
         summaries.append((*key, int(v.size), float(v.sum()), float(v @ v)))
-        b, c = np.unique(bin_index(v), return_counts=True)
+        b, c = grid_histogram(v)
         bins.extend((*key, int(i), int(n)) for i, n in zip(b, c, strict=True))
     moments: list[MomentRow] = []
     for mkey, rows in covariates.items():

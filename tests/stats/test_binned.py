@@ -9,13 +9,19 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 
-from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index, coarse_as_fine, coarse_bin
+from specproxy.loggrid import (
+    COARSE_FACTOR,
+    GRID_LOG_WIDTH,
+    bin_index,
+    coarse_as_fine,
+    coarse_bin,
+    grid_histogram,
+)
 from specproxy.stats import binned, compare
 from specproxy.stats.binned import (
     binned_density_at_median,
     binned_outliers,
     binned_rank_tests,
-    grid_histogram,
 )
 from specproxy.stats.clean import count_outliers
 from specproxy.stats.ranktests import HL_MAX_N, hodges_lehmann

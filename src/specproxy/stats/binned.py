@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index
+from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_log_centres
 from specproxy.stats.clean import OutlierSummary
 from specproxy.stats.ranktests import RankTests
 
@@ -40,7 +40,6 @@ __all__ = [
     "binned_density_at_median",
     "binned_outliers",
     "binned_rank_tests",
-    "grid_histogram",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -52,22 +51,12 @@ IntArray = npt.NDArray[np.int64]
 MAX_DENSE_BINS: Final = 1 << 20
 
 
-def grid_histogram(values: FloatArray) -> tuple[IntArray, IntArray]:
-    """(sorted bins, counts) of strictly positive values on the fixed grid."""
-    bins, counts = np.unique(bin_index(values), return_counts=True)
-    return bins.astype(np.int64), counts.astype(np.int64)
-
-
-def _logs(bins: IntArray) -> FloatArray:
-    return (np.asarray(bins, dtype=np.float64) + 0.5) * GRID_LOG_WIDTH
-
-
-def _quantile_logs(bins: IntArray, counts: IntArray, levels: list[float]) -> FloatArray:
+def _quantilebin_log_centres(bins: IntArray, counts: IntArray, levels: list[float]) -> FloatArray:
     """Lower order statistics at ranks floor((n-1)p), as log bin centres (bins sorted)."""
     n = int(counts.sum())
     cum = np.cumsum(counts)
     ranks = np.floor((n - 1) * np.asarray(levels))
-    return _logs(bins[np.searchsorted(cum, ranks, side="right")])
+    return bin_log_centres(bins[np.searchsorted(cum, ranks, side="right")])
 
 
 def binned_outliers(bins: IntArray, counts: IntArray, factor: float = 1.5) -> OutlierSummary:
@@ -75,10 +64,10 @@ def binned_outliers(bins: IntArray, counts: IntArray, factor: float = 1.5) -> Ou
     n = int(counts.sum())
     if n < 4:
         return OutlierSummary(0, 0.0, math.nan, math.nan)
-    q1, q3 = _quantile_logs(bins, counts, [0.25, 0.75])
+    q1, q3 = _quantilebin_log_centres(bins, counts, [0.25, 0.75])
     iqr = float(q3 - q1)
     low, high = float(q1) - factor * iqr, float(q3) + factor * iqr
-    logs = _logs(bins)
+    logs = bin_log_centres(bins)
     count = int(counts[(logs < low) | (logs > high)].sum())
     return OutlierSummary(count, count / n, math.exp(low), math.exp(high))
 
@@ -171,11 +160,11 @@ def binned_density_at_median(bins: IntArray, counts: IntArray) -> float:
     n = float(counts.sum())
     if n < 10:
         return math.nan
-    logs = _logs(bins)
+    logs = bin_log_centres(bins)
     w = counts.astype(np.float64)
     mean = float(w @ logs) / n
     sd = math.sqrt(max(float(w @ (logs - mean) ** 2) / (n - 1.0), 0.0))
-    q25, median, q75 = _quantile_logs(bins, counts, [0.25, 0.5, 0.75])
+    q25, median, q75 = _quantilebin_log_centres(bins, counts, [0.25, 0.5, 0.75])
     iqr = float(q75 - q25)
     spread = min(sd, iqr / 1.349) if iqr > 0 else sd
     if spread <= 0:

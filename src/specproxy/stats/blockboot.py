@@ -36,7 +36,7 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.loggrid import GRID_LOG_WIDTH, bin_centres, bin_index
+from specproxy.loggrid import bin_centres, bin_index, bin_log_centres
 from specproxy.stats.blocklength import MIN_BLOCKS, BlockPlan, plan_blocks
 from specproxy.stats.bootstrap import (
     DEFAULT_RESAMPLES,
@@ -143,7 +143,7 @@ class ArmBlocks:
         (`series` when given)."""
         if self.series is not None:
             return self.series
-        logs = (self.bins.astype(np.float64) + 0.5) * GRID_LOG_WIDTH
+        logs = bin_log_centres(self.bins)
         s = np.bincount(self.unit, weights=self.counts * logs, minlength=self.units)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.unit_n > 0, s / np.maximum(self.unit_n, 1), np.nan)

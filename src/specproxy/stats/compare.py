@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
+from specproxy.loggrid import grid_histogram
 from specproxy.records import Arm
 from specproxy.stats.adjust import adjusted_speedup
-from specproxy.stats.binned import binned_rank_tests, grid_histogram
+from specproxy.stats.binned import binned_rank_tests
 from specproxy.stats.blockboot import ArmBlocks, BlockBootstrapResult, block_speedup_intervals
 from specproxy.stats.blocklength import unit_seconds
 from specproxy.stats.bootstrap import (
