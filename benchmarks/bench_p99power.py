@@ -44,13 +44,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specproxy.stats.sequential import compare_sequential
-from specproxy.stats.verdict import anytime_valid, anytime_valid_binned
+from specproxy.stats.anytime.sequential import compare_sequential
+from specproxy.stats.anytime.verdict import anytime_valid, anytime_valid_binned
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.stats.test_verdict
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.stats.anytime.test_verdict
 
-from tests.stats.test_exceedance import claims, first_n, minute_arms
-from tests.stats.test_verdict import (
+from tests.stats.anytime.test_exceedance import claims, first_n, minute_arms
+from tests.stats.anytime.test_verdict import (
     AA_N,
     ALPHA,
     LOOK_EVERY,

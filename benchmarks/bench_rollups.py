@@ -56,16 +56,16 @@ from tests.store.pgcluster import PgCluster, find_pg_bin
 
 from specproxy.blas import limit_blas_threads
 from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
-from specproxy.loggrid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index
 from specproxy.malloc import pin_malloc_thresholds
 from specproxy.records import Arm, RequestRecord
-from specproxy.rollupblob import HOUR_SPAN, Block
-from specproxy.stats.job import compute_stats
-from specproxy.stats.rollupcache import RollupCache
-from specproxy.store.compaction import CompactionBounds
+from specproxy.stats.job.cache import RollupCache
+from specproxy.stats.job.runner import compute_stats
 from specproxy.store.factory import open_store
 from specproxy.store.moments import upsert_moments_sql
 from specproxy.store.rollups import upsert_bins_sql, upsert_block_sql, upsert_minutes_sql
+from specproxy.summary.blocks import HOUR_SPAN, Block
+from specproxy.summary.compaction import CompactionBounds
+from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index
 
 RUN = "bench"
 SIGMA = 0.5

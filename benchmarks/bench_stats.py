@@ -14,9 +14,9 @@ import time
 import numpy as np
 
 from specproxy.records import Arm
-from specproxy.stats.bootstrap import split_speedup_intervals
 from specproxy.stats.compare import CompareSettings, compare_window
-from specproxy.stats.quantile import STATISTICS
+from specproxy.stats.estimate.bootstrap import split_speedup_intervals
+from specproxy.stats.estimate.quantile import STATISTICS
 
 
 def bench_intervals(n: int, repeats: int = 3) -> None:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from specproxy.records import Arm, Recorder
     from specproxy.scrape.dcgmloop import GpuScraper
     from specproxy.scrape.loop import EngineScraper
-    from specproxy.stats.job import StatsJob
+    from specproxy.stats.job.runner import StatsJob
     from specproxy.stats.result import StatsResult
     from specproxy.store.buffered import BufferedStore
 

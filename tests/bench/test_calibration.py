@@ -166,7 +166,7 @@ def test_advice_from_measured_samples_picks_the_faster_arm() -> None:
     token counts x per-token times, no clock) for three k settings; the k whose speculative
     arm is truly 1.5x faster is named, and the one truly 0.8x is ranked last."""
     from specproxy.bench.summary import BENCH_STATISTICS
-    from specproxy.stats.bootstrap import split_speedup_intervals
+    from specproxy.stats.estimate.bootstrap import split_speedup_intervals
 
     rng = np.random.default_rng(3)
     tokens = rng.integers(64, 256, size=600).astype(np.float64)

@@ -14,7 +14,7 @@ from specproxy.cli import main
 from specproxy.config import StoreConfig
 from specproxy.records import Arm, GpuSample
 from specproxy.scrape.dcgm import combine_readings, parse_dcgm
-from tests.stats.test_job import RUN, _records
+from tests.stats.job.test_runner import RUN, _records
 
 
 async def _store_run(db: str, gpu: list[GpuSample] | None = None) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 
 from specproxy.config import ScrapeConfig, StatsConfig
+from specproxy.stats.anytime.hysteresis import VerdictMemory
 from specproxy.stats.compare import refresh_headline
-from specproxy.stats.hysteresis import VerdictMemory
-from specproxy.stats.job import compute_stats
+from specproxy.stats.job.runner import compute_stats
 from specproxy.store.memory import MemoryStore
-from tests.stats.test_job import RUN, store  # noqa: F401  (the filled store fixture)
+from tests.stats.job.test_runner import RUN, store  # noqa: F401  (the filled store fixture)
 
 CFG = StatsConfig(windows_s=(None,), resamples=200, warmup_requests=5)
 

@@ -10,7 +10,7 @@ from typing import Any, is_typeddict
 
 from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.records import Arm
-from specproxy.stats.job import compute_stats
+from specproxy.stats.job.runner import compute_stats
 from specproxy.stats.result import (
     METRICS,
     STATISTICS,
@@ -18,7 +18,7 @@ from specproxy.stats.result import (
     to_json,
 )
 from specproxy.store.memory import MemoryStore
-from tests.stats.test_job import RUN, store  # noqa: F401  (the filled store fixture)
+from tests.stats.job.test_runner import RUN, store  # noqa: F401  (the filled store fixture)
 
 CFG = StatsConfig(windows_s=(60.0, None), resamples=200, warmup_requests=5)
 

@@ -17,7 +17,20 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from specproxy.loggrid import (
+from specproxy.records import Arm, RequestRecord
+from specproxy.stats.anytime.sequential import (
+    RankedArm,
+    compare_sequential,
+    compare_sequential_ranked,
+)
+from specproxy.stats.anytime.verdict import anytime_valid, anytime_valid_binned
+from specproxy.stats.compare import CompareSettings, compare_window
+from specproxy.stats.estimate.blockboot import ArmBlocks, block_speedup_intervals
+from specproxy.stats.estimate.quantile import QUANTILE_LEVELS, STATISTICS
+from specproxy.stats.result import METRICS
+from specproxy.stats.rollupcompare import UNAVAILABLE_FROM_ROLLUPS, _arms, compare_rollup_window
+from specproxy.store.rollups import RollupRows, rollup_rows_from
+from specproxy.summary.grid import (
     COARSE_FACTOR,
     GRID_ERROR_BOUND,
     GRID_LOG_WIDTH,
@@ -26,16 +39,7 @@ from specproxy.loggrid import (
     coarse_as_fine,
     coarse_bin,
 )
-from specproxy.records import Arm, RequestRecord
-from specproxy.rollup import MOMENT_SUMS, minute_of, rollup_records
-from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
-from specproxy.stats.compare import CompareSettings, compare_window
-from specproxy.stats.quantile import QUANTILE_LEVELS, STATISTICS
-from specproxy.stats.result import METRICS
-from specproxy.stats.rollupcompare import UNAVAILABLE_FROM_ROLLUPS, _arms, compare_rollup_window
-from specproxy.stats.sequential import RankedArm, compare_sequential, compare_sequential_ranked
-from specproxy.stats.verdict import anytime_valid, anytime_valid_binned
-from specproxy.store.rollups import RollupRows, rollup_rows_from
+from specproxy.summary.minute import MOMENT_SUMS, minute_of, rollup_records
 
 FloatArray = npt.NDArray[np.float64]
 T0 = 1_700_000_040.0  # a minute boundary

@@ -14,9 +14,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from specproxy.stats.adjust import adjusted_speedup
-from specproxy.stats.bootstrap import split_speedup_intervals
-from specproxy.stats.sequential import compare_sequential, count_boundaries
+from specproxy.stats.anytime.sequential import compare_sequential, count_boundaries
+from specproxy.stats.estimate.adjust import adjusted_speedup
+from specproxy.stats.estimate.bootstrap import split_speedup_intervals
 
 pytestmark = pytest.mark.slow
 FloatArray = npt.NDArray[np.float64]

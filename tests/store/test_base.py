@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specproxy.engineagg import MEAN_FIELDS, EngineAggregate
 from specproxy.records import (
     GPU_ERROR_MAX_CHARS,
     MODEL_MAX_BYTES,
@@ -23,8 +22,9 @@ from specproxy.stats.clean import restart_times
 from specproxy.stats.diagnosis import summarise_aggregate, summarise_engine
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store
+from specproxy.summary.engine import MEAN_FIELDS, EngineAggregate
 from tests.store.conftest import eventually, make_record, store_config
-from tests.test_engineagg import random_engine_samples
+from tests.summary.test_engine import random_engine_samples
 
 
 async def test_every_field_round_trips(store: BufferedStore) -> None:

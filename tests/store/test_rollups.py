@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from specproxy.fleet.models import OTHER, ModelLabels
-from specproxy.loggrid import coarse_as_fine, coarse_bin
 from specproxy.records import Arm, RequestRecord
-from specproxy.rollup import ROLLUP_METRICS, merge_batches, minute_of, rollup_records
-from specproxy.rollupblob import Block
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.compaction import CompactionBounds
 from specproxy.store.factory import open_store
 from specproxy.store.moments import hour_moment_rows
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions, fine_bins_arrays
+from specproxy.summary.blocks import Block
+from specproxy.summary.compaction import CompactionBounds
+from specproxy.summary.grid import coarse_as_fine, coarse_bin
+from specproxy.summary.minute import ROLLUP_METRICS, merge_batches, minute_of, rollup_records
 from tests.store.conftest import make_record, store_config
 
 T0 = 1_700_000_040.0  # a minute boundary

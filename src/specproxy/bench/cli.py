@@ -66,7 +66,7 @@ from specproxy.bench.summary import CONFIDENCE, ArmSummary, HarnessOverhead
 from specproxy.errors import ConfigError
 from specproxy.loadgen import Target
 from specproxy.records import Arm
-from specproxy.stats.quantile import samples_needed
+from specproxy.stats.estimate.quantile import samples_needed
 
 __all__ = ["DEFAULT_STORE", "advice_lines", "configure", "run"]
 

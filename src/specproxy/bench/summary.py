@@ -118,8 +118,8 @@ def speedups(
     CI from the stats module (`split_speedup_intervals`, the stats job's own), or
     {"status": "insufficient", "n_needed": {arm: more}} while an arm lacks the samples the
     statistic's distribution-free CI needs (a P99 needs 368 per arm at 95%)."""
-    from specproxy.stats.bootstrap import split_speedup_intervals
-    from specproxy.stats.quantile import samples_needed
+    from specproxy.stats.estimate.bootstrap import split_speedup_intervals
+    from specproxy.stats.estimate.quantile import samples_needed
 
     ok = [r for r in results if r.ok]
     values: dict[str, dict[Arm, list[float]]] = {"e2e": {}, "tpot": {}}

@@ -221,7 +221,7 @@ async def _compute_stats(
     store: Store, run_id: str, settings: StatsConfig, scrape: ScrapeConfig
 ) -> tuple[float, StatsResult]:
     """A store without stats history (a bench run): compute the comparison once."""
-    from specproxy.stats.job import compute_stats
+    from specproxy.stats.job.runner import compute_stats
 
     result = await compute_stats(store, run_id=run_id, stats_cfg=settings, scrape_cfg=scrape)
     return float(result["computed_at"]), result

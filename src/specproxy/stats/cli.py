@@ -10,7 +10,7 @@ import argparse
 import asyncio
 
 from specproxy.config import StatsConfig, StoreConfig
-from specproxy.stats.job import compute_stats
+from specproxy.stats.job.runner import compute_stats
 from specproxy.stats.result import P99Verdict, StatsResult, TwoSampleP99, to_json
 
 __all__ = ["configure", "run"]

@@ -19,18 +19,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.loggrid import grid_histogram
 from specproxy.records import Arm
-from specproxy.stats.adjust import adjusted_speedup
-from specproxy.stats.binned import binned_rank_tests
-from specproxy.stats.blockboot import ArmBlocks, BlockBootstrapResult, block_speedup_intervals
-from specproxy.stats.blocklength import unit_seconds
-from specproxy.stats.bootstrap import (
-    DEFAULT_RESAMPLES,
-    Interval,
-    paired_speedup_intervals,
-    split_speedup_intervals,
-)
+from specproxy.stats.anytime.verdict import anytime_valid
 from specproxy.stats.clean import count_outliers, usable_mask
 from specproxy.stats.diagnosis import (
     HEADLINE_CODES,
@@ -42,8 +32,23 @@ from specproxy.stats.diagnosis import (
     diagnose,
     headline,
 )
-from specproxy.stats.quantile import STATISTICS, point_statistic, samples_needed
-from specproxy.stats.ranktests import HL_MAX_N, rank_tests
+from specproxy.stats.estimate.adjust import adjusted_speedup
+from specproxy.stats.estimate.binned import binned_rank_tests
+from specproxy.stats.estimate.blockboot import (
+    ArmBlocks,
+    BlockBootstrapResult,
+    block_speedup_intervals,
+)
+from specproxy.stats.estimate.blocklength import unit_seconds
+from specproxy.stats.estimate.bootstrap import (
+    DEFAULT_RESAMPLES,
+    Interval,
+    paired_speedup_intervals,
+    split_speedup_intervals,
+)
+from specproxy.stats.estimate.quantile import STATISTICS, point_statistic, samples_needed
+from specproxy.stats.estimate.ranktests import HL_MAX_N, rank_tests
+from specproxy.stats.estimate.samplesize import samples_for_median_change
 from specproxy.stats.result import (
     METRIC_COLUMNS,
     METRICS,
@@ -55,8 +60,7 @@ from specproxy.stats.result import (
 )
 from specproxy.stats.result import Interval as IntervalResult
 from specproxy.stats.result import RankTests as RankTestsResult
-from specproxy.stats.samplesize import samples_for_median_change
-from specproxy.stats.verdict import anytime_valid
+from specproxy.summary.grid import grid_histogram
 
 if TYPE_CHECKING:
     from specproxy.config import StatsConfig

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from specproxy.appkeys import CONFIG, FLEET, REGISTRY, STATS, STATS_JOB, STORE
-from specproxy.stats.job import StatsJob
-from specproxy.stats.leader import leadership_for
+from specproxy.stats.job.leader import leadership_for
+from specproxy.stats.job.runner import StatsJob
 
 __all__ = ["stats_ctx"]
 

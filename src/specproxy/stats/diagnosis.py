@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from specproxy.engineagg import EngineAggregate, EngineView, aggregate_samples, as_view
 from specproxy.records import THERMAL_CLOCK_REASONS, Arm, EngineSample, GpuSample
 from specproxy.stats import result as schema
+from specproxy.summary.engine import EngineAggregate, EngineView, aggregate_samples, as_view
 
 __all__ = [
     "BANDWIDTH_SATURATED",

@@ -28,20 +28,24 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.loggrid import COARSE_FACTOR, bin_centres, bin_lower_edges
 from specproxy.records import Arm
-from specproxy.stats.adjust import adjusted_from_moments
-from specproxy.stats.binned import binned_density_at_median, binned_outliers, binned_rank_tests
-from specproxy.stats.blockboot import ArmBlocks, block_speedup_intervals
-from specproxy.stats.blocklength import BlockPlan
+from specproxy.stats.anytime.exceedance import BinnedUnits
+from specproxy.stats.anytime.p99test import BinnedArm
+from specproxy.stats.anytime.sequential import RankedArm
+from specproxy.stats.anytime.verdict import anytime_valid_binned
 from specproxy.stats.compare import METRIC_COLUMNS, CompareSettings, diagnose_metrics, speedup_block
 from specproxy.stats.diagnosis import EngineSummary
-from specproxy.stats.exceedance import BinnedUnits
-from specproxy.stats.p99test import BinnedArm
-from specproxy.stats.quantile import STATISTICS
-from specproxy.stats.samplesize import samples_from_densities
-from specproxy.stats.sequential import RankedArm
-from specproxy.stats.verdict import anytime_valid_binned
+from specproxy.stats.estimate.adjust import adjusted_from_moments
+from specproxy.stats.estimate.binned import (
+    binned_density_at_median,
+    binned_outliers,
+    binned_rank_tests,
+)
+from specproxy.stats.estimate.blockboot import ArmBlocks, block_speedup_intervals
+from specproxy.stats.estimate.blocklength import BlockPlan
+from specproxy.stats.estimate.quantile import STATISTICS
+from specproxy.stats.estimate.samplesize import samples_from_densities
+from specproxy.summary.grid import COARSE_FACTOR, bin_centres, bin_lower_edges
 
 __all__ = ["UNAVAILABLE_FROM_ROLLUPS", "compare_rollup_window"]
 

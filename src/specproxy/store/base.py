@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specproxy.engineagg import EngineAggregate
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.arrays import ArmArrays, check_columns
 from specproxy.store.moments import MomentRead
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions
+from specproxy.summary.engine import EngineAggregate
 
 __all__ = ["ArmArrays", "RecordQuery", "Store"]
 
@@ -137,7 +137,7 @@ class Store(abc.ABC):
         model: str | None = None,
         with_bins: bool = True,
     ) -> dict[Arm, RollupRows]:
-        """Per-minute rollups (see `specproxy.rollup`) of `metric` for minutes in
+        """Per-minute rollups (see `specproxy.summary.minute`) of `metric` for minutes in
         [since_minute, until_minute), per arm, rows of every model when `model` is None (the
         caller sums them); `with_bins=False` reads only the per-minute summaries. Fine rows only:
         minutes already compacted into blocks are in `read_rollup_tiers`."""

@@ -27,10 +27,10 @@ from typing import Any, Final
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import EngineSample, GpuSample, RequestRecord
-from specproxy.rollup import ROLLUP_UNIT_S, as_is
 from specproxy.store.base import Store
-from specproxy.store.compaction import CompactionBounds
 from specproxy.store.spill import Row, Sample, SpillSet
+from specproxy.summary.compaction import CompactionBounds
+from specproxy.summary.minute import ROLLUP_UNIT_S, as_is
 
 __all__ = ["MEMORY_FACTOR", "BufferedStore"]
 

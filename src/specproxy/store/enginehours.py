@@ -20,8 +20,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from specproxy.engineagg import MEAN_FIELDS, aggregate_samples
 from specproxy.records import EngineSample
+from specproxy.summary.engine import MEAN_FIELDS, aggregate_samples
 
 __all__ = [
     "HOUR_COLUMNS",

@@ -11,15 +11,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from specproxy.config import StoreConfig
-from specproxy.engineagg import EngineAggregate, SampleView, restart_evidence
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
-from specproxy.rollup import rollup_records
-from specproxy.rollupblob import Block
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.moments import MomentRead, hour_moment_rows
 from specproxy.store.registry import register_backend
 from specproxy.store.rollups import (
@@ -32,6 +28,10 @@ from specproxy.store.rollups import (
     rollup_rows_from,
 )
 from specproxy.store.schema import REQUEST_COLUMNS, gpu_by_arm
+from specproxy.summary.blocks import Block
+from specproxy.summary.compaction import CompactionBounds, fold
+from specproxy.summary.engine import EngineAggregate, SampleView, restart_evidence
+from specproxy.summary.minute import rollup_records
 
 __all__ = ["MemoryStore"]
 

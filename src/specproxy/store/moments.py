@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from specproxy.rollup import MOMENT_SUMS, MomentRow
+from specproxy.summary.minute import MOMENT_SUMS, MomentRow
 
 __all__ = [
     "V8_POSTGRESQL",

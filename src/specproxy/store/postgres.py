@@ -16,14 +16,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from specproxy.config import StoreConfig
-from specproxy.engineagg import EngineAggregate
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
-from specproxy.rollup import ROLLUP_METRICS, rollup_records
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.compaction import CompactionBounds, fold
 from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
 from specproxy.store.moments import (
     MomentRead,
@@ -80,6 +77,9 @@ from specproxy.store.schema import (
     migrations_after,
     request_row,
 )
+from specproxy.summary.compaction import CompactionBounds, fold
+from specproxy.summary.engine import EngineAggregate
+from specproxy.summary.minute import ROLLUP_METRICS, rollup_records
 
 if TYPE_CHECKING:
     import asyncpg

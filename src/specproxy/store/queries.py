@@ -11,7 +11,6 @@ import math
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from specproxy.engineagg import EngineAggregate
 from specproxy.records import Arm
 from specproxy.store.base import RecordQuery
 from specproxy.store.enginehours import (
@@ -21,6 +20,7 @@ from specproxy.store.enginehours import (
     hours_sum_sql_text,
 )
 from specproxy.store.schema import ENGINE_COLUMNS, GPU_COLUMNS, REQUEST_COLUMNS, Dialect
+from specproxy.summary.engine import EngineAggregate
 
 __all__ = [
     "MODELS_SQL",

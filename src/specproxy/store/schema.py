@@ -234,7 +234,7 @@ _V4_POSTGRESQL = (
 
 # Version 5: the compacted rollup tier (issue 14, scale): one row per block of minutes of a
 # (run, metric, model, arm) holding exact per-minute sums and one coarse histogram as a blob
-# (`specproxy.rollupblob`); the stats leader moves closed fine rows here (`store.compaction`).
+# (`specproxy.summary.blocks`); the stats leader moves closed fine rows here (`store.compaction`).
 _V5_SQLITE = (
     """CREATE TABLE IF NOT EXISTS rollup_blocks (
         run_id TEXT NOT NULL,

@@ -1,0 +1,1 @@
+"""Estimators: point statistics, bootstrap intervals, rank tests, the length adjustment."""

@@ -1,0 +1,58 @@
+"""The fixed log grid: bins are fixed intervals, centres within half a bin, bad values refused."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from specproxy.stats.estimate.bootstrap import HISTOGRAM_ERROR_BOUND, HISTOGRAM_REL_WIDTH
+from specproxy.summary.grid import (
+    GRID_ERROR_BOUND,
+    GRID_LOG_WIDTH,
+    GRID_REL_WIDTH,
+    bin_centres,
+    bin_index,
+    bin_log_centres,
+    bin_lower_edges,
+    grid_histogram,
+)
+
+
+def test_values_fall_in_their_bin_and_centres_are_within_half_a_bin() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(0.0, 3.0, 10_000)
+    bins = bin_index(values)
+    lower = bin_lower_edges(bins)
+    assert bool(np.all(lower <= values * (1 + 1e-12)))
+    assert bool(np.all(values < bin_lower_edges(bins + 1) * (1 + 1e-12)))
+    assert float(np.max(np.abs(np.log(values / bin_centres(bins))))) <= GRID_LOG_WIDTH / 2 + 1e-9
+
+
+def test_the_grid_does_not_depend_on_the_data() -> None:
+    a = bin_index(np.array([0.25, 1.0, 3.5]))
+    b = bin_index(np.array([3.5, 1e-3, 0.25, 1.0]))
+    assert a.tolist() == [b[2], b[3], b[0]]
+    assert a[1] == 0  # 1 s is the lower edge of bin 0
+
+
+def test_the_grid_shares_the_poisson_paths_width_and_bound() -> None:
+    assert GRID_REL_WIDTH == HISTOGRAM_REL_WIDTH
+    assert math.isclose(GRID_ERROR_BOUND, HISTOGRAM_ERROR_BOUND)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_non_positive_or_non_finite_values_are_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="strictly positive"):
+        bin_index(np.array([1.0, bad]))
+
+
+def test_grid_histogram_counts_each_value_in_its_bin_in_bin_order() -> None:
+    centre = float(bin_centres(np.array([5000]))[0])  # ~2.7 s; a quarter bin off stays inside
+    values = np.array([centre, 1e-3, centre * (1 + GRID_REL_WIDTH / 4), 1e-3, 50.0, 1e-3])
+    bins, counts = grid_histogram(values)
+    assert bins.dtype == np.int64 and counts.dtype == np.int64
+    assert bins.tolist() == sorted(set(bin_index(values).tolist()))
+    assert counts.tolist() == [3, 2, 1]  # 1e-3 three times, then bin 5000 twice
+    assert np.allclose(np.exp(bin_log_centres(bins)), bin_centres(bins))

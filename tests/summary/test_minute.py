@@ -1,0 +1,91 @@
+"""Rollups of records: one summary per key, exact sums, additive merge."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from specproxy.records import Arm, RequestRecord
+from specproxy.summary.grid import bin_index
+from specproxy.summary.minute import merge_batches, minute_of, rollup_records
+
+
+def _rec(i: int, t: float, e2e: float, **extra: object) -> RequestRecord:
+    values: dict[str, object] = {
+        "request_id": f"r{i}",
+        "run_id": "run",
+        "arm": Arm.BASELINE,
+        "t_start": t,
+        "model": "m",
+        "endpoint": "completions",
+        "stream": False,
+        "status": 200,
+        "e2e_s": e2e,
+        "upstream_s": e2e,
+    }
+    values.update(extra)
+    return RequestRecord(**values)  # type: ignore[arg-type]
+
+
+def test_summary_and_bins_of_one_minute() -> None:
+    values = [0.5, 0.5, 1.25, 3.0]
+    recs = [_rec(i, 120.0 + i, v) for i, v in enumerate(values)]
+    batch = rollup_records(recs)
+    e2e = [s for s in batch.summaries if s[4] == "e2e"]
+    assert e2e == [("run", 2, "m", "baseline", "e2e", 4, sum(values), sum(v * v for v in values))]
+    bins = {b: c for *_k, b, c in (r for r in batch.bins if r[4] == "e2e")}
+    expected_bins, counts = np.unique(bin_index(np.array(values)), return_counts=True)
+    assert bins == dict(zip(expected_bins.tolist(), counts.tolist(), strict=True))
+    assert not [s for s in batch.summaries if s[4] != "e2e"]  # no ttft/tpot values given
+
+
+def test_minutes_are_floor_of_t_over_60() -> None:
+    assert minute_of(59.999) == 0
+    assert minute_of(60.0) == 1
+    assert minute_of(-0.5) == -1
+
+
+def test_batches_merge_to_the_rollup_of_all_records() -> None:
+    rng = np.random.default_rng(1)
+    recs = [_rec(i, float(i), float(rng.lognormal()), ttft_s=0.1) for i in range(500)]
+    whole = rollup_records(recs)
+    merged = merge_batches([rollup_records(recs[:123]), rollup_records(recs[123:])])
+    assert sorted(merged.bins) == sorted(whole.bins)
+    for a, b in zip(sorted(merged.summaries), sorted(whole.summaries), strict=True):
+        assert a[:6] == b[:6]
+        assert math.isclose(a[6], b[6], rel_tol=1e-12) and math.isclose(a[7], b[7], rel_tol=1e-12)
+
+
+def test_unusable_and_non_positive_values_are_left_out() -> None:
+    recs = [
+        _rec(1, 0.0, 1.0, tpot_s=0.0, ttft_s=math.nan),
+        _rec(2, 0.0, 1.0, status=500),
+        _rec(3, 0.0, 1.0, shadow=True),
+    ]
+    batch = rollup_records(recs)
+    assert [s[4] for s in batch.summaries] == ["e2e"]
+    assert batch.summaries[0][5] == 1
+
+
+def test_moments_are_the_regression_sums_of_requests_with_both_token_counts() -> None:
+    recs = [
+        _rec(0, 60.0, 2.0, output_tokens=10, prompt_tokens=100),
+        _rec(1, 61.0, 4.0, output_tokens=30, prompt_tokens=50),
+        _rec(2, 62.0, 3.0, output_tokens=20),  # no prompt count: left out
+        _rec(3, 63.0, 3.0, output_tokens=0, prompt_tokens=5),  # no output token: left out
+        _rec(4, 64.0, 5.0, output_tokens=8, prompt_tokens=9, status=500),  # unusable
+        _rec(5, 180.0, 1.5, output_tokens=7, prompt_tokens=3, arm=Arm.SPECULATIVE),
+    ]
+    batch = rollup_records(recs)
+    by_key = {row[:4]: row[4:] for row in batch.moments}
+    assert set(by_key) == {("run", 1, "m", "baseline"), ("run", 3, "m", "speculative")}
+    y, u, v = np.log([2.0, 4.0]), np.log([10.0, 30.0]), np.log([100.0, 50.0])
+    want = [2, u.sum(), v.sum(), u @ u, v @ v, u @ v, y.sum(), u @ y, v @ y, y @ y]
+    got = by_key[("run", 1, "m", "baseline")]
+    assert got[0] == 2 and isinstance(got[0], int)
+    assert np.allclose(got, want, rtol=1e-12)
+    halves = merge_batches([rollup_records(recs[:1]), rollup_records(recs[1:])]).moments
+    assert {r[:4]: r[4:] for r in halves}.keys() == by_key.keys()
+    for row in halves:
+        assert np.allclose(row[4:], by_key[row[:4]], rtol=1e-12)
