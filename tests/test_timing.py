@@ -103,6 +103,21 @@ def test_non_streaming_request_reads_the_body_usage() -> None:
     assert m.acceptance_rate is None and m.mean_acceptance_length == 2.0
 
 
+def test_no_draft_proposed_is_null_acceptance_not_zero() -> None:
+    # vLLM 0.32 reports rate 0.0 and length 1.0 for a request whose proposer found nothing; that
+    # must not read as "every draft rejected" (rate 0 with drafts proposed)
+    nothing = {"draft_acceptance_rate": 0.0, "mean_acceptance_length": 1.0, "num_draft_tokens": 0}
+    rejected = {"draft_acceptance_rate": 0.0, "mean_acceptance_length": 1.0, "num_draft_tokens": 8}
+    none, zero = (
+        derive(
+            RequestTimings(request_start=0.0, upstream_start=0.0, request_end=1.0, speculative=s)
+        )
+        for s in (nothing, rejected)
+    )
+    assert none.acceptance_rate is None and none.mean_acceptance_length is None
+    assert zero.acceptance_rate == 0.0 and zero.mean_acceptance_length == 1.0
+
+
 def test_record_carries_identity_and_measures() -> None:
     m = derive(RequestTimings(request_start=0.0, upstream_start=0.0, request_end=1.0, status=200))
     rec = m.record(

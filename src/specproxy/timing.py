@@ -161,7 +161,9 @@ def derive(t: RequestTimings, now: float | None = None) -> Measures:
       (a broken or cut-off request's decode time is not a decode time).
     - `tokens_per_event` = output_tokens / content events; `mean_gap_s`/`max_gap_s` over the gaps
       between content events.
-    - acceptance: `metrics.speculative_decoding.{draft_acceptance_rate, mean_acceptance_length}`.
+    - acceptance: `metrics.speculative_decoding.{draft_acceptance_rate, mean_acceptance_length}`;
+      both None when it says no draft token was proposed (`num_draft_tokens` 0: vLLM then reports
+      rate 0.0 and length 1.0, which would read as "every draft rejected").
     """
     if now is None:
         now = time.perf_counter()
@@ -199,7 +201,7 @@ def derive(t: RequestTimings, now: float | None = None) -> Measures:
     if output_tokens is not None and n_events:
         tokens_per_event = output_tokens / n_events
     acceptance_rate = acceptance_length = None
-    if speculative is not None:
+    if speculative is not None and speculative.get("num_draft_tokens") != 0:
         acceptance_rate = _float_or_none(speculative.get("draft_acceptance_rate"))
         acceptance_length = _float_or_none(speculative.get("mean_acceptance_length"))
     return Measures(
