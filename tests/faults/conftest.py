@@ -24,7 +24,7 @@ from specproxy.app import create_app
 from specproxy.appkeys import STORE
 from specproxy.config import Config, RoutingConfig, StoreConfig, TimeoutConfig
 from specproxy.records import RECORD_FIELDS
-from specproxy.stats.clean import usable_mask
+from specproxy.stats.job.rows import usable_mask
 from specproxy.store.buffered import BufferedStore
 from tests.faults.upstream import FaultUpstream
 

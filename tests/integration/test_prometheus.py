@@ -43,7 +43,7 @@ from specproxy.emulator.config import EmulatorConfig
 from specproxy.emulator.server import run_emulator
 from specproxy.grafana.dashboard import build_dashboard, panel_queries
 from specproxy.stats.anytime.sequential import count_boundaries
-from specproxy.stats.job.runner import window_label
+from specproxy.stats.job.tick import window_label
 from tests.conftest import require_binary
 from tests.deploy.rulefiles import PROMETHEUS_DIR, fast_variant, load_rules
 from tests.scrape.fakes import FakeMetricsServer

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specproxy.records import RECORD_FIELDS
-from specproxy.stats.clean import usable_mask
+from specproxy.stats.job.rows import usable_mask
 from tests.faults.upstream import FaultUpstream
 from tests.proxy.conftest import CHAT, COMPLETIONS, SPEC_ONLY, Arms, MakeProxy, chat, direct
 from tests.proxy.fake_upstream import fixture_stream

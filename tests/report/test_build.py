@@ -19,7 +19,7 @@ from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.report.build import collect, write_report
 from specproxy.report.summary import fmt_ratio, main_window
 from specproxy.scrape.dcgm import combine_readings, parse_dcgm
-from specproxy.stats.job.runner import compute_stats
+from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import StatsResult
 from specproxy.store.factory import open_store
 

@@ -7,7 +7,7 @@ import copy
 from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.stats.anytime.hysteresis import VerdictMemory
 from specproxy.stats.compare import refresh_headline
-from specproxy.stats.job.runner import compute_stats
+from specproxy.stats.job.tick import compute_stats
 from specproxy.store.memory import MemoryStore
 from tests.stats.job.test_runner import RUN, store  # noqa: F401  (the filled store fixture)
 

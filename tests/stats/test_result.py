@@ -10,7 +10,7 @@ from typing import Any, is_typeddict
 
 from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.records import Arm
-from specproxy.stats.job.runner import compute_stats
+from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import (
     METRICS,
     STATISTICS,

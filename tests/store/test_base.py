@@ -18,7 +18,7 @@ from specproxy.records import (
     EngineSample,
     GpuSample,
 )
-from specproxy.stats.clean import restart_times
+from specproxy.stats.warmup import restart_times
 from specproxy.stats.diagnosis import summarise_aggregate, summarise_engine
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store

@@ -265,7 +265,7 @@ V6_ENGINE_ROWS = tuple(
 async def _check_v6_upgraded(url: str, tmp_path: Path) -> None:
     """The v7 hour aggregates are filled from the samples a v6 store held (and then kept up to
     date by writes): every window's summary and the restarts read as from the samples."""
-    from specproxy.stats.clean import restart_times
+    from specproxy.stats.warmup import restart_times
     from specproxy.stats.diagnosis import summarise_aggregate, summarise_engine
     from specproxy.summary.engine import MEAN_FIELDS
 

@@ -115,10 +115,10 @@ def speedups(
     results: Sequence[ClientResult], *, seed: int = 0, resamples: int = 2000
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Speedup = baseline / speculative of E2E and TPOT, median and P99, each with its bootstrap
-    CI from the stats module (`split_speedup_intervals`, the stats job's own), or
+    CI from the stats module (`value_speedup_intervals`, the stats job's own), or
     {"status": "insufficient", "n_needed": {arm: more}} while an arm lacks the samples the
     statistic's distribution-free CI needs (a P99 needs 368 per arm at 95%)."""
-    from specproxy.stats.estimate.bootstrap import split_speedup_intervals
+    from specproxy.stats.estimate.blockboot import value_speedup_intervals
     from specproxy.stats.estimate.quantile import samples_needed
 
     ok = [r for r in results if r.ok]
@@ -136,7 +136,7 @@ def speedups(
         spec = np.asarray(by_arm.get(Arm.SPECULATIVE, []), dtype=np.float64)
         if base.size == 0 or spec.size == 0:
             continue
-        cis = split_speedup_intervals(
+        cis = value_speedup_intervals(
             base, spec, statistics=BENCH_STATISTICS, rng=rng, resamples=resamples
         )
         out[metric] = {}

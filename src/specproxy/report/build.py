@@ -33,8 +33,10 @@ from specproxy.report.analysis import (
 from specproxy.report.data import FloatArray, ReportData
 from specproxy.report.html import render_html
 from specproxy.report.summary import main_window
-from specproxy.stats.compare import REQUIRED_COLUMNS
+from specproxy.stats.job.rows import ROW_READ, usable_mask
+from specproxy.stats.job.tick import warmup_rule
 from specproxy.stats.result import METRIC_COLUMNS, StatsResult
+from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 from specproxy.store.base import Store
 from specproxy.store.factory import open_store
 
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 # The report reads exactly what the stats job reads, so its selection can match the job's.
-COLUMNS = REQUIRED_COLUMNS
+COLUMNS = ROW_READ
 
 
 async def write_report(
@@ -115,15 +117,23 @@ async def collect(
     settings = _settings_from(last, settings)
     scrape = _scrape_from(last)
     until = last["window_end"] if last is not None else None
-    data = _gather(run_id, arrays, engine, settings, scrape, until=until)
+    data = _gather(run_id, arrays, engine, settings, scrape, _unit_s(last), until=until)
     if last is None or not _consistent(last, data):
         # No history (a bench run), or records the last stats run did not see: compute afresh.
         history.append(await _compute_stats(store, run_id, settings, scrape))
-        data = _gather(run_id, arrays, engine, settings, scrape, until=None)
+        data = _gather(
+            run_id, arrays, engine, settings, scrape, _unit_s(history[-1][1]), until=None
+        )
         data.recomputed = True
     data.history = history
     data.stats_t, data.stats = history[-1]
     return data
+
+
+def _unit_s(result: StatsResult | None) -> float:
+    """The time unit of the result's main window (warm-up leaves out whole units of it)."""
+    window = main_window(result)
+    return float(window.get("unit_s", 60.0)) if window is not None else 60.0
 
 
 def _gather(
@@ -132,6 +142,7 @@ def _gather(
     engine: list[EngineSample],
     settings: StatsConfig,
     scrape: ScrapeConfig,
+    unit_s: float,
     *,
     until: float | None,
 ) -> ReportData:
@@ -155,7 +166,8 @@ def _gather(
         a = arrays.get(arm)
         if a is None or len(a["t_start"]) == 0:
             continue
-        keep, warm, failed = _selection(a, arm, engine, settings, scrape, until=until)
+        rule = warmup_rule(settings, scrape)
+        keep, warm, failed = _selection(a, arm, engine, rule, unit_s, until=until)
         data.excluded_warmup[arm.value] = warm
         data.excluded_failed[arm.value] = failed
         data.shadows[arm.value] = int(np.sum(np.asarray(a["shadow"], dtype=bool)))
@@ -186,20 +198,21 @@ def _selection(
     a: Mapping[str, npt.NDArray[Any]],
     arm: Arm,
     engine: Sequence[EngineSample],
-    settings: StatsConfig,
-    scrape: ScrapeConfig,
+    rule: WarmupRule,
+    unit_s: float,
     *,
     until: float | None,
 ) -> tuple[npt.NDArray[np.bool_], int, int]:
-    """The stats job's sample: usable primary requests outside the warm-up windows, by the very
-    rule the job applies (`clean.warmup_exclusion`); also the warm-up and failed counts."""
-    from specproxy.stats.clean import usable_mask, warmup_exclusion
-
-    arrays = dict(a)
+    """The stats job's sample: usable primary requests outside the warm-up units, by the very
+    rule the job applies (`stats.warmup`) at the result's unit; also the warm-up and failed
+    counts."""
     t = np.asarray(a["t_start"], dtype=np.float64)
-    warm = warmup_exclusion(arrays, engine, arm, stats_cfg=settings, scrape_cfg=scrape)
-    usable = usable_mask(arrays)
+    usable = usable_mask(a)
     primary = ~np.asarray(a["shadow"], dtype=bool)
+    unit = np.floor(t / unit_s).astype(np.int64)
+    counted, n = np.unique(unit[usable & primary], return_counts=True)
+    gone = excluded_units(counted, n, restart_times(engine, arm), unit_s=unit_s, rule=rule)
+    warm = usable & primary & np.isin(unit, sorted(gone))
     in_time = t <= until if until is not None else np.ones(t.size, dtype=bool)
     keep = usable & ~warm & primary & in_time
     return keep, int(np.sum(warm & in_time)), int(np.sum(~usable & in_time))
@@ -221,7 +234,7 @@ async def _compute_stats(
     store: Store, run_id: str, settings: StatsConfig, scrape: ScrapeConfig
 ) -> tuple[float, StatsResult]:
     """A store without stats history (a bench run): compute the comparison once."""
-    from specproxy.stats.job.runner import compute_stats
+    from specproxy.stats.job.tick import compute_stats
 
     result = await compute_stats(store, run_id=run_id, stats_cfg=settings, scrape_cfg=scrape)
     return float(result["computed_at"]), result

@@ -70,7 +70,7 @@ __all__ = [
     "to_json",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 Statistic = Literal["median", "mean", "p90", "p99"]
 # Every compared statistic, in display order, with its quantile level (None: not a quantile).
@@ -288,6 +288,7 @@ class WindowComparison(TypedDict):
     metrics: dict[str, MetricResult]  # per metric (`METRICS`)
     engine: dict[str, EngineArm]  # per arm
     diagnosis: Diagnosis
+    unavailable: NotRequired[list[str]]  # statistics without their data ("adjusted")
 
 
 class WindowResult(WindowComparison):
@@ -295,6 +296,12 @@ class WindowResult(WindowComparison):
 
     window_s: float | None  # None: the whole run
     excluded_warmup: dict[str, int]  # per arm: usable requests left out as warm-up
+    # where its samples came from: "rows" (a small window, finer time units, mirrored pairs)
+    # or "summaries" (the store's per-minute rollups and compacted blocks)
+    source: NotRequired[Literal["rows", "summaries"]]
+    unit_s: NotRequired[float]  # its time unit (bootstrap blocks hold whole units)
+    span: NotRequired[list[float]]  # [start, end) of its units, Unix time
+    grid_error_bound: NotRequired[float]  # worst relative error of a bound from the histograms
 
 
 class Settings(TypedDict):
@@ -308,7 +315,7 @@ class Settings(TypedDict):
     seed: int
     restart_warmup_requests: NotRequired[int]  # scrape.warmup_requests (absent before 11-29)
     restart_warmup_seconds: NotRequired[float]  # scrape.warmup_seconds (likewise)
-    raw_rows_max: NotRequired[int]  # stats.raw_rows_max: above it the rollup path (rollupjob)
+    windows_s: NotRequired[list[float | None]]  # stats.windows_s (None: the whole run)
     statistics: NotRequired[list[str]]  # `STATISTICS` (absent in results stored before)
     metrics: NotRequired[dict[str, dict[str, str]]]  # `METRICS`: {name: {column, label, title}}
 
@@ -321,7 +328,6 @@ class StatsResult(TypedDict):
     computed_at: float  # Unix time
     duration_s: float
     window_end: float  # Unix time; windows are [window_end - w, window_end]
-    source: NotRequired[Literal["rows", "rollups"]]  # rollups above stats.raw_rows_max
     data_horizon: NotRequired[float | None]  # newest data seen (rows: last t_start; rollups:
     # the end of the last minute holding data); None while the store is empty
     lag_s: NotRequired[float | None]  # computed_at - data_horizon

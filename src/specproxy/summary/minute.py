@@ -63,7 +63,12 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 ROLLUP_UNIT_S: Final = 60.0  # one minute: the rollups' (and the block bootstrap's) time unit
 # metric name -> record attribute (the same names as `compare.METRIC_COLUMNS`)
-ROLLUP_METRICS: Final[dict[str, str]] = {"e2e": "e2e_s", "ttft": "ttft_s", "tpot": "tpot_s"}
+ROLLUP_METRICS: Final[dict[str, str]] = {
+    "e2e": "e2e_s",
+    "ttft": "ttft_s",
+    "tpot": "tpot_s",
+    "step": "mean_gap_s",  # streamed requests' mean gap between content events: one engine step
+}
 
 # (run_id, minute, model, arm, metric, n, sum, sum_sq)
 SummaryRow = tuple[str, int, str, str, str, int, float, float]

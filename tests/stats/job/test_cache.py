@@ -20,7 +20,7 @@ from specproxy.records import Arm, RequestRecord
 from specproxy.stats.estimate.adjust import adjusted_speedup
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS
 from specproxy.stats.job.cache import RollupCache
-from specproxy.stats.job.runner import compute_stats
+from specproxy.stats.job.tick import compute_stats
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store
 from specproxy.summary.grid import COARSE_ERROR_BOUND

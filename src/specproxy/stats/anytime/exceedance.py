@@ -73,7 +73,8 @@ import numpy as np
 import numpy.typing as npt
 import scipy.special as sp
 
-from specproxy.summary.grid import COARSE_FACTOR, bin_index, bin_lower_edges, coarse_bin
+from specproxy.stats.sample import ArmSample
+from specproxy.summary.grid import COARSE_FACTOR, bin_lower_edges, coarse_bin
 
 __all__ = [
     "LAMBDAS",
@@ -85,8 +86,8 @@ __all__ = [
     "exceedance_test",
     "hypergeom_log_mgf",
     "predictable_thresholds",
+    "true_edges",
     "unit_counts",
-    "unit_counts_binned",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -135,15 +136,43 @@ class ExceedanceResult:
 
 @dataclass(frozen=True, slots=True)
 class BinnedUnits:
-    """An arm as per-unit histogram entries: values of an entry lie in [lower, upper); `bins` is
-    the grid bin that stands for each entry (used for the threshold only: any predictable
-    threshold is valid). Units are numbered alike in both arms."""
+    """An arm as per-minute histogram entries: values of an entry lie in [lower, upper); `bins`
+    is the grid bin that stands for each entry (used for the threshold only: any predictable
+    threshold is valid). Minutes are numbered alike in both arms."""
 
     unit: IntArray
     bins: IntArray
     lower: FloatArray
     upper: FloatArray
     counts: IntArray
+
+    @classmethod
+    def of_sample(cls, sample: ArmSample) -> BinnedUnits:
+        """A sample's entries in minutes (its units divide a minute, counted from a minute
+        boundary; `piece_units` 1), each with edges that surely hold its values (`true_edges`)."""
+        if sample.piece_units != 1 or sample.unit_s > 60.0 or 60.0 % sample.unit_s:
+            raise ValueError("the exceedance test needs units that divide a minute")
+        lower, upper = true_edges(sample.bins)
+        per_minute = round(60.0 / sample.unit_s)
+        return cls(sample.unit // per_minute, sample.bins, lower, upper, sample.counts)
+
+
+# Bin edges widened by this relative margin: a value can sit an ulp outside the edges computed
+# back from its bin; widening keeps "every value inside its entry" true in floating point.
+_EDGE_SLACK: Final = 1e-9
+
+
+def true_edges(bins: IntArray) -> tuple[FloatArray, FloatArray]:
+    """Lower and upper edges that surely hold every value of an entry at grid bin `bins`: a
+    compacted coarse bin enters at its centre fine bin (`coarse_as_fine`), so an entry there may
+    hold values anywhere in the coarse bin and gets its edges (a fine entry at that position
+    gets the wider, still true, edges too)."""
+    half = COARSE_FACTOR // 2
+    maybe_coarse = np.mod(bins, COARSE_FACTOR) == half
+    return (
+        bin_lower_edges(np.where(maybe_coarse, bins - half, bins)) * (1.0 - _EDGE_SLACK),
+        bin_lower_edges(np.where(maybe_coarse, bins + half + 1, bins + 1)) * (1.0 + _EDGE_SLACK),
+    )
 
 
 def hypergeom_log_mgf(
@@ -228,42 +257,7 @@ def predictable_thresholds(
     return q
 
 
-def _units(times: FloatArray, first: float, unit_s: float) -> IntArray:
-    return np.floor((times - first) / unit_s).astype(np.int64)
-
-
-def unit_counts(
-    reference: tuple[FloatArray, FloatArray],
-    tested: tuple[FloatArray, FloatArray],
-    *,
-    tolerance: float,
-    unit_s: float = 60.0,
-) -> UnitCounts:
-    """Exact counts from raw values: each arm as (values, start times in seconds). Units are
-    absolute minutes floor(t / unit_s) (the rollups' minutes), numbered from the first."""
-    (r_v, r_t), (t_v, t_t) = reference, tested
-    if r_v.size == 0 or t_v.size == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return UnitCounts(empty, empty, empty, empty)
-    first = math.floor(float(min(r_t.min(), t_t.min())) / unit_s) * unit_s
-    r_u, t_u = _units(r_t, first, unit_s), _units(t_t, first, unit_s)
-    units = int(max(r_u.max(), t_u.max())) + 1
-    key, counts = np.unique(np.stack([r_u, bin_index(r_v)]), axis=1, return_counts=True)
-    q = predictable_thresholds(key[0], key[1], counts.astype(np.int64), units)
-    with np.errstate(invalid="ignore"):
-        x_hit = t_v / (1.0 + tolerance) > q[t_u]
-        y_hit = r_v > q[r_u]
-    return UnitCounts(
-        n_test=np.bincount(t_u, minlength=units).astype(np.int64),
-        n_ref=np.bincount(r_u, minlength=units).astype(np.int64),
-        x=np.bincount(t_u[x_hit], minlength=units).astype(np.int64),
-        y=np.bincount(r_u[y_hit], minlength=units).astype(np.int64),
-    )
-
-
-def unit_counts_binned(
-    reference: BinnedUnits, tested: BinnedUnits, *, tolerance: float
-) -> UnitCounts:
+def unit_counts(reference: BinnedUnits, tested: BinnedUnits, *, tolerance: float) -> UnitCounts:
     """Conservative counts from histograms: X counts only tested entries whose lower edge / c
     lies above q_u, Y every reference entry whose upper edge does. Units 0..last used unit."""
     if reference.unit.size == 0 or tested.unit.size == 0:

@@ -58,11 +58,9 @@ from specproxy.stats.anytime.sequential import (
 )
 
 __all__ = [
-    "BinnedArm",
     "P99Decision",
     "P99TestResult",
     "p99_slower_test",
-    "p99_slower_test_binned",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -202,62 +200,3 @@ def p99_slower_test(
     kb = np.concatenate([[0], kb_incl, kb_incl]).astype(np.int64)
     ks = np.concatenate([[0], ks_excl, ks_incl]).astype(np.int64)
     return _statistic(n_b, n_s, kb, ks, alpha, (cap, strength))
-
-
-@dataclass(frozen=True, slots=True)
-class BinnedArm:
-    """An arm known only as a histogram: disjoint bins [lower, upper) and their counts.
-
-    Bins need not be aligned across arms nor of one width (fine grid or coarser tiers)."""
-
-    lower: FloatArray
-    upper: FloatArray
-    counts: npt.NDArray[np.int64]
-
-
-def p99_slower_test_binned(
-    baseline: BinnedArm,
-    speculative: BinnedArm,
-    *,
-    alpha: float = 0.05,
-    tolerance: float = 0.05,
-    tuned_for_n: int = DEFAULT_TUNED_FOR_N,
-) -> P99TestResult:
-    """`p99_slower_test` on histograms, conservatively: its statistic is <= the exact statistic
-    of ANY values the histograms could hold, so it says "slower" only where the exact test would.
-
-    Why: restricting q to bin edges alone would be invalid (the exact infimum may lie inside a
-    bin). Instead the line is cut at every bin edge of both arms (speculative edges divided by
-    c = 1 + tolerance) and, for q in a piece [t_m, t_m+1), the combined e-value is bounded below
-    by the state with the LARGEST K_b (every baseline bin reaching above t_m counted as >= q) and
-    the SMALLEST K_s (only speculative bins lying wholly at or above c t_m+1 counted as > c q).
-    log E_b falls as K_b grows and log E_s rises with K_s, so that state's value is a lower bound
-    over the whole piece; below every edge the state is (n_b, n_s), above every edge (0, 0).
-    Swapping the arguments tests the faster direction, as for `p99_slower_test`.
-    """
-    _check(alpha, tolerance)
-    c = 1.0 + tolerance
-    b_keep, s_keep = baseline.counts > 0, speculative.counts > 0
-    b_hi, b_n = baseline.upper[b_keep], baseline.counts[b_keep].astype(np.int64)
-    s_lo, s_n = speculative.lower[s_keep] / c, speculative.counts[s_keep].astype(np.int64)
-    n_b, n_s = int(b_n.sum()), int(s_n.sum())
-    if n_b == 0 or n_s == 0:
-        return P99TestResult(-math.inf, math.log(1.0 / alpha), "undecided", n_b, n_s)
-    cap = _cap(n_s, alpha, tuned_for_n)
-    edges = np.concatenate([baseline.lower[b_keep], b_hi, s_lo, speculative.upper[s_keep] / c])
-    if n_s >= cap[0]:
-        # L: the largest speculative lower edge with >= cap counts in bins at or above it. Every
-        # piece below L ends at or below L (L is an edge), so its K_s >= cap and it passes.
-        desc = np.argsort(-s_lo, kind="stable")
-        at_or_above = np.cumsum(s_n[desc])
-        edges = edges[edges >= s_lo[desc][np.searchsorted(at_or_above, cap[0], side="left")]]
-    edges = np.unique(edges)
-    by_hi = np.argsort(b_hi, kind="stable")
-    b_cum = np.concatenate([[0], np.cumsum(b_n[by_hi])])  # counts of bins with upper <= x
-    kb_max = n_b - b_cum[np.searchsorted(b_hi[by_hi], edges[:-1], side="right")]
-    by_lo = np.argsort(s_lo, kind="stable")
-    s_cum = np.concatenate([[0], np.cumsum(s_n[by_lo])])  # counts of bins with lower < x
-    ks_min = n_s - s_cum[np.searchsorted(s_lo[by_lo], edges[1:], side="left")]
-    kb = np.concatenate([[n_b, 0], kb_max]).astype(np.int64)
-    ks = np.concatenate([[n_s, 0], ks_min]).astype(np.int64)
-    return _statistic(n_b, n_s, kb, ks, alpha, cap)

@@ -1,23 +1,11 @@
-"""Output-length-adjusted E2E speedup.
+"""Output-length-adjusted E2E speedup, from the window's moment sums.
 
-Speculative decoding does not change what is generated, so output (and prompt) length is a valid
-covariate: it is independent of the arm. Most of the spread of E2E latency is length, so
-regressing it out shrinks the CI a lot. We fit, by ordinary least squares,
-
-    log e2e = b0 + b1*spec + b2*z_out + b3*z_prompt + b4*spec*z_out + b5*spec*z_prompt + e,
-
-with z = log(tokens) centred on the pooled mean. The interactions let the decode-speed gain
-differ from the prefill cost; thanks to the centring, exp(-b1) is the speedup
-(baseline / speculative) of a request of typical (geometric-mean) length. Its CI uses the
-heteroskedasticity-robust HC3 sandwich variance and a normal quantile (`method` "hc3").
-
-From rollups (`adjusted_from_moments`): the model is fully interacted, so it is one OLS per arm
-of log e2e on (1, z_out, z_prompt), and b1 is the difference of the two arms' intercepts at the
-pooled means; both need only each arm's `rollup.MOMENT_SUMS`, so the estimate equals the rows'
-(the same requests: those reporting both token counts). HC3 needs each request's residual, so
-the CI is a time-block Poisson bootstrap of the per-block sums, one weight per block shared by
-both arms as in `blockboot` (`method` "block"), or, with fewer than `blocklength.MIN_BLOCKS`
-blocks, the classical OLS variance with each arm's own residual variance (`method` "iid").
+Speculative decoding does not change what is generated, so output and prompt length are valid
+covariates. Per arm, OLS of log e2e on (1, z_out, z_prompt), z = log tokens centred on the pooled
+means; exp(-(b_t - b_c)) of the intercepts is the speedup of a request of typical length. The fit
+needs only `summary.minute.MOMENT_SUMS` per arm, so a window's estimate is exact from its units.
+The CI bootstraps the time blocks of E2E's interval (one Poisson weight per block for both arms,
+`method` "block"), or with too few blocks is the OLS one with each arm's residual variance ("iid").
 """
 
 from __future__ import annotations
@@ -31,10 +19,11 @@ import numpy.typing as npt
 from scipy import stats
 
 from specproxy.stats import result as schema
+from specproxy.stats.estimate.blocklength import BlockPlan
 from specproxy.stats.estimate.bootstrap import percentile_interval
 from specproxy.summary.minute import MOMENT_SUMS
 
-__all__ = ["MIN_ADJUST_N", "AdjustedSpeedup", "adjusted_from_moments", "adjusted_speedup"]
+__all__ = ["MIN_ADJUST_N", "AdjustedSpeedup", "adjusted_from_moments", "adjusted_over_blocks"]
 
 FloatArray = npt.NDArray[np.float64]
 MIN_ADJUST_N: Final = 10  # per arm
@@ -51,7 +40,7 @@ class AdjustedSpeedup:
     r_squared: float
     covariates: tuple[str, ...]
 
-    method: str = "hc3"
+    method: str = "block"
 
     def to_dict(self) -> schema.Adjusted:
         return {
@@ -67,70 +56,6 @@ class AdjustedSpeedup:
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
-
-
-def _usable(e2e: FloatArray, out: FloatArray, prompt: FloatArray | None) -> npt.NDArray[np.bool_]:
-    ok = np.isfinite(e2e) & (e2e > 0) & np.isfinite(out) & (out > 0)
-    if prompt is not None:
-        ok &= np.isfinite(prompt) & (prompt > 0)
-    return ok
-
-
-def adjusted_speedup(
-    baseline_e2e: FloatArray,
-    baseline_output_tokens: FloatArray,
-    speculative_e2e: FloatArray,
-    speculative_output_tokens: FloatArray,
-    *,
-    baseline_prompt_tokens: FloatArray | None = None,
-    speculative_prompt_tokens: FloatArray | None = None,
-    confidence: float = 0.95,
-) -> AdjustedSpeedup | None:
-    """The adjusted speedup, or None when an arm has fewer than `MIN_ADJUST_N` usable rows."""
-    ok_b = _usable(baseline_e2e, baseline_output_tokens, None)
-    ok_s = _usable(speculative_e2e, speculative_output_tokens, None)
-    prompt: FloatArray | None = None
-    if baseline_prompt_tokens is not None and speculative_prompt_tokens is not None:
-        with_b = _usable(baseline_e2e, baseline_output_tokens, baseline_prompt_tokens)
-        with_s = _usable(speculative_e2e, speculative_output_tokens, speculative_prompt_tokens)
-        if int(with_b.sum()) >= MIN_ADJUST_N and int(with_s.sum()) >= MIN_ADJUST_N:
-            candidate = np.log(
-                np.concatenate([baseline_prompt_tokens[with_b], speculative_prompt_tokens[with_s]])
-            )
-            if float(np.ptp(candidate)) > 0.0:  # a constant would duplicate the intercept
-                prompt, ok_b, ok_s = candidate, with_b, with_s
-    if int(ok_b.sum()) < MIN_ADJUST_N or int(ok_s.sum()) < MIN_ADJUST_N:
-        return None
-    y = np.log(np.concatenate([baseline_e2e[ok_b], speculative_e2e[ok_s]]))
-    spec = np.concatenate([np.zeros(int(ok_b.sum())), np.ones(int(ok_s.sum()))])
-    z_out = np.log(np.concatenate([baseline_output_tokens[ok_b], speculative_output_tokens[ok_s]]))
-    covariates = [z_out - z_out.mean()]
-    names = ["log_output_tokens"]
-    if prompt is not None:
-        covariates.append(prompt - prompt.mean())
-        names.append("log_prompt_tokens")
-    columns = [np.ones_like(y), spec, *covariates, *(spec * z for z in covariates)]
-    x = np.column_stack(columns)
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    resid = y - x @ coef
-    xtx_inv = np.linalg.pinv(x.T @ x)
-    leverage = np.einsum("ij,jk,ik->i", x, xtx_inv, x)
-    scaled = resid / np.clip(1.0 - leverage, 1e-12, None)  # HC3
-    meat = (x * scaled[:, None] ** 2).T @ x
-    cov = xtx_inv @ meat @ xtx_inv
-    se = math.sqrt(max(float(cov[1, 1]), 0.0))
-    z = float(stats.norm.ppf(0.5 + confidence / 2.0))
-    total = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(resid @ resid) / total if total > 0 else 0.0
-    effect = float(coef[1])
-    return AdjustedSpeedup(
-        estimate=math.exp(-effect),
-        lower=math.exp(-effect - z * se),
-        upper=math.exp(-effect + z * se),
-        n=int(y.size),
-        r_squared=r2,
-        covariates=tuple(names),
-    )
 
 
 _N, _SU, _SV, _SUU, _SVV, _SUV, _SY, _SUY, _SVY, _SYY = range(len(MOMENT_SUMS))
@@ -226,3 +151,28 @@ def adjusted_from_moments(
         covariates=names,
         method=method,
     )
+
+
+def adjusted_over_blocks(
+    control: FloatArray,
+    treatment: FloatArray,
+    plan: BlockPlan,
+    *,
+    resamples: int,
+    confidence: float,
+    rng: np.random.Generator,
+) -> AdjustedSpeedup | None:
+    """The adjusted speedup from per-unit moments (units x MOMENT_SUMS per arm, the units of
+    `plan`), its CI over `plan`'s time blocks when it has enough of them, else the OLS one."""
+    per_block = []
+    for units in (control, treatment):
+        block = np.arange(units.shape[0]) // max(plan.block_units, 1)
+        sums = np.zeros((max(plan.blocks, 1), units.shape[1]))
+        np.add.at(sums, block, units)
+        per_block.append(sums)
+    weights = (
+        rng.poisson(1.0, size=(resamples, per_block[0].shape[0])).astype(np.float64)
+        if plan.reliable
+        else None
+    )
+    return adjusted_from_moments(per_block[0], per_block[1], weights=weights, confidence=confidence)

@@ -1,65 +1,48 @@
-"""Time-block Poisson bootstrap of speedup ratios over per-unit (per-minute) fine histograms.
+"""Speedup intervals from two `ArmSample`s: a Poisson time-block bootstrap beside an i.i.d. one.
 
-Why: latency in production is serially correlated (load waves, batch composition, neighbours),
-so an i.i.d. bootstrap over requests is too narrow (notes/ab_stats.md: coverage 0.75-0.80 on a
-loaded host). Resampling whole time blocks keeps the dependence inside a block (Kunsch 1989;
-Politis & White 2004 for the block length, see `blocklength.py`).
-
-Method:
-  * Data of each arm are time units (minutes from rollups; any unit from raw rows) each holding a
-    histogram on the fixed grid of `loggrid.py`, plus the unit's exact count and sum.
-  * Units are grouped into consecutive blocks of B units (`blocklength.plan_blocks`).
-  * A replicate gives every block one Poisson(1) weight, the SAME weight in both arms: with
-    traffic split at random within a minute, both arms see the same minute's load, and with
-    mirrored traffic both members of a pair lie in the same unit, so pairing is kept inside blocks.
-  * A quantile replicate is the lower order statistic at rank floor((T-1) p) of the reweighted
-    summed histogram (T its total), reported as its bin's geometric centre: within exp(+-d/2) of
-    the exact weighted order statistic, a ratio within `GRID_ERROR_BOUND` (0.02 %).
-  * A mean replicate is sum_b w_b S_b / sum_b w_b N_b from the blocks' exact sums: no binning.
-  * Cost: O(R x blocks x (G + J/G)) per quantile with J occupied bins and G ~ sqrt(J) groups
-    (a coarse pass locates each replicate's quantile group, a fine pass the bin), independent of
-    the number of requests.
-
-The i.i.d. interval is computed on the same histograms by exact order-statistic resampling read
-off the cumulative counts (the mean: a Poisson bootstrap over 1 % bins); both are returned, and
-when they differ materially (log-width ratio outside [1/1.25, 1.25]) the result says which is
-used and why.
+Latency is serially correlated (load waves, batch mix), so requests are not independent: whole
+time blocks are resampled (Kunsch 1989; block length in `blocklength`), one Poisson(1) weight per
+block shared by both arms, so a unit's pairs and shared load stay together. Quantile replicates
+are order statistics of the reweighted histograms (within the grid bound), mean replicates use
+the exact block sums. The i.i.d. interval (exact order-statistic resampling off the pooled
+histogram) is kept beside it; with fewer than `MIN_BLOCKS` blocks it is the one reported, and a
+material difference between the two is explained in words, stating only what was measured.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from specproxy.stats.estimate.blocklength import MIN_BLOCKS, BlockPlan, plan_blocks
-from specproxy.stats.estimate.bootstrap import (
-    DEFAULT_RESAMPLES,
-    Interval,
-    percentile_interval,
-    split_replicates,
-)
+from specproxy.stats.estimate.bootstrap import DEFAULT_RESAMPLES, Interval, percentile_interval
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS
-from specproxy.store.rollups import RollupRows
-from specproxy.summary.grid import bin_centres, bin_index, bin_log_centres
+from specproxy.stats.sample import ArmSample, unique_inverse
+from specproxy.summary.grid import bin_centres
 
 __all__ = [
     "MATERIAL_WIDTH_RATIO",
     "MAX_BLOCKS",
-    "ArmBlocks",
+    "MEASURED_CORRELATION",
     "BlockBootstrapResult",
     "BlockInterval",
     "block_speedup_intervals",
+    "unit_correlation",
+    "value_speedup_intervals",
 ]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 MATERIAL_WIDTH_RATIO: Final = 1.25  # block vs i.i.d. log-width ratio that we call material
+# Correlation of the arms' per-unit log means from which a note names it as the reason a block
+# interval is narrower than the i.i.d. one.
+MEASURED_CORRELATION: Final = 0.3
 # Most blocks one replicate weighs (cost and memory ~ resamples x blocks): beyond it blocks are
 # made longer, which only keeps more of the dependence (conservative). A 30-day window of hour
 # blocks has 720.
@@ -70,105 +53,6 @@ _MEAN_COARSEN: Final = 50  # 50 grid bins = 1 % wide: the i.i.d. mean's bins (as
 # sum_j w_j m_j / sum_j w_j), whose error is O(1/n): R draws instead of R x bins (rollup windows
 # of 1e9 requests spend ~0.1 s per arm on the Poisson matrix otherwise).
 _NORMAL_MEAN_N: Final = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class ArmBlocks:
-    """One arm's data as sparse (unit, bin, count) triplets plus exact per-unit count and sum."""
-
-    units: int  # number of time units in the window, unit ids are 0..units-1
-    unit: IntArray  # per entry
-    bins: IntArray  # per entry, grid bin
-    counts: IntArray  # per entry, > 0
-    unit_n: IntArray = field(repr=False)  # per unit
-    unit_sum: FloatArray = field(repr=False)  # per unit, exact sum of values
-    # Entries may stand for several units (an hour block of the compacted rollup tier is entered
-    # at its first minute): then every bootstrap block must hold whole pieces of `piece_units`
-    # units (units are counted from a piece boundary), and the block-length rule reads `series`
-    # (per unit, NaN when empty) instead of the per-unit mean log from the bins.
-    piece_units: int = 1
-    series: FloatArray | None = field(default=None, repr=False)
-    # `pooled()` once per instance (the statistics, the i.i.d. replicates and the tests read it)
-    _pooled: list[tuple[IntArray, IntArray]] = field(
-        default_factory=list, init=False, repr=False, compare=False
-    )
-
-    @classmethod
-    def from_values(cls, unit: npt.NDArray[np.int64], values: FloatArray, units: int) -> ArmBlocks:
-        """Bin raw values; `unit` is each value's time unit in 0..units-1."""
-        u = np.asarray(unit, dtype=np.int64)
-        v = np.asarray(values, dtype=np.float64)
-        if u.shape != v.shape:
-            raise ValueError("unit and values must have the same shape")
-        if u.size and (int(u.min()) < 0 or int(u.max()) >= units):
-            raise ValueError("unit ids must lie in 0..units-1")
-        b = bin_index(v)
-        lo = int(b.min()) if b.size else 0
-        span = int(b.max()) - lo + 1 if b.size else 1
-        key, counts = np.unique(u * span + (b - lo), return_counts=True)
-        return cls(
-            units=units,
-            unit=key // span,
-            bins=key % span + lo,
-            counts=counts.astype(np.int64),
-            unit_n=np.bincount(u, minlength=units).astype(np.int64),
-            unit_sum=np.bincount(u, weights=v, minlength=units).astype(np.float64),
-        )
-
-    @classmethod
-    def from_rollups(cls, rows: RollupRows, first_minute: int, units: int) -> ArmBlocks:
-        """Per-minute rollups (rows of several models are summed); unit = minute - first_minute."""
-        u = rows.bin_minute - first_minute
-        if u.size and (int(u.min()) < 0 or int(u.max()) >= units):
-            raise ValueError("rollup minutes must lie in the window")
-        lo = int(rows.bins.min()) if rows.bins.size else 0
-        span = int(rows.bins.max()) - lo + 1 if rows.bins.size else 1
-        key, inverse = np.unique(u * span + (rows.bins - lo), return_inverse=True)
-        mu = rows.minute - first_minute
-        return cls(
-            units=units,
-            unit=key // span,
-            bins=key % span + lo,
-            counts=np.bincount(inverse, weights=rows.counts).astype(np.int64),
-            unit_n=np.bincount(mu, weights=rows.n, minlength=units).astype(np.int64),
-            unit_sum=np.bincount(mu, weights=rows.total, minlength=units).astype(np.float64),
-        )
-
-    @property
-    def n(self) -> int:
-        return int(self.unit_n.sum())
-
-    def unit_log_means(self) -> FloatArray:
-        """Mean log latency per unit from the bins (NaN for empty units): the block rule's input
-        (`series` when given)."""
-        if self.series is not None:
-            return self.series
-        logs = bin_log_centres(self.bins)
-        s = np.bincount(self.unit, weights=self.counts * logs, minlength=self.units)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.unit_n > 0, s / np.maximum(self.unit_n, 1), np.nan)
-
-    def pooled(self) -> tuple[IntArray, IntArray]:
-        """(bins, counts) of the whole window (computed once; do not modify the arrays)."""
-        if not self._pooled:
-            self._pool(*_unique_inverse(self.bins))
-        return self._pooled[0]
-
-    def _pool(self, grid: IntArray, inverse: IntArray) -> None:
-        """Cache `pooled()` from the entries' sorted unique bins and each entry's position in
-        them (`_regroup` computes those anyway: one pass over the entries instead of two)."""
-        counts = np.bincount(inverse, weights=self.counts, minlength=grid.size)
-        self._pooled.append((grid, np.rint(counts).astype(np.int64)))
-
-    def point_statistic(self, statistic: str) -> float:
-        """The statistic from the histogram (quantiles within exp(+-d/2)); the mean is exact."""
-        if self.n == 0:
-            return math.nan
-        if statistic == "mean":
-            return float(self.unit_sum.sum() / self.n)
-        ub, c = self.pooled()
-        rank = math.floor((self.n - 1) * QUANTILE_LEVELS[statistic])
-        return float(bin_centres(ub[np.searchsorted(np.cumsum(c), rank, side="right")]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,29 +107,10 @@ class _Blocked:
     block_sum: FloatArray
 
 
-def _unique_inverse(bins: IntArray) -> tuple[IntArray, IntArray]:
-    """`np.unique(bins, return_inverse=True)` without the sort when the bins span a range not
-    much wider than their number (always, for latencies: a 30-day window holds ~1M entries over
-    ~50k grid bins), through a dense occupancy map; the sort otherwise."""
-    if bins.size == 0:
-        return bins.astype(np.int64), bins.astype(np.int64)
-    lo = int(bins.min())
-    span = int(bins.max()) - lo + 1
-    if span > 4 * bins.size + (1 << 16):
-        grid, inverse = np.unique(bins, return_inverse=True)
-        return grid, inverse.astype(np.int64)
-    occupied = np.zeros(span, dtype=bool)
-    occupied[bins - lo] = True
-    grid = np.flatnonzero(occupied)
-    rank = np.cumsum(occupied, dtype=np.int64) - 1
-    return grid + lo, rank[bins - lo]
-
-
-def _regroup(arm: ArmBlocks, block_units: int, blocks: int) -> _Blocked:
+def _regroup(arm: ArmSample, block_units: int, blocks: int) -> _Blocked:
     block = arm.unit // block_units
-    grid, pos = _unique_inverse(arm.bins)
-    if not arm._pooled:
-        arm._pool(grid, pos)
+    grid, pos = unique_inverse(arm.bins)
+    arm.cache_pooled(grid, pos)
     ub = np.arange(arm.units) // block_units
     return _Blocked(
         blocks=blocks,
@@ -350,25 +215,15 @@ def _block_replicates(
 
 
 def _iid_replicates(
-    arm: ArmBlocks,
-    statistics: Sequence[str],
-    rng: np.random.Generator,
-    resamples: int,
-    raw: FloatArray | None,
+    arm: ArmSample, statistics: Sequence[str], rng: np.random.Generator, resamples: int
 ) -> dict[str, FloatArray]:
-    """i.i.d. replicates: exact order-statistic resampling of raw values when given (what
-    `bootstrap.split_replicates` does), else the same resampling read off the pooled grid
-    histogram (within half a bin); the mean uses a Poisson bootstrap over 1 % bins (its normal
-    limit from `_NORMAL_MEAN_N` requests on)."""
+    """i.i.d. replicates read off the pooled histogram: quantiles by exact order-statistic
+    resampling (within half a bin of resampling the values); the mean by a Poisson bootstrap
+    over 1 % bins (its normal limit from `_NORMAL_MEAN_N` requests on)."""
     ub, c = arm.pooled()
     centres = bin_centres(ub)
     out: dict[str, FloatArray] = {}
-    quantiles = [s for s in statistics if s != "mean"]
-    if raw is not None and quantiles:
-        out.update(split_replicates(raw, quantiles, rng, resamples))
     for stat in statistics:
-        if stat in out:
-            continue
         if stat == "mean":
             coarse, j = np.unique(np.floor_divide(ub, _MEAN_COARSEN), return_inverse=True)
             cc = np.bincount(j, weights=c)
@@ -409,7 +264,12 @@ def _log_width(interval: Interval) -> float:
 
 
 def _choose(
-    estimate: float, block: FloatArray, i: Interval, plan: BlockPlan, confidence: float
+    estimate: float,
+    block: FloatArray,
+    i: Interval,
+    plan: BlockPlan,
+    confidence: float,
+    correlation: float | None,
 ) -> BlockInterval:
     b = Interval(estimate, *percentile_interval(block, confidence))
     wb, wi = _log_width(b), _log_width(i)
@@ -417,7 +277,7 @@ def _choose(
     differs = math.isfinite(ratio) and not (
         1.0 / MATERIAL_WIDTH_RATIO <= ratio <= MATERIAL_WIDTH_RATIO
     )
-    unit_words = f"blocks of {plan.block_units} time unit(s), {plan.blocks} blocks"
+    blocks = f"{plan.blocks} blocks of {plan.block_units} time unit(s)"
     reason: str | None = None
     if not plan.reliable:
         reason = (
@@ -428,46 +288,59 @@ def _choose(
     if differs and ratio > 1:
         reason = (
             f"latency is serially correlated (Politis-White block length "
-            f"{plan.politis_white:.1f} units): resampling {unit_words} widens the interval "
+            f"{plan.politis_white:.1f} units): resampling {blocks} widens the interval "
             f"{ratio:.2f}x; the i.i.d. interval assumes independent requests and is too narrow"
         )
     elif differs:
+        measured = (
+            f"; the arms' per-unit mean log latencies correlate at r = {correlation:.2f}, and "
+            "resampling both arms' units together keeps that shared part out of the ratio"
+            if correlation is not None and correlation >= MEASURED_CORRELATION
+            else ""
+        )
         reason = (
-            f"both arms share each time unit's load, and resampling {unit_words} jointly "
-            f"cancels it: the block interval is {ratio:.2f}x as wide as the i.i.d. one, "
-            "which treats the arms as independent"
+            f"resampling {blocks}, one weight per block for both arms, gives an interval "
+            f"{ratio:.2f}x as wide as the i.i.d. one{measured}"
         )
     return BlockInterval(b, i, "block", differs, ratio, reason)
 
 
+def unit_correlation(control: ArmSample, treatment: ArmSample) -> float | None:
+    """Pearson correlation of the arms' per-unit mean log values over the units both hold
+    (None below `MIN_BLOCKS` such units, or without variance): what a note may claim about
+    shared load, measured rather than inferred from widths."""
+    a, b = control.unit_log_means(), treatment.unit_log_means()
+    both = np.isfinite(a) & np.isfinite(b)
+    if int(both.sum()) < MIN_BLOCKS:
+        return None
+    x, y = a[both] - a[both].mean(), b[both] - b[both].mean()
+    scale = math.sqrt(float(x @ x) * float(y @ y))
+    return float(x @ y) / scale if scale > 0 else None
+
+
 def block_speedup_intervals(
-    baseline: ArmBlocks,
-    speculative: ArmBlocks,
+    control: ArmSample,
+    treatment: ArmSample,
     *,
     statistics: Sequence[str],
     rng: np.random.Generator,
     resamples: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
-    estimates: dict[str, float] | None = None,
     block_units: int | None = None,
-    raw: tuple[FloatArray, FloatArray] | None = None,
     iid: dict[str, Interval] | None = None,
 ) -> BlockBootstrapResult:
-    """Block and i.i.d. CIs of speedup = statistic(baseline) / statistic(speculative).
+    """Block and i.i.d. CIs of speedup = statistic(control) / statistic(treatment).
 
-    `estimates` are point speedups from raw values when available (else from the histograms);
-    `block_units` overrides the Politis-White rule (tests, fixed designs); either way blocks are
-    made longer when there would be more than `MAX_BLOCKS`, and rounded up to whole pieces
-    (`ArmBlocks.piece_units`); `raw` (baseline,
-    speculative values, when the window is small enough to hold them) makes the i.i.d. quantile
-    replicates exact instead of binned; `iid` passes i.i.d. intervals already computed by the
-    caller (e.g. the paired engine of `bootstrap.py`), which are then used as they are.
+    Point speedups come from the samples. `block_units` overrides the Politis-White rule (tests,
+    fixed designs); either way blocks are made longer when there would be more than
+    `MAX_BLOCKS`, and rounded up to whole pieces (`ArmSample.piece_units`). `iid`: i.i.d.
+    intervals the caller computed (the paired design's bootstrap over pairs), used as given.
     """
-    if baseline.units != speculative.units:
+    if control.units != treatment.units:
         raise ValueError("both arms must cover the same time units")
-    units = baseline.units
-    plan = plan_blocks([baseline.unit_log_means(), speculative.unit_log_means()], units)
-    piece = max(baseline.piece_units, speculative.piece_units)
+    units = control.units
+    plan = plan_blocks([control.unit_log_means(), treatment.unit_log_means()], units)
+    piece = max(control.piece_units, treatment.piece_units)
     chosen = block_units if block_units is not None else plan.block_units
     chosen = max(chosen, math.ceil(units / MAX_BLOCKS))
     chosen = math.ceil(chosen / piece) * piece
@@ -475,29 +348,57 @@ def block_speedup_intervals(
         blocks = math.ceil(units / chosen) if units else 0
         plan = BlockPlan(units, chosen, blocks, plan.politis_white, blocks >= MIN_BLOCKS)
     nan = Interval(math.nan, math.nan, math.nan)
-    if baseline.n == 0 or speculative.n == 0:
+    if control.n == 0 or treatment.n == 0:
         none = BlockInterval(nan, nan, "iid", False, math.nan, "an arm has no data")
         return BlockBootstrapResult(plan, {s: none for s in statistics})
     weights = rng.poisson(1.0, size=(resamples, plan.blocks)).astype(np.float64)
-    b_data = _regroup(baseline, plan.block_units, plan.blocks)
-    s_data = _regroup(speculative, plan.block_units, plan.blocks)
-    b_block = _block_replicates(b_data, statistics, weights)
-    s_block = _block_replicates(s_data, statistics, weights)
+    c_block = _block_replicates(
+        _regroup(control, plan.block_units, plan.blocks), statistics, weights
+    )
+    t_block = _block_replicates(
+        _regroup(treatment, plan.block_units, plan.blocks), statistics, weights
+    )
     if iid is None:
-        b_raw, s_raw = raw if raw is not None else (None, None)
-        b_iid = _iid_replicates(baseline, statistics, rng, resamples, b_raw)
-        s_iid = _iid_replicates(speculative, statistics, rng, resamples, s_raw)
+        c_iid = _iid_replicates(control, statistics, rng, resamples)
+        t_iid = _iid_replicates(treatment, statistics, rng, resamples)
+    correlation = unit_correlation(control, treatment)
     out: dict[str, BlockInterval] = {}
     with np.errstate(invalid="ignore", divide="ignore"):
         for stat in statistics:
-            est = (estimates or {}).get(stat)
-            if est is None:
-                est = baseline.point_statistic(stat) / speculative.point_statistic(stat)
+            est = control.statistic(stat) / treatment.statistic(stat)
             if iid is not None:
                 given = iid[stat]
                 iid_interval = Interval(est, given.lower, given.upper)
             else:
-                lo, hi = percentile_interval(b_iid[stat] / s_iid[stat], confidence)
+                lo, hi = percentile_interval(c_iid[stat] / t_iid[stat], confidence)
                 iid_interval = Interval(est, lo, hi)
-            out[stat] = _choose(est, b_block[stat] / s_block[stat], iid_interval, plan, confidence)
+            ratios = c_block[stat] / t_block[stat]
+            out[stat] = _choose(est, ratios, iid_interval, plan, confidence, correlation)
     return BlockBootstrapResult(plan, out)
+
+
+def value_speedup_intervals(
+    control: FloatArray,
+    treatment: FloatArray,
+    *,
+    statistics: Sequence[str],
+    rng: np.random.Generator,
+    resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = 0.95,
+) -> dict[str, Interval]:
+    """The same estimator for callers holding bare values without times (the offline bench, the
+    simulations): one time unit, so the i.i.d. interval off the histograms."""
+    samples = []
+    for values in (control, treatment):
+        v = np.asarray(values, dtype=np.float64)
+        v = v[np.isfinite(v) & (v > 0)]
+        samples.append(ArmSample.from_values(v, np.zeros(v.size, dtype=np.int64), 1))
+    result = block_speedup_intervals(
+        samples[0],
+        samples[1],
+        statistics=statistics,
+        rng=rng,
+        resamples=resamples,
+        confidence=confidence,
+    )
+    return {stat: found.interval for stat, found in result.intervals.items()}

@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.fft
 
+from specproxy.stats.result import TimeBlocks
 from specproxy.summary.minute import ROLLUP_UNIT_S
 
 __all__ = [
@@ -117,7 +118,7 @@ class BlockPlan:
     politis_white: float  # b_PW before scaling, rounding and capping
     reliable: bool  # at least MIN_BLOCKS blocks
 
-    def to_dict(self) -> dict[str, float | int | bool]:
+    def to_dict(self) -> TimeBlocks:
         return {
             "units": self.units,
             "block_units": self.block_units,

@@ -1,12 +1,10 @@
 """How many samples per arm it takes to detect a given change of the median.
 
 The sample median of log latency is asymptotically normal with variance 1 / (4 n f^2), f the
-density of log latency at its median. For a relative change `effect` of the median and a
-two-sided level-alpha test with the given power, each arm needs
-
-    n = (z_{1-alpha/2} + z_{power})^2 * (1/(4 f_b^2) + 1/(4 f_s^2)) / log(1 + effect)^2.
-
-f is estimated per arm with a Gaussian kernel (Silverman's bandwidth) at the sample median.
+density of log latency at its median. For a relative change `effect` and a two-sided level-alpha
+test with the given power, each arm needs
+    n = (z_{1-alpha/2} + z_{power})^2 * (1/(4 f_c^2) + 1/(4 f_t^2)) / log(1 + effect)^2,
+f estimated per arm from its histogram: a Gaussian kernel with Silverman's bandwidth at the median.
 """
 
 from __future__ import annotations
@@ -14,32 +12,38 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import numpy.typing as npt
 from scipy import stats
 
-__all__ = ["log_density_at_median", "samples_for_median_change", "samples_from_densities"]
+from specproxy.stats.estimate.outliers import log_quantiles
+from specproxy.stats.sample import ArmSample
+from specproxy.summary.grid import bin_log_centres
 
-FloatArray = npt.NDArray[np.float64]
+__all__ = ["density_at_median", "samples_for_median_change", "samples_from_densities"]
 
 
-def log_density_at_median(values: FloatArray) -> float:
-    """Kernel estimate of the density of log(values) at its median (NaN if < 10 values)."""
-    if values.size < 10:
+def density_at_median(sample: ArmSample) -> float:
+    """Kernel estimate of the density of log values at their median (NaN below 10 values)."""
+    bins, counts = sample.pooled()
+    n = float(counts.sum())
+    if n < 10:
         return math.nan
-    logs = np.log(values)
-    sd = float(np.std(logs, ddof=1))
-    iqr = float(np.subtract(*np.quantile(logs, [0.75, 0.25])))
+    logs = bin_log_centres(bins)
+    w = counts.astype(np.float64)
+    mean = float(w @ logs) / n
+    sd = math.sqrt(max(float(w @ (logs - mean) ** 2) / (n - 1.0), 0.0))
+    q25, median, q75 = log_quantiles(bins, counts, [0.25, 0.5, 0.75])
+    iqr = float(q75 - q25)
     spread = min(sd, iqr / 1.349) if iqr > 0 else sd
     if spread <= 0:
         return math.inf
-    bandwidth = 0.9 * spread * logs.size ** (-0.2)
-    centre = float(np.median(logs))
-    return float(np.mean(stats.norm.pdf((logs - centre) / bandwidth)) / bandwidth)
+    bandwidth = 0.9 * spread * math.pow(n, -0.2)
+    kernel = np.asarray(stats.norm.pdf((logs - float(median)) / bandwidth), dtype=np.float64)
+    return float(w @ kernel) / (n * bandwidth)
 
 
 def samples_for_median_change(
-    baseline: FloatArray,
-    speculative: FloatArray,
+    control: ArmSample,
+    treatment: ArmSample,
     *,
     effect: float = 0.05,
     alpha: float = 0.05,
@@ -47,8 +51,8 @@ def samples_for_median_change(
 ) -> int | None:
     """Samples per arm to detect a relative median change of `effect`; None if unknowable yet."""
     return samples_from_densities(
-        log_density_at_median(baseline),
-        log_density_at_median(speculative),
+        density_at_median(control),
+        density_at_median(treatment),
         effect=effect,
         alpha=alpha,
         power=power,
@@ -56,12 +60,11 @@ def samples_for_median_change(
 
 
 def samples_from_densities(
-    f_b: float, f_s: float, *, effect: float = 0.05, alpha: float = 0.05, power: float = 0.8
+    f_c: float, f_t: float, *, effect: float = 0.05, alpha: float = 0.05, power: float = 0.8
 ) -> int | None:
-    """The formula of the module docstring from each arm's density of log latency at its
-    median (however estimated: from values, or from a histogram, `binned`)."""
-    if not (math.isfinite(f_b) and math.isfinite(f_s)) or f_b <= 0 or f_s <= 0:
+    """The module's formula from each arm's density of log latency at its median."""
+    if not (math.isfinite(f_c) and math.isfinite(f_t)) or f_c <= 0 or f_t <= 0:
         return None
     z = float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power))
-    variance = 1.0 / (4 * f_b**2) + 1.0 / (4 * f_s**2)
+    variance = 1.0 / (4 * f_c**2) + 1.0 / (4 * f_t**2)
     return math.ceil(z**2 * variance / math.log1p(effect) ** 2)

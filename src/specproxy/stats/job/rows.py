@@ -1,0 +1,217 @@
+"""A small run from its rows: the same summaries at a finer time unit, and the mirrored pairs.
+
+Below `ROWS_MAX` usable requests per arm the job reads the run's rows instead of its stored
+summaries, for two things the minute summaries cannot give: time units shorter than a minute (a
+short run still has enough blocks to resample) and mirrored pairs (they need request ids). The
+rows become `frame.Tiers` through the writer's binning, so every statistic is computed as from
+the store. The unit divides a minute, so units never straddle a minute (the exceedance test
+counts minutes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from specproxy.records import Arm
+from specproxy.stats.job.cache import ArmTier, FineMinute
+from specproxy.stats.job.frame import Tiers, WindowPlan
+from specproxy.stats.sample import Pairs
+from specproxy.summary.grid import bin_index
+from specproxy.summary.minute import ROLLUP_METRICS
+
+__all__ = ["ROWS_MAX", "ROW_COLUMNS", "ROW_READ", "Rows", "known_label", "row_unit", "usable_mask"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+RowArrays = Mapping[str, npt.NDArray[Any]]
+
+# Usable requests on the larger arm up to which the job reads rows (a run above it: summaries).
+ROWS_MAX: Final = 100_000
+ROW_COLUMNS: Final = (
+    "t_start",
+    "model",
+    "shadow",
+    "pair_id",
+    *ROLLUP_METRICS.values(),
+    "prompt_tokens",
+    "output_tokens",
+)
+# Units a row window may take: divisors of a minute, so units nest in minutes.
+_UNITS_S: Final = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 10.0, 12.0, 15.0, 20.0, 30.0, 60.0)
+_UNITS_PER_WINDOW: Final = 200
+ROW_READ: Final = (*ROW_COLUMNS, "status", "error_kind", "disconnected")  # usable ones are kept
+
+
+def row_unit(span_s: float) -> float:
+    """The time unit for rows spanning `span_s` seconds: about span / 200, at least a second,
+    at most a minute, a divisor of a minute."""
+    target = span_s / _UNITS_PER_WINDOW
+    return max([u for u in _UNITS_S if u <= target], default=_UNITS_S[0])
+
+
+def usable_mask(arrays: RowArrays) -> npt.NDArray[np.bool_]:
+    """Successful, complete requests: HTTP 200, no error kind, client still connected."""
+    n = len(arrays["t_start"])
+    ok = np.ones(n, dtype=bool)
+    if "status" in arrays:
+        ok &= np.asarray(arrays["status"], dtype=np.float64) == 200
+    if "error_kind" in arrays:
+        ok &= np.array([e is None for e in arrays["error_kind"]], dtype=bool)
+    if "disconnected" in arrays:
+        ok &= ~np.asarray(arrays["disconnected"], dtype=bool)
+    return ok
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A run's usable rows per arm (primary and shadow), as column arrays (`ROW_COLUMNS`)."""
+
+    arrays: Mapping[Arm, RowArrays]
+
+    @classmethod
+    def usable(cls, arrays: Mapping[Arm, RowArrays]) -> Rows:
+        """The usable rows of `arrays` (read with the columns of `usable_mask`)."""
+        out = {}
+        for arm, columns in arrays.items():
+            keep = usable_mask(columns)
+            out[arm] = {c: np.asarray(v)[keep] for c, v in columns.items() if c in ROW_COLUMNS}
+        return cls(out)
+
+    def span(self) -> tuple[float, float] | None:
+        """(first, last) request start of the primary rows of either arm; None: none."""
+        times = [
+            np.asarray(a["t_start"], dtype=np.float64)[~np.asarray(a["shadow"], dtype=bool)]
+            for a in self.arrays.values()
+        ]
+        times = [t for t in times if t.size]
+        if not times:
+            return None
+        return float(min(t.min() for t in times)), float(max(t.max() for t in times))
+
+    def tiers(self, unit_s: float, label: Callable[[str], str]) -> Tiers:
+        """The primary rows as fine units of `unit_s` seconds, keyed by `label(model)`."""
+        metrics = {m: {arm: ArmTier() for arm in Arm} for m in ROLLUP_METRICS}
+        moments: list[tuple[Any, ...]] = []
+        for arm, arrays in self.arrays.items():
+            primary = ~np.asarray(arrays["shadow"], dtype=bool)
+            t = np.asarray(arrays["t_start"], dtype=np.float64)[primary]
+            unit = np.floor(t / unit_s).astype(np.int64)
+            names, key = _labels(np.asarray(arrays["model"])[primary], label)
+            for metric, column in ROLLUP_METRICS.items():
+                values = np.asarray(arrays[column], dtype=np.float64)[primary]
+                ok = np.isfinite(values) & (values > 0)
+                _fill(metrics[metric][arm], unit[ok], key[ok], names, values[ok])
+            moments.extend(_moment_rows(arrays, primary, unit, key, names, arm))
+        return Tiers(unit_s, metrics, moment_units=moments)
+
+    def pairs(self, plan: WindowPlan, excluded: Mapping[Arm, set[int]]) -> Pairs | None:
+        """The window's complete mirrored pairs (both members usable, in units of `plan` not
+        left out as warm-up by either arm); None when there are none."""
+        b, s = self.arrays[Arm.BASELINE], self.arrays[Arm.SPECULATIVE]
+        b_ids, b_at = _ids(b)
+        s_ids, s_at = _ids(s)
+        _, bi, si = np.intersect1d(b_ids, s_ids, return_indices=True)
+        if bi.size == 0:
+            return None
+        b_rows, s_rows = b_at[bi], s_at[si]
+        b_t = np.asarray(b["t_start"], dtype=np.float64)[b_rows]
+        s_t = np.asarray(s["t_start"], dtype=np.float64)[s_rows]
+        b_unit = np.floor(b_t / plan.unit_s).astype(np.int64)
+        s_unit = np.floor(s_t / plan.unit_s).astype(np.int64)
+        unit = np.floor(np.minimum(b_t, s_t) / plan.unit_s).astype(np.int64)
+        keep = (unit >= plan.lo) & (unit <= plan.hi)
+        keep &= ~np.isin(b_unit, list(excluded.get(Arm.BASELINE, ())))
+        keep &= ~np.isin(s_unit, list(excluded.get(Arm.SPECULATIVE, ())))
+        control: dict[str, FloatArray] = {}
+        treatment: dict[str, FloatArray] = {}
+        units: dict[str, IntArray] = {}
+        for metric, column in ROLLUP_METRICS.items():
+            bv = np.asarray(b[column], dtype=np.float64)[b_rows]
+            sv = np.asarray(s[column], dtype=np.float64)[s_rows]
+            ok = keep & np.isfinite(bv) & np.isfinite(sv) & (bv > 0) & (sv > 0)
+            control[metric], treatment[metric] = bv[ok], sv[ok]
+            units[metric] = unit[ok] - plan.lo
+        if control["e2e"].size == 0:
+            return None
+        return Pairs(control, treatment, units, plan.units, plan.unit_s)
+
+
+def _ids(arrays: RowArrays) -> tuple[npt.NDArray[Any], IntArray]:
+    raw = np.asarray(arrays["pair_id"], dtype=object)
+    where = np.flatnonzero(np.array([p is not None for p in raw], dtype=bool))
+    return raw[where].astype(str), where.astype(np.int64)
+
+
+def _labels(models: npt.NDArray[Any], label: Callable[[str], str]) -> tuple[list[str], IntArray]:
+    """The distinct labels of `models` and each row's index into them."""
+    raw, inverse = np.unique(models.astype(str), return_inverse=True)
+    labelled = [label(str(m)) for m in raw]
+    names = sorted(set(labelled))
+    index = np.array([names.index(x) for x in labelled], dtype=np.int64)
+    return names, index[inverse] if inverse.size else np.zeros(0, dtype=np.int64)
+
+
+def _fill(tier: ArmTier, unit: IntArray, key: IntArray, names: list[str], v: FloatArray) -> None:
+    """Add the values' fine units (one per (unit, key)) to `tier`."""
+    if v.size == 0:
+        return
+    group = (unit - int(unit.min())) * len(names) + key
+    bins = bin_index(v)
+    order = np.lexsort((bins, group))
+    group, bins, v = group[order], bins[order], v[order]
+    starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
+    ends = np.append(starts[1:], group.size)
+    for a, z in zip(starts.tolist(), ends.tolist(), strict=True):
+        b_unique, b_counts = np.unique(bins[a:z], return_counts=True)
+        g = int(group[a])
+        fine_unit = g // len(names) + int(unit.min())
+        values = v[a:z]
+        tier.fine[(fine_unit, names[g % len(names)])] = FineMinute(
+            int(z - a),
+            float(values.sum()),
+            float(values @ values),
+            b_unique.astype(np.int64),
+            b_counts.astype(np.int64),
+        )
+
+
+def _moment_rows(
+    arrays: RowArrays,
+    primary: npt.NDArray[np.bool_],
+    unit: IntArray,
+    key: IntArray,
+    names: list[str],
+    arm: Arm,
+) -> list[tuple[Any, ...]]:
+    """`MOMENT_SUMS` per (unit, key) of the primary rows that report both token counts."""
+    e2e = np.asarray(arrays["e2e_s"], dtype=np.float64)[primary]
+    out_tok = np.asarray(arrays["output_tokens"], dtype=np.float64)[primary]
+    prompt = np.asarray(arrays["prompt_tokens"], dtype=np.float64)[primary]
+    ok = np.isfinite(e2e) & (e2e > 0) & np.isfinite(out_tok) & (out_tok > 0)
+    ok &= np.isfinite(prompt) & (prompt > 0)
+    if not ok.any():
+        return []
+    y, u, v = np.log(e2e[ok]), np.log(out_tok[ok]), np.log(prompt[ok])
+    groups, inverse = np.unique(np.stack([unit[ok], key[ok]]), axis=1, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    columns = (np.ones_like(y), u, v, u * u, v * v, u * v, y, u * y, v * y, y * y)
+    sums = np.stack([np.bincount(inverse, weights=c, minlength=groups.shape[1]) for c in columns])
+    return [
+        (int(groups[0, i]), names[int(groups[1, i])], arm.value, *(float(x) for x in sums[:, i]))
+        for i in range(groups.shape[1])
+    ]
+
+
+def known_label(known: set[str], other: str = "other") -> Callable[[str], str]:
+    """Rows keep the client's model string; the summaries are keyed by its bounded label. A row's
+    model is its own label when the summaries know it, else `other`."""
+
+    def label(model: str) -> str:
+        return model if model in known else other
+
+    return label

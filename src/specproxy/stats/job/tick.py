@@ -1,0 +1,335 @@
+"""One stats tick: every window of every segment, from a run's summaries (or its rows, when small).
+
+`plan_tick` decides, from the summaries' counts, where each window's samples come from and which
+units it spans; `compute_tick` turns each window into `ArmWindow`s (`frame`) and compares them
+(`stats.compare.compare_window`) with the window's memory of the anytime-valid evidence; both are
+pure. `compute_stats` reads the store, then computes on the job's thread. A window's bootstrap
+seed is its key (base seed, segment, units), so identical data draws identical replicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from specproxy.config import ScrapeConfig, StatsConfig
+from specproxy.records import Arm, GpuSample
+from specproxy.stats.anytime.decision import Decision, DecisionMemory, Evidence
+from specproxy.stats.compare import CompareSettings, Recall, compare_window
+from specproxy.stats.diagnosis import summarise_arms
+from specproxy.stats.job.cache import RollupCache
+from specproxy.stats.job.frame import Frame, Tiers, WindowPlan, arm_window, segments_by_label
+from specproxy.stats.job.rows import ROW_READ, ROWS_MAX, Rows, known_label, row_unit
+from specproxy.stats.result import (
+    SCHEMA_VERSION,
+    Settings,
+    StatsResult,
+    WindowResult,
+    settings_lists,
+)
+from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
+from specproxy.store.base import Store
+from specproxy.summary.engine import EngineView, StoredView, as_view
+from specproxy.summary.minute import ROLLUP_METRICS
+
+__all__ = [
+    "GPU_SAMPLES_READ",
+    "TickPlan",
+    "compute_stats",
+    "compute_tick",
+    "plan_tick",
+    "result_settings",
+    "tiers_of",
+    "warmup_rule",
+    "window_label",
+]
+
+# GPU samples a tick reads per arm, the newest (~28 h at the default 5 s scrape): the GPU summary
+# of a longer window covers its last 20,000 scrapes (30 days of them took 12.8 CPU-s to read).
+GPU_SAMPLES_READ = 20_000
+ALL = "all"
+
+
+def window_label(window_s: float | None) -> str:
+    """ "all" for the whole run, else the largest whole unit: "5m", "1h", "1d", "90s"."""
+    if window_s is None:
+        return ALL
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if window_s >= size and window_s % size == 0:
+            return f"{int(window_s // size)}{unit}"
+    return f"{window_s:g}s"
+
+
+def warmup_rule(stats_cfg: StatsConfig, scrape_cfg: ScrapeConfig) -> WarmupRule:
+    return WarmupRule(
+        requests=stats_cfg.warmup_requests,
+        restart_requests=scrape_cfg.warmup_requests,
+        restart_seconds=scrape_cfg.warmup_seconds,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    window_s: float | None
+    label: str
+    tiers: Tiers
+    plan: WindowPlan
+    source: str  # "rows" | "summaries"
+
+
+@dataclass(frozen=True, slots=True)
+class TickPlan:
+    """Where each window's samples come from and which units it spans."""
+
+    frame: Frame
+    windows: tuple[_Window, ...]
+    rows: Rows | None
+
+    @property
+    def engine_starts(self) -> list[float]:
+        """Each window's first second (`Store.read_engine_aggregates`)."""
+        return sorted({w.plan.start for w in self.windows})
+
+
+def tiers_of(cache: RollupCache, unit_s: float = 60.0) -> Tiers:
+    """The store's summaries as the cache holds them (minute units)."""
+    return Tiers(unit_s, {m: dict(per_arm) for m, per_arm in cache.tiers.items()})
+
+
+def plan_tick(
+    tiers: Tiers,
+    windows_s: Sequence[float | None],
+    *,
+    window_end: float | None,
+    rows: Rows | None,
+    label: Callable[[str], str],
+    now: float | None = None,
+) -> TickPlan:
+    """Each window from `rows` (finer units, pairs) when given, else from the summaries."""
+    clock = time.time() if now is None else now
+    frame = Frame.of(tiers, window_end, clock)
+    span = rows.span() if rows is not None else None
+    planned: list[_Window] = []
+    by_unit: dict[float, Tiers] = {}
+    for window_s in windows_s:
+        if rows is None or span is None:
+            planned.append(
+                _Window(
+                    window_s,
+                    window_label(window_s),
+                    tiers,
+                    frame.plan(tiers, window_s),
+                    "summaries",
+                )
+            )
+            continue
+        first = span[0] if window_s is None else max(span[0], frame.window_end - window_s)
+        unit = row_unit(max(frame.window_end - first, 0.0))
+        unit_tiers = by_unit.get(unit)
+        if unit_tiers is None:
+            unit_tiers = by_unit[unit] = rows.tiers(unit, label)
+        row_frame = Frame.of(unit_tiers, frame.window_end, clock)
+        plan = row_frame.plan(unit_tiers, window_s)
+        planned.append(_Window(window_s, window_label(window_s), unit_tiers, plan, "rows"))
+    return TickPlan(frame, tuple(planned), rows)
+
+
+def compute_tick(
+    plan: TickPlan,
+    engine: EngineView,
+    *,
+    run_id: str,
+    stats_cfg: StatsConfig,
+    scrape_cfg: ScrapeConfig,
+    label: Callable[[str], str] | None = None,
+    gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
+    memory: DecisionMemory | None = None,
+    now: float | None = None,
+) -> StatsResult:
+    """The whole result from a planned tick; CPU only. `memory`: the computing job's memory of
+    the anytime-valid evidence per (segment, window, metric), None for a one-off computation."""
+    started = time.perf_counter()
+    at = time.time() if now is None else now
+    settings = CompareSettings.from_config(stats_cfg)
+    rule = warmup_rule(stats_cfg, scrape_cfg)
+    restarts = {arm: restart_times(engine.restart_samples, arm) for arm in Arm}
+    excluded: dict[int, dict[Arm, set[int]]] = {}
+    for w in plan.windows:
+        key = id(w.tiers)
+        if key not in excluded:
+            excluded[key] = {
+                arm: excluded_units(
+                    *w.tiers.unit_counts(arm), restarts[arm], unit_s=w.tiers.unit_s, rule=rule
+                )
+                for arm in Arm
+            }
+    summaries = [(w, summarise_arms(engine, gpu_samples, since=w.plan.start)) for w in plan.windows]
+
+    def windows_of(segment: str, keys: frozenset[str] | None) -> dict[str, WindowResult]:
+        out: dict[str, WindowResult] = {}
+        for w, engine_summary in summaries:
+            gone = excluded[id(w.tiers)]
+            control = arm_window(w.tiers, w.plan, Arm.BASELINE, gone[Arm.BASELINE], keys)
+            treatment = arm_window(w.tiers, w.plan, Arm.SPECULATIVE, gone[Arm.SPECULATIVE], keys)
+            pairs = (
+                plan.rows.pairs(w.plan, gone)
+                if plan.rows is not None and w.source == "rows" and keys is None
+                else None
+            )
+            recall = (
+                _recall(memory, (segment, w.label), w.window_s, at) if memory is not None else None
+            )
+            comparison = compare_window(
+                control,
+                treatment,
+                engine=engine_summary,
+                settings=settings,
+                seed=_seed(stats_cfg.seed, segment, w.plan),
+                pairs=pairs,
+                recall=recall,
+            )
+            out[w.label] = {
+                **comparison,
+                "window_s": w.window_s,
+                "excluded_warmup": {
+                    Arm.BASELINE.value: control.excluded_warmup,
+                    Arm.SPECULATIVE.value: treatment.excluded_warmup,
+                },
+                "source": "rows" if w.source == "rows" else "summaries",
+                "unit_s": w.plan.unit_s,
+                "span": list(w.plan.span),
+                "grid_error_bound": w.plan.grid_error,
+            }
+        return out
+
+    results: dict[str, dict[str, WindowResult]] = {ALL: windows_of(ALL, None)}
+    base = plan.windows[0].tiers if plan.windows else None
+    groups = segments_by_label(base, label) if base is not None else {}
+    for segment, keys in groups.items():
+        # one label holding every summary of the run: its selections are the "all" ones
+        results[segment] = (
+            copy.deepcopy(results[ALL]) if len(groups) == 1 else windows_of(segment, keys)
+        )
+    horizon = plan.frame.horizon
+    computed_at = time.time()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "computed_at": computed_at,
+        "duration_s": time.perf_counter() - started,
+        "window_end": plan.frame.window_end,
+        "data_horizon": horizon,
+        "lag_s": computed_at - horizon if horizon is not None else None,
+        "settings": result_settings(stats_cfg, scrape_cfg),
+        "results": results,
+    }
+
+
+def _recall(
+    memory: DecisionMemory, key: tuple[str, str], span_s: float | None, at: float
+) -> Recall:
+    """A window's memory as `compare_window` asks it, one metric at a time."""
+
+    def recall(metric: str, now: Evidence) -> Decision:
+        return memory.recall((*key, metric), now, at=at, span_s=span_s)
+
+    return recall
+
+
+def _seed(base: int, segment: str, plan: WindowPlan) -> list[int]:
+    """A window's key as a seed: the same data (segment and units) draws the same replicates."""
+    return [
+        base & 0xFFFFFFFF,
+        zlib.crc32(segment.encode()),
+        plan.lo & 0xFFFFFFFFFFFF,
+        plan.hi & 0xFFFFFFFFFFFF,
+        round(plan.unit_s * 1000),
+    ]
+
+
+def result_settings(stats_cfg: StatsConfig, scrape_cfg: ScrapeConfig) -> Settings:
+    """The settings a result was computed with: `specproxy stats` reuses them by default."""
+    statistics, metrics = settings_lists()
+    return {
+        "resamples": stats_cfg.resamples,
+        "confidence": stats_cfg.confidence,
+        "alpha": stats_cfg.alpha,
+        "p99_tolerance": stats_cfg.p99_tolerance,
+        "warmup_requests": stats_cfg.warmup_requests,
+        "seed": stats_cfg.seed,
+        "restart_warmup_requests": scrape_cfg.warmup_requests,
+        "restart_warmup_seconds": scrape_cfg.warmup_seconds,
+        "windows_s": list(stats_cfg.windows_s),
+        "statistics": statistics,
+        "metrics": metrics,
+    }
+
+
+async def compute_stats(
+    store: Store,
+    *,
+    run_id: str,
+    stats_cfg: StatsConfig,
+    scrape_cfg: ScrapeConfig | None = None,
+    window_end: float | None = None,
+    model_label: Callable[[str], str] | None = None,
+    gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
+    cache: RollupCache | None = None,
+    executor: Executor | None = None,
+    memory: DecisionMemory | None = None,
+) -> StatsResult:
+    """Read the run from the store, then compute on `executor` (None: the loop's default pool).
+
+    `cache` (the job's, kept between ticks) makes the summaries' read incremental. A run with at
+    most `ROWS_MAX` usable requests on its larger arm is read as rows. `gpu_samples` None: the
+    newest `GPU_SAMPLES_READ` stored per arm."""
+    loop = asyncio.get_running_loop()
+    scrape_cfg = scrape_cfg or ScrapeConfig()
+    if gpu_samples is None:
+        gpu_samples = await store.read_gpu_samples(run_id=run_id, limit=GPU_SAMPLES_READ)
+    cache = cache if cache is not None else RollupCache()
+    metrics = ("e2e", *(m for m in ROLLUP_METRICS if m != "e2e"))
+
+    def large(requests: Mapping[str, int]) -> bool:
+        return max(requests.values(), default=0) > ROWS_MAX
+
+    await cache.refresh(store, run_id, metrics, go_on=large)
+    tiers = tiers_of(cache)
+    rows = None
+    if not large({arm.value: tier.n for arm, tier in cache.tiers["e2e"].items()}):
+        rows = Rows.usable(await store.read_arrays(run_id=run_id, columns=ROW_READ))
+    label = model_label or known_label(tiers.keys())
+    plan = await loop.run_in_executor(
+        executor,
+        functools.partial(
+            plan_tick, tiers, stats_cfg.windows_s, window_end=window_end, rows=rows, label=label
+        ),
+    )
+    by_unit = [w.plan.lo for w in plan.windows if w.source == "summaries" and not w.plan.hourly]
+    if any(w.source == "summaries" for w in plan.windows):
+        # windows reaching hour blocks take hour rows, the others minute rows from their start
+        since = min(by_unit) if by_unit else plan.frame.last_unit + 1
+        moments = await store.read_moments(run_id=run_id, since_minute=since)
+        tiers.moment_hours, tiers.moment_units = moments.hours, moments.minutes
+    aggregates = await store.read_engine_aggregates(run_id=run_id, since=plan.engine_starts)
+    engine = StoredView(aggregates, await store.read_restart_samples(run_id=run_id))
+    return await loop.run_in_executor(
+        executor,
+        functools.partial(
+            compute_tick,
+            plan,
+            as_view(engine),
+            run_id=run_id,
+            stats_cfg=stats_cfg,
+            scrape_cfg=scrape_cfg,
+            label=label,
+            gpu_samples=gpu_samples,
+            memory=memory,
+        ),
+    )
