@@ -4,7 +4,7 @@
 (`Config.from_mapping`, which the CLI uses after merging its flags), or keyword arguments in tests.
 Every problem is a `ConfigError` that names the setting, so a bad config fails before the proxy
 accepts its first request. The TOML file mirrors the dataclasses: top-level keys plus the tables
-`[routing]`, `[timeouts]`, `[store]`, `[scrape]`, `[stats]` and `[outlier]`.
+`[routing]`, `[timeouts]`, `[store]`, `[scrape]`, `[stats]`, `[warmup]` and `[outlier]`.
 
 Each arm is a pool of engine endpoints. `baseline_url = "http://host:8000"` is the shorthand for
 one endpoint; the table of the arm's name says more:
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from specproxy.errors import ConfigError
@@ -40,9 +41,12 @@ __all__ = [
     "StatsConfig",
     "StoreConfig",
     "TimeoutConfig",
+    "WarmupConfig",
     "did_you_mean",
     "load_toml",
 ]
+
+log = logging.getLogger(__name__)
 
 RoutingMode = Literal["weighted", "sticky"]
 StickySource = Literal["header", "user"]
@@ -185,14 +189,24 @@ class ScrapeConfig:
 
     interval_s: float = 5.0
     timeout_s: float = 3.0
-    warmup_requests: int = 20  # requests excluded after an engine restart
-    warmup_seconds: float = 30.0  # seconds excluded after an engine restart
 
     def __post_init__(self) -> None:
         _check(self.interval_s > 0, "scrape.interval_s", "must be > 0")
         _check(self.timeout_s > 0, "scrape.timeout_s", "must be > 0")
-        _check(self.warmup_requests >= 0, "scrape.warmup_requests", "must be >= 0")
-        _check(self.warmup_seconds >= 0, "scrape.warmup_seconds", "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupConfig:
+    """What each arm leaves out of the statistics while its engine warms up (`stats.warmup`)."""
+
+    requests: int = 20  # usable requests per arm after the start of the run
+    restart_requests: int = 20  # usable requests after each engine restart
+    restart_seconds: float = 30.0  # and every request within this long of a restart
+
+    def __post_init__(self) -> None:
+        _check(self.requests >= 0, "warmup.requests", "must be >= 0")
+        _check(self.restart_requests >= 0, "warmup.restart_requests", "must be >= 0")
+        _check(self.restart_seconds >= 0, "warmup.restart_seconds", "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +219,7 @@ class StatsConfig:
     confidence: float = 0.95
     alpha: float = 0.05  # error rate of the anytime-valid tests
     p99_tolerance: float = 0.05  # "slower" means spec P99 > baseline P99 * (1 + tolerance)
-    warmup_requests: int = 20  # first requests per arm excluded after start
     seed: int = 0
-    # rows vs rollups: a run with at most this many usable requests on its larger arm is analysed
-    # from its rows (exact, every test); beyond it from per-minute rollups (cost ~ minutes x bins)
-    raw_rows_max: int = 200_000
 
     def __post_init__(self) -> None:
         _check(self.interval_s > 0, "stats.interval_s", "must be > 0")
@@ -223,8 +233,6 @@ class StatsConfig:
         _check(0.5 < self.confidence < 1.0, "stats.confidence", "must be in (0.5, 1)")
         _check(0.0 < self.alpha < 0.5, "stats.alpha", "must be in (0, 0.5)")
         _check(self.p99_tolerance >= 0, "stats.p99_tolerance", "must be >= 0")
-        _check(self.warmup_requests >= 0, "stats.warmup_requests", "must be >= 0")
-        _check(self.raw_rows_max >= 0, "stats.raw_rows_max", "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +349,7 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
     baseline: ArmConfig | None = None  # the arm's endpoints; None: from baseline_url
     speculative: ArmConfig | None = None  # the arm's endpoints; None: from speculative_url
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
@@ -396,12 +405,13 @@ class Config:
             "store": StoreConfig,
             "scrape": ScrapeConfig,
             "stats": StatsConfig,
+            "warmup": WarmupConfig,
             "baseline": ArmConfig,
             "speculative": ArmConfig,
             "outlier": OutlierConfig,
         }
         top: dict[str, Any] = {}
-        for key, value in data.items():
+        for key, value in _moved(data).items():
             if key in sections:
                 if not isinstance(value, Mapping):
                     raise ConfigError(f"[{key}] must be a table")
@@ -421,6 +431,35 @@ class Config:
 
 
 _T = TypeVar("_T")
+
+# Settings that moved: (table, key) -> (new table, new key), or None where the setting is gone
+# (it chose an algorithm the code now fixes). Files and variables that still set them keep
+# working, with a warning naming the new place.
+MOVED: Final[dict[tuple[str, str], tuple[str, str] | None]] = {
+    ("stats", "warmup_requests"): ("warmup", "requests"),
+    ("scrape", "warmup_requests"): ("warmup", "restart_requests"),
+    ("scrape", "warmup_seconds"): ("warmup", "restart_seconds"),
+    ("stats", "raw_rows_max"): None,
+}
+
+
+def _moved(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` with settings that moved put in their new place (`MOVED`), each with a warning."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    for (table, key), target in MOVED.items():
+        section = out.get(table)
+        if not isinstance(section, dict) or key not in section:
+            continue
+        value = section.pop(key)
+        if target is None:
+            log.warning("config: %s.%s is no longer a setting; ignored", table, key)
+            continue
+        new_table, new_key = target
+        dest = out.setdefault(new_table, {})
+        if isinstance(dest, dict):
+            dest.setdefault(new_key, value)
+        log.warning("config: %s.%s moved to [%s] %s", table, key, new_table, new_key)
+    return out
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

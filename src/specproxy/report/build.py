@@ -11,7 +11,6 @@ also written to `report.json` for machines and tests.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,8 +19,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
-from specproxy.errors import ConfigError
+from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.records import Arm, EngineSample
 from specproxy.report import figures
 from specproxy.report.analysis import (
@@ -34,7 +32,7 @@ from specproxy.report.data import FloatArray, ReportData
 from specproxy.report.html import render_html
 from specproxy.report.summary import main_window
 from specproxy.stats.job.rows import ROW_READ, usable_mask
-from specproxy.stats.job.tick import warmup_rule
+from specproxy.stats.job.tick import configs_of, warmup_rule
 from specproxy.stats.result import METRIC_COLUMNS, StatsResult
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 from specproxy.store.base import Store
@@ -60,13 +58,19 @@ async def write_report(
     out_dir: Path,
     settings: StatsConfig | None = None,
     stats_at: float | None = None,
+    warmup: WarmupConfig | None = None,
 ) -> Path | None:
     """Open the store at `store_url`, then `report_from_store`; None when nothing was recorded."""
     store = open_store(StoreConfig(url=store_url))
     await store.start(read_only=True)  # a report never writes, replays spill files or migrates
     try:
         return await report_from_store(
-            store, run_id=run_id, out_dir=out_dir, settings=settings, stats_at=stats_at
+            store,
+            run_id=run_id,
+            out_dir=out_dir,
+            settings=settings,
+            stats_at=stats_at,
+            warmup=warmup,
         )
     finally:
         await store.close()
@@ -79,6 +83,7 @@ async def report_from_store(
     out_dir: Path,
     settings: StatsConfig | None = None,
     stats_at: float | None = None,
+    warmup: WarmupConfig | None = None,
 ) -> Path | None:
     """Read the run from an open store, draw, write index.html, the PNGs and report.json.
 
@@ -87,7 +92,11 @@ async def report_from_store(
     proxy's `memory://` store holds the only copy of the run).
     """
     data = await collect(
-        store, run_id=run_id, settings=settings or StatsConfig(), stats_at=stats_at
+        store,
+        run_id=run_id,
+        settings=settings or StatsConfig(),
+        stats_at=stats_at,
+        warmup=warmup,
     )
     if data is None:
         return None
@@ -96,9 +105,15 @@ async def report_from_store(
 
 
 async def collect(
-    store: Store, *, run_id: str | None, settings: StatsConfig, stats_at: float | None = None
+    store: Store,
+    *,
+    run_id: str | None,
+    settings: StatsConfig,
+    stats_at: float | None = None,
+    warmup: WarmupConfig | None = None,
 ) -> ReportData | None:
-    """The run's records (with the stats job's selection), engine samples and stats history."""
+    """The run's records (with the stats job's selection), engine samples and stats history;
+    the settings of the run's last stored result win over `settings` and `warmup`."""
     run_id = run_id or await _latest_run(store)
     if run_id is None:
         return None
@@ -114,16 +129,16 @@ async def collect(
         if chosen:
             history = history[: chosen[-1] + 1]
     last = history[-1][1] if history else None
-    settings = _settings_from(last, settings)
-    scrape = _scrape_from(last)
+    warmup = warmup or WarmupConfig()
+    if last is not None:
+        settings, warmup = configs_of(last["settings"], settings, warmup)
     until = last["window_end"] if last is not None else None
-    data = _gather(run_id, arrays, engine, settings, scrape, _unit_s(last), until=until)
+    data = _gather(run_id, arrays, engine, settings, warmup, _unit_s(last), until=until)
     if last is None or not _consistent(last, data):
         # No history (a bench run), or records the last stats run did not see: compute afresh.
-        history.append(await _compute_stats(store, run_id, settings, scrape))
-        data = _gather(
-            run_id, arrays, engine, settings, scrape, _unit_s(history[-1][1]), until=None
-        )
+        history.append(await _compute_stats(store, run_id, settings, warmup))
+        unit_s = _unit_s(history[-1][1])
+        data = _gather(run_id, arrays, engine, settings, warmup, unit_s, until=None)
         data.recomputed = True
     data.history = history
     data.stats_t, data.stats = history[-1]
@@ -141,7 +156,7 @@ def _gather(
     arrays: Mapping[Arm, Mapping[str, npt.NDArray[Any]]],
     engine: list[EngineSample],
     settings: StatsConfig,
-    scrape: ScrapeConfig,
+    warmup: WarmupConfig,
     unit_s: float,
     *,
     until: float | None,
@@ -159,6 +174,7 @@ def _gather(
         shadows={},
         engine=engine,
         settings=settings,
+        warmup=warmup,
         span=None,
     )
     starts: list[float] = []
@@ -166,7 +182,7 @@ def _gather(
         a = arrays.get(arm)
         if a is None or len(a["t_start"]) == 0:
             continue
-        rule = warmup_rule(settings, scrape)
+        rule = warmup_rule(warmup)
         keep, warm, failed = _selection(a, arm, engine, rule, unit_s, until=until)
         data.excluded_warmup[arm.value] = warm
         data.excluded_failed[arm.value] = failed
@@ -231,47 +247,13 @@ async def _latest_run(store: Store) -> str | None:
 
 
 async def _compute_stats(
-    store: Store, run_id: str, settings: StatsConfig, scrape: ScrapeConfig
+    store: Store, run_id: str, settings: StatsConfig, warmup: WarmupConfig
 ) -> tuple[float, StatsResult]:
     """A store without stats history (a bench run): compute the comparison once."""
     from specproxy.stats.job.tick import compute_stats
 
-    result = await compute_stats(store, run_id=run_id, stats_cfg=settings, scrape_cfg=scrape)
+    result = await compute_stats(store, run_id=run_id, stats_cfg=settings, warmup=warmup)
     return float(result["computed_at"]), result
-
-
-def _scrape_from(stats: StatsResult | None) -> ScrapeConfig:
-    """The restart warm-up the stats result was computed with (the defaults before it was kept)."""
-    default = ScrapeConfig()
-    if stats is None:
-        return default
-    raw = stats["settings"]
-    try:
-        return dataclasses.replace(
-            default,
-            warmup_requests=raw.get("restart_warmup_requests", default.warmup_requests),
-            warmup_seconds=float(raw.get("restart_warmup_seconds", default.warmup_seconds)),
-        )
-    except ConfigError:
-        return default
-
-
-def _settings_from(stats: StatsResult | None, fallback: StatsConfig) -> StatsConfig:
-    if stats is None:
-        return fallback
-    raw = stats["settings"]
-    try:
-        return dataclasses.replace(
-            fallback,
-            resamples=raw["resamples"],
-            confidence=raw["confidence"],
-            alpha=raw["alpha"],
-            p99_tolerance=raw["p99_tolerance"],
-            warmup_requests=raw["warmup_requests"],
-            seed=raw["seed"],
-        )
-    except ConfigError:
-        return fallback
 
 
 def _draw_and_write(data: ReportData, out_dir: Path) -> None:

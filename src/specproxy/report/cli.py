@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from specproxy.config import StatsConfig, StoreConfig
+from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.report.build import write_report
 
 __all__ = ["configure", "run"]
@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup-requests",
         type=int,
-        default=StatsConfig().warmup_requests,
+        default=WarmupConfig().requests,
         help="requests per arm left out at the start and after each engine restart",
     )
     parser.add_argument(
@@ -33,9 +33,14 @@ def run(args: argparse.Namespace) -> int:
     from specproxy.store.sqlite import require_existing_store
 
     require_existing_store(args.store)
-    settings = StatsConfig(warmup_requests=args.warmup_requests, resamples=args.resamples)
     out = asyncio.run(
-        write_report(args.store, run_id=args.run_id, out_dir=Path(args.out), settings=settings)
+        write_report(
+            args.store,
+            run_id=args.run_id,
+            out_dir=Path(args.out),
+            settings=StatsConfig(resamples=args.resamples),
+            warmup=WarmupConfig(requests=args.warmup_requests),
+        )
     )
     if out is None:
         print(f"no records in {args.store}" + (f" for run {args.run_id}" if args.run_id else ""))

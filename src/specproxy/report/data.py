@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.config import StatsConfig
+from specproxy.config import StatsConfig, WarmupConfig
 from specproxy.records import EngineSample
 from specproxy.stats.result import StatsResult
 
@@ -36,6 +36,7 @@ class ReportData:
     shadows: dict[str, int]
     engine: list[EngineSample]
     settings: StatsConfig
+    warmup: WarmupConfig
     span: tuple[float, float] | None
     figures: dict[str, bytes] = field(default_factory=dict)
     load_source: str = ""

@@ -210,10 +210,10 @@ def _methodology(data: ReportData, window: WindowResult | None) -> list[str]:
         ("Requests used (n per arm)", ", ".join(f"{a}: {n.get(a, 0)}" for a in ARMS)),
         (
             "Warm-up excluded",
-            f"the first {s.warmup_requests} successful requests per arm after the start, and "
-            "after every engine restart the scraper detected the restart window of the stats "
-            "job's scrape settings; excluded here: "
-            + ", ".join(f"{a}: {data.excluded_warmup.get(a, 0)}" for a in ARMS),
+            f"the time units holding the first {data.warmup.requests} successful requests per "
+            "arm after the start, and after every engine restart the units holding its first "
+            f"{data.warmup.restart_requests} and those within {data.warmup.restart_seconds:g} s; "
+            "excluded here: " + ", ".join(f"{a}: {data.excluded_warmup.get(a, 0)}" for a in ARMS),
         ),
         (
             "Failed requests excluded",

@@ -187,13 +187,13 @@ class EngineScraper:
     ) -> EngineSample:
         for when in restarts:
             state.restart_times.append(when)
-            warmup = self._config.scrape
+            warmup = self._config.warmup
             logger.warning(
                 "engine %s restarted (restart %d); excluding the next %d requests / %.0f s",
                 state.arm,
                 state.restarts,
-                warmup.warmup_requests,
-                warmup.warmup_seconds,
+                warmup.restart_requests,
+                warmup.restart_seconds,
             )
         if state.up is not True:
             spec = snapshot.spec_format.value if snapshot.spec_format else "no"

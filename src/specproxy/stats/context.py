@@ -29,7 +29,7 @@ async def stats_ctx(app: web.Application) -> AsyncIterator[None]:
         app[STORE],
         run_id=cfg.run_id,
         stats_cfg=cfg.stats,
-        scrape_cfg=cfg.scrape,
+        warmup=cfg.warmup,
         registry=app[REGISTRY],
         leadership=leadership_for(cfg.store.url, cfg.run_id),
         model_label=app[FLEET].labels.label if FLEET in app else None,

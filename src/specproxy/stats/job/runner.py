@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
-from specproxy.config import ScrapeConfig, StatsConfig
+from specproxy.config import StatsConfig, WarmupConfig
 from specproxy.records import Arm, GpuSample
 from specproxy.stats.anytime.decision import DecisionMemory
 from specproxy.stats.collector import register_stats_collector
@@ -43,7 +43,7 @@ class StatsJob:
         *,
         run_id: str,
         stats_cfg: StatsConfig,
-        scrape_cfg: ScrapeConfig | None = None,
+        warmup: WarmupConfig | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
         leadership: Leadership | None = None,
@@ -55,7 +55,7 @@ class StatsJob:
         self._model_label = model_label
         self._run_id = run_id
         self._stats_cfg = stats_cfg
-        self._scrape_cfg = scrape_cfg
+        self._warmup = warmup
         self._clock = clock
         self._leadership = leadership
         self.leader: bool | None = None  # None until the first interval asked
@@ -93,7 +93,7 @@ class StatsJob:
             self._store,
             run_id=self._run_id,
             stats_cfg=self._stats_cfg,
-            scrape_cfg=self._scrape_cfg,
+            warmup=self._warmup,
             window_end=self._clock(),
             model_label=self._model_label,
             gpu_samples=self._gpu_samples() if self._gpu_samples is not None else None,

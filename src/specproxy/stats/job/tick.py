@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import functools
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
-from specproxy.config import ScrapeConfig, StatsConfig
+from specproxy.config import StatsConfig, WarmupConfig
+from specproxy.errors import ConfigError
 from specproxy.records import Arm, GpuSample
 from specproxy.stats.anytime.decision import Decision, DecisionMemory, Evidence
 from specproxy.stats.compare import CompareSettings, Recall, compare_window
@@ -43,6 +46,7 @@ __all__ = [
     "TickPlan",
     "compute_stats",
     "compute_tick",
+    "configs_of",
     "plan_tick",
     "result_settings",
     "tiers_of",
@@ -66,12 +70,8 @@ def window_label(window_s: float | None) -> str:
     return f"{window_s:g}s"
 
 
-def warmup_rule(stats_cfg: StatsConfig, scrape_cfg: ScrapeConfig) -> WarmupRule:
-    return WarmupRule(
-        requests=stats_cfg.warmup_requests,
-        restart_requests=scrape_cfg.warmup_requests,
-        restart_seconds=scrape_cfg.warmup_seconds,
-    )
+def warmup_rule(cfg: WarmupConfig) -> WarmupRule:
+    return WarmupRule(cfg.requests, cfg.restart_requests, cfg.restart_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +146,7 @@ def compute_tick(
     *,
     run_id: str,
     stats_cfg: StatsConfig,
-    scrape_cfg: ScrapeConfig,
+    warmup: WarmupConfig,
     label: Callable[[str], str] | None = None,
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
     memory: DecisionMemory | None = None,
@@ -157,7 +157,7 @@ def compute_tick(
     started = time.perf_counter()
     at = time.time() if now is None else now
     settings = CompareSettings.from_config(stats_cfg)
-    rule = warmup_rule(stats_cfg, scrape_cfg)
+    rule = warmup_rule(warmup)
     restarts = {arm: restart_times(engine.restart_samples, arm) for arm in Arm}
     excluded: dict[int, dict[Arm, set[int]]] = {}
     for w in plan.windows:
@@ -226,7 +226,7 @@ def compute_tick(
         "window_end": plan.frame.window_end,
         "data_horizon": horizon,
         "lag_s": computed_at - horizon if horizon is not None else None,
-        "settings": result_settings(stats_cfg, scrape_cfg),
+        "settings": result_settings(stats_cfg, warmup),
         "results": results,
     }
 
@@ -253,7 +253,7 @@ def _seed(base: int, segment: str, plan: WindowPlan) -> list[int]:
     ]
 
 
-def result_settings(stats_cfg: StatsConfig, scrape_cfg: ScrapeConfig) -> Settings:
+def result_settings(stats_cfg: StatsConfig, warmup: WarmupConfig) -> Settings:
     """The settings a result was computed with: `specproxy stats` reuses them by default."""
     statistics, metrics = settings_lists()
     return {
@@ -261,14 +261,41 @@ def result_settings(stats_cfg: StatsConfig, scrape_cfg: ScrapeConfig) -> Setting
         "confidence": stats_cfg.confidence,
         "alpha": stats_cfg.alpha,
         "p99_tolerance": stats_cfg.p99_tolerance,
-        "warmup_requests": stats_cfg.warmup_requests,
+        "warmup_requests": warmup.requests,
         "seed": stats_cfg.seed,
-        "restart_warmup_requests": scrape_cfg.warmup_requests,
-        "restart_warmup_seconds": scrape_cfg.warmup_seconds,
+        "restart_warmup_requests": warmup.restart_requests,
+        "restart_warmup_seconds": warmup.restart_seconds,
         "windows_s": list(stats_cfg.windows_s),
         "statistics": statistics,
         "metrics": metrics,
     }
+
+
+def configs_of(
+    settings: Mapping[str, Any], stats: StatsConfig, warmup: WarmupConfig
+) -> tuple[StatsConfig, WarmupConfig]:
+    """The configuration a stored result was computed with (its `settings`), over `stats` and
+    `warmup` for what an older result lacks: offline analysis reproduces a live result. A value
+    the configuration would refuse is left at the given one."""
+    stats_keys = {"resamples", "confidence", "alpha", "p99_tolerance", "seed"}
+    chosen = {k: settings[k] for k in stats_keys if k in settings}
+    if "windows_s" in settings:
+        chosen["windows_s"] = tuple(settings["windows_s"])
+    moved = {
+        "warmup_requests": "requests",
+        "restart_warmup_requests": "restart_requests",
+        "restart_warmup_seconds": "restart_seconds",
+    }
+    kept = {new: settings[old] for old, new in moved.items() if old in settings}
+    try:
+        stats = dataclasses.replace(stats, **chosen)
+    except (ConfigError, TypeError):
+        pass
+    try:
+        warmup = dataclasses.replace(warmup, **kept)
+    except (ConfigError, TypeError):
+        pass
+    return stats, warmup
 
 
 async def compute_stats(
@@ -276,7 +303,7 @@ async def compute_stats(
     *,
     run_id: str,
     stats_cfg: StatsConfig,
-    scrape_cfg: ScrapeConfig | None = None,
+    warmup: WarmupConfig | None = None,
     window_end: float | None = None,
     model_label: Callable[[str], str] | None = None,
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
@@ -290,7 +317,7 @@ async def compute_stats(
     most `ROWS_MAX` usable requests on its larger arm is read as rows. `gpu_samples` None: the
     newest `GPU_SAMPLES_READ` stored per arm."""
     loop = asyncio.get_running_loop()
-    scrape_cfg = scrape_cfg or ScrapeConfig()
+    warmup = warmup or WarmupConfig()
     if gpu_samples is None:
         gpu_samples = await store.read_gpu_samples(run_id=run_id, limit=GPU_SAMPLES_READ)
     cache = cache if cache is not None else RollupCache()
@@ -327,7 +354,7 @@ async def compute_stats(
             as_view(engine),
             run_id=run_id,
             stats_cfg=stats_cfg,
-            scrape_cfg=scrape_cfg,
+            warmup=warmup,
             label=label,
             gpu_samples=gpu_samples,
             memory=memory,
