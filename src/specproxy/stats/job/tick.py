@@ -92,6 +92,14 @@ class TickPlan:
     rows: Rows | None
 
     @property
+    def horizon(self) -> float | None:
+        """The newest data: the last request's start (rows), else the end of the last unit holding
+        data; never after the window end."""
+        span = self.rows.span() if self.rows is not None else None
+        newest = span[1] if span is not None else self.frame.horizon
+        return min(newest, self.frame.window_end) if newest is not None else None
+
+    @property
     def engine_starts(self) -> list[float]:
         """Each window's first second (`Store.read_engine_aggregates`)."""
         return sorted({w.plan.start for w in self.windows})
@@ -216,7 +224,7 @@ def compute_tick(
         results[segment] = (
             copy.deepcopy(results[ALL]) if len(groups) == 1 else windows_of(segment, keys)
         )
-    horizon = plan.frame.horizon
+    horizon = plan.horizon
     computed_at = time.time()
     return {
         "schema_version": SCHEMA_VERSION,
