@@ -101,14 +101,16 @@ spill_path = "{workdir / "spill.jsonl"}"
 
 [scrape]
 interval_s = 1.0
-warmup_requests = 0
-warmup_seconds = 0.0
+
+[warmup]
+requests = 0
+restart_requests = 0
+restart_seconds = 0.0
 
 [stats]
 interval_s = {STATS_INTERVAL_S}
 windows_s = [30, "all"]
 resamples = 100
-warmup_requests = 0
 """
 
 

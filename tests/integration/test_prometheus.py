@@ -38,6 +38,7 @@ from specproxy.config import (
     ScrapeConfig,
     StatsConfig,
     StoreConfig,
+    WarmupConfig,
 )
 from specproxy.emulator.config import EmulatorConfig
 from specproxy.emulator.server import run_emulator
@@ -224,10 +225,9 @@ async def run_system(tmp_path: Path) -> AsyncIterator[System]:
             port=0,
             routing=RoutingConfig(seed=7),
             store=StoreConfig(url=f"sqlite:///{tmp_path / 'specproxy.db'}", flush_interval_s=0.2),
-            scrape=ScrapeConfig(interval_s=1.0, warmup_requests=0, warmup_seconds=0.0),
-            stats=StatsConfig(
-                interval_s=2.0, windows_s=WINDOWS_S, resamples=100, warmup_requests=0
-            ),
+            scrape=ScrapeConfig(interval_s=1.0),
+            stats=StatsConfig(interval_s=2.0, windows_s=WINDOWS_S, resamples=100),
+            warmup=WarmupConfig(requests=0, restart_requests=0, restart_seconds=0.0),
         )
         runner = web.AppRunner(create_app(cfg), access_log=None, shutdown_timeout=1.0)
         await runner.setup()

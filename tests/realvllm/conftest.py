@@ -23,7 +23,14 @@ from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpServer
 
 from specproxy.app import create_app
-from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import (
+    Config,
+    RoutingConfig,
+    ScrapeConfig,
+    StatsConfig,
+    StoreConfig,
+    WarmupConfig,
+)
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.realvllm.launcher import VllmPair
 from specproxy.realvllm.model_dir import SERVED_MODEL_NAME
@@ -124,7 +131,7 @@ def make_proxy(engines: Engines, aiohttp_server: AiohttpServer) -> MakeProxy:
         *,
         scrape_interval_s: float = 3600.0,
         urls: dict[Arm, str] | None = None,
-        scrape: dict[str, Any] | None = None,
+        warmup: dict[str, Any] | None = None,
         **routing: Any,
     ) -> Proxy:
         upstream = urls or engines.urls
@@ -132,9 +139,8 @@ def make_proxy(engines: Engines, aiohttp_server: AiohttpServer) -> MakeProxy:
             baseline_url=upstream[Arm.BASELINE],
             speculative_url=upstream[Arm.SPECULATIVE],
             routing=RoutingConfig(**{"allow_forced_arm": True, "seed": 0, **routing}),
-            scrape=ScrapeConfig(
-                **{"interval_s": scrape_interval_s, "warmup_seconds": 0.0, **(scrape or {})}
-            ),
+            scrape=ScrapeConfig(interval_s=scrape_interval_s),
+            warmup=WarmupConfig(**{"restart_seconds": 0.0, **(warmup or {})}),
         )
         registry = CollectorRegistry()
         recorder = MemoryRecorder()
@@ -166,9 +172,8 @@ def make_stats_app(engines: Engines, aiohttp_server: AiohttpServer) -> MakeStats
             routing=RoutingConfig(allow_forced_arm=True),
             store=StoreConfig(url="memory://"),
             scrape=scrape,
-            stats=StatsConfig(
-                interval_s=3600.0, warmup_requests=0, windows_s=(None,), resamples=2000
-            ),
+            stats=StatsConfig(interval_s=3600.0, windows_s=(None,), resamples=2000),
+            warmup=WarmupConfig(requests=0, restart_seconds=0.0),
         )
         app = create_app(cfg, registry=CollectorRegistry())
         return app, str((await aiohttp_server(app)).make_url("")).rstrip("/")

@@ -44,9 +44,7 @@ async def test_random_prompts_give_no_drafts_and_no_speedup(
 ) -> None:
     # Scrapes are driven by hand (one before the traffic, one after), so the counter deltas
     # the diagnosis reads cover exactly this test's requests.
-    app, proxy_url = await make_stats_app(
-        "realvllm-no-drafts", ScrapeConfig(interval_s=3600.0, warmup_seconds=0.0)
-    )
+    app, proxy_url = await make_stats_app("realvllm-no-drafts", ScrapeConfig(interval_s=3600.0))
     scraper = app[SCRAPER]
 
     per_request: list[dict[str, Any]] = []

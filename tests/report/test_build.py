@@ -13,7 +13,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from specproxy.config import ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.errors import ErrorKind
 from specproxy.records import Arm, EngineSample, RequestRecord
 from specproxy.report.build import collect, write_report
@@ -22,11 +22,13 @@ from specproxy.scrape.dcgm import combine_readings, parse_dcgm
 from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import StatsResult
 from specproxy.store.factory import open_store
+from specproxy.summary.grid import GRID_ERROR_BOUND
 
 RUN = "r1"
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
 T0 = 1_700_000_000.0
 WARMUP = 20
+WARM = WarmupConfig(requests=WARMUP)
 
 
 def _records(rng: np.random.Generator, n: int = 400) -> list[RequestRecord]:
@@ -93,8 +95,10 @@ async def _fill(url: str, *, history: bool) -> list[tuple[float, StatsResult]]:
                 store.record_engine(s)
             await store.flush()
             if history:
-                cfg = StatsConfig(warmup_requests=WARMUP, resamples=500)
-                result = await compute_stats(store, run_id=RUN, stats_cfg=cfg, window_end=T0 + 100)
+                cfg = StatsConfig(resamples=500)
+                result = await compute_stats(
+                    store, run_id=RUN, stats_cfg=cfg, warmup=WARM, window_end=T0 + 100
+                )
                 stored = cast(dict[str, Any], result)
                 await store.write_stats(run_id=RUN, t=result["computed_at"], result=stored)
                 written.append((result["computed_at"], result))
@@ -103,9 +107,10 @@ async def _fill(url: str, *, history: bool) -> list[tuple[float, StatsResult]]:
         await store.close()
 
 
-async def _store_values(url: str) -> dict[str, dict[str, np.ndarray]]:
-    """Independently: usable requests per arm minus the first WARMUP usable ones of each arm
-    (a failed request fills no warm-up slot: record 0, a 500, is baseline's)."""
+async def _store_values(url: str, unit_s: float) -> dict[str, dict[str, np.ndarray]]:
+    """Independently: usable requests per arm minus those in the time units holding the first
+    WARMUP usable ones of each arm (a failed request fills no warm-up slot: record 0, a 500, is
+    baseline's)."""
     store = open_store(StoreConfig(url=url))
     await store.start()
     try:
@@ -117,7 +122,10 @@ async def _store_values(url: str) -> dict[str, dict[str, np.ndarray]]:
     out: dict[str, dict[str, np.ndarray]] = {}
     for arm, a in arrays.items():
         usable = a["status"] == 200
-        keep = usable & (np.cumsum(usable) > WARMUP)
+        unit = np.floor(a["t_start"] / unit_s)
+        before = np.cumsum(usable) - usable  # usable requests before each one
+        warm_units = set(unit[usable & (before < WARMUP)].tolist())
+        keep = usable & ~np.isin(unit, sorted(warm_units))
         out[arm.value] = {c: a[c][keep] for c in ("e2e_s", "tpot_s", "ttft_s")}
     return out
 
@@ -126,8 +134,8 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'r.db'}"
     history = await _fill(url, history=True)
     out = tmp_path / "report"
-    settings = StatsConfig(warmup_requests=WARMUP, resamples=500)
-    assert await write_report(url, run_id=None, out_dir=out, settings=settings) == out
+    settings = StatsConfig(resamples=500)
+    assert await write_report(url, run_id=None, out_dir=out, settings=settings, warmup=WARM) == out
 
     report = json.loads((out / "report.json").read_text())
     final = history[-1][1]
@@ -136,7 +144,9 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     window = main_window(final)
     assert window is not None
 
-    expected = await _store_values(url)
+    unit_s = window.get("unit_s")
+    assert unit_s == 1.0  # a 40 s run: units of a second
+    expected = await _store_values(url, unit_s)
     figure = report["figure_data"]
     for metric, column in (("e2e", "e2e_s"), ("tpot", "tpot_s"), ("ttft", "ttft_s")):
         for arm in ("speculative", "baseline"):
@@ -146,8 +156,11 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
             assert shown["median"] == pytest.approx(float(np.median(values)))
             assert shown["p99"] == pytest.approx(float(np.quantile(values, 0.99)))
             summary = window["metrics"][metric]["summary"][arm]
-            assert shown["median"] == pytest.approx(summary["median"])
-    assert figure["excluded_warmup"] == {"speculative": WARMUP, "baseline": WARMUP}
+            assert shown["median"] == pytest.approx(summary["median"], rel=GRID_ERROR_BOUND)
+    # 5 requests per arm a second: the first 20 usable fill 4 seconds of the speculative arm and,
+    # with the 500 at t = 0, 5 seconds of the baseline's (24 requests)
+    assert figure["excluded_warmup"] == {"speculative": WARMUP, "baseline": WARMUP + 4}
+    assert figure["excluded_warmup"] == window["excluded_warmup"]
 
     # Speedup over time: one point per stats run, straight from the history.
     series = figure["speedup_over_time"]["median"]
@@ -190,8 +203,8 @@ async def test_report_without_history_computes_stats(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'b.db'}"
     await _fill(url, history=False)
     out = tmp_path / "bench-report"
-    settings = StatsConfig(warmup_requests=WARMUP, resamples=300)
-    assert await write_report(url, run_id=RUN, out_dir=out, settings=settings) == out
+    settings = StatsConfig(resamples=300)
+    assert await write_report(url, run_id=RUN, out_dir=out, settings=settings, warmup=WARM) == out
     report = json.loads((out / "report.json").read_text())
     window = main_window(report["stats"])
     assert window is not None and window["metrics"]["e2e"]["n"]["baseline"] > 100
@@ -210,8 +223,8 @@ async def test_report_of_a_stored_run_diagnoses_its_stored_gpu_samples(tmp_path:
         store.record_gpu(combine_readings(t, Arm.SPECULATIVE, parse_dcgm(page), run_id=RUN))
     await store.close()
     out = tmp_path / "gpu-report"
-    settings = StatsConfig(warmup_requests=WARMUP, resamples=300)
-    assert await write_report(url, run_id=RUN, out_dir=out, settings=settings) == out
+    settings = StatsConfig(resamples=300)
+    assert await write_report(url, run_id=RUN, out_dir=out, settings=settings, warmup=WARM) == out
     window = main_window(json.loads((out / "report.json").read_text())["stats"])
     assert window is not None
     codes = {r["code"] for r in window["diagnosis"]["reasons"]}
@@ -253,10 +266,13 @@ async def test_report_selects_what_the_job_selected_across_a_restart() -> None:
         ):
             store.record_engine(sample)
         await store.flush()
-        scrape = ScrapeConfig(warmup_requests=7, warmup_seconds=0.0)
-        job_settings = StatsConfig(warmup_requests=WARMUP, resamples=300)
+        warmup = WarmupConfig(requests=WARMUP, restart_requests=7, restart_seconds=0.0)
         result = await compute_stats(
-            store, run_id=RUN, stats_cfg=job_settings, scrape_cfg=scrape, window_end=T0 + 100
+            store,
+            run_id=RUN,
+            stats_cfg=StatsConfig(resamples=300),
+            warmup=warmup,
+            window_end=T0 + 100,
         )
         stored = cast(dict[str, Any], result)
         await store.write_stats(run_id=RUN, t=result["computed_at"], result=stored)
@@ -266,16 +282,18 @@ async def test_report_selects_what_the_job_selected_across_a_restart() -> None:
     assert data is not None and not data.recomputed  # the job's own result is reported
     window = main_window(result)
     assert window is not None
-    assert window["excluded_warmup"] == {"baseline": WARMUP, "speculative": WARMUP + 7}
+    # whole seconds: the baseline's first 20 usable fill 5 of them (24 requests, one 500), the
+    # speculative arm's 4; after the restart (12.0) its next 7 usable fill seconds 12 and 13
+    assert window["excluded_warmup"] == {"baseline": WARMUP + 4, "speculative": WARMUP + 10}
     assert data.excluded_warmup == window["excluded_warmup"]
     assert data.excluded_failed["speculative"] == 5 + sum(i % 97 == 0 for i in range(1, 400, 2))
     for metric in ("e2e", "ttft", "tpot"):
         for arm in Arm:
             assert data.latency[metric][arm.value].size == window["metrics"][metric]["n"][arm.value]
     # The first request after the restart window opened (12.0), not the last one before it, is
-    # the first excluded: spec records sit at odd tenths, 11.9 stays, 12.1 .. 13.3 go.
+    # the first excluded: spec records sit at odd tenths, 11.9 stays, 12.1 .. 13.9 go.
     kept = data.t_start["speculative"] - T0
-    assert np.any(np.isclose(kept, 11.9)) and not np.any((kept > 12.0) & (kept < 13.4))
+    assert np.any(np.isclose(kept, 11.9)) and not np.any((kept > 12.0) & (kept < 14.0))
 
 
 async def test_a_stored_result_from_before_the_restart_settings_still_reports() -> None:
@@ -286,8 +304,10 @@ async def test_a_stored_result_from_before_the_restart_settings_still_reports() 
         for rec in _records(np.random.default_rng(3)):
             store.record(rec)
         await store.flush()
-        settings = StatsConfig(warmup_requests=WARMUP, resamples=300)
-        result = await compute_stats(store, run_id=RUN, stats_cfg=settings, window_end=T0 + 100)
+        settings = StatsConfig(resamples=300)
+        result = await compute_stats(
+            store, run_id=RUN, stats_cfg=settings, warmup=WARM, window_end=T0 + 100
+        )
         old = cast(dict[str, Any], json.loads(json.dumps(result)))
         del old["settings"]["restart_warmup_requests"], old["settings"]["restart_warmup_seconds"]
         await store.write_stats(run_id=RUN, t=result["computed_at"], result=old)
@@ -296,4 +316,4 @@ async def test_a_stored_result_from_before_the_restart_settings_still_reports() 
         await store.close()
     assert data is not None and not data.recomputed  # the old row is the one reported
     assert data.stats is not None and "restart_warmup_requests" not in data.stats["settings"]
-    assert data.settings.warmup_requests == WARMUP  # the job's settings, read from the row
+    assert data.warmup.requests == WARMUP  # the job's settings, read from the row

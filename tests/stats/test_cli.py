@@ -14,7 +14,8 @@ from specproxy.cli import main
 from specproxy.config import StoreConfig
 from specproxy.records import Arm, GpuSample
 from specproxy.scrape.dcgm import combine_readings, parse_dcgm
-from tests.stats.job.test_runner import RUN, _records
+from tests.stats.job.runs import RUN
+from tests.stats.job.runs import records as _records
 
 
 async def _store_run(db: str, gpu: list[GpuSample] | None = None) -> None:

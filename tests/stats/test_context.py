@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpServer
 
 from specproxy.app import create_app
-from specproxy.config import ArmConfig, Config, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import ArmConfig, Config, ScrapeConfig, StatsConfig, StoreConfig, WarmupConfig
 from specproxy.emulator import EmulatorConfig, run_emulator
 from specproxy.proxy.recorder import MemoryRecorder
 from tests.scrape.fakes import FakeMetricsServer
@@ -35,7 +35,8 @@ async def proxy() -> AsyncIterator[
             speculative_url=spec_url,
             store=StoreConfig(url="memory://", flush_interval_s=0.05),
             scrape=ScrapeConfig(interval_s=0.2),
-            stats=StatsConfig(interval_s=0.2, resamples=200, warmup_requests=0),
+            stats=StatsConfig(interval_s=0.2, resamples=200),
+            warmup=WarmupConfig(requests=0),
         )
         registry = CollectorRegistry()
         client: TestClient[web.Request, web.Application] = TestClient(
@@ -111,7 +112,8 @@ async def test_gpu_telemetry_of_an_arm_reaches_api_stats(aiohttp_server: Aiohttp
             speculative=ArmConfig(urls=(spec_url,), dcgm_urls=(exporter_url,)),
             store=StoreConfig(url="memory://", flush_interval_s=0.05),
             scrape=ScrapeConfig(interval_s=0.1),
-            stats=StatsConfig(interval_s=0.2, resamples=200, warmup_requests=0),
+            stats=StatsConfig(interval_s=0.2, resamples=200),
+            warmup=WarmupConfig(requests=0),
         )
         async with TestClient(TestServer(create_app(cfg))) as client:
             body = {"model": "tiny-llama", "prompt": "count to ten", "max_tokens": 8}

@@ -8,8 +8,11 @@ import types
 import typing
 from typing import Any, is_typeddict
 
-from specproxy.config import ScrapeConfig, StatsConfig
+import pytest
+
+from specproxy.config import StatsConfig
 from specproxy.records import Arm
+from specproxy.stats.job import tick
 from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import (
     METRICS,
@@ -18,9 +21,9 @@ from specproxy.stats.result import (
     to_json,
 )
 from specproxy.store.memory import MemoryStore
-from tests.stats.job.test_runner import RUN, store  # noqa: F401  (the filled store fixture)
+from tests.stats.job.runs import RUN, WARMUP
 
-CFG = StatsConfig(windows_s=(60.0, None), resamples=200, warmup_requests=5)
+CFG = StatsConfig(windows_s=(60.0, None), resamples=200)
 
 
 def _check(value: Any, hint: Any, path: str) -> int:
@@ -49,11 +52,12 @@ def _check(value: Any, hint: Any, path: str) -> int:
     return 0
 
 
-async def test_the_job_result_has_exactly_the_declared_keys(store: MemoryStore) -> None:  # noqa: F811
-    scrape = ScrapeConfig(warmup_requests=20, warmup_seconds=0.0)
-    result = await compute_stats(
-        store, run_id=RUN, stats_cfg=CFG, scrape_cfg=scrape, window_end=1160.0
-    )
+@pytest.mark.parametrize("rows_max", [100_000, 0], ids=["rows", "summaries"])
+async def test_the_job_result_has_exactly_the_declared_keys(
+    store: MemoryStore, rows_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tick, "ROWS_MAX", rows_max)
+    result = await compute_stats(store, run_id=RUN, stats_cfg=CFG, warmup=WARMUP, window_end=1160.0)
     checked = _check(result, StatsResult, "result")
     # 3 models x 2 windows, each with metrics, speedups per statistic, outliers per arm, ...
     assert checked > 3 * 2 * len(METRICS) * len(STATISTICS)
@@ -65,7 +69,7 @@ async def test_the_job_result_has_exactly_the_declared_keys(store: MemoryStore) 
             assert set(block["summary"][arm.value]) == set(STATISTICS)
 
 
-async def test_settings_carry_the_lists_and_json_round_trips(store: MemoryStore) -> None:  # noqa: F811
+async def test_settings_carry_the_lists_and_json_round_trips(store: MemoryStore) -> None:
     result = await compute_stats(store, run_id=RUN, stats_cfg=CFG, window_end=1160.0)
     settings = result["settings"]
     assert settings.get("statistics") == ["median", "mean", "p90", "p99"]

@@ -26,7 +26,7 @@ BOUND = math.log1p(GRID_ERROR_BOUND) + 1e-12
 
 def _records(seed: int = 1, per_minute: int = 40) -> list[RequestRecord]:
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[RequestRecord] = []
     for arm, scale in ((Arm.BASELINE, 1.0), (Arm.SPECULATIVE, 1.3)):
         n = MINUTES * per_minute
         t = np.sort(rng.uniform(T0, T0 + MINUTES * 60, n))

@@ -4,6 +4,7 @@ restart happened (the rule the stats job and the report share)."""
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from specproxy.records import Arm, EngineSample
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
@@ -24,7 +25,7 @@ def sample(
     )
 
 
-def _units(counts: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[type-arg]
+def _units(counts: dict[int, int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     return np.array(list(counts), dtype=np.int64), np.array(list(counts.values()), dtype=np.int64)
 
 

@@ -18,8 +18,8 @@ from specproxy.records import (
     EngineSample,
     GpuSample,
 )
-from specproxy.stats.warmup import restart_times
 from specproxy.stats.diagnosis import summarise_aggregate, summarise_engine
+from specproxy.stats.warmup import restart_times
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store
 from specproxy.summary.engine import MEAN_FIELDS, EngineAggregate

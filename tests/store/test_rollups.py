@@ -42,6 +42,7 @@ def _records(n: int, prefix: str = "r", seed: int = 1) -> list[RequestRecord]:
                 e2e_s=e2e,
                 ttft_s=e2e / 4,
                 tpot_s=e2e / 100 if i % 5 else None,
+                mean_gap_s=e2e / 90 if i % 7 else None,
                 model="a" if i % 3 else "b",
                 status=200 if i % 17 else 500,
                 shadow=i % 11 == 0,

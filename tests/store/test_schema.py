@@ -265,8 +265,8 @@ V6_ENGINE_ROWS = tuple(
 async def _check_v6_upgraded(url: str, tmp_path: Path) -> None:
     """The v7 hour aggregates are filled from the samples a v6 store held (and then kept up to
     date by writes): every window's summary and the restarts read as from the samples."""
-    from specproxy.stats.warmup import restart_times
     from specproxy.stats.diagnosis import summarise_aggregate, summarise_engine
+    from specproxy.stats.warmup import restart_times
     from specproxy.summary.engine import MEAN_FIELDS
 
     store = open_store(store_config(url, tmp_path))

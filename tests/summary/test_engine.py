@@ -9,8 +9,8 @@ import random
 import pytest
 
 from specproxy.records import Arm, EngineSample
-from specproxy.stats.warmup import restart_times
 from specproxy.stats.diagnosis import EngineSummary, summarise_aggregate, summarise_engine
+from specproxy.stats.warmup import restart_times
 from specproxy.summary.engine import (
     MEAN_FIELDS,
     EngineAggregate,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
-
 from specproxy.stats.anytime.hysteresis import VerdictMemory
+
 from specproxy.stats.result import StatsResult
 
 

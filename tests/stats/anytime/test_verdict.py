@@ -12,9 +12,9 @@ import numpy.typing as npt
 import pytest
 import scipy.signal
 import scipy.stats
+from specproxy.stats.anytime.hysteresis import VerdictMemory
 
 from specproxy.stats.anytime.exceedance import exceedance_test, unit_counts
-from specproxy.stats.anytime.hysteresis import VerdictMemory
 from specproxy.stats.anytime.p99test import BinnedArm, p99_slower_test
 from specproxy.stats.anytime.sequential import RankedArm, compare_sequential, decide
 from specproxy.stats.anytime.verdict import anytime_valid, anytime_valid_binned

@@ -8,16 +8,16 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from scipy import stats
-
-from specproxy.stats import compare
 from specproxy.stats.clean import count_outliers
-from specproxy.stats.estimate import binned
 from specproxy.stats.estimate.binned import (
     binned_density_at_median,
     binned_outliers,
     binned_rank_tests,
 )
 from specproxy.stats.estimate.ranktests import HL_MAX_N, hodges_lehmann
+
+from specproxy.stats import compare
+from specproxy.stats.estimate import binned
 from specproxy.stats.estimate.samplesize import log_density_at_median
 from specproxy.summary.grid import (
     COARSE_FACTOR,

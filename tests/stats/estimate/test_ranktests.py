@@ -5,7 +5,6 @@ import itertools
 import numpy as np
 import pytest
 from scipy import stats
-
 from specproxy.stats.estimate.ranktests import hodges_lehmann, rank_tests
 
 

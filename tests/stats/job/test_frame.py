@@ -71,7 +71,8 @@ def test_window_entries_are_every_occupied_bin_of_the_chosen_blocks_and_fine_uni
 def test_a_window_reaching_hour_blocks_is_widened_to_whole_hours() -> None:
     tier = ArmTier()
     n = np.ones(60, dtype=np.int64)
-    tier.blocks[(600, 60, "m")] = Block(600, 60, n, n * 1.0, n * 1.0, 10, np.array([60]))
+    f = n.astype(np.float64)
+    tier.blocks[(600, 60, "m")] = Block(600, 60, n, f, f, 10, np.array([60]))
     tier.fine[(700, "m")] = FineMinute(1, 1.0, 1.0, np.array([5]), np.array([1]))
     tiers = _tiers(tier)
     frame = Frame.of(tiers, 700 * 60.0 + 30, now=0.0)

@@ -103,7 +103,8 @@ def _fits(
         out.append(theta[..., 0])
         inverse00.append(inv[..., 0, 0])
         ssr.append(m[..., _SYY] - np.einsum("...i,...i->...", theta, xty))
-    sst = base[..., _SYY] + spec[..., _SYY] - (base[..., _SY] + spec[..., _SY]) ** 2 / total_n
+    with np.errstate(invalid="ignore", divide="ignore"):  # a replicate that lost both arms
+        sst = base[..., _SYY] + spec[..., _SYY] - (base[..., _SY] + spec[..., _SY]) ** 2 / total_n
     b1 = out[1] - out[0]
     return b1, ssr[0] + ssr[1], np.stack(ssr, -1), np.stack(inverse00, -1), sst
 

@@ -43,6 +43,7 @@ from specproxy.summary.minute import ROLLUP_METRICS
 
 __all__ = [
     "GPU_SAMPLES_READ",
+    "ROWS_MAX",
     "TickPlan",
     "compute_stats",
     "compute_tick",
