@@ -1,33 +1,12 @@
-"""Why is speculation (not) paying off? The classic decision tree, applied to live numbers.
+"""Why is speculation (not) paying off? The classic decision tree, on a window's live numbers.
 
-Speculative decoding with k draft tokens and mean acceptance length L (tokens emitted per target
-forward pass, bonus token included) ideally speeds decoding up by
-
-    speedup ~= L / (1 + k*c),
-
-where c is the cost of one draft forward pass relative to one target pass. Given the measured
-decode speedup (TPOT, else E2E) we solve for the implied c = (L / speedup - 1) / k. The branches,
-checked in order, each add a reason in words:
-
-1. too few samples, or an engine restarted in the window (warm-up) -> wait;
-2. the speculative engine scraped fine but proposed no drafts -> "no drafts proposed" (e.g. an
-   n-gram proposer on prompts without repeats); "no metrics" only when its scrape failed;
-   acceptance exactly 0 -> every draft rejected; acceptance rate < 50 % -> the draft does not
-   predict this traffic (domain or temperature mismatch);
-3. high load (many running requests, or a nearly full KV cache) -> speculation hurts at large
-   batch, where the target is compute bound and drafts steal its throughput;
-4. implied draft cost c > 0.2 -> the draft costs too much per step: a smaller draft, fewer
-   speculative tokens, or prompt-lookup (n-gram) drafting, which costs ~0 (the scraper cannot
-   tell which method runs, so the advice must hold either way);
-5. TTFT is most of E2E -> requests are prefill dominated; speculation only speeds decode;
-6. GPU telemetry (optional: an arm's dcgm-exporters, `scrape.dcgm`): memory bandwidth saturated
-   (the busiest GPU's DRAM active > 90 % on average over the window) -> speculation's extra
-   verification work competes for the bandwidth a memory-bound decode already uses up; thermal
-   throttling (clocks cut for a thermal reason in >= 5 % of an arm's scrapes) -> the timing
-   comparison is confounded. Without telemetry for an arm (none configured, or a field its
-   exporter does not export) a branch is listed under `not_evaluated`, never as a finding;
-   "no GPU metrics" is a reason only when a configured exporter could not be scraped;
-7. otherwise, speculation works (or the verdict is simply not in yet).
+Speculation with k drafts and mean acceptance length L ideally speeds decoding by
+L / (1 + k c), c a draft pass's cost relative to a target pass; the measured speedup gives the
+implied c. Branches, in order: too few samples or a restart (warm-up); no drafts, zero or low
+acceptance; high load; a costly draft (implied c, and the measured step share); prefill-dominated
+requests; GPU telemetry (bandwidth saturation, thermal throttling; `not_evaluated` without it);
+else it works. The headline never contradicts a verdict (`_headline`). The tree in full:
+docs/statistics.md.
 """
 
 from __future__ import annotations
@@ -390,21 +369,11 @@ def _p99_ci_ahead(v: MetricVerdict, reasons: list[Reason]) -> None:
 def _headline(
     d: DiagnosisInput, ci: str, helps: bool, hurts: bool, reasons: list[Reason]
 ) -> tuple[str, bool]:
-    """The summary sentence and whether it says speculation helps. Its rules:
-
-    1. It names its metric: the interval it quotes is "<METRIC> <statistic> <x> [<lo>, <hi>]",
-       and every verdict it mentions is "<METRIC> <median|P99> <slower|faster>".
-    2. An E2E "slower" verdict wins: "speculation hurts end to end", naming the part (median,
-       P99) that is slower, whatever the quoted interval says.
-    3. A "slower" verdict on any other metric is never hidden: the headline names it and says
-       "mixed" instead of "helps".
-    4. "helps" needs the quoted interval above 1 and an E2E verdict "faster" (or no verdict
-       computed at all); an E2E "faster" verdict beside an interval below 1 is "mixed" and
-       names both.
-    5. Where the quoted interval excludes 1 but the E2E verdict is inconclusive, it says "no
-       verdict yet", and a reason says why in words (fixed-sample vs anytime-valid, and where
-       the anytime-valid tests stand); likewise for each metric's P99 interval (a reason).
-    """
+    """The summary sentence and whether it says speculation helps. It names its metric; an E2E
+    "slower" verdict wins ("hurts end to end"); a slower verdict elsewhere is named ("mixed");
+    "helps" needs the quoted interval above 1 and an E2E verdict "faster" (or none computed); an
+    interval that excludes 1 beside an inconclusive verdict is "no verdict yet", and a reason
+    says why (docs/statistics.md lists the rules)."""
     for v in d.verdicts:
         _p99_ci_ahead(v, reasons)
     e2e = _e2e(d)

@@ -1,36 +1,11 @@
 """The stats job's result, typed: its JSON schema, and the one list of metrics and statistics.
 
-The result is plain JSON-able data (it is served at `GET /api/stats`, stored in the store's
-history and read back by followers and the report), so its schema is a tree of `TypedDict`s:
-the object the job builds, the JSON it serves and the row the store returns are the same value,
-and `mypy --strict` checks every producer (`stats.compare`, `stats.job`) and every reader
-(`stats.collector`, `stats.cli`, `report`, `demo`) against this one declaration.
-`ui/app.js` reads the lists below from the result's `settings` (`metrics`, `statistics`).
-
-    StatsResult
-      settings: Settings                         job knobs + `statistics` + `metrics`
-      results: {MODEL or "all": {WINDOW: WindowResult}}      windows "5m", "1h", "90s", "all"
-        WindowResult: design, pairs, samples, excluded_warmup, engine, diagnosis,
-          metrics: {METRIC: MetricResult}
-            MetricResult: n, summary, outliers, rank_tests, samples_for_5pct_median,
-              adjusted, sequential (with its p99 verdict), verdict,
-              speedup: {STATISTIC: Speedup}      baseline / speculative, > 1 = faster
-
-Arms are keyed by `Arm.value` ("baseline", "speculative"); every float may be null when it is
-undefined (too few samples, an empty arm).
-
-How to extend (each is a change in one place, plus the code that computes the new value):
-- a new quantile statistic (say "p95"): add it to `Statistic` and `STATISTIC_LEVELS` (0.95). Its
-  point estimate, bootstrap interval and minimum sample size follow from the level
-  (`stats.quantile`, `stats.bootstrap`); the comparison, the gauges, the CLI, the report, the demo
-  view, the dashboard's statistic picker and /ui all iterate over `STATISTICS`. (A statistic that
-  is not a quantile also needs its own estimator where "mean" has one.)
-- a new compared metric (a `RequestRecord` column): add it to `METRICS` (name -> column, label).
-- a new field of a block: add the key to its TypedDict here, then set it where the block is built
-  (`stats.compare` for windows and metrics, `stats.job` for the top level). mypy then fails on a
-  producer that forgets it and on a reader that misspells it. A field that results stored by an
-  older version lack is declared `NotRequired[...]` and read with `.get`.
-- bump `SCHEMA_VERSION` only for a change that breaks existing readers (a renamed or removed key).
+The result is plain JSON-able data (served at `GET /api/stats`, stored in the history, read back
+by followers and the report), so its schema is a tree of `TypedDict`s that `mypy --strict`
+checks for every producer (`stats.compare`, `stats.job.tick`) and reader (collector, CLI,
+report, demo). `STATISTICS` / `METRICS` are the lists everything iterates over (published in
+`settings` for ui/app.js). Arms are keyed by `Arm.value`; a float may be null when undefined.
+To add a statistic, a metric or a field, and when to bump `SCHEMA_VERSION`: docs/statistics.md.
 """
 
 from __future__ import annotations

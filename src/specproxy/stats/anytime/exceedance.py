@@ -1,66 +1,12 @@
-"""An anytime-valid P99 exceedance test that holds under ANY serial dependence across minutes.
+"""An anytime-valid P99 test that holds under ANY serial dependence across minutes.
 
-Why: the two-sample e-process of `p99test` and the union bound of `sequential` assume that each
-arm's samples are independent. Production latency is not (load waves, AR(1)-like noise shared by
-both arms, a traffic split that drifts while the load does). This test needs only what the proxy
-guarantees: within each time unit (a minute) the arm of each request is drawn at random,
-independently of everything else.
-
-Test of "slower" (the "faster" direction swaps the arms' roles), c = 1 + tolerance:
-  * Units u = 0, 1, ... (minutes, or whatever units the rollups hold), in time order.
-  * A PREDICTABLE threshold q_u: the baseline's pooled P99 over the units before u (the lower
-    edge of the 0.5 % coarse bin of `loggrid` holding its ceil(0.99 n)-th smallest value: rows,
-    fine and coarse rollups of the same minutes give the same thresholds), refreshed
-    whenever that pool has grown by `_THRESHOLD_GROWTH` since the last refresh; none while the
-    pool holds fewer than `MIN_BASELINE` values. q_u depends only on units < u.
-  * In unit u: K = speculative count, N = K + baseline count, X = #{speculative v: v / c > q_u},
-    Y = #{baseline v: v > q_u}, m = X + Y.
-  * Factor: F_u(lam) = exp(lam X - psi(N, K, m; lam)), psi = log E[exp(lam H)] for
-    H ~ Hypergeometric(population N, m marked, K drawn) (exact: its pmf from log-gammas,
-    normalised over the support).
-  * E-process: E_t = sum_j w_j prod_{u <= t} F_u(lam_j) over the fixed grid `LAMBDAS` with equal
-    weights w_j (a mixture of test martingales is a test martingale). "slower" iff
-    max_{t} log E_t >= log(1 / alpha) (Ville's inequality: crossing at ANY unit, under any
-    stopping rule, has probability <= alpha).
-
-Why it is valid (a randomisation argument; Fisher's exact test made sequential, cf. Ramdas,
-Grunwald, Vovk & Shafer 2023, "Game-theoretic statistics and safe anytime-valid inference",
-Statist. Sci. 38(4), Sec. 5 on conditional/permutation e-values):
-  * Potential outcomes: request i of unit u would take b_i on the baseline and s_i on the
-    speculative arm. Let G_u hold everything of the units before u (their latencies AND labels)
-    and unit u's potential outcomes and arm counts. Assumption: given G_u, unit u's labels are a
-    uniformly random subset of size K (true for independent coin flips per request conditioned
-    on their count). Everything before u, including any serial dependence, is inside G_u.
-  * Sharp null s_i = c b_i: then m = #{i: b_i > q_u} is fixed given G_u (q_u is
-    G_u-measurable) and X given G_u is exactly Hypergeometric(N, m, K), so E[F_u | G_u] = 1.
-  * Null H0: s_i / c <= b_i for every request (or, weaker, 1{s_i > c q_u} <= 1{b_i > q_u}: the
-    speculative arm, scaled by 1/c, exceeds the threshold no more often; two within-unit
-    distributions with P(s/c > q_u) <= P(b > q_u) can always be coupled that way). Then the
-    observed X = X* - d and m = m* - d, where X*, m* are the sharp-null counts of the b_i and
-    d >= 0. Adding one marked item raises a hypergeometric count by 0 or 1, so
-    psi(m*) <= psi(m* - d) + lam d for lam >= 0, hence F_u <= exp(lam X* - psi(m*)), whose
-    conditional mean is 1. So each factor has conditional mean <= 1 given the past, and the
-    product is a nonnegative supermartingale with initial value 1 for each lam.
-  * Rollups: X is counted LOW (only speculative entries whose lower edge / c lies above q_u)
-    and Y HIGH (every baseline entry whose upper edge lies above q_u). Lowering X together with
-    m, and raising m alone, both lower F_u for lam >= 0 (psi rises with m), so the binned
-    statistic is never above the exact one.
-
-What is covered: any dependence ACROSS units (load waves, AR(1) noise shared by both arms, a
-split ratio that changes from unit to unit, a one-off stall), any dependence among the requests
-of one unit, unequal arm sizes. What is NOT covered: assignment that is not random within a unit
-(round robin, sticky sessions, mirrored/paired designs: the job does not run this test on them);
-a rejection is evidence against "the speculative arm / c exceeds the running baseline P99 no
-more often than the baseline", which is "P99 ratio <= c" only when the two arms' distributions
-do not cross near the P99 (q_u is the pooled P99 of earlier minutes, not unit u's own).
-A unit is used only once two later minutes have data (the last `SETTLE_UNITS` units of a
-window are left out): rows are recorded when a request ends, so a unit keeps changing while its
-requests are still running. Requests longer than that settle time (a minute or two; the
-timeouts allow up to 10 min, streams 1 h) can still change a used unit's counts: the bound then
-holds for the final data, and at intermediate looks only up to those late requests.
-
-Cost: O(entries + units x log) for the counts and O(sum over units of min(m, K)) for the exact
-MGF: about 1 % of the tested arm's requests.
+It needs only what the proxy guarantees: within each minute the arm of each request is drawn at
+random. Per minute, the treatment's count above a predictable threshold (the control's pooled
+P99 of earlier minutes, divided by c = 1 + tolerance) is compared with its exact hypergeometric
+law given the minute's exceedances; a mixture over bets of the per-minute factors is a test
+supermartingale, so a crossing of log(1/alpha) at any minute has probability <= alpha (Ville).
+From histograms X is counted low and Y high, so the statistic is never above the exact one. The
+validity argument, what is and is not covered, and the cost: docs/statistics.md.
 """
 
 from __future__ import annotations

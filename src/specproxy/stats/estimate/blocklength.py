@@ -1,34 +1,12 @@
-"""How many consecutive time units (minutes in production) one bootstrap block spans.
+"""How many consecutive time units one bootstrap block spans (the rule is stated once, here).
 
-The time unit is a minute (`ROLLUP_UNIT_S`, the rollups' granularity). For raw rows of a window
-shorter than 200 minutes it is span/200 seconds (at least 1 s), see `unit_seconds`.
+    B = clip(ceil(2 b_PW), 1, max(1, floor(M / MIN_BLOCKS)))
 
-Rule (stated once, used everywhere):
-
-    B = clip(ceil(COVERAGE_FACTOR * b_PW), 1, max(1, floor(M / MIN_BLOCKS))),  COVERAGE_FACTOR = 2
-
-where M is the number of time units in the window, b_PW is the Politis-White (2004) automatic
-block length for the circular/moving-block bootstrap, with the Patton-Politis-White (2009)
-correction, computed on the per-unit series of mean log latency (each arm's series; the larger
-of the two is used, because an arm whose dependence is underestimated under-covers). The cap keeps
-at least `MIN_BLOCKS` blocks so the percentile interval has enough independent pieces; when the
-window is too short for that the result says the block interval is unreliable
-(`BlockPlan.reliable` is False) instead of pretending.
-
-Why twice b_PW: b_PW minimises the mean squared error of the block variance estimate, trading its
-downward bias (the covariance across block edges is lost, bias ~ 1/B) against its noise (~ B/M).
-For a confidence interval an under-estimated variance costs coverage, so we take longer blocks:
-with load waves 3 minutes long, b_PW gave 0.92-0.93 coverage (600 runs), below the 0.93-0.97
-target; doubling halves the bias (tests/stats/test_blockboot.py).
-
-Implementation of b_PW follows Politis & White (2004), Sec. 3.2 ("flat-top lag window"), as in
-`arch.bootstrap.optimal_block_length`:
-  - m_hat: the smallest lag after which K_N = max(5, sqrt(log10 N)) consecutive autocorrelations
-    are all below c * sqrt(log10 N / N), c = 2; M_lag = min(2 * m_hat, m_max),
-    m_max = ceil(sqrt N) + K_N;
-  - flat-top window lambda(t) = 1 for |t| <= 1/2, 2 (1 - |t|) for 1/2 < |t| <= 1, else 0;
-  - G = sum_k lambda(k/M_lag) |k| R(k),  g0 = sum_k lambda(k/M_lag) R(k)  (k = -M_lag..M_lag);
-  - D_CB = 4/3 g0^2;  b_CB = (2 G^2 / D_CB)^(1/3) N^(1/3), capped at min(3 sqrt N, N / 3).
+M units in the window; b_PW the Politis-White (2004) automatic block length, with the
+Patton-Politis-White (2009) correction, of each arm's per-unit mean log latency (the larger of
+the two). Twice b_PW because an under-estimated variance costs coverage; the cap keeps at least
+`MIN_BLOCKS` blocks, and a window too short for them says its block interval is unreliable.
+Derivation and measurements: docs/statistics.md.
 """
 
 from __future__ import annotations

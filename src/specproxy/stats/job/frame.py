@@ -75,7 +75,7 @@ def segments_by_label(
 ) -> dict[str, frozenset[str]]:
     """The segment labels of the summaries, each with the stored keys it gathers."""
     groups: dict[str, set[str]] = {}
-    for key in tiers.keys():
+    for key in tiers.keys():  # noqa: SIM118 - Tiers.keys() is a method, not a dict view
         groups.setdefault(label(key) if label is not None else key, set()).add(key)
     return {name: frozenset(keys) for name, keys in sorted(groups.items())}
 

@@ -10,6 +10,7 @@ seed is its key (base seed, segment, units), so identical data draws identical r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -296,14 +297,10 @@ def configs_of(
         "restart_warmup_seconds": "restart_seconds",
     }
     kept = {new: settings[old] for old, new in moved.items() if old in settings}
-    try:
+    with contextlib.suppress(ConfigError, TypeError):
         stats = dataclasses.replace(stats, **chosen)
-    except (ConfigError, TypeError):
-        pass
-    try:
+    with contextlib.suppress(ConfigError, TypeError):
         warmup = dataclasses.replace(warmup, **kept)
-    except (ConfigError, TypeError):
-        pass
     return stats, warmup
 
 
