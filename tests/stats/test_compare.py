@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from specproxy.records import Arm
 from specproxy.stats.anytime.decision import Decision, EProcess, Evidence
-from specproxy.stats.compare import CompareSettings, compare_window
+from specproxy.stats.compare import CompareSettings, compare_window, speedup_block
 from specproxy.stats.diagnosis import EngineSummary
 from specproxy.stats.estimate import blockboot
 from specproxy.stats.estimate.blocklength import BlockPlan
@@ -163,3 +163,15 @@ def test_an_interval_note_claims_shared_load_only_where_it_was_measured() -> Non
     r_shared = blockboot.unit_correlation(shared[0].samples["e2e"], shared[1].samples["e2e"])
     assert r_independent is not None and abs(r_independent) < blockboot.MEASURED_CORRELATION
     assert r_shared is not None and r_shared > 0.9
+
+
+def test_an_interval_within_a_few_grid_bounds_says_so() -> None:
+    plan = BlockPlan(units=720, block_units=60, blocks=12, politis_white=1.0, reliable=False)
+    narrow = blockboot.BlockInterval(
+        Interval(1.2, 1.195, 1.205), Interval(1.2, 1.199, 1.201), "iid", False, 1.0, None
+    )
+    boot = blockboot.BlockBootstrapResult(plan, {"median": narrow})
+    coarse = speedup_block(boot, 10**6, 10**6, 0.95, grid_error=0.005)["median"]
+    assert "within 5x of the 0.50%" in (coarse.get("interval_note") or "")
+    fine = speedup_block(boot, 10**6, 10**6, 0.95, grid_error=0.0002)["median"]
+    assert fine.get("interval_note") is None

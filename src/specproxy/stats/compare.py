@@ -52,6 +52,8 @@ __all__ = ["CompareSettings", "Recall", "compare_window", "diagnose_metrics", "m
 
 FloatArray = npt.NDArray[np.float64]
 DEFAULT_P99_TOLERANCE: Final = 0.05
+# An interval narrower than this many times the grid's bound on a ratio says so (`speedup_block`).
+GRID_NOTE_FACTOR: Final = 5
 CONTROL, TREATMENT = Arm.BASELINE.value, Arm.SPECULATIVE.value
 
 # A metric's evidence -> its decision under the window's memory (`DecisionMemory.recall`)
@@ -169,7 +171,9 @@ def _metric(
         adjusted = adj.to_dict() if adj is not None else None
     block: MetricResult = {
         "n": {CONTROL: c.n, TREATMENT: t.n},
-        "speedup": speedup_block(boot, c.n, t.n, settings.confidence),
+        "speedup": speedup_block(
+            boot, c.n, t.n, settings.confidence, max(c.grid_error, t.grid_error)
+        ),
         "time_blocks": boot.plan.to_dict() if both else None,
         "summary": {
             arm: {stat: _finite(sample.statistic(stat)) for stat in STATISTICS}
@@ -191,10 +195,16 @@ def _metric(
 
 
 def speedup_block(
-    boot: BlockBootstrapResult, n_c: int, n_t: int, confidence: float
+    boot: BlockBootstrapResult,
+    n_c: int,
+    n_t: int,
+    confidence: float,
+    grid_error: float = 0.0,
 ) -> dict[str, Speedup]:
     """Per statistic: the reported interval (block, or i.i.d. with too few blocks), both
-    intervals, and "insufficient" while an arm has too few samples for it."""
+    intervals, and "insufficient" while an arm has too few samples for it. An interval whose
+    half-width is within `GRID_NOTE_FACTOR` x `grid_error` (the histograms' bound on a ratio)
+    says so: its bounds are then uncertain by a visible share of its width."""
     block: dict[str, Speedup] = {}
     for stat, found in boot.intervals.items():
         needed = {
@@ -203,6 +213,20 @@ def speedup_block(
         }
         shown = found.interval.to_dict()
         ok = not any(needed.values())
+        note = found.reason
+        lo, hi = shown["lower"], shown["upper"]
+        if (
+            ok
+            and lo
+            and hi
+            and grid_error
+            and math.log(hi / lo) / 2 < GRID_NOTE_FACTOR * grid_error
+        ):
+            precision = (
+                f"the interval's half-width is within {GRID_NOTE_FACTOR}x of the {grid_error:.2%} "
+                "the histograms it was read from may move a bound"
+            )
+            note = f"{note}; {precision}" if note else precision
         block[stat] = {
             "status": "ok" if ok else "insufficient",
             "n_needed": needed,
@@ -213,7 +237,7 @@ def speedup_block(
             "iid": found.iid.to_dict(),
             "block": found.block.to_dict(),
             "differs": found.differs,
-            "interval_note": found.reason,
+            "interval_note": note,
         }
     return block
 
