@@ -168,7 +168,7 @@ def test_an_interval_note_claims_shared_load_only_where_it_was_measured() -> Non
 def test_an_interval_within_a_few_grid_bounds_says_so() -> None:
     plan = BlockPlan(units=720, block_units=60, blocks=12, politis_white=1.0, reliable=False)
     narrow = blockboot.BlockInterval(
-        Interval(1.2, 1.195, 1.205), Interval(1.2, 1.199, 1.201), "iid", False, 1.0, None
+        Interval(1.2, 1.195, 1.205), Interval(1.2, 1.19, 1.21), "iid", False, 1.0, None
     )
     boot = blockboot.BlockBootstrapResult(plan, {"median": narrow})
     coarse = speedup_block(boot, 10**6, 10**6, 0.95, grid_error=0.005)["median"]
