@@ -65,7 +65,8 @@ from specproxy.store.moments import upsert_moments_sql
 from specproxy.store.rollups import upsert_bins_sql, upsert_block_sql, upsert_minutes_sql
 from specproxy.summary.blocks import HOUR_SPAN, Block
 from specproxy.summary.compaction import CompactionBounds
-from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_index
+from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH
+from specproxy.summary.histogram import bin_index
 
 RUN = "bench"
 SIGMA = 0.5
@@ -117,10 +118,10 @@ def _fine_rows(
     for arm, shift in ARM_SHIFT.items():
         for metric, mu in METRIC_MU.items():
             v = np.exp(rng.normal(mu + shift + _wave(minute), SIGMA, n))
-            summaries.append((RUN, minute, "m", arm.value, metric, n, float(v.sum()), float(v @ v)))
+            summaries.append((RUN, metric, minute, "m", arm.value, n, float(v.sum()), float(v @ v)))
             b, c = np.unique(bin_index(v), return_counts=True)
             bins.extend(
-                (RUN, minute, "m", arm.value, metric, int(i), int(k))
+                (RUN, metric, minute, "m", arm.value, int(i), int(k))
                 for i, k in zip(b, c, strict=True)
             )
     return summaries, bins

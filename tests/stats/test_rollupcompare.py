@@ -30,15 +30,8 @@ from specproxy.stats.estimate.quantile import QUANTILE_LEVELS, STATISTICS
 from specproxy.stats.result import METRICS
 from specproxy.stats.rollupcompare import UNAVAILABLE_FROM_ROLLUPS, _arms, compare_rollup_window
 from specproxy.store.rollups import RollupRows, rollup_rows_from
-from specproxy.summary.grid import (
-    COARSE_FACTOR,
-    GRID_ERROR_BOUND,
-    GRID_LOG_WIDTH,
-    bin_centres,
-    bin_index,
-    coarse_as_fine,
-    coarse_bin,
-)
+from specproxy.summary.grid import COARSE_FACTOR, GRID_ERROR_BOUND, GRID_LOG_WIDTH
+from specproxy.summary.histogram import bin_centres, bin_index, coarse_as_fine, coarse_bin
 from specproxy.summary.minute import MOMENT_SUMS, minute_of, rollup_records
 
 FloatArray = npt.NDArray[np.float64]
@@ -79,9 +72,9 @@ def _records(seed: int = 1, per_minute: int = 40) -> list[RequestRecord]:
 def _rows(records: list[RequestRecord], arm: Arm, metric: str) -> RollupRows:
     batch = rollup_records(records)
     minutes = [
-        (s[1], s[5], s[6], s[7]) for s in batch.summaries if s[3] == arm.value and s[4] == metric
+        (s[2], s[5], s[6], s[7]) for s in batch.summaries if s[4] == arm.value and s[1] == metric
     ]
-    bins = [(b[1], b[5], b[6]) for b in batch.bins if b[3] == arm.value and b[4] == metric]
+    bins = [(b[2], b[5], b[6]) for b in batch.bins if b[4] == arm.value and b[1] == metric]
     return rollup_rows_from(minutes, bins)
 
 

@@ -22,9 +22,10 @@ from specproxy.store.moments import hour_moment_rows
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions, fine_bins_arrays
 from specproxy.summary.blocks import Block
 from specproxy.summary.compaction import CompactionBounds
-from specproxy.summary.grid import coarse_as_fine, coarse_bin
-from specproxy.summary.minute import ROLLUP_METRICS, merge_batches, minute_of, rollup_records
+from specproxy.summary.histogram import coarse_as_fine, coarse_bin
+from specproxy.summary.minute import ROLLUP_METRICS, minute_of, rollup_records
 from tests.store.conftest import make_record, store_config
+from tests.summary.helpers import merge_batches
 
 T0 = 1_700_000_040.0  # a minute boundary
 
@@ -53,10 +54,10 @@ def _records(n: int, prefix: str = "r", seed: int = 1) -> list[RequestRecord]:
 def _expected(records: list[RequestRecord], metric: str, arm: Arm) -> tuple[dict[int, int], float]:
     batch = rollup_records(records)
     bins: dict[int, int] = {}
-    for _run, _minute, _model, a, m, b, c in batch.bins:
+    for _run, m, _minute, _model, a, b, c in batch.bins:
         if a == arm.value and m == metric:
             bins[b] = bins.get(b, 0) + c
-    total = sum(s[6] for s in batch.summaries if s[3] == arm.value and s[4] == metric)
+    total = sum(s[6] for s in batch.summaries if s[4] == arm.value and s[1] == metric)
     return bins, total
 
 

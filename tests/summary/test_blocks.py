@@ -9,14 +9,8 @@ import numpy as np
 import pytest
 
 from specproxy.summary.blocks import HOUR_SPAN, Block
-from specproxy.summary.grid import (
-    COARSE_ERROR_BOUND,
-    COARSE_FACTOR,
-    GRID_LOG_WIDTH,
-    bin_centres,
-    bin_index,
-    coarse_bin,
-)
+from specproxy.summary.grid import COARSE_ERROR_BOUND, COARSE_FACTOR, GRID_LOG_WIDTH
+from specproxy.summary.histogram import bin_centres, bin_index, coarse_bin
 
 
 def _fine_block(

@@ -60,7 +60,7 @@ from specproxy.stats.result import (
 )
 from specproxy.stats.result import Interval as IntervalResult
 from specproxy.stats.result import RankTests as RankTestsResult
-from specproxy.summary.grid import grid_histogram
+from specproxy.summary.histogram import grid_histogram
 
 if TYPE_CHECKING:
     from specproxy.config import StatsConfig

@@ -45,7 +45,8 @@ from specproxy.stats.estimate.blockboot import ArmBlocks, block_speedup_interval
 from specproxy.stats.estimate.blocklength import BlockPlan
 from specproxy.stats.estimate.quantile import STATISTICS
 from specproxy.stats.estimate.samplesize import samples_from_densities
-from specproxy.summary.grid import COARSE_FACTOR, bin_centres, bin_lower_edges
+from specproxy.summary.grid import COARSE_FACTOR
+from specproxy.summary.histogram import bin_centres, bin_lower_edges
 
 __all__ = ["UNAVAILABLE_FROM_ROLLUPS", "compare_rollup_window"]
 

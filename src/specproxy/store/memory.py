@@ -80,12 +80,12 @@ class MemoryStore(BufferedStore):
                 acc = table.setdefault((run_id, start, model, arm), [0.0] * len(sums))
                 for i, value in enumerate(sums):
                     acc[i] += value
-        for run_id, minute, model, arm, metric, n, total, total_sq in batch.summaries:
+        for run_id, metric, minute, model, arm, n, total, total_sq in batch.summaries:
             acc = self._minutes.setdefault((run_id, minute, model, arm, metric), [0, 0.0, 0.0])
             acc[0] += n
             acc[1] += total
             acc[2] += total_sq
-        for run_id, minute, model, arm, metric, b, count in batch.bins:
+        for run_id, metric, minute, model, arm, b, count in batch.bins:
             hist = self._bins.setdefault((run_id, minute, model, arm, metric), {})
             hist[b] = hist.get(b, 0) + count
         for s in engine:

@@ -51,8 +51,8 @@ __all__ = [
     "upsert_minutes_sql",
 ]
 
-_MINUTE_COLS: Final = "run_id, minute, model, arm, metric, n, total, total_sq"
-_BIN_COLS: Final = "run_id, minute, model, arm, metric, bin, count"
+_MINUTE_COLS: Final = "run_id, metric, minute, model, arm, n, total, total_sq"
+_BIN_COLS: Final = "run_id, metric, minute, model, arm, bin, count"
 
 
 def _params(dialect: Dialect, n: int) -> str:

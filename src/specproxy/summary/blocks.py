@@ -25,7 +25,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.summary.grid import coarse_as_fine, coarse_bin
+from specproxy.summary.histogram import coarse_as_fine, coarse_bin
 
 __all__ = ["HOUR_SPAN", "MINUTE_SPAN", "Block"]
 

@@ -27,7 +27,7 @@ from specproxy.stats.job.runner import compute_from_arrays, compute_stats, windo
 from specproxy.store.memory import MemoryStore
 from specproxy.store.rollups import rollup_rows_from
 from specproxy.summary.blocks import Block
-from specproxy.summary.grid import coarse_as_fine, coarse_bin
+from specproxy.summary.histogram import coarse_as_fine, coarse_bin
 from specproxy.summary.minute import ROLLUP_METRICS, rollup_records
 from tests.summary.test_engine import random_engine_samples
 
@@ -132,7 +132,7 @@ def test_warmup_minutes_cover_the_first_requests_and_each_restart() -> None:
     recs = _records(minutes=10, per_minute=10)  # 5 per arm per minute
     batch = rollup_records(recs)
     minutes = [
-        (s[1], s[5], s[6], s[7]) for s in batch.summaries if s[3] == "baseline" and s[4] == "e2e"
+        (s[2], s[5], s[6], s[7]) for s in batch.summaries if s[4] == "baseline" and s[1] == "e2e"
     ]
     rows = rollup_rows_from(minutes, [])
     per_minute = (rows.minute, rows.n)

@@ -73,7 +73,8 @@ import numpy as np
 import numpy.typing as npt
 import scipy.special as sp
 
-from specproxy.summary.grid import COARSE_FACTOR, bin_index, bin_lower_edges, coarse_bin
+from specproxy.summary.grid import COARSE_FACTOR
+from specproxy.summary.histogram import bin_index, bin_lower_edges, coarse_bin
 
 __all__ = [
     "LAMBDAS",

@@ -33,7 +33,8 @@ from scipy import stats
 
 from specproxy.stats.clean import OutlierSummary
 from specproxy.stats.estimate.ranktests import RankTests
-from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH, bin_log_centres
+from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH
+from specproxy.summary.histogram import bin_log_centres
 
 __all__ = [
     "MAX_DENSE_BINS",

@@ -45,7 +45,7 @@ from specproxy.stats.estimate.bootstrap import (
 )
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS
 from specproxy.store.rollups import RollupRows
-from specproxy.summary.grid import bin_centres, bin_index, bin_log_centres
+from specproxy.summary.histogram import bin_centres, bin_index, bin_log_centres
 
 __all__ = [
     "MATERIAL_WIDTH_RATIO",

@@ -50,12 +50,8 @@ from specproxy.stats.rollupcompare import compare_rollup_window
 from specproxy.store.moments import MomentRead
 from specproxy.summary.blocks import HOUR_SPAN, MINUTE_SPAN
 from specproxy.summary.engine import EngineView, as_view
-from specproxy.summary.grid import (
-    COARSE_ERROR_BOUND,
-    GRID_ERROR_BOUND,
-    coarse_as_fine,
-    coarse_bin,
-)
+from specproxy.summary.grid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND
+from specproxy.summary.histogram import coarse_as_fine, coarse_bin
 from specproxy.summary.minute import MOMENT_SUMS, ROLLUP_METRICS, ROLLUP_UNIT_S, minute_of
 
 __all__ = [
