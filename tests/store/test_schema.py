@@ -12,14 +12,8 @@ import pytest
 
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.factory import open_store
-from specproxy.store.schema import (
-    GPU_COLUMNS,
-    MIGRATIONS,
-    REQUEST_COLUMNS,
-    SCHEMA_VERSION,
-    gpu_row,
-    gpu_sample,
-)
+from specproxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
+from specproxy.store.schema import GPU_COLUMNS, REQUEST_COLUMNS, gpu_row, gpu_sample
 from tests.store.conftest import make_record, store_config
 
 # The version-1 schema as an old release wrote it, spelled out here independently of the code.

@@ -26,8 +26,6 @@ from specproxy.summary.engine import MEAN_FIELDS, aggregate_samples
 __all__ = [
     "HOUR_COLUMNS",
     "HOUR_S",
-    "V7_POSTGRESQL",
-    "V7_SQLITE",
     "aggregate_columns",
     "first_hour_from",
     "hour_of",
@@ -169,29 +167,3 @@ def rebuild_hour_sql(dialect: str) -> tuple[str, str]:
     delete = f"DELETE FROM engine_hours WHERE hour <= {h}"
     where = f"t >= {p} AND t < {p} + {HOUR_S + 1} AND {_hour_expr(dialect)} <= {h}"
     return delete, _aggregate_into_hours(dialect, where)
-
-
-def _v7(dialect: str) -> tuple[str, ...]:
-    real = "REAL" if dialect == "sqlite" else "DOUBLE PRECISION"
-    big = "INTEGER" if dialect == "sqlite" else "BIGINT"
-    cols = [f"{c} {real if c.startswith('sum_') else big} NOT NULL" for c in _VALUES[:-1]]
-    restarts_index = (
-        "CREATE INDEX IF NOT EXISTS engine_samples_restarts ON engine_samples (run_id, arm, t) "
-        "WHERE restarted"
-    )
-    return (
-        f"""CREATE TABLE IF NOT EXISTS engine_hours (
-        run_id TEXT NOT NULL,
-        arm TEXT NOT NULL,
-        hour {big} NOT NULL,
-        {", ".join(cols)},
-        max_k {big},
-        PRIMARY KEY (run_id, arm, hour)
-    )""",
-        _aggregate_into_hours(dialect, "TRUE" if dialect == "postgresql" else "1"),  # backfill
-        restarts_index,
-    )
-
-
-V7_SQLITE = _v7("sqlite")
-V7_POSTGRESQL = _v7("postgresql")

@@ -21,13 +21,11 @@ adjustment from rollups (its `n` says how many requests it covers).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from specproxy.summary.minute import MOMENT_SUMS, MomentRow
 
 __all__ = [
-    "V8_POSTGRESQL",
-    "V8_SQLITE",
     "MomentRead",
     "delete_moments_sql",
     "hour_moment_rows",
@@ -48,29 +46,6 @@ class MomentRead:
 
 
 _HOUR = 60  # minutes
-
-
-def _ddl(table: str, time_col: str, integer: str, real: str, suffix: str) -> str:
-    sums = ",\n        ".join(f"{c} {real} NOT NULL" for c in _SUMS)
-    return f"""CREATE TABLE IF NOT EXISTS {table} (
-        run_id TEXT NOT NULL,
-        {time_col} {integer} NOT NULL,
-        model TEXT NOT NULL,
-        arm TEXT NOT NULL,
-        n {integer} NOT NULL,
-        {sums},
-        PRIMARY KEY (run_id, {time_col}, model, arm)
-    ){suffix}"""
-
-
-V8_SQLITE: Final = (
-    _ddl("rollup_moments", "minute", "INTEGER", "REAL", " WITHOUT ROWID"),
-    _ddl("rollup_moment_hours", "start", "INTEGER", "REAL", " WITHOUT ROWID"),
-)
-V8_POSTGRESQL: Final = (
-    _ddl("rollup_moments", "minute", "BIGINT", "DOUBLE PRECISION", ""),
-    _ddl("rollup_moment_hours", "start", "BIGINT", "DOUBLE PRECISION", ""),
-)
 
 
 def _params(dialect: str, n: int) -> str:

@@ -22,6 +22,7 @@ from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
+from specproxy.store.migrations import migrations_after
 from specproxy.store.moments import (
     MomentRead,
     delete_moments_sql,
@@ -74,7 +75,6 @@ from specproxy.store.schema import (
     gpu_by_arm,
     gpu_row,
     gpu_sample,
-    migrations_after,
     request_row,
 )
 from specproxy.summary.compaction import CompactionBounds, fold
