@@ -60,9 +60,15 @@ from specproxy.malloc import pin_malloc_thresholds
 from specproxy.records import Arm, RequestRecord
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.runner import compute_stats
+from specproxy.store.aggregates import (
+    ROLLUP_BINS,
+    ROLLUP_MINUTES,
+    ROLLUP_MOMENT_HOURS,
+    ROLLUP_MOMENTS,
+    upsert_sql,
+)
 from specproxy.store.factory import open_store
-from specproxy.store.moments import upsert_moments_sql
-from specproxy.store.rollups import upsert_bins_sql, upsert_block_sql, upsert_minutes_sql
+from specproxy.store.rollups import upsert_block_sql
 from specproxy.summary.blocks import HOUR_SPAN, Block
 from specproxy.summary.compaction import CompactionBounds
 from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH
@@ -165,7 +171,9 @@ def _dialect(url: str) -> Any:
 async def _write_fine(url: str, rng: np.random.Generator, minute: int, n: int) -> int:
     summaries, bins = _fine_rows(rng, minute, n)
     d = _dialect(url)
-    await _execute(url, {upsert_minutes_sql(d): summaries, upsert_bins_sql(d): bins})
+    await _execute(
+        url, {upsert_sql(ROLLUP_MINUTES, d): summaries, upsert_sql(ROLLUP_BINS, d): bins}
+    )
     return len(bins)
 
 
@@ -208,8 +216,8 @@ async def _build(url: str, days: float, rate: float, end_minute: int) -> None:
         url,
         {
             upsert_block_sql(dialect): blocks,
-            upsert_moments_sql(dialect, hours=False): minute_rows,
-            upsert_moments_sql(dialect, hours=True): hour_rows,
+            upsert_sql(ROLLUP_MOMENTS, dialect): minute_rows,
+            upsert_sql(ROLLUP_MOMENT_HOURS, dialect): hour_rows,
         },
     )
     fine = 0

@@ -16,9 +16,9 @@ import pytest
 
 from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.records import Arm, RequestRecord
+from specproxy.store.aggregates import hour_moment_rows
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store
-from specproxy.store.moments import hour_moment_rows
 from specproxy.store.rollups import RollupRows, TierRead, TierVersions, fine_bins_arrays
 from specproxy.summary.blocks import Block
 from specproxy.summary.compaction import CompactionBounds

@@ -13,10 +13,22 @@ from typing import Any
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.store.aggregates import (
+    AGGREGATES,
+    ROLLUP_BINS,
+    ROLLUP_MINUTES,
+    ROLLUP_MOMENT_HOURS,
+    ROLLUP_MOMENTS,
+    AdditiveTable,
+    Inserted,
+    RollupCut,
+    RowsCut,
+    aggregate_rows,
+)
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.moments import MomentRead, hour_moment_rows
+from specproxy.store.moments import MomentRead
 from specproxy.store.registry import register_backend
 from specproxy.store.rollups import (
     RollupRows,
@@ -31,12 +43,10 @@ from specproxy.store.schema import REQUEST_COLUMNS, gpu_by_arm
 from specproxy.summary.blocks import Block
 from specproxy.summary.compaction import CompactionBounds, fold
 from specproxy.summary.engine import EngineAggregate, SampleView, restart_evidence
-from specproxy.summary.minute import rollup_records
 
 __all__ = ["MemoryStore"]
 
 RequestKey = tuple[str, str, str, bool]
-RollupKey = tuple[str, int, str, str, str]  # run_id, minute, model, arm, metric
 StoredBlockKey = tuple[str, str, int, int, str, str]  # run_id, metric, start, span, model, arm
 
 
@@ -51,12 +61,8 @@ class MemoryStore(BufferedStore):
         self._samples: dict[tuple[str, str, float], EngineSample] = {}
         self._gpu: dict[tuple[str, str, float], GpuSample] = {}
         self._stats: list[tuple[str, float, dict[str, Any]]] = []
-        self._minutes: dict[RollupKey, list[float]] = {}
-        self._bins: dict[RollupKey, dict[int, int]] = {}
         self._blocks: dict[StoredBlockKey, bytes] = {}
-        # (run_id, minute or hour start, model, arm) -> MOMENT_SUMS, as the two v8 tables
-        self._moments: dict[tuple[str, int, str, str], list[float]] = {}
-        self._moment_hours: dict[tuple[str, int, str, str], list[float]] = {}
+        self._tables = {a.table: AdditiveTable(a) for a in AGGREGATES}
 
     async def _open(self) -> None:
         self._check_up()
@@ -71,25 +77,13 @@ class MemoryStore(BufferedStore):
             if key not in self._rows:
                 self._rows[key] = rec
                 new.append(rec)
-        batch = rollup_records(new, self._model_label)  # additive, as the SQL upserts
-        for table, rows in (
-            (self._moments, batch.moments),
-            (self._moment_hours, hour_moment_rows(batch.moments)),
-        ):
-            for run_id, start, model, arm, *sums in rows:
-                acc = table.setdefault((run_id, start, model, arm), [0.0] * len(sums))
-                for i, value in enumerate(sums):
-                    acc[i] += value
-        for run_id, metric, minute, model, arm, n, total, total_sq in batch.summaries:
-            acc = self._minutes.setdefault((run_id, minute, model, arm, metric), [0, 0.0, 0.0])
-            acc[0] += n
-            acc[1] += total
-            acc[2] += total_sq
-        for run_id, metric, minute, model, arm, b, count in batch.bins:
-            hist = self._bins.setdefault((run_id, minute, model, arm, metric), {})
-            hist[b] = hist.get(b, 0) + count
-        for s in engine:
+        taken = [
             self._samples.setdefault((s.run_id, s.arm.value, s.t), s)
+            for s in engine
+            if (s.run_id, s.arm.value, s.t) not in self._samples
+        ]
+        for aggregate, rows in aggregate_rows(Inserted(new, taken, self._model_label)):
+            self._tables[aggregate.table].add(rows)
         for g in gpu:
             self._gpu.setdefault((g.run_id, g.arm.value, g.t), g)
 
@@ -109,33 +103,40 @@ class MemoryStore(BufferedStore):
         kept = [s for s in self._stats if s[1] >= before]
         removed = len(old_rows) + len(old_samples) + len(old_gpu) + len(self._stats) - len(kept)
         self._stats = kept
+        for aggregate in AGGREGATES:  # rebuilt from the rows kept, as the SQL backends do
+            cut = aggregate.retention
+            if isinstance(cut, RowsCut):
+                unit = cut.unit_of(before)
+                table = self._tables[aggregate.table]
+                table.cut_through(unit)
+                table.add(
+                    aggregate.rows(
+                        Inserted(
+                            [r for r in self._rows.values() if cut.unit_of(r.t_start) == unit],
+                            [s for s in self._samples.values() if cut.unit_of(s.t) == unit],
+                            self._model_label,
+                        )
+                    )
+                )
         return removed
 
     async def _purge_rollups(self, before_minute: int) -> int:
-        old = [k for k in self._minutes if k[1] < before_minute]
         removed = 0
-        for k in old:
-            del self._minutes[k]
-            removed += 1 + len(self._bins.pop(k, {}))
         for bk in [bk for bk in self._blocks if bk[2] + bk[3] <= before_minute]:
             del self._blocks[bk]
             removed += 1
-        for table, span in ((self._moments, 1), (self._moment_hours, 60)):
-            for mk in [mk for mk in table if mk[1] + span <= before_minute]:
-                del table[mk]
-                removed += 1
+        for aggregate in AGGREGATES:
+            if isinstance(aggregate.retention, RollupCut):
+                removed += self._tables[aggregate.table].cut(before_minute)
         return removed
 
     async def read_moments(self, *, run_id: str, since_minute: int) -> MomentRead:
         self._check_up()
-
-        def rows(table: dict[tuple[str, int, str, str], list[float]]) -> list[tuple[Any, ...]]:
-            return [
-                (k[1], k[2], k[3], int(v[0]), *v[1:]) for k, v in table.items() if k[0] == run_id
-            ]
-
-        minutes = [r for r in rows(self._moments) if r[0] >= since_minute]
-        return MomentRead(rows(self._moment_hours), minutes)
+        hours = self._tables[ROLLUP_MOMENT_HOURS.table].select(lambda k: k[0] == run_id)
+        minutes = self._tables[ROLLUP_MOMENTS.table].select(
+            lambda k: k[0] == run_id and k[1] >= since_minute
+        )
+        return MomentRead([r[1:] for r in hours], [r[1:] for r in minutes])
 
     async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
         self._check_up()
@@ -144,15 +145,12 @@ class MemoryStore(BufferedStore):
             for k in list(self._blocks)
             if k[0] == run_id and k[3] == 1 and k[2] < bounds.hours_before
         ]
-        fine = [k for k in self._minutes if k[0] == run_id and k[1] < bounds.fine_before]
-        sums = []
-        bins = []
-        for k in fine:
-            _run, minute, model, arm, metric = k
-            n, total, sq = self._minutes.pop(k)
-            sums.append((metric, minute, model, arm, int(n), total, sq))
-            for b, c in self._bins.pop(k, {}).items():
-                bins.append((metric, minute, model, arm, b, c))
+
+        def fine(key: tuple[Any, ...]) -> bool:
+            return bool(key[0] == run_id and key[2] < bounds.fine_before)
+
+        sums = [r[1:] for r in self._tables[ROLLUP_MINUTES.table].take(fine)]
+        bins = [r[1:] for r in self._tables[ROLLUP_BINS.table].take(fine)]
         folded = fold(
             bounds=bounds,
             minute_blocks=taken_blocks,
@@ -164,20 +162,25 @@ class MemoryStore(BufferedStore):
             self._blocks[(run_id, metric, start, span, model, arm)] = block.encode()
         return len(taken_blocks) + len(sums) + len(bins)
 
+    def _fine(self, run_id: str, metric: str) -> tuple[list[Any], list[Any]]:
+        """(minute, model, arm, n, total, total_sq) and (minute, model, arm, bin, count) rows."""
+
+        def mine(key: tuple[Any, ...]) -> bool:
+            return bool(key[0] == run_id and key[1] == metric)
+
+        minutes = [r[2:] for r in self._tables[ROLLUP_MINUTES.table].select(mine)]
+        bins = [r[2:] for r in self._tables[ROLLUP_BINS.table].select(mine)]
+        return minutes, bins
+
     async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
         mine = {k[2:]: v for k, v in self._blocks.items() if k[0] == run_id and k[1] == metric}
         listing = [(*k, Block.decode(k[0], v).n) for k, v in mine.items()]
         blobs = {k: mine[k] for k in changed_blocks(listing, known)}
-        minutes = [
-            (k[1], k[2], k[3], int(v[0]), v[1], v[2])
-            for k, v in self._minutes.items()
-            if k[0] == run_id and k[4] == metric
-        ]
+        minutes, fine_bins = self._fine(run_id, metric)
         wanted = set(changed_minutes(minutes, known))
         bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
-        for k, hist in self._bins.items():
-            if k[0] == run_id and k[4] == metric and k[1] in wanted:
-                group_fine_bins([(k[1], k[2], k[3], b, c) for b, c in hist.items()], bins)
+        for minute in wanted:
+            group_fine_bins([r for r in fine_bins if r[0] == minute], bins)
         return TierRead(listing, blobs, minutes, bins)
 
     async def read_rollups(
@@ -191,23 +194,19 @@ class MemoryStore(BufferedStore):
         with_bins: bool = True,
     ) -> dict[Arm, RollupRows]:
         """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
+        all_minutes, all_bins = self._fine(run_id, metric)
         out: dict[Arm, RollupRows] = {}
         for arm in Arm:
-            keys = [
-                k
-                for k in self._minutes
-                if k[0] == run_id
-                and k[4] == metric
-                and since_minute <= k[1] < until_minute
-                and k[3] == arm.value
-                and (model is None or k[2] == model)
-            ]
-            minutes = [(k[1], int(v[0]), v[1], v[2]) for k in keys for v in [self._minutes[k]]]
-            bins = [
-                (k[1], b, c)
-                for k in (keys if with_bins else [])
-                for b, c in self._bins.get(k, {}).items()
-            ]
+
+            def sel(row: tuple[Any, ...], arm: Arm = arm) -> bool:
+                return bool(
+                    since_minute <= row[0] < until_minute
+                    and row[2] == arm.value
+                    and (model is None or row[1] == model)
+                )
+
+            minutes = [(r[0], r[3], r[4], r[5]) for r in all_minutes if sel(r)]
+            bins = [(r[0], r[3], r[4]) for r in all_bins if with_bins and sel(r)]
             out[arm] = rollup_rows_from(minutes, bins)
         return out
 

@@ -23,14 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specproxy.summary.minute import MOMENT_SUMS, MomentRow
+from specproxy.summary.minute import MOMENT_SUMS
 
 __all__ = [
     "MomentRead",
-    "delete_moments_sql",
-    "hour_moment_rows",
     "read_moments_sql",
-    "upsert_moments_sql",
 ]
 
 _SUMS = MOMENT_SUMS[1:]
@@ -52,28 +49,6 @@ def _params(dialect: str, n: int) -> str:
     return ", ".join("?" if dialect == "sqlite" else f"${i + 1}" for i in range(n))
 
 
-def upsert_moments_sql(dialect: str, *, hours: bool) -> str:
-    """Add one (run, minute or hour start, model, arm, *MOMENT_SUMS) row."""
-    table, time_col = ("rollup_moment_hours", "start") if hours else ("rollup_moments", "minute")
-    cols = ("run_id", time_col, "model", "arm", *MOMENT_SUMS)
-    adds = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in MOMENT_SUMS)
-    return (
-        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({_params(dialect, len(cols))}) "
-        f"ON CONFLICT (run_id, {time_col}, model, arm) DO UPDATE SET {adds}"
-    )
-
-
-def hour_moment_rows(minute_rows: list[MomentRow]) -> list[MomentRow]:
-    """The minute rows of a write summed per hour (the hour table's rows to add), in key order
-    (concurrent writers lock hour rows in one order)."""
-    hours: dict[tuple[Any, ...], list[float]] = {}
-    for run_id, minute, model, arm, *sums in minute_rows:
-        acc = hours.setdefault((run_id, minute - minute % _HOUR, model, arm), [0.0] * len(sums))
-        for i, value in enumerate(sums):
-            acc[i] += value
-    return [(*k, int(v[0]), *v[1:]) for k, v in sorted(hours.items())]
-
-
 def read_moments_sql(dialect: str, *, hours: bool) -> str:
     """Hours: every hour row of a run (params run); minutes: the run's minute rows from a minute
     on (params run, since_minute). Columns: start or minute, model, arm, *MOMENT_SUMS."""
@@ -86,13 +61,4 @@ def read_moments_sql(dialect: str, *, hours: bool) -> str:
     return (
         f"SELECT minute, model, arm, {cols} FROM rollup_moments "
         f"WHERE run_id = {p[0]} AND minute >= {p[1]}"
-    )
-
-
-def delete_moments_sql(dialect: str) -> tuple[str, str]:
-    """Retention before a minute (param): minute rows before it, hours that end before it."""
-    p = "?" if dialect == "sqlite" else "$1"
-    return (
-        f"DELETE FROM rollup_moments WHERE minute < {p}",
-        f"DELETE FROM rollup_moment_hours WHERE start + {_HOUR} <= {p}",
     )

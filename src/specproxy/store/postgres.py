@@ -18,18 +18,20 @@ from typing import TYPE_CHECKING, Any
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.store.aggregates import (
+    AGGREGATES,
+    Inserted,
+    RollupCut,
+    RowsCut,
+    aggregate_rows,
+    retention_sql,
+    upsert_sql,
+)
 from specproxy.store.arrays import ArmArrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
 from specproxy.store.migrations import migrations_after
-from specproxy.store.moments import (
-    MomentRead,
-    delete_moments_sql,
-    hour_moment_rows,
-    read_moments_sql,
-    upsert_moments_sql,
-)
+from specproxy.store.moments import MomentRead, read_moments_sql
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
@@ -53,9 +55,9 @@ from specproxy.store.rollups import (
     block_list_sql,
     changed_blocks,
     changed_minutes,
+    delete_blocks_before_sql,
     delete_blocks_returning_sql,
     delete_fine_returning_sql,
-    delete_rollups_sql,
     fine_bins_arrays,
     fine_bins_of_minute_sql,
     fine_minutes_sql,
@@ -63,9 +65,7 @@ from specproxy.store.rollups import (
     read_minutes_sql,
     rollup_rows_from,
     stored_block_sql,
-    upsert_bins_sql,
     upsert_block_sql,
-    upsert_minutes_sql,
 )
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
@@ -79,7 +79,7 @@ from specproxy.store.schema import (
 )
 from specproxy.summary.compaction import CompactionBounds, fold
 from specproxy.summary.engine import EngineAggregate
-from specproxy.summary.minute import ROLLUP_METRICS, rollup_records
+from specproxy.summary.minute import ROLLUP_METRICS
 
 if TYPE_CHECKING:
     import asyncpg
@@ -183,6 +183,7 @@ class PostgresStore(BufferedStore):
         self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
     ) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
+            inserted: list[RequestRecord] = []
             if requests:
                 await conn.copy_records_to_table(
                     "incoming_requests",
@@ -196,18 +197,7 @@ class PostgresStore(BufferedStore):
                 inserted = [
                     r for r in requests if (r.run_id, r.request_id, r.arm.value, r.shadow) in new
                 ]
-                batch = await asyncio.to_thread(rollup_records, inserted, self._model_label)
-                if batch.summaries:
-                    await conn.executemany(upsert_minutes_sql("postgresql"), batch.summaries)
-                    await conn.executemany(upsert_bins_sql("postgresql"), batch.bins)
-                if batch.moments:  # in key order, as the hour rows: writers lock rows alike
-                    await conn.executemany(
-                        upsert_moments_sql("postgresql", hours=False), sorted(batch.moments)
-                    )
-                    await conn.executemany(
-                        upsert_moments_sql("postgresql", hours=True),
-                        hour_moment_rows(batch.moments),
-                    )
+            taken: list[EngineSample] = []
             if engine:
                 await conn.copy_records_to_table(
                     "incoming_engine",
@@ -215,7 +205,11 @@ class PostgresStore(BufferedStore):
                     columns=ENGINE_COLUMNS,
                 )
                 taken = [EngineSample.from_dict(dict(r)) for r in await conn.fetch(_MOVE_ENGINE)]
-                await conn.executemany(upsert_hours_sql("postgresql"), hour_rows(taken))
+            pairs = await asyncio.to_thread(
+                aggregate_rows, Inserted(inserted, taken, self._model_label)
+            )
+            for aggregate, rows in pairs:
+                await conn.executemany(upsert_sql(aggregate, "postgresql"), rows)
             if gpu:
                 await conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
@@ -230,14 +224,22 @@ class PostgresStore(BufferedStore):
             ):
                 status = await conn.execute(sql, before)
                 removed += int(status.split()[-1])
-            for sql in rebuild_hour_sql("postgresql"):  # the hour aggregates of the kept samples
-                await conn.execute(sql, before)
+            for aggregate in AGGREGATES:  # rebuilt from the rows kept
+                if isinstance(aggregate.retention, RowsCut):
+                    for sql in retention_sql(aggregate, "postgresql"):
+                        await conn.execute(sql, before)
         return removed
 
     async def _purge_rollups(self, before_minute: int) -> int:
         removed = 0
         async with self.pool.acquire() as conn, conn.transaction():
-            for sql in (*delete_rollups_sql("postgresql"), *delete_moments_sql("postgresql")):
+            statements = [delete_blocks_before_sql("postgresql")] + [
+                sql
+                for aggregate in AGGREGATES
+                if isinstance(aggregate.retention, RollupCut)
+                for sql in retention_sql(aggregate, "postgresql")
+            ]
+            for sql in statements:
                 status = await conn.execute(sql, before_minute)
                 removed += int(status.split()[-1])
         return removed

@@ -12,13 +12,9 @@ from collections.abc import Generator, Sequence
 from typing import Any
 
 from specproxy.records import Arm
+from specproxy.store.aggregates import ENGINE_HOURS, total_sql
 from specproxy.store.base import RecordQuery
-from specproxy.store.enginehours import (
-    HOUR_S,
-    aggregate_columns,
-    first_hour_from,
-    hours_sum_sql_text,
-)
+from specproxy.store.enginehours import HOUR_S, aggregate_columns, first_hour_from
 from specproxy.store.schema import ENGINE_COLUMNS, GPU_COLUMNS, REQUEST_COLUMNS, Dialect
 from specproxy.summary.engine import EngineAggregate
 
@@ -122,7 +118,8 @@ def engine_hours_sql(run_id: str, arm: Arm, from_hour: int | None, dialect: Dial
     """The sum of one arm's `engine_hours` rows from `from_hour` (None: all), in the row shape
     of `engine_aggregate_sql`."""
     first = from_hour if from_hour is not None else -(2**62)
-    return placeholders(hours_sum_sql_text(), dialect), (run_id, arm.value, first)
+    sql = total_sql(ENGINE_HOURS, "run_id = ? AND arm = ? AND hour >= ?")
+    return placeholders(sql, dialect), (run_id, arm.value, first)
 
 
 def aggregate_queries(run_id: str, arm: Arm, since: float, dialect: Dialect) -> list[Query]:

@@ -35,9 +35,9 @@ __all__ = [
     "block_list_sql",
     "changed_blocks",
     "changed_minutes",
+    "delete_blocks_before_sql",
     "delete_blocks_returning_sql",
     "delete_fine_returning_sql",
-    "delete_rollups_sql",
     "fine_bins_arrays",
     "fine_bins_of_minute_sql",
     "fine_minutes_sql",
@@ -46,35 +46,12 @@ __all__ = [
     "read_minutes_sql",
     "rollup_rows_from",
     "stored_block_sql",
-    "upsert_bins_sql",
     "upsert_block_sql",
-    "upsert_minutes_sql",
 ]
-
-_MINUTE_COLS: Final = "run_id, metric, minute, model, arm, n, total, total_sq"
-_BIN_COLS: Final = "run_id, metric, minute, model, arm, bin, count"
 
 
 def _params(dialect: Dialect, n: int) -> str:
     return ", ".join("?" if dialect == "sqlite" else f"${i + 1}" for i in range(n))
-
-
-def upsert_minutes_sql(dialect: Dialect) -> str:
-    return (
-        f"INSERT INTO rollup_minutes ({_MINUTE_COLS}) VALUES ({_params(dialect, 8)}) "
-        "ON CONFLICT (run_id, metric, minute, model, arm) DO UPDATE SET "
-        "n = rollup_minutes.n + excluded.n, "
-        "total = rollup_minutes.total + excluded.total, "
-        "total_sq = rollup_minutes.total_sq + excluded.total_sq"
-    )
-
-
-def upsert_bins_sql(dialect: Dialect) -> str:
-    return (
-        f"INSERT INTO rollup_bins ({_BIN_COLS}) VALUES ({_params(dialect, 7)}) "
-        "ON CONFLICT (run_id, metric, minute, model, arm, bin) DO UPDATE SET "
-        "count = rollup_bins.count + excluded.count"
-    )
 
 
 def _where(dialect: Dialect, with_model: bool) -> str:
@@ -98,13 +75,9 @@ def read_bins_sql(dialect: Dialect, *, with_model: bool) -> str:
     return f"SELECT minute, bin, count FROM rollup_bins WHERE {_where(dialect, with_model)}"
 
 
-def delete_rollups_sql(dialect: Dialect) -> tuple[str, ...]:
-    p = "?" if dialect == "sqlite" else "$1"
-    return (
-        f"DELETE FROM rollup_minutes WHERE minute < {p}",
-        f"DELETE FROM rollup_bins WHERE minute < {p}",
-        f"DELETE FROM rollup_blocks WHERE start + span <= {p}",
-    )
+def delete_blocks_before_sql(dialect: Dialect) -> str:
+    """Rollup retention of the block tier: blocks that end before a minute (param)."""
+    return f"DELETE FROM rollup_blocks WHERE start + span <= {'?' if dialect == 'sqlite' else '$1'}"
 
 
 # -- the block tier (schema v5) ------------------------------------------------------------------

@@ -33,18 +33,20 @@ from specproxy.children import die_with_parent
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.store.aggregates import (
+    AGGREGATES,
+    Inserted,
+    RollupCut,
+    RowsCut,
+    aggregate_rows,
+    retention_sql,
+    upsert_sql,
+)
 from specproxy.store.arrays import ArmArrays, arrow_to_arrays, rows_to_arrays
 from specproxy.store.base import RecordQuery
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
 from specproxy.store.migrations import migrations_after
-from specproxy.store.moments import (
-    MomentRead,
-    delete_moments_sql,
-    hour_moment_rows,
-    read_moments_sql,
-    upsert_moments_sql,
-)
+from specproxy.store.moments import MomentRead, read_moments_sql
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
@@ -67,9 +69,9 @@ from specproxy.store.rollups import (
     block_list_sql,
     changed_blocks,
     changed_minutes,
+    delete_blocks_before_sql,
     delete_blocks_returning_sql,
     delete_fine_returning_sql,
-    delete_rollups_sql,
     fine_bins_arrays,
     fine_bins_of_minute_sql,
     fine_minutes_sql,
@@ -77,9 +79,7 @@ from specproxy.store.rollups import (
     read_minutes_sql,
     rollup_rows_from,
     stored_block_sql,
-    upsert_bins_sql,
     upsert_block_sql,
-    upsert_minutes_sql,
 )
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
@@ -93,7 +93,7 @@ from specproxy.store.schema import (
 )
 from specproxy.summary.compaction import CompactionBounds, fold
 from specproxy.summary.engine import EngineAggregate
-from specproxy.summary.minute import ROLLUP_METRICS, rollup_records
+from specproxy.summary.minute import ROLLUP_METRICS
 
 __all__ = [
     "ArmQuery",
@@ -263,23 +263,18 @@ class SqliteStore(BufferedStore):
         self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
     ) -> None:
         def insert(conn: sqlite3.Connection) -> None:
-            if requests:
-                inserted = _insert_requests(conn, requests)
-                batch = rollup_records(inserted, self._model_label)
-                conn.executemany(upsert_minutes_sql("sqlite"), batch.summaries)
-                conn.executemany(upsert_bins_sql("sqlite"), batch.bins)
-                conn.executemany(upsert_moments_sql("sqlite", hours=False), batch.moments)
-                conn.executemany(
-                    upsert_moments_sql("sqlite", hours=True), hour_moment_rows(batch.moments)
-                )
-            if engine:
+            inserted = Inserted(
+                _insert_requests(conn, requests) if requests else [],
                 # row by row: only the samples inserted (not duplicates) join their hour
-                new = [
+                [
                     s
                     for s in engine
-                    if conn.execute(_INSERT_ENGINE, engine_row(s, "sqlite")).rowcount == 1
-                ]
-                conn.executemany(upsert_hours_sql("sqlite"), hour_rows(new))
+                    if conn.execute(_INSERT_ENGINE, engine_row(s, "sqlite")).rowcount
+                ],
+                self._model_label,
+            )
+            for aggregate, rows in aggregate_rows(inserted):
+                conn.executemany(upsert_sql(aggregate, "sqlite"), rows)
             if gpu:
                 conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
@@ -300,8 +295,10 @@ class SqliteStore(BufferedStore):
                 "DELETE FROM stats_history WHERE t < ?",
             ):
                 removed += conn.execute(sql, (before,)).rowcount
-            for sql in rebuild_hour_sql("sqlite"):  # the hour aggregates of the kept samples
-                conn.execute(sql, (before,))
+            for aggregate in AGGREGATES:  # rebuilt from the rows kept
+                if isinstance(aggregate.retention, RowsCut):
+                    for sql in retention_sql(aggregate, "sqlite"):
+                        conn.execute(sql, (before,))
             return removed
 
         return self._in_transaction(delete)
@@ -311,7 +308,12 @@ class SqliteStore(BufferedStore):
 
     def _purge_rollups_sync(self, before_minute: int) -> int:
         def delete(conn: sqlite3.Connection) -> int:
-            statements = (*delete_rollups_sql("sqlite"), *delete_moments_sql("sqlite"))
+            statements = [delete_blocks_before_sql("sqlite")] + [
+                sql
+                for aggregate in AGGREGATES
+                if isinstance(aggregate.retention, RollupCut)
+                for sql in retention_sql(aggregate, "sqlite")
+            ]
             return sum(conn.execute(sql, (before_minute,)).rowcount for sql in statements)
 
         return self._in_transaction(delete)
