@@ -69,10 +69,11 @@ from specproxy.store.aggregates import (
 )
 from specproxy.store.factory import open_store
 from specproxy.store.rollups import upsert_block_sql
-from specproxy.summary.blocks import HOUR_SPAN, Block
-from specproxy.summary.compaction import CompactionBounds
+from specproxy.summary.blocks import Block
+from specproxy.summary.compaction import fold
 from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH
 from specproxy.summary.histogram import bin_index
+from specproxy.summary.tiering import HOUR_SPAN, CompactionBounds
 
 RUN = "bench"
 SIGMA = 0.5
@@ -252,7 +253,7 @@ async def _tick(
     read, decode = cache.read_s - read0, cache.decode_s - decode0
     refresh = cache.refresh_s - refresh0
     compact0 = time.perf_counter()
-    moved = await store.compact_rollups(run_id=RUN, now=now)  # after the result, as StatsJob
+    moved = await store.compact(run_id=RUN, now=now, fold=fold)  # after the result, as StatsJob
     compaction = time.perf_counter() - compact0
     bounds = {
         label: f"{w.get('grid_error_bound', 0.0):.2%}"

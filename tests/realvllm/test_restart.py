@@ -23,7 +23,7 @@ from specproxy.records import Arm
 from specproxy.stats.clean import restart_times, warmup_mask
 from specproxy.stats.compare import REQUIRED_COLUMNS
 from specproxy.stats.job.runner import compute_from_arrays
-from specproxy.store.arrays import rows_to_arrays
+from specproxy.summary.rows import rows_to_arrays
 from tests.realvllm.conftest import Engines, MakeProxy, Proxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -22,6 +22,7 @@ from specproxy.scrape.dcgm import combine_readings, parse_dcgm
 from specproxy.stats.job.runner import compute_stats
 from specproxy.stats.result import StatsResult
 from specproxy.store.factory import open_store
+from tests.store.helpers import read_arrays
 
 RUN = "r1"
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
@@ -109,8 +110,8 @@ async def _store_values(url: str) -> dict[str, dict[str, np.ndarray]]:
     store = open_store(StoreConfig(url=url))
     await store.start()
     try:
-        arrays = await store.read_arrays(
-            run_id=RUN, columns=["t_start", "status", "e2e_s", "tpot_s", "ttft_s"]
+        arrays = await read_arrays(
+            store, run_id=RUN, columns=["t_start", "status", "e2e_s", "tpot_s", "ttft_s"]
         )
     finally:
         await store.close()

@@ -29,10 +29,10 @@ from specproxy.stats.estimate.blockboot import ArmBlocks, block_speedup_interval
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS, STATISTICS
 from specproxy.stats.result import METRICS
 from specproxy.stats.rollupcompare import UNAVAILABLE_FROM_ROLLUPS, _arms, compare_rollup_window
-from specproxy.store.rollups import RollupRows, rollup_rows_from
 from specproxy.summary.grid import COARSE_FACTOR, GRID_ERROR_BOUND, GRID_LOG_WIDTH
 from specproxy.summary.histogram import bin_centres, bin_index, coarse_as_fine, coarse_bin
 from specproxy.summary.minute import MOMENT_SUMS, minute_of, rollup_records
+from tests.store.helpers import RollupRows, rollup_rows_from
 
 FloatArray = npt.NDArray[np.float64]
 T0 = 1_700_000_040.0  # a minute boundary
@@ -78,6 +78,26 @@ def _rows(records: list[RequestRecord], arm: Arm, metric: str) -> RollupRows:
     return rollup_rows_from(minutes, bins)
 
 
+def _arm_blocks(rows: RollupRows, first_minute: int, units: int) -> ArmBlocks:
+    """Per-minute rollups as block-bootstrap units (rows of several models summed); unit =
+    minute - first_minute."""
+    u = rows.bin_minute - first_minute
+    if u.size and (int(u.min()) < 0 or int(u.max()) >= units):
+        raise ValueError("rollup minutes must lie in the window")
+    lo = int(rows.bins.min()) if rows.bins.size else 0
+    span = int(rows.bins.max()) - lo + 1 if rows.bins.size else 1
+    key, inverse = np.unique(u * span + (rows.bins - lo), return_inverse=True)
+    mu = rows.minute - first_minute
+    return ArmBlocks(
+        units=units,
+        unit=key // span,
+        bins=key % span + lo,
+        counts=np.bincount(inverse, weights=rows.counts).astype(np.int64),
+        unit_n=np.bincount(mu, weights=rows.n, minlength=units).astype(np.int64),
+        unit_sum=np.bincount(mu, weights=rows.total, minlength=units).astype(np.float64),
+    )
+
+
 def _raw(records: list[RequestRecord], arm: Arm) -> tuple[FloatArray, npt.NDArray[np.int64]]:
     mine = [r for r in records if r.arm is arm]
     values = np.array([r.e2e_s for r in mine])
@@ -108,10 +128,7 @@ def _exact_ci(
 
 def test_rollup_block_cis_agree_with_the_exact_bootstrap_within_the_grid_bound() -> None:
     records = _records()
-    arms = {
-        arm: ArmBlocks.from_rollups(_rows(records, arm, "e2e"), minute_of(T0), MINUTES)
-        for arm in Arm
-    }
+    arms = {arm: _arm_blocks(_rows(records, arm, "e2e"), minute_of(T0), MINUTES) for arm in Arm}
     raw = {arm: _raw(records, arm) for arm in Arm}
     block_units, resamples, seed = 3, 400, 11
     result = block_speedup_intervals(
@@ -138,7 +155,7 @@ def test_rollups_from_the_grid_equal_blocks_built_from_the_values() -> None:
     records = _records(seed=2)
     for arm in Arm:
         values, units = _raw(records, arm)
-        from_rows = ArmBlocks.from_rollups(_rows(records, arm, "e2e"), minute_of(T0), MINUTES)
+        from_rows = _arm_blocks(_rows(records, arm, "e2e"), minute_of(T0), MINUTES)
         from_values = ArmBlocks.from_values(units, values, MINUTES)
         assert from_rows.unit.tolist() == from_values.unit.tolist()
         assert from_rows.bins.tolist() == from_values.bins.tolist()
@@ -153,7 +170,7 @@ def test_sequential_bounds_from_histograms_agree_within_the_grid_bound() -> None
     exact = compare_sequential(b, s).to_dict()
     ranked = []
     for arm in (Arm.BASELINE, Arm.SPECULATIVE):
-        blocks = ArmBlocks.from_rollups(_rows(records, arm, "e2e"), minute_of(T0), MINUTES)
+        blocks = _arm_blocks(_rows(records, arm, "e2e"), minute_of(T0), MINUTES)
         bins, counts = blocks.pooled()
         ranked.append(RankedArm.of_histogram(bin_centres(bins), counts))
     binned = compare_sequential_ranked(ranked[0], ranked[1]).to_dict()
@@ -168,8 +185,7 @@ def test_rollup_window_has_the_compare_schema_and_names_what_it_lacks() -> None:
     records = _records(seed=4)
     arms = {
         metric: {
-            arm: ArmBlocks.from_rollups(_rows(records, arm, metric), minute_of(T0), MINUTES)
-            for arm in Arm
+            arm: _arm_blocks(_rows(records, arm, metric), minute_of(T0), MINUTES) for arm in Arm
         }
         for metric in ("e2e", "ttft", "tpot")
     }

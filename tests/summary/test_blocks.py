@@ -8,9 +8,10 @@ import zlib
 import numpy as np
 import pytest
 
-from specproxy.summary.blocks import HOUR_SPAN, Block
+from specproxy.summary.blocks import Block
 from specproxy.summary.grid import COARSE_ERROR_BOUND, COARSE_FACTOR, GRID_LOG_WIDTH
 from specproxy.summary.histogram import bin_centres, bin_index, coarse_bin
+from specproxy.summary.tiering import HOUR_SPAN
 
 
 def _fine_block(

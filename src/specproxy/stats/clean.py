@@ -31,7 +31,7 @@ from specproxy.config import ScrapeConfig, StatsConfig
 from specproxy.records import Arm, EngineSample
 from specproxy.scrape.derive import date_restart
 from specproxy.stats import result as schema
-from specproxy.store.base import ArmArrays
+from specproxy.summary.rows import ArmArrays
 
 __all__ = [
     "OutlierSummary",

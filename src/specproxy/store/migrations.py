@@ -240,7 +240,7 @@ _V5_POSTGRESQL = (
 )
 
 # Version 6: the GPU telemetry of the arms (issue 14, `records.GpuSample`): one row per arm and
-# dcgm-exporter scrape, so `specproxy stats`, the report and a new stats leader see it. Additive.
+# dcgm-exporter scrape, so the stats command, the report and a new stats leader see it. Additive.
 # Clock-event reasons are comma-joined names (a fixed set, `scrape.dcgm.CLOCK_REASON_BITS`; ""
 # when none is active, NULL when not exported) in both dialects; `error` is bounded by the record.
 _V6_SQLITE = (

@@ -15,9 +15,11 @@ from typing import Any, Literal
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 
 __all__ = [
+    "BOOL_COLUMNS",
     "ENGINE_COLUMNS",
     "GPU_COLUMNS",
     "REQUEST_COLUMNS",
+    "TEXT_COLUMNS",
     "Dialect",
     "engine_row",
     "gpu_by_arm",
@@ -56,6 +58,11 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "error_kind",
     "disconnected",
     "engine_url",
+)
+# Request columns stored as booleans (SQLite: 0/1) and as text; the others are numbers.
+BOOL_COLUMNS = frozenset({"stream", "shadow", "disconnected"})
+TEXT_COLUMNS = frozenset(
+    {"request_id", "run_id", "arm", "model", "endpoint", "pair_id", "error_kind", "engine_url"}
 )
 ENGINE_COLUMNS: tuple[str, ...] = (
     "t",

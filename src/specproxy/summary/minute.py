@@ -22,7 +22,7 @@ allowed model, else "other"), not the client's string: a key per distinct string
 client who sends a new `model` with every request make the rollups grow like the rows (3 summary
 rows per request, measured: 20,000 requests with distinct strings wrote 60,000 summary rows
 instead of 24), and with them every stats tick. The store passes its labeller in
-(`Store.label_models`); the raw string stays on the request row.
+(`Sink.label_models`); the raw string stays on the request row.
 
 The length adjustment's regression (`stats.adjust`) is rolled up as its sufficient statistics:
 per (run, minute, model, arm), over the same requests when they report both token counts, the

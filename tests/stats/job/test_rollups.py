@@ -25,10 +25,10 @@ from specproxy.stats.job.rollups import (
 )
 from specproxy.stats.job.runner import compute_from_arrays, compute_stats, window_label
 from specproxy.store.memory import MemoryStore
-from specproxy.store.rollups import rollup_rows_from
 from specproxy.summary.blocks import Block
 from specproxy.summary.histogram import coarse_as_fine, coarse_bin
 from specproxy.summary.minute import ROLLUP_METRICS, rollup_records
+from tests.store.helpers import read_arrays, rollup_rows_from
 from tests.summary.test_engine import random_engine_samples
 
 RUN = "r"
@@ -253,7 +253,7 @@ async def test_a_tick_reads_engine_aggregates_with_the_results_of_every_sample(
             moments=await store.read_moments(run_id=RUN, since_minute=since),
         ).results
     else:
-        arrays = await store.read_arrays(run_id=RUN, columns=REQUIRED_COLUMNS)
+        arrays = await read_arrays(store, run_id=RUN, columns=REQUIRED_COLUMNS)
         want = compute_from_arrays(
             arrays, stored, run_id=RUN, stats_cfg=cfg, scrape_cfg=scrape, window_end=end
         )["results"]

@@ -44,7 +44,6 @@ from specproxy.stats.estimate.bootstrap import (
     split_replicates,
 )
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS
-from specproxy.store.rollups import RollupRows
 from specproxy.summary.histogram import bin_centres, bin_index, bin_log_centres
 
 __all__ = [
@@ -113,25 +112,6 @@ class ArmBlocks:
             counts=counts.astype(np.int64),
             unit_n=np.bincount(u, minlength=units).astype(np.int64),
             unit_sum=np.bincount(u, weights=v, minlength=units).astype(np.float64),
-        )
-
-    @classmethod
-    def from_rollups(cls, rows: RollupRows, first_minute: int, units: int) -> ArmBlocks:
-        """Per-minute rollups (rows of several models are summed); unit = minute - first_minute."""
-        u = rows.bin_minute - first_minute
-        if u.size and (int(u.min()) < 0 or int(u.max()) >= units):
-            raise ValueError("rollup minutes must lie in the window")
-        lo = int(rows.bins.min()) if rows.bins.size else 0
-        span = int(rows.bins.max()) - lo + 1 if rows.bins.size else 1
-        key, inverse = np.unique(u * span + (rows.bins - lo), return_inverse=True)
-        mu = rows.minute - first_minute
-        return cls(
-            units=units,
-            unit=key // span,
-            bins=key % span + lo,
-            counts=np.bincount(inverse, weights=rows.counts).astype(np.int64),
-            unit_n=np.bincount(mu, weights=rows.n, minlength=units).astype(np.int64),
-            unit_sum=np.bincount(mu, weights=rows.total, minlength=units).astype(np.float64),
         )
 
     @property

@@ -47,12 +47,12 @@ from specproxy.stats.diagnosis import summarise_arms
 from specproxy.stats.estimate.blockboot import ArmBlocks
 from specproxy.stats.job.cache import ArmTier
 from specproxy.stats.rollupcompare import compare_rollup_window
-from specproxy.store.moments import MomentRead
-from specproxy.summary.blocks import HOUR_SPAN, MINUTE_SPAN
+from specproxy.store.contract import MomentRead
 from specproxy.summary.engine import EngineView, as_view
 from specproxy.summary.grid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND
 from specproxy.summary.histogram import coarse_as_fine, coarse_bin
 from specproxy.summary.minute import MOMENT_SUMS, ROLLUP_METRICS, ROLLUP_UNIT_S, minute_of
+from specproxy.summary.tiering import HOUR_SPAN, MINUTE_SPAN
 
 __all__ = [
     "RollupResults",
@@ -271,8 +271,10 @@ class TickReads:
     `compute_from_rollups`."""
 
     window_end: float
-    engine_starts: list[float]  # each window's first minute, s (`Store.read_engine_aggregates`)
-    moments_from: int  # first minute of moment rows (`Store.read_moments`): the windows that
+    engine_starts: list[float]  # each window's first minute, s (`SummaryReader.read_engine`)
+    moments_from: (
+        int  # first minute of moment rows (`SummaryReader.read_moments`): the windows that
+    )
     # do not reach hour blocks take minute rows, the others hour rows
 
 

@@ -59,9 +59,11 @@ from specproxy.stats.result import (
     WindowResult,
     settings_lists,
 )
-from specproxy.store.base import ArmArrays, Store
-from specproxy.summary.engine import EngineView, StoredView, as_view
+from specproxy.store.contract import StatsStore, SummaryReader
+from specproxy.summary.compaction import fold
+from specproxy.summary.engine import EngineView, as_view
 from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.rows import ArmArrays, records_to_arrays
 
 __all__ = [
     "GPU_SAMPLES_READ",
@@ -120,13 +122,6 @@ def _rows_window_end(arrays: Mapping[Arm, ArmArrays], window_end: float | None) 
 
 def _row_window_start(window_s: float | None, window_end: float) -> float:
     return -math.inf if window_s is None else window_end - window_s
-
-
-async def _engine_view(store: Store, run_id: str, starts: Sequence[float]) -> StoredView:
-    """What a tick needs of the run's engine samples, computed by the store: the aggregates
-    from each window start and the samples that date restarts (never every sample)."""
-    aggregates = await store.read_engine_aggregates(run_id=run_id, since=sorted(set(starts)))
-    return StoredView(aggregates, await store.read_restart_samples(run_id=run_id))
 
 
 def compute_from_arrays(
@@ -243,7 +238,7 @@ def result_settings(stats_cfg: StatsConfig, scrape_cfg: ScrapeConfig) -> Setting
 
 
 async def compute_stats(
-    store: Store,
+    store: SummaryReader,
     *,
     run_id: str,
     stats_cfg: StatsConfig,
@@ -281,7 +276,7 @@ async def compute_stats(
             executor, functools.partial(tick_reads, cache.tiers, stats_cfg.windows_s, window_end)
         )
         window_end = reads.window_end
-        samples = await _engine_view(store, run_id, reads.engine_starts)
+        samples = await store.read_engine(run_id=run_id, since=sorted(set(reads.engine_starts)))
         moments = await store.read_moments(run_id=run_id, since_minute=reads.moments_from)
         started = time.perf_counter()
         scrape_cfg = scrape_cfg or ScrapeConfig()
@@ -314,10 +309,13 @@ async def compute_stats(
             "settings": result_settings(stats_cfg, scrape_cfg),
             "results": out.results,
         }
-    arrays = await store.read_arrays(run_id=run_id, columns=REQUIRED_COLUMNS)
+    records = await store.read_records(run_id=run_id, columns=REQUIRED_COLUMNS)
+    arrays = await loop.run_in_executor(
+        executor, functools.partial(records_to_arrays, REQUIRED_COLUMNS, records)
+    )
     end = _rows_window_end(arrays, window_end)
     starts = [_row_window_start(w, end) for w in stats_cfg.windows_s]
-    samples = await _engine_view(store, run_id, starts)
+    samples = await store.read_engine(run_id=run_id, since=sorted(set(starts)))
     return await loop.run_in_executor(
         executor,
         functools.partial(
@@ -339,7 +337,7 @@ class StatsJob:
 
     def __init__(
         self,
-        store: Store,
+        store: StatsStore,
         *,
         run_id: str,
         stats_cfg: StatsConfig,
@@ -415,7 +413,7 @@ class StatsJob:
         except Exception:  # history is best effort; the live result is already published
             log.exception("stats: could not write the history row")
         try:
-            await self._store.compact_rollups(run_id=self._run_id, now=self._clock())
+            await self._store.compact(run_id=self._run_id, now=self._clock(), fold=fold)
         except Exception:  # retried next interval; the fine rows stay until then
             log.exception("stats: rollup compaction failed")
         return result
@@ -423,9 +421,9 @@ class StatsJob:
     async def follow_once(self) -> StatsResult | None:
         """Publish the latest result the leader stored (recent ones only: bounded read)."""
         since = self._clock() - 3 * self._stats_cfg.interval_s - 60.0
-        rows = await self._store.read_stats_history(run_id=self._run_id, since=since)
-        if rows:
-            self._latest = cast(StatsResult, rows[-1][1])  # what a leader stored
+        latest = await self._store.latest_stats(run_id=self._run_id, newer_than=since)
+        if latest is not None:
+            self._latest = cast(StatsResult, latest[1])  # what a leader stored
         return self._latest
 
     async def step(self) -> StatsResult | None:
