@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from specproxy.store.contract import Export, History, Lifecycle, Sink, SummaryReader
+from specproxy.store.contract import (
+    Export,
+    History,
+    Lifecycle,
+    Sink,
+    SummaryReader,
+    TierRead,
+)
 from specproxy.store.memory import MemoryStore
 from specproxy.store.postgres import PostgresStore
 from specproxy.store.registry import STORE_SCHEMES, backend_class
@@ -52,6 +59,16 @@ def test_every_backend_implements_every_protocol(scheme: str) -> None:
         assert protocol in backend.__mro__
         for name in _members(protocol):
             assert getattr(backend, name) is not getattr(protocol, name), (protocol, name)
+
+
+def test_a_tier_read_counts_its_packed_bins_alike() -> None:
+    minutes = [(5, "m", "baseline", 3, 1.5, 0.75)]
+    for packed in (("1,2,7", "1,1,1"), (b"\x00" * 12, b"\x00" * 24), ([1, 2, 7], [1, 1, 1])):
+        read = TierRead(
+            [(0, 60, "m", "speculative", 9)], {}, minutes, {(5, "m", "baseline"): packed}
+        )
+        assert read.rows == 1 + 1 + 3
+        assert read.requests() == {"speculative": 9, "baseline": 3}
 
 
 def _typed(store: MemoryStore | SqliteStore | PostgresStore) -> None:

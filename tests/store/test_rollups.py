@@ -28,7 +28,7 @@ from specproxy.summary.packed import fine_bins_arrays
 from specproxy.summary.tiering import CompactionBounds
 from tests.store.conftest import make_record, store_config
 from tests.store.helpers import RollupRows, read_arrays, read_rollups
-from tests.summary.helpers import merge_batches
+from tests.summary.helpers import block_entries, merge_batches
 
 T0 = 1_700_000_040.0  # a minute boundary
 
@@ -259,7 +259,7 @@ def _pooled_tiers(read: TierRead, arm: Arm) -> tuple[dict[int, int], int, float]
         block = Block.decode(start, blob)
         n += block.n
         total += float(block.minute_total.sum())
-        for b, c in zip(*block.entries(), strict=True):
+        for b, c in zip(*block_entries(block), strict=True):
             hist[int(b)] = hist.get(int(b), 0) + int(c)
     for _minute, _model, a, rows, t, _sq in read.minutes:
         if a == arm.value:
@@ -380,23 +380,3 @@ async def test_rollup_retention_removes_old_blocks(tiered: BufferedStore) -> Non
     read = await _full(store)
     assert read.blocks and all(s + sp > cut // 60 for s, sp, *_ in read.blocks)
     assert all(m >= cut // 60 for m, *_ in read.minutes)
-
-
-def test_packed_fine_bins_unpack_in_bin_order() -> None:
-    """Every backend's packing (SQLite text, PostgreSQL big-endian bytes, memory lists) gives the
-    same arrays, sorted by bin with each count kept beside its bin."""
-    bins, counts = [5, -3, 7, 0], [2, 9, 1, 4]
-    want = ([-3, 0, 5, 7], [9, 4, 2, 1])
-    text = fine_bins_arrays(",".join(map(str, bins)), ",".join(map(str, counts)))
-    raw = fine_bins_arrays(
-        np.array(bins, dtype=">i4").tobytes(), np.array(counts, dtype=">i8").tobytes()
-    )
-    for b, c in (text, raw, fine_bins_arrays(bins, counts)):
-        assert (b.tolist(), c.tolist()) == want
-        assert b.dtype == c.dtype == np.int64
-    with pytest.raises(ValueError):
-        fine_bins_arrays("1,2", "3")
-    with pytest.raises(TypeError):
-        fine_bins_arrays("1", b"\x00" * 8)
-    with pytest.raises(TypeError):
-        fine_bins_arrays([1], "1")

@@ -1,13 +1,25 @@
-"""Test helpers of the summary floor: what the stores' additive upserts do, in Python."""
+"""Test helpers of the summary floor: what the stores' additive upserts do, in Python, and a
+block's histogram as (bin, count) entries."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from specproxy.summary.blocks import Block
+from specproxy.summary.histogram import coarse_as_fine
 from specproxy.summary.minute import RollupBatch
 
-__all__ = ["merge_batches"]
+__all__ = ["block_entries", "merge_batches"]
+
+
+def block_entries(block: Block) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(bin, count) of a block's occupied coarse bins, each bin as the fine bin at its centre."""
+    nz = np.flatnonzero(block.counts)
+    return coarse_as_fine(nz + block.lo), block.counts[nz]
 
 
 def merge_batches(batches: Sequence[RollupBatch]) -> RollupBatch:

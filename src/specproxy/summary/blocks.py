@@ -25,7 +25,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.summary.histogram import coarse_as_fine, coarse_bin
+from specproxy.summary.histogram import coarse_bin
 
 __all__ = ["Block"]
 
@@ -52,11 +52,6 @@ class Block:
     def n(self) -> int:
         """Requests in the block: it only grows as rows are folded in (the readers' version)."""
         return int(self.minute_n.sum())
-
-    def entries(self) -> tuple[IntArray, IntArray]:
-        """(bin, count) of its occupied coarse bins, each bin as the fine bin at its centre."""
-        nz = np.flatnonzero(self.counts)
-        return coarse_as_fine(nz + self.lo), self.counts[nz]
 
     def encode(self) -> bytes:
         head = np.array([self.span, self.lo, self.counts.size], dtype=_I8)

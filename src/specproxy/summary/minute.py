@@ -1,35 +1,14 @@
-"""Per-minute mergeable rollups: the unit the statistics work on when a window is too big for rows.
+"""Per-minute mergeable rollups of records: what the statistics use for windows too big for rows.
 
-A leaf shared by the store (which writes rollups with the rows) and the statistics (which read
-them); it depends on nothing but the records and the grid, and is pure Python (no numpy: it runs
-on the proxy's write path). Sums are numpy's (`pairwise_sum` is `np.add.reduce`'s order).
-
-For every (run, minute, model, arm, metric) a rollup holds
-  * a summary: count n, sum, sum of squares (exact; the mean and its block replicates use them);
-  * a sparse histogram on the fixed grid of `summary.grid` (bins 0.02 % wide, the Poisson path's
-    width, so the documented bound `GRID_ERROR_BOUND` holds for quantiles from rollups).
-Both are sums over requests, so rollups merge by addition: every replica upserts the rollups of
-the rows it flushes with `count = count + excluded.count`, in the same transaction as the rows,
-and any number of replicas, batches or retries add up to the rollup of all rows (a batch is
-written once: the store retries a failed transaction as a whole).
-
-What is rolled up: primary (non-shadow) requests that are usable for the statistics (HTTP 200, no
-error kind, client still connected) with a finite positive metric value, exactly the rows the
-split-design comparison uses. Minute = floor(t_start / 60).
-
-The `model` of a rollup key is the bounded label (`fleet.models.ModelLabels.label`: a served or
-allowed model, else "other"), not the client's string: a key per distinct string would let a
-client who sends a new `model` with every request make the rollups grow like the rows (3 summary
-rows per request, measured: 20,000 requests with distinct strings wrote 60,000 summary rows
-instead of 24), and with them every stats tick. The store passes its labeller in
-(`Sink.label_models`); the raw string stays on the request row.
-
-The length adjustment's regression (`stats.adjust`) is rolled up as its sufficient statistics:
-per (run, minute, model, arm), over the same requests when they report both token counts, the
-count and the sums of u, v, u^2, v^2, uv, y, uy, vy, y^2 with y = log E2E, u = log output tokens,
-v = log prompt tokens (`MOMENT_SUMS`; schema v8, `store.aggregates`). Its fully interacted OLS is
-one 3x3 solve per arm from those sums, so a window (or a bootstrap block) of minutes gives the
-same estimate as its rows.
+Per (run, metric, minute, model, arm): a summary (n, sum, sum of squares) and a sparse histogram on
+the fixed grid (`summary.grid`); per (run, minute, model, arm): the length adjustment's sufficient
+statistics (`MOMENT_SUMS`: n and the sums of u, v, u^2, v^2, uv, y, uy, vy, y^2 with y = log E2E,
+u = log output tokens, v = log prompt tokens). All are sums over requests, so the rollups of any
+replicas, batches and retries add up (`store.aggregates`). Rolled up: primary requests usable for
+the statistics (HTTP 200, no error kind, client connected) with a finite positive value; minute =
+floor(t_start / 60); the model is the store's bounded label (`Sink.label_models`), so a client
+naming a new model per request cannot make the rollups grow like the rows. Pure Python (it runs
+on the proxy's write path); its sums are numpy's, bit for bit (`pairwise_sum`).
 """
 
 from __future__ import annotations
