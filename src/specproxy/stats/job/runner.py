@@ -256,7 +256,7 @@ async def compute_stats(
     ticks) makes the rollup read incremental; without one every tier is read. `executor` runs the
     computation (the job's own single thread, see `StatsJob`); None: the loop's default one.
     `gpu_samples` None: the run's stored ones, the newest `GPU_SAMPLES_READ` per arm
-    (`Store.read_gpu_samples`; an arm without any, as one without exporters, has its GPU
+    (`SummaryReader.read_gpu_samples`; an arm without any, as one without exporters, has its GPU
     branches not evaluated).
     """
     loop = asyncio.get_running_loop()
