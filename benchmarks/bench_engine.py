@@ -1,6 +1,5 @@
 """Cost of a stats tick's engine-sample part: every sample read and summarised in Python (the
-old path) against the store's aggregates and restart evidence (`Store.read_engine_aggregates`,
-`Store.read_restart_samples`).
+old path) against the store's aggregates and restart evidence (`SummaryReader.read_engine`).
 
 The run: `--days` of one engine sample per arm per `--replicas` scraping proxy every 5 s (the
 default `scrape.interval_s`), both arms (the speculative one with acceptance and 4 per-position
@@ -41,7 +40,7 @@ from specproxy.config import StoreConfig
 from specproxy.records import Arm, EngineSample
 from specproxy.stats.diagnosis import EngineSummary, summarise_arms
 from specproxy.store.factory import open_store
-from specproxy.summary.engine import MEAN_FIELDS, StoredView
+from specproxy.summary.engine import MEAN_FIELDS
 
 RUN = "bench"
 INTERVAL_S = 5.0
@@ -136,8 +135,7 @@ async def _ticks(url: str, spill: str, end: float) -> None:
             return restarts, [summarise_arms(samples, None, since=s) for s in starts]
 
         async def new() -> tuple[dict[Arm, list[float]], list[dict[Arm, EngineSummary]]]:
-            aggregates = await store.read_engine_aggregates(run_id=RUN, since=starts)
-            view = StoredView(aggregates, await store.read_restart_samples(run_id=RUN))
+            view = await store.read_engine(run_id=RUN, since=starts)
             restarts = {arm: restart_times(view.restart_samples, arm) for arm in Arm}
             return restarts, [summarise_arms(view, None, since=s) for s in starts]
 

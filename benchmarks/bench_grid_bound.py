@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument("--resamples", type=int, default=1000)
     args = parser.parse_args()
     fine, coarse = math.log1p(GRID_ERROR_BOUND), math.log1p(COARSE_ERROR_BOUND)
-    print(f"grid bounds on a ratio: fine {GRID_ERROR_BOUND:.4%}, compacted {COARSE_ERROR_BOUND:.3%}")
+    print(
+        f"grid bounds on a ratio: fine {GRID_ERROR_BOUND:.4%}, compacted {COARSE_ERROR_BOUND:.3%}"
+    )
     print(f"{'n/arm':>10} {'stat':>6} {'CI half-width':>14} {'/ fine':>8} {'/ compacted':>12}")
     rng = np.random.default_rng(0)
     n = 400

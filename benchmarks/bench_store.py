@@ -4,9 +4,9 @@
 
 Inserts go through the real path: `record()` on the event loop, batched flushes, one transaction
 per batch (`batch_size` 2000). PostgreSQL is a throw-away cluster from the Debian package with
-fsync on. Reads are `read_arrays` of one run, both arms, with the columns the stats job uses;
-SQLite is read both ways: Arrow columns through ADBC (in the reader process; its start-up is
-timed apart) and Python tuples through sqlite3. CPU time is this process's plus its children's.
+fsync on. Reads are `read_records` of one run, both arms, with the columns the stats job uses,
+then converted to arrays (`summary.rows`), as the stats job does. CPU time is this process's
+plus its children's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specproxy.config import StoreConfig
 from specproxy.records import Arm, RequestRecord
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store
-from specproxy.store.sqlite import SqliteStore, adbc_available
+from specproxy.summary.rows import records_to_arrays
 
 NUMERIC = ["t_start", "e2e_s", "ttft_s", "tpot_s", "output_tokens"]
 WITH_TEXT = [*NUMERIC, "model", "pair_id", "shadow"]
@@ -77,31 +77,23 @@ async def bench_backend(name: str, url: str, rows: list[RequestRecord], spill: P
         f"{name:10s} insert {len(rows):>9,d} rows: {len(rows) / t_total:>9,.0f} rows/s "
         f"(record() {t_record / len(rows) * 1e6:.2f} us/call on the loop, dropped={store.dropped})"
     )
-    readers: list[str] = [""]
-    if isinstance(store, SqliteStore):
-        readers = ["adbc", "sqlite3"] if adbc_available() else ["sqlite3"]
-    for reader in readers:
-        if isinstance(store, SqliteStore):
-            store.array_reader = reader  # type: ignore[assignment]
-            t0 = time.perf_counter()
-            await store.read_arrays(run_id="bench", columns=["t_start"], since=time.time())
-            startup = time.perf_counter() - t0
-            print(f"{name:10s} [{reader}] first read (reader start-up) {startup:.2f} s")
-        for label, columns in (("numeric", NUMERIC), ("+text", WITH_TEXT)):
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            arrays = await store.read_arrays(run_id="bench", columns=columns)
-            dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-            sizes = {arm.value: len(a["t_start"]) for arm, a in arrays.items()}
-            tag = f"{name} [{reader}]" if reader else name
-            print(
-                f"{tag:19s} read_arrays {label:8s} {len(columns)} cols {sizes}: "
-                f"{dt / 2:.2f} s wall, {cpu / 2:.2f} s CPU per arm  (load {load()})"
-            )
+    for label, columns in (("numeric", NUMERIC), ("+text", WITH_TEXT)):
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        records = await store.read_records(run_id="bench", columns=columns)
+        t_read = time.perf_counter() - t0
+        arrays = records_to_arrays(columns, records)
+        dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        sizes = {arm.value: len(a["t_start"]) for arm, a in arrays.items()}
+        print(
+            f"{name:10s} read_records {label:8s} {len(columns)} cols {sizes}: "
+            f"{dt / 2:.2f} s wall ({t_read / 2:.2f} s reading), {cpu / 2:.2f} s CPU per arm "
+            f"(load {load()})"
+        )
     await store.close()
 
 
 def cpu_seconds() -> float:
-    """CPU of this process and of its live children (the ADBC reader process), from /proc."""
+    """CPU of this process and of its live children, from /proc."""
     total = time.process_time()
     tick = os.sysconf("SC_CLK_TCK")
     for children in Path("/proc/self/task").glob("*/children"):

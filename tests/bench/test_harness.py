@@ -18,6 +18,7 @@ from specproxy.loadgen import Target
 from specproxy.records import Arm
 from specproxy.store.factory import open_store
 from tests.fake_openai import FakeOpenAI
+from tests.store.helpers import read_arrays
 
 
 async def test_direct_ab_sweep_writes_store(aiohttp_server: AiohttpServer, tmp_path: Path) -> None:
@@ -59,7 +60,7 @@ async def test_direct_ab_sweep_writes_store(aiohttp_server: AiohttpServer, tmp_p
     await store.start()
     try:
         for block in blocks:
-            arrays = await store.read_arrays(run_id=block.run_id, columns=["e2e_s", "status"])
+            arrays = await read_arrays(store, run_id=block.run_id, columns=["e2e_s", "status"])
             counts = {arm: len(a["e2e_s"]) for arm, a in arrays.items()}
             assert sum(counts.values()) == 40
             by_arm = {s.arm: s for s in block.arms}

@@ -27,6 +27,7 @@ from specproxy.records import RECORD_FIELDS
 from specproxy.stats.job.rows import usable_mask
 from specproxy.store.buffered import BufferedStore
 from tests.faults.upstream import FaultUpstream
+from tests.store.helpers import read_arrays
 
 RUN = "faults"
 MiB = 1024 * 1024
@@ -64,7 +65,7 @@ class Rig:
     async def rows(self) -> dict[str, np.ndarray[Any, Any]]:
         """Every stored record of the run, both arms concatenated, after a flush."""
         await self.store.flush()
-        arrays = await self.store.read_arrays(run_id=RUN, columns=RECORD_FIELDS)
+        arrays = await read_arrays(self.store, run_id=RUN, columns=RECORD_FIELDS)
         return {
             name: np.concatenate([np.asarray(a[name], dtype=object) for a in arrays.values()])
             for name in RECORD_FIELDS

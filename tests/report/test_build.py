@@ -23,6 +23,7 @@ from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import StatsResult
 from specproxy.store.factory import open_store
 from specproxy.summary.grid import GRID_ERROR_BOUND
+from tests.store.helpers import read_arrays
 
 RUN = "r1"
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
@@ -114,8 +115,8 @@ async def _store_values(url: str, unit_s: float) -> dict[str, dict[str, np.ndarr
     store = open_store(StoreConfig(url=url))
     await store.start()
     try:
-        arrays = await store.read_arrays(
-            run_id=RUN, columns=["t_start", "status", "e2e_s", "tpot_s", "ttft_s"]
+        arrays = await read_arrays(
+            store, run_id=RUN, columns=["t_start", "status", "e2e_s", "tpot_s", "ttft_s"]
         )
     finally:
         await store.close()

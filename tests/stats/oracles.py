@@ -16,7 +16,7 @@ from specproxy.stats.anytime.sequential import count_boundaries
 from specproxy.stats.estimate.adjust import MIN_ADJUST_N
 from specproxy.stats.estimate.bootstrap import Interval, percentile_interval
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS
-from specproxy.summary.grid import bin_index
+from specproxy.summary.histogram import bin_index
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

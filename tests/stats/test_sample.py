@@ -62,16 +62,22 @@ def test_rows_become_the_writers_summaries() -> None:
     for arm in Arm:
         values, units = _values(records, arm)
         sample = ArmSample.from_values(values, units, MINUTES)
+        # bin rows: (run_id, metric, minute, model, arm, bin, count)
         written = sorted(
-            (b[1] - minute_of(T0), b[5], b[6])
+            (b[2] - minute_of(T0), b[5], b[6])
             for b in batch.bins
-            if b[3] == arm.value and b[4] == "e2e"
+            if b[4] == arm.value and b[1] == "e2e"
         )
         got = sorted(
             zip(sample.unit.tolist(), sample.bins.tolist(), sample.counts.tolist(), strict=True)
         )
         assert got == written
-        sums = {s[1] - minute_of(T0): (s[5], s[6]) for s in batch.summaries if s[3] == arm.value}
+        # summary rows: (run_id, metric, minute, model, arm, n, sum, sum_sq)
+        sums = {
+            s[2] - minute_of(T0): (s[5], s[6])
+            for s in batch.summaries
+            if s[4] == arm.value and s[1] == "e2e"
+        }
         for unit, (n, total) in sums.items():
             assert sample.unit_n[unit] == n and sample.unit_sum[unit] == pytest.approx(total)
 

@@ -1,4 +1,5 @@
-"""The `Store` contract, run against SQLite and a real PostgreSQL."""
+"""The store contract (`store.contract`), run against every backend: SQLite, a real PostgreSQL
+and memory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specproxy.errors import StoreError
 from specproxy.records import (
     GPU_ERROR_MAX_CHARS,
     MODEL_MAX_BYTES,
@@ -24,6 +26,7 @@ from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store
 from specproxy.summary.engine import MEAN_FIELDS, EngineAggregate
 from tests.store.conftest import eventually, make_record, store_config
+from tests.store.helpers import read_arrays
 from tests.summary.test_engine import random_engine_samples
 
 
@@ -48,14 +51,16 @@ async def test_every_field_round_trips(store: BufferedStore) -> None:
     )
     store.record(rec)
     await store.flush()
-    arrays = await store.read_arrays(run_id="run", columns=RECORD_FIELDS)
-    got = arrays[rec.arm]
-    assert len(got["request_id"]) == 1
-    for name, value in rec.to_dict().items():
-        assert got[name][0] == value, name
-    assert got["shadow"].dtype == np.bool_ and got["e2e_s"].dtype == np.float64
-    other = arrays[rec.arm.other]
-    assert {k: len(v) for k, v in other.items()} == dict.fromkeys(RECORD_FIELDS, 0)
+    records = await store.read_records(run_id="run", columns=RECORD_FIELDS)
+    assert records[rec.arm.other] == []
+    (row,) = records[rec.arm]
+    assert type(row) is tuple
+    assert dict(zip(RECORD_FIELDS, row, strict=True)) == rec.to_dict()
+    # plain values: no enum, booleans as bool, counts as int
+    assert [type(v) for v in row] == [type(v) for v in rec.to_dict().values()]
+    arrays = await read_arrays(store, run_id="run", columns=RECORD_FIELDS)
+    assert arrays[rec.arm]["shadow"].dtype == np.bool_
+    assert arrays[rec.arm]["e2e_s"].dtype == np.float64
 
 
 async def test_missing_values_are_nan_and_duplicates_are_ignored(store: BufferedStore) -> None:
@@ -65,30 +70,49 @@ async def test_missing_values_are_nan_and_duplicates_are_ignored(store: Buffered
     await store.flush()
     store.record(make_record(3))
     await store.flush()
-    arrays = await store.read_arrays(run_id="run", columns=["request_id", "ttft_s", "e2e_s"])
+    arrays = await read_arrays(store, run_id="run", columns=["request_id", "ttft_s", "e2e_s"])
     assert list(arrays[Arm.BASELINE]["request_id"]) == ["req-0", "req-2"]
     assert list(arrays[Arm.SPECULATIVE]["request_id"]) == ["req-1", "req-3"]
     assert all(math.isnan(v) for v in arrays[Arm.BASELINE]["ttft_s"])
     assert store.pending == 0 and store.dropped == 0
 
 
-async def test_read_filters_window_model_shadow_and_run(store: BufferedStore) -> None:
+async def test_read_filters_window_usable_and_run(store: BufferedStore) -> None:
     for i in range(10):
         store.record(make_record(i, arm=Arm.BASELINE, model="a" if i < 5 else "b"))
     store.record(make_record(100, arm=Arm.BASELINE, shadow=True, t_start=1_700_000_003.5))
+    store.record(make_record(101, arm=Arm.BASELINE, t_start=1_700_000_003.6, status=503))
+    store.record(make_record(102, arm=Arm.BASELINE, t_start=1_700_000_003.7, error_kind="broken"))
+    store.record(make_record(103, arm=Arm.BASELINE, t_start=1_700_000_003.8, disconnected=True))
     store.record(make_record(200, arm=Arm.BASELINE, run_id="other"))
     await store.flush()
     t0 = 1_700_000_000.0
-    window = await store.read_arrays(run_id="run", columns=["t_start"], since=t0 + 2, until=t0 + 5)
-    assert list(window[Arm.BASELINE]["t_start"]) == [t0 + 2, t0 + 3, t0 + 3.5, t0 + 4]
-    no_shadow = await store.read_arrays(
-        run_id="run", columns=["t_start"], since=t0 + 2, until=t0 + 5, include_shadow=False
-    )
-    assert list(no_shadow[Arm.BASELINE]["t_start"]) == [t0 + 2, t0 + 3, t0 + 4]
-    only_b = await store.read_arrays(run_id="run", columns=["model"], model="b")
-    assert list(only_b[Arm.BASELINE]["model"]) == ["b"] * 5
+    window = await store.read_records(run_id="run", columns=["t_start"], since=t0 + 2, until=t0 + 5)
+    assert window == {
+        Arm.BASELINE: [
+            (t0 + 2,),
+            (t0 + 3,),
+            (t0 + 3.5,),
+            (t0 + 3.6,),
+            (t0 + 3.7,),
+            (t0 + 3.8,),
+            (t0 + 4,),
+        ],
+        Arm.SPECULATIVE: [],
+    }
+    usable = await store.read_records(
+        run_id="run", columns=["t_start", "shadow"], since=t0 + 2, until=t0 + 5, usable_only=True
+    )  # shadow rows stay: the paired design finds its pairs among them
+    assert usable[Arm.BASELINE] == [
+        (t0 + 2, False),
+        (t0 + 3, False),
+        (t0 + 3.5, True),
+        (t0 + 4, False),
+    ]
     assert await store.models(run_id="run") == ["a", "b", "tiny"]
     assert await store.run_ids() == ["other", "run"]
+    with pytest.raises(StoreError, match="unknown record column"):
+        await store.read_records(run_id="run", columns=["t_start", "t_start; DROP TABLE x"])
 
 
 async def test_engine_samples_and_stats_history(store: BufferedStore) -> None:
@@ -122,6 +146,13 @@ async def test_engine_samples_and_stats_history(store: BufferedStore) -> None:
     assert await store.read_stats_history(run_id="run", since=1.5) == [
         (2.0, {"speedup": {"e2e": 1.4}})
     ]
+    assert await store.latest_stats(run_id="run") == (2.0, {"speedup": {"e2e": 1.4}})
+    assert await store.latest_stats(run_id="run", newer_than=1.5) == (
+        2.0,
+        {"speedup": {"e2e": 1.4}},
+    )
+    assert await store.latest_stats(run_id="run", newer_than=2.0) is None  # nothing newer
+    assert await store.latest_stats(run_id="nothing") is None
 
 
 async def test_background_flush_without_explicit_flush(store: BufferedStore) -> None:
@@ -129,8 +160,8 @@ async def test_background_flush_without_explicit_flush(store: BufferedStore) -> 
     assert store.pending == 1
     await eventually(lambda: store.pending == 0)
     assert store.pending == 0 and store.written == 1
-    arrays = await store.read_arrays(run_id="run", columns=["request_id"])
-    assert list(arrays[Arm.SPECULATIVE]["request_id"]) == ["req-1"]
+    records = await store.read_records(run_id="run", columns=["request_id"])
+    assert records[Arm.SPECULATIVE] == [("req-1",)]
 
 
 async def test_retention_removes_only_old_rows(store: BufferedStore) -> None:
@@ -142,9 +173,8 @@ async def test_retention_removes_only_old_rows(store: BufferedStore) -> None:
     await store.write_stats(run_id="run", t=now - 10 * 86400, result={"old": True})
     removed = await store.purge_older_than(now - 86400)
     assert removed == 3
-    arrays = await store.read_arrays(run_id="run", columns=["request_id"])
-    assert list(arrays[Arm.BASELINE]["request_id"]) == ["req-2"]
-    assert list(arrays[Arm.SPECULATIVE]["request_id"]) == []
+    records = await store.read_records(run_id="run", columns=["request_id"])
+    assert records == {Arm.BASELINE: [("req-2",)], Arm.SPECULATIVE: []}
     assert await store.read_engine_samples(run_id="run") == []
     assert await store.read_stats_history(run_id="run") == []
 
@@ -165,8 +195,8 @@ async def test_close_flushes_everything(durable_backend_url: str, tmp_path: obje
     assert first.pending == 0 and first.written == 500 and first.dropped == 0
     second = open_store(cfg)
     await second.start()
-    arrays = await second.read_arrays(run_id="run", columns=["request_id"])
-    assert sum(len(a["request_id"]) for a in arrays.values()) == 500
+    records = await second.read_records(run_id="run", columns=["request_id"])
+    assert sum(len(rows) for rows in records.values()) == 500
     await second.close()
 
 
@@ -177,10 +207,8 @@ async def test_a_huge_model_name_is_stored_bounded(store: BufferedStore) -> None
         store.record(make_record(i, model="m" * 5_000_000))
     store.record(make_record(10, model="bad\ud800\x00name"))
     await store.flush()
-    arrays = await store.read_arrays(run_id="run", columns=["request_id", "model"])
-    models = {
-        rid: m for a in arrays.values() for rid, m in zip(a["request_id"], a["model"], strict=True)
-    }
+    records = await store.read_records(run_id="run", columns=["request_id", "model"])
+    models: dict[str, str] = dict(row for rows in records.values() for row in rows)
     assert len(models) == 11
     assert {models[f"req-{i}"] for i in range(10)} == {"m" * MODEL_MAX_BYTES}
     assert models["req-10"] == "bad?\ufffdname"
@@ -251,8 +279,8 @@ async def _check_engine_reads(store: BufferedStore) -> None:
     samples = await store.read_engine_samples(run_id="run")
     hour = 3600.0 * math.ceil(samples[len(samples) // 2].t / 3600)
     starts = [-math.inf, samples[len(samples) // 2].t, hour, samples[-5].t, samples[-1].t + 1.0]
-    aggregates = await store.read_engine_aggregates(run_id="run", since=starts)
-    evidence = await store.read_restart_samples(run_id="run")
+    view = await store.read_engine(run_id="run", since=starts)
+    aggregates, evidence = view.aggregates, view.restart_samples
     assert [s.t for s in evidence] == sorted(s.t for s in evidence)
     assert 0 < len(evidence) < len(samples) / 3
     for arm in Arm:
@@ -271,9 +299,9 @@ async def _check_engine_reads(store: BufferedStore) -> None:
 async def test_engine_aggregates_and_restart_samples_match_the_samples(
     store: BufferedStore,
 ) -> None:
-    """What a stats tick reads instead of every engine sample (`Store.read_engine_aggregates`,
-    `Store.read_restart_samples`), through writes in batches, duplicates (a replayed batch) and
-    retention, which cuts an hour in two."""
+    """What a stats tick reads instead of every engine sample (`SummaryReader.read_engine`),
+    through writes in batches, duplicates (a replayed batch) and retention, which cuts an hour in
+    two."""
     generated = random_engine_samples(7, n=3000, replicas=3)  # 5000 s: two hour boundaries
     for s in generated[:4000]:
         store.record_engine(s)
@@ -288,7 +316,7 @@ async def test_engine_aggregates_and_restart_samples_match_the_samples(
     assert await store.purge_older_than(cut) > 0
     assert min(s.t for s in await store.read_engine_samples(run_id="run")) >= cut
     await _check_engine_reads(store)
-    assert await store.read_restart_samples(run_id="none") == []
+    assert list((await store.read_engine(run_id="none", since=[])).restart_samples) == []
 
 
 async def test_replicas_writing_engine_samples_at_once_keep_the_hours_exact(

@@ -16,6 +16,7 @@ from pytest_aiohttp import AiohttpServer
 
 from specproxy.store.factory import open_store
 from tests.store.conftest import store_config, writer_process
+from tests.store.helpers import read_arrays
 
 
 def _final(proc: subprocess.Popen[str]) -> tuple[int, int]:
@@ -28,7 +29,7 @@ def _final(proc: subprocess.Popen[str]) -> tuple[int, int]:
 
 async def _ids(url: str, tmp_path: Path) -> list[str]:
     store = open_store(store_config(url, tmp_path / "reader"))
-    arrays = await store.read_arrays(run_id="procs", columns=["request_id"])
+    arrays = await read_arrays(store, run_id="procs", columns=["request_id"])
     await store.close()
     return [i for a in arrays.values() for i in a["request_id"]]
 

@@ -16,15 +16,19 @@ import pytest
 
 from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.records import Arm, RequestRecord
+from specproxy.store.aggregates import hour_moment_rows
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.contract import TierRead, TierVersions
 from specproxy.store.factory import open_store
-from specproxy.store.moments import hour_moment_rows
-from specproxy.store.rollups import RollupRows, TierRead, TierVersions, fine_bins_arrays
 from specproxy.summary.blocks import Block
-from specproxy.summary.compaction import CompactionBounds
-from specproxy.summary.grid import coarse_as_fine, coarse_bin
-from specproxy.summary.minute import ROLLUP_METRICS, merge_batches, minute_of, rollup_records
+from specproxy.summary.compaction import fold
+from specproxy.summary.histogram import coarse_as_fine, coarse_bin
+from specproxy.summary.minute import ROLLUP_METRICS, minute_of, rollup_records
+from specproxy.summary.packed import fine_bins_arrays
+from specproxy.summary.tiering import CompactionBounds
 from tests.store.conftest import make_record, store_config
+from tests.store.helpers import RollupRows, read_arrays, read_rollups
+from tests.summary.helpers import block_entries, merge_batches
 
 T0 = 1_700_000_040.0  # a minute boundary
 
@@ -54,10 +58,10 @@ def _records(n: int, prefix: str = "r", seed: int = 1) -> list[RequestRecord]:
 def _expected(records: list[RequestRecord], metric: str, arm: Arm) -> tuple[dict[int, int], float]:
     batch = rollup_records(records)
     bins: dict[int, int] = {}
-    for _run, _minute, _model, a, m, b, c in batch.bins:
+    for _run, m, _minute, _model, a, b, c in batch.bins:
         if a == arm.value and m == metric:
             bins[b] = bins.get(b, 0) + c
-    total = sum(s[6] for s in batch.summaries if s[3] == arm.value and s[4] == metric)
+    total = sum(s[6] for s in batch.summaries if s[4] == arm.value and s[1] == metric)
     return bins, total
 
 
@@ -71,9 +75,7 @@ def _pooled(rows: RollupRows) -> dict[int, int]:
 async def _read(
     store: BufferedStore, metric: str, model: str | None = None
 ) -> dict[Arm, RollupRows]:
-    return await store.read_rollups(
-        run_id="run", metric=metric, since_minute=0, until_minute=2**40, model=model
-    )
+    return await read_rollups(store, run_id="run", metric=metric, model=model)
 
 
 @contextlib.asynccontextmanager
@@ -146,7 +148,7 @@ async def test_rollups_are_keyed_by_the_bounded_model_label(store: BufferedStore
     for i, model in enumerate(named):
         store.record(make_record(i, t_start=T0 + i * 0.1, arm=Arm.BASELINE, model=model))
     await store.flush()
-    rows = await store.read_arrays(run_id="run", columns=("model",))
+    rows = await read_arrays(store, run_id="run", columns=("model",))
     assert sorted(rows[Arm.BASELINE]["model"].tolist()) == sorted(named)
     read = await _full(store)
     assert {model for _minute, model, _arm, *_ in read.minutes} == {"served", "allowed", OTHER}
@@ -258,13 +260,14 @@ def _pooled_tiers(read: TierRead, arm: Arm) -> tuple[dict[int, int], int, float]
         block = Block.decode(start, blob)
         n += block.n
         total += float(block.minute_total.sum())
-        for b, c in zip(*block.entries(), strict=True):
+        for b, c in zip(*block_entries(block), strict=True):
             hist[int(b)] = hist.get(int(b), 0) + int(c)
     for _minute, _model, a, rows, t, _sq in read.minutes:
         if a == arm.value:
             n += rows
             total += t
-    for (_minute, _model, a), (bins, counts) in read.bins.items():
+    for (_minute, _model, a), packed in read.bins.items():
+        bins, counts = fine_bins_arrays(*packed)
         if a == arm.value:
             for b, c in zip(
                 coarse_as_fine(coarse_bin(bins)).tolist(), counts.tolist(), strict=True
@@ -274,12 +277,14 @@ def _pooled_tiers(read: TierRead, arm: Arm) -> tuple[dict[int, int], int, float]
 
 
 async def _full(store: BufferedStore, metric: str = "e2e") -> TierRead:
-    return await store.read_rollup_tiers(run_id="run", metric=metric, known=TierVersions())
+    return await store.read_tiers(run_id="run", metric=metric, known=TierVersions())
 
 
 def _plain(read: TierRead) -> tuple[object, ...]:
-    """A read as comparable values (its fine bins are arrays)."""
-    bins = {k: (b.tolist(), c.tolist()) for k, (b, c) in read.bins.items()}
+    """A read as comparable values (its fine bins unpacked)."""
+    bins = {
+        k: tuple(a.tolist() for a in fine_bins_arrays(*packed)) for k, packed in read.bins.items()
+    }
     return sorted(read.blocks), read.blobs, sorted(read.minutes), bins
 
 
@@ -315,20 +320,21 @@ async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
     records = _spread(900, 3.0, "a", 1)
     await _write(store, records)
     now = T0 + 3 * 3600
-    assert await store.compact_rollups(run_id="run", now=now) > 0
+    assert await store.compact(fold=fold, run_id="run", now=now) > 0
     bounds = CompactionBounds.at(now, fine_minutes=10, minute_hours=1.0)
     for metric in ROLLUP_METRICS:
         read = await _full(store, metric)
         _check_all(read, records, metric)
         assert all(m >= bounds.fine_before for m, *_ in read.minutes)  # old fine rows gone
-        assert read.bins and all(np.all(b[1:] > b[:-1]) for b, _c in read.bins.values())
+        unpacked = [fine_bins_arrays(*packed)[0] for packed in read.bins.values()]
+        assert unpacked and all(np.all(b[1:] > b[:-1]) for b in unpacked)
         spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
         assert spans == {(True, 60), (False, 1)}  # hours before the bound, minutes after
     before = await _full(store)
-    assert await store.compact_rollups(run_id="run", now=now) == 0  # idempotent
+    assert await store.compact(fold=fold, run_id="run", now=now) == 0  # idempotent
     assert _plain(await _full(store)) == _plain(before)
     # a later pass merges the 1-minute blocks that have aged into whole hours
-    assert await store.compact_rollups(run_id="run", now=now + 7200) > 0
+    assert await store.compact(fold=fold, run_id="run", now=now + 7200) > 0
     later = await _full(store)
     _check_all(later, records)
     assert {span for _s, span, *_ in later.blocks} == {60}
@@ -341,24 +347,24 @@ async def test_late_rows_are_folded_at_the_next_pass_without_double_count(
     records = _spread(600, 3.0, "a", 1)
     await _write(store, records)
     now = T0 + 3 * 3600
-    await store.compact_rollups(run_id="run", now=now)
+    await store.compact(fold=fold, run_id="run", now=now)
     known = await _full(store)
     versions = TierVersions(
         {(s, sp, m, a): n for s, sp, m, a, n in known.blocks},
         {(mi, mo, a): n for mi, mo, a, n, _t, _s in known.minutes},
     )
-    unchanged = await store.read_rollup_tiers(run_id="run", metric="e2e", known=versions)
+    unchanged = await store.read_tiers(run_id="run", metric="e2e", known=versions)
     assert unchanged.blobs == {} and unchanged.bins == {}  # nothing new: keys only
     late = _spread(120, 1.5, "late", 2)  # requests of the first 90 minutes, written now
     await _write(store, late)
     read = await _full(store)
     _check_all(read, records + late)  # seen at once, as fine rows beside the blocks
     assert any(m < now // 60 - 10 for m, *_ in read.minutes)
-    assert await store.compact_rollups(run_id="run", now=now) > 0
+    assert await store.compact(fold=fold, run_id="run", now=now) > 0
     folded = await _full(store)
     _check_all(folded, records + late)
     assert all(m >= now // 60 - 10 for m, *_ in folded.minutes)
-    changed = await store.read_rollup_tiers(run_id="run", metric="e2e", known=versions)
+    changed = await store.read_tiers(run_id="run", metric="e2e", known=versions)
     # only the hour blocks the late rows fell in are read again
     assert {(s, sp) for s, sp, *_ in changed.blobs} == {
         (s, sp) for s, sp, m, a, n in folded.blocks if versions.blocks.get((s, sp, m, a)) != n
@@ -369,27 +375,9 @@ async def test_late_rows_are_folded_at_the_next_pass_without_double_count(
 async def test_rollup_retention_removes_old_blocks(tiered: BufferedStore) -> None:
     store = tiered
     await _write(store, _spread(300, 3.0, "a", 1))
-    await store.compact_rollups(run_id="run", now=T0 + 3 * 3600)
+    await store.compact(fold=fold, run_id="run", now=T0 + 3 * 3600)
     cut = T0 + 3600 * 2
     await store.purge_rollups_older_than(cut)
     read = await _full(store)
     assert read.blocks and all(s + sp > cut // 60 for s, sp, *_ in read.blocks)
     assert all(m >= cut // 60 for m, *_ in read.minutes)
-
-
-def test_packed_fine_bins_unpack_in_bin_order() -> None:
-    """Both backends' packings (SQLite text, PostgreSQL big-endian bytes) give the same arrays,
-    sorted by bin with each count kept beside its bin."""
-    bins, counts = [5, -3, 7, 0], [2, 9, 1, 4]
-    want = ([-3, 0, 5, 7], [9, 4, 2, 1])
-    text = fine_bins_arrays(",".join(map(str, bins)), ",".join(map(str, counts)))
-    raw = fine_bins_arrays(
-        np.array(bins, dtype=">i4").tobytes(), np.array(counts, dtype=">i8").tobytes()
-    )
-    for b, c in (text, raw):
-        assert (b.tolist(), c.tolist()) == want
-        assert b.dtype == c.dtype == np.int64
-    with pytest.raises(ValueError):
-        fine_bins_arrays("1,2", "3")
-    with pytest.raises(TypeError):
-        fine_bins_arrays("1", b"\x00" * 8)

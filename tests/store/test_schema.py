@@ -12,15 +12,10 @@ import pytest
 
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.factory import open_store
-from specproxy.store.schema import (
-    GPU_COLUMNS,
-    MIGRATIONS,
-    REQUEST_COLUMNS,
-    SCHEMA_VERSION,
-    gpu_row,
-    gpu_sample,
-)
+from specproxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
+from specproxy.store.schema import GPU_COLUMNS, REQUEST_COLUMNS, gpu_row, gpu_sample
 from tests.store.conftest import make_record, store_config
+from tests.store.helpers import read_arrays, read_rollups
 
 # The version-1 schema as an old release wrote it, spelled out here independently of the code.
 V1_SQLITE = """
@@ -53,11 +48,11 @@ def test_migrations_are_numbered_in_order() -> None:
 async def _check_upgraded(url: str, tmp_path: Path) -> None:
     store = open_store(store_config(url, tmp_path))
     await store.start()
-    old = await store.read_arrays(run_id="run", columns=["request_id", "ttft_s", "disconnected"])
+    old = await read_arrays(store, run_id="run", columns=["request_id", "ttft_s", "disconnected"])
     assert list(old[Arm.BASELINE]["request_id"]) == ["old-1"]
     assert old[Arm.BASELINE]["ttft_s"][0] == 0.3
     assert not old[Arm.BASELINE]["disconnected"][0]  # column added by v2, default false
-    acc = await store.read_arrays(run_id="run", columns=["acceptance_rate", "engine_url"])
+    acc = await read_arrays(store, run_id="run", columns=["acceptance_rate", "engine_url"])
     assert np.isnan(acc[Arm.BASELINE]["acceptance_rate"][0])
     assert acc[Arm.BASELINE]["engine_url"][0] is None  # column added by v3
     store.record(make_record(1, acceptance_rate=0.5, disconnected=True, engine_url="http://e:1"))
@@ -66,7 +61,7 @@ async def _check_upgraded(url: str, tmp_path: Path) -> None:
     )
     await store.flush()
     await store.write_stats(run_id="run", t=1.0, result={"ok": 1})  # table added by v2
-    new = await store.read_arrays(run_id="run", columns=REQUEST_COLUMNS)
+    new = await read_arrays(store, run_id="run", columns=REQUEST_COLUMNS)
     assert new[Arm.SPECULATIVE]["acceptance_rate"][0] == 0.5
     assert new[Arm.SPECULATIVE]["engine_url"][0] == "http://e:1"
     samples = await store.read_engine_samples(run_id="run")
@@ -185,12 +180,12 @@ V5_ROWS = (
 async def _check_v5_upgraded(url: str, tmp_path: Path) -> None:
     store = open_store(store_config(url, tmp_path))
     await store.start()
-    kept = await store.read_arrays(run_id="run", columns=["request_id", "e2e_s", "engine_url"])
+    kept = await read_arrays(store, run_id="run", columns=["request_id", "e2e_s", "engine_url"])
     assert list(kept[Arm.BASELINE]["request_id"]) == ["v5-1"]
     assert kept[Arm.BASELINE]["engine_url"][0] == "http://e:1"
     assert [s.t for s in await store.read_engine_samples(run_id="run")] == [7.0]
     assert await store.read_stats_history(run_id="run") == [(7.0, {"v": 5})]
-    rollups = await store.read_rollups(run_id="run", metric="e2e", since_minute=0, until_minute=1)
+    rollups = await read_rollups(store, run_id="run", metric="e2e", until_minute=1)
     assert rollups[Arm.BASELINE].n.tolist() == [1]
     assert await store.read_gpu_samples(run_id="run") == {}  # the new table starts empty
     sample = GpuSample(t=8.0, arm=Arm.SPECULATIVE, up=True, run_id="run", memory_bandwidth=0.9)
@@ -276,14 +271,13 @@ async def _check_v6_upgraded(url: str, tmp_path: Path) -> None:
     samples = await store.read_engine_samples(run_id="run")
     assert len(samples) == 7
     starts = [-math.inf, 3595.0, 3600.0, 7300.0]
-    aggregates = await store.read_engine_aggregates(run_id="run", since=starts)
+    view = await store.read_engine(run_id="run", since=starts)
+    aggregates = view.aggregates
     for arm in Arm:
         for start in starts:
             want = summarise_engine([s for s in samples if s.arm is arm and s.t >= start])
             assert summarise_aggregate(aggregates[start][arm]) == want, (arm, start)
-        assert restart_times(await store.read_restart_samples(run_id="run"), arm) == (
-            restart_times(samples, arm)
-        )
+        assert restart_times(view.restart_samples, arm) == restart_times(samples, arm)
     assert restart_times(samples, Arm.SPECULATIVE) == [3597.0]  # its start, after 3595 failed
     assert MEAN_FIELDS[0] == "acceptance_rate"
     assert summarise_aggregate(aggregates[-math.inf][Arm.SPECULATIVE]).acceptance_rate == 0.625
@@ -314,7 +308,7 @@ async def _check_v7_upgraded(url: str, tmp_path: Path) -> None:
     """A v7 store keeps its rollups and starts the v8 moment tables empty; writes fill them."""
     store = open_store(store_config(url, tmp_path))
     await store.start()
-    rollups = await store.read_rollups(run_id="run", metric="e2e", since_minute=0, until_minute=1)
+    rollups = await read_rollups(store, run_id="run", metric="e2e", until_minute=1)
     assert rollups[Arm.BASELINE].n.tolist() == [1]
     empty = await store.read_moments(run_id="run", since_minute=0)
     assert empty.hours == [] and empty.minutes == []

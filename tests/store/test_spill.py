@@ -14,11 +14,12 @@ from specproxy.store.factory import open_store
 from specproxy.store.memory import MemoryStore
 from specproxy.store.spill import Row, SpillSet, decode_line, encode_row
 from tests.store.conftest import eventually, make_record, store_config
+from tests.store.helpers import read_arrays
 from tests.store.pgcluster import PgCluster
 
 
 async def _count(store: BufferedStore, run_id: str = "run") -> tuple[int, int]:
-    arrays = await store.read_arrays(run_id=run_id, columns=["request_id"])
+    arrays = await read_arrays(store, run_id=run_id, columns=["request_id"])
     ids = [i for a in arrays.values() for i in a["request_id"]]
     return len(ids), len(set(ids))
 

@@ -8,15 +8,11 @@ import zlib
 import numpy as np
 import pytest
 
-from specproxy.summary.blocks import HOUR_SPAN, Block
-from specproxy.summary.grid import (
-    COARSE_ERROR_BOUND,
-    COARSE_FACTOR,
-    GRID_LOG_WIDTH,
-    bin_centres,
-    bin_index,
-    coarse_bin,
-)
+from specproxy.summary.blocks import Block
+from specproxy.summary.grid import COARSE_ERROR_BOUND, COARSE_FACTOR, GRID_LOG_WIDTH
+from specproxy.summary.histogram import bin_centres, bin_index, coarse_bin
+from specproxy.summary.tiering import HOUR_SPAN
+from tests.summary.helpers import block_entries
 
 
 def _fine_block(
@@ -45,7 +41,7 @@ def test_a_block_keeps_exact_minute_sums_and_each_value_within_half_a_coarse_bin
     assert block.n == values.size
     assert block.minute_n.tolist() == [50] * HOUR_SPAN
     assert np.isclose(block.minute_total.sum(), values.sum(), rtol=1e-12)
-    bins, counts = block.entries()
+    bins, counts = block_entries(block)
     assert int(counts.sum()) == values.size
     # each value's coarse bin, stood for by its centre, is within exp(+-C d / 2) of the value
     centre = bin_centres(coarse_bin(bin_index(values)) * COARSE_FACTOR + COARSE_FACTOR // 2)
@@ -89,9 +85,9 @@ def test_combining_blocks_adds_them_and_equals_the_block_of_all_rows() -> None:
         assert hour.minute_total[p.start - 60] == p.minute_total[0]
     pooled: dict[int, int] = {}
     for p in parts:
-        for b, c in zip(*p.entries(), strict=True):
+        for b, c in zip(*block_entries(p), strict=True):
             pooled[int(b)] = pooled.get(int(b), 0) + int(c)
-    bins, counts = hour.entries()
+    bins, counts = block_entries(hour)
     assert dict(zip(bins.tolist(), counts.tolist(), strict=True)) == pooled
     # adding in any grouping gives the same block (what late folds rely on)
     two_step = Block.combine(60, HOUR_SPAN, [Block.combine(60, HOUR_SPAN, parts[:3]), *parts[3:]])

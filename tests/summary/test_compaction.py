@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from specproxy.summary.blocks import Block
-from specproxy.summary.compaction import CompactionBounds, fold
+from specproxy.summary.compaction import fold
+from specproxy.summary.tiering import CompactionBounds
 
 
 def test_bounds_keep_fine_minutes_and_whole_hours() -> None:

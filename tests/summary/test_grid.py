@@ -1,4 +1,5 @@
-"""The fixed log grid: bins are fixed intervals, centres within half a bin, bad values refused."""
+"""The fixed log grid: bins are fixed intervals, centres within half a bin, bad values refused,
+and the scalar bin (the store's) is the vector one (the statistics')."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ import numpy as np
 import pytest
 
 from specproxy.stats.estimate.bootstrap import HISTOGRAM_ERROR_BOUND, HISTOGRAM_REL_WIDTH
-from specproxy.summary.grid import (
-    GRID_ERROR_BOUND,
-    GRID_LOG_WIDTH,
-    GRID_REL_WIDTH,
+from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH, GRID_REL_WIDTH, bin_of
+from specproxy.summary.histogram import (
     bin_centres,
     bin_index,
     bin_log_centres,
@@ -56,3 +55,31 @@ def test_grid_histogram_counts_each_value_in_its_bin_in_bin_order() -> None:
     assert bins.tolist() == sorted(set(bin_index(values).tolist()))
     assert counts.tolist() == [3, 2, 1]  # 1e-3 three times, then bin 5000 twice
     assert np.allclose(np.exp(bin_log_centres(bins)), bin_centres(bins))
+
+
+def _edge_values() -> np.ndarray:
+    """The float nearest each of many bin edges exp(k d), and its 4 ulp neighbours either side."""
+    k = np.concatenate([np.arange(-60_000, 60_000, 7), np.arange(-200, 200)])
+    edges = np.exp(k * GRID_LOG_WIDTH)
+    out = [edges]
+    up, down = edges.copy(), edges.copy()
+    for _ in range(4):
+        up, down = np.nextafter(up, np.inf), np.nextafter(down, 0.0)
+        out += [up, down]
+    return np.concatenate(out)
+
+
+def test_scalar_and_vector_bins_agree_on_edges_ulp_neighbours_and_random_values() -> None:
+    rng = np.random.default_rng(3)
+    values = np.concatenate(
+        [_edge_values(), np.exp(rng.uniform(-20, 20, 200_000)), [1.0, 2.0**-30, 1e-100, 1e100]]
+    )
+    vector = bin_index(values).tolist()
+    assert vector == [bin_of(v) for v in values.tolist()]
+    assert bin_of(1.0) == 0 and bin_of(math.nextafter(1.0, 0.0)) == -1
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_the_scalar_bin_refuses_what_the_vector_one_refuses(bad: float) -> None:
+    with pytest.raises(ValueError, match="strictly positive"):
+        bin_of(bad)

@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from rich.console import Console
@@ -38,9 +38,14 @@ from specproxy.errors import ConfigError, ScrapeError
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
 from specproxy.prompts import Prompt, load_prompts
 from specproxy.records import Arm, EngineSample
-from specproxy.store.base import Store
+from specproxy.store.contract import Lifecycle, Sink
 
-__all__ = ["BlockResult", "run_bench", "speculative_k"]
+__all__ = ["BenchSink", "BlockResult", "run_bench", "speculative_k"]
+
+
+class BenchSink(Sink, Lifecycle, Protocol):
+    """What a bench run records its blocks' rows through."""
+
 
 _WARMUP_WINDOW = 10
 _WARMUP_MAX = 200
@@ -96,7 +101,7 @@ async def run_bench(
     prompts = list(prompt_set) if prompt_set is not None else load_prompts(prompts_path)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
     connector = aiohttp.TCPConnector(limit=0)
-    store: Store | None = None
+    store: BenchSink | None = None
     async with aiohttp.ClientSession(
         timeout=timeout, connector=connector, cookie_jar=aiohttp.DummyCookieJar()
     ) as session:
@@ -285,10 +290,10 @@ async def _first_model(session: aiohttp.ClientSession, base_url: str) -> str:
         raise ConfigError(f"{url} lists no model; pass --model") from exc
 
 
-async def _open_store(url: str) -> Store:
+async def _open_store(url: str) -> BenchSink:
     from specproxy.store.factory import open_store
 
-    store: Store = open_store(StoreConfig(url=url))
+    store: BenchSink = open_store(StoreConfig(url=url))
     await store.start()
     return store
 

@@ -14,7 +14,7 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -35,11 +35,13 @@ from specproxy.stats.job.rows import ROW_READ, usable_mask
 from specproxy.stats.job.tick import configs_of, warmup_rule
 from specproxy.stats.result import METRIC_COLUMNS, StatsResult
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
-from specproxy.store.base import Store
+from specproxy.store.contract import Export, History, StatsStore, SummaryReader
 from specproxy.store.factory import open_store
+from specproxy.summary.rows import records_to_arrays
 
 __all__ = [
     "COLUMNS",
+    "ReportStore",
     "collect",
     "report_from_store",
     "report_json",
@@ -49,6 +51,11 @@ __all__ = [
 
 # The report reads exactly what the stats job reads, so its selection can match the job's.
 COLUMNS = ROW_READ
+
+
+class ReportStore(Export, History, SummaryReader, Protocol):
+    """What a report reads: records and engine samples, the stats history, and what the stats
+    job reads when a run has no history to report."""
 
 
 async def write_report(
@@ -77,7 +84,7 @@ async def write_report(
 
 
 async def report_from_store(
-    store: Store,
+    store: ReportStore,
     *,
     run_id: str | None,
     out_dir: Path,
@@ -105,7 +112,7 @@ async def report_from_store(
 
 
 async def collect(
-    store: Store,
+    store: ReportStore,
     *,
     run_id: str | None,
     settings: StatsConfig,
@@ -117,9 +124,10 @@ async def collect(
     run_id = run_id or await _latest_run(store)
     if run_id is None:
         return None
-    arrays = await store.read_arrays(run_id=run_id, columns=COLUMNS)
-    if not any(len(a["t_start"]) for a in arrays.values()):
+    records = await store.read_records(run_id=run_id, columns=COLUMNS)
+    if not any(records.values()):
         return None
+    arrays = await asyncio.to_thread(records_to_arrays, COLUMNS, records)
     engine = await store.read_engine_samples(run_id=run_id)
     history = [  # stored by the stats job: `StatsResult`s as JSON
         (t, cast(StatsResult, r)) for t, r in await store.read_stats_history(run_id=run_id)
@@ -234,20 +242,18 @@ def _selection(
     return keep, int(np.sum(warm & in_time)), int(np.sum(~usable & in_time))
 
 
-async def _latest_run(store: Store) -> str | None:
+async def _latest_run(store: Export) -> str | None:
     best: tuple[float, str] | None = None
     for run_id in await store.run_ids():
-        arrays = await store.read_arrays(run_id=run_id, columns=["t_start"])
-        last = max(
-            (float(a["t_start"][-1]) for a in arrays.values() if len(a["t_start"])), default=None
-        )
+        records = await store.read_records(run_id=run_id, columns=["t_start"])
+        last = max((float(rows[-1][0]) for rows in records.values() if rows), default=None)
         if last is not None and (best is None or last > best[0]):
             best = (last, run_id)
     return best[1] if best else None
 
 
 async def _compute_stats(
-    store: Store, run_id: str, settings: StatsConfig, warmup: WarmupConfig
+    store: StatsStore, run_id: str, settings: StatsConfig, warmup: WarmupConfig
 ) -> tuple[float, StatsResult]:
     """A store without stats history (a bench run): compute the comparison once."""
     from specproxy.stats.job.tick import compute_stats

@@ -18,7 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS
-from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH, bin_index, bin_log_centres
+from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH
+from specproxy.summary.histogram import bin_index, bin_log_centres
 
 __all__ = ["ArmSample", "ArmWindow", "Pairs", "unique_inverse"]
 

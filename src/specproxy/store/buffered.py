@@ -8,8 +8,9 @@ again the spill files are replayed. Nothing is ever discarded silently: `dropped
 the database refuses for good (kept in `<spill_path>.rejected`), unreadable spill lines, and, when
 the spill file cannot be written either, rows beyond `MEMORY_FACTOR x max_buffer` held in memory.
 
-Backends implement the `_open`, `_write`, `_close_backend` and `_purge` hooks, `write_stats`, and
-the reads of `base.Store`.
+`BufferedStore` implements the `contract.Sink` and `contract.Lifecycle` protocols once, for every
+backend; a backend adds the `_open`, `_write`, `_close_backend`, `_purge`, `_purge_rollups` and
+`_compact` hooks and implements the readers (`SummaryReader`, `History`, `Export`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,17 @@ from typing import Any, Final
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import EngineSample, GpuSample, RequestRecord
-from specproxy.store.base import Store
+from specproxy.store.contract import (
+    Export,
+    Fold,
+    History,
+    Lifecycle,
+    Sink,
+    SummaryReader,
+)
 from specproxy.store.spill import Row, Sample, SpillSet
-from specproxy.summary.compaction import CompactionBounds
 from specproxy.summary.minute import ROLLUP_UNIT_S, as_is
+from specproxy.summary.tiering import CompactionBounds
 
 __all__ = ["MEMORY_FACTOR", "BufferedStore"]
 
@@ -45,10 +53,9 @@ PURGE_INTERVAL_S = 3600.0
 MEMORY_FACTOR: Final = 2
 
 
-class BufferedStore(Store):
-    """`Store`'s life cycle and write half, for every backend: buffer, flusher task, spill and
-    counters. A backend adds the `_open`/`_write`/`_close_backend`/`_purge` hooks and the reads.
-    """
+class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, abc.ABC):
+    """The sink half and life cycle of every backend: buffer, flusher task, spill, counters and
+    retention. A backend subclass adds the hooks and the readers."""
 
     def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
         self.cfg = cfg
@@ -104,17 +111,17 @@ class BufferedStore(Store):
         """Delete rollups of minutes before `before_minute`; return how many rows went."""
 
     @abc.abstractmethod
-    async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
-        """`compact_rollups` with its bounds: one transaction; return the rows taken."""
+    async def _compact(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
+        """`compact` with its bounds: one transaction; return the rows taken."""
 
-    async def compact_rollups(self, *, run_id: str, now: float) -> int:
+    async def compact(self, *, run_id: str, now: float, fold: Fold) -> int:
         await self._ensure_open()
         bounds = CompactionBounds.at(
             now,
             fine_minutes=self.cfg.rollup_fine_minutes,
             minute_hours=self.cfg.rollup_minute_hours,
         )
-        return await self._compact(run_id, bounds)
+        return await self._compact(run_id, bounds, fold)
 
     def _rejects_rows(self, exc: BaseException) -> bool:
         """Whether a failed write means bad rows (never succeeds) rather than an outage.

@@ -3,7 +3,7 @@
 `create_app(..., with_store=True)` adds it. It opens the store of `cfg.store` (migrations, spill
 replay), makes it the app's `RECORDER`, exposes its health counters on the app's registry, and
 publishes it under `STORE` for the stats job. Its rollups are keyed by the fleet's bounded model
-labels (`Store.label_models`): the fleet starts after the store, so until it exists (a spill
+labels (`Sink.label_models`): the fleet starts after the store, so until it exists (a spill
 replayed at start) a model outside `model_allow` is rolled up as "other", never as the
 client's string. On shutdown (SIGTERM/SIGINT through aiohttp's
 graceful exit) it closes the store, which flushes every buffered record or spills it to disk.

@@ -1,55 +1,32 @@
-"""Hourly aggregates of engine samples (table `engine_hours`, schema v7) and their SQL.
+"""The engine samples' hours (`aggregates.ENGINE_HOURS`): their rows, and their SQL over samples.
 
-A tick summarises the engine samples of every window (`engineagg.EngineAggregate`); the whole
-run of a 30-day run is 518,400 samples per arm per replica, too many to aggregate per tick even
-in SQL (~1 CPU-s on SQLite). So every write adds the samples it inserted (never a duplicate:
-the backends keep only the rows the insert took) into one row per (run, arm, hour): counts,
-sums and max k, the fields of `EngineAggregate`. A window from `since` then reads the samples of
-[since, the next whole hour) by the (run_id, arm, t) key and the hour rows after it: at most an
-hour of samples plus one row per hour, whatever the run's length, and exactly the same samples
-as the old per-sample read (hours are split on exact boundaries, `hour_of`).
-
-Retention (`Store.purge`) deletes the hours before the cut-off's hour and rebuilds that hour from
-the samples it keeps (`rebuild_hour_sql`), so the aggregates always cover exactly the stored
-samples.
+Every write adds the samples it inserted into one row per (run, arm, hour) holding the fields of
+`EngineAggregate` (`hour_rows`, in that order). A window from `since` then reads the samples of
+[since, the next whole hour) (`aggregate_columns`) and the hour rows from that hour: at most an
+hour of samples plus a row per hour, exactly the samples of the window (hours split on exact
+boundaries, `hour_of`). Retention deletes the hours up to the cut-off's and rebuilds that hour
+from the samples it keeps (`rebuild_hour_sql`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from specproxy.records import EngineSample
 from specproxy.summary.engine import MEAN_FIELDS, aggregate_samples
 
 __all__ = [
-    "HOUR_COLUMNS",
     "HOUR_S",
-    "V7_POSTGRESQL",
-    "V7_SQLITE",
     "aggregate_columns",
     "first_hour_from",
     "hour_of",
     "hour_rows",
-    "hours_sum_sql_text",
     "rebuild_hour_sql",
-    "upsert_hours_sql",
 ]
 
 HOUR_S = 3600
-
-HOUR_COLUMNS: tuple[str, ...] = (
-    "run_id",
-    "arm",
-    "hour",
-    "n",
-    "restarts",
-    "up_samples",
-    *(c for f in MEAN_FIELDS for c in (f"sum_{f}", f"n_{f}")),
-    "max_k",
-)
-_VALUES = HOUR_COLUMNS[3:]  # the additive part
 
 
 def hour_of(t: float) -> int:
@@ -70,8 +47,9 @@ def first_hour_from(since: float) -> int:
 
 
 def hour_rows(samples: Iterable[EngineSample]) -> list[tuple[Any, ...]]:
-    """Newly inserted samples as `HOUR_COLUMNS` rows to add, one per (run, arm, hour), in key
-    order (so concurrent writers lock hour rows in one order)."""
+    """Newly inserted samples as rows to add, one per (run, arm, hour): the key, then the fields
+    of their `EngineAggregate` (samples, restarts, up samples, sum and count of each mean field,
+    max k)."""
     groups: dict[tuple[str, str, int], list[EngineSample]] = {}
     for s in samples:
         groups.setdefault((s.run_id, s.arm.value, hour_of(s.t)), []).append(s)
@@ -81,24 +59,6 @@ def hour_rows(samples: Iterable[EngineSample]) -> list[tuple[Any, ...]]:
         means = [v for pair in zip(agg.sums, agg.counts, strict=True) for v in pair]
         rows.append((*key, agg.samples, agg.restarts, agg.up_samples, *means, agg.max_k))
     return rows
-
-
-def upsert_hours_sql(dialect: str) -> str:
-    """Add a `hour_rows` row to its hour (counts and sums added, max k the larger)."""
-    marks = ", ".join("?" if dialect == "sqlite" else f"${i}" for i in range(1, 16))
-    sets = [f"{c} = engine_hours.{c} + excluded.{c}" for c in _VALUES if c != "max_k"]
-    if dialect == "sqlite":
-        sets.append(
-            "max_k = CASE WHEN excluded.max_k IS NULL THEN engine_hours.max_k "
-            "WHEN engine_hours.max_k IS NULL THEN excluded.max_k "
-            "ELSE max(engine_hours.max_k, excluded.max_k) END"
-        )
-    else:
-        sets.append("max_k = GREATEST(engine_hours.max_k, excluded.max_k)")
-    return (
-        f"INSERT INTO engine_hours ({', '.join(HOUR_COLUMNS)}) VALUES ({marks}) "
-        f"ON CONFLICT (run_id, arm, hour) DO UPDATE SET {', '.join(sets)}"
-    )
 
 
 # Finite bounds per dialect: `x > -INF AND x < INF` drops NULL, infinities and (PostgreSQL,
@@ -114,7 +74,7 @@ _K = {
 
 
 def aggregate_columns(dialect: str) -> list[str]:
-    """SQL aggregates over engine_samples rows in `EngineAggregate` order (the `_VALUES`)."""
+    """SQL aggregates over engine_samples rows in `EngineAggregate` order (as `hour_rows`)."""
     inf = _INF[dialect]
     columns = [
         "COUNT(*)",
@@ -127,13 +87,6 @@ def aggregate_columns(dialect: str) -> list[str]:
         columns.append(f"COUNT(CASE WHEN {finite} THEN 1 END)")
     columns.append(f"MAX(CASE WHEN up THEN {_K[dialect]} END)")
     return columns
-
-
-def hours_sum_sql_text() -> str:
-    """The sum of a run's and arm's hour rows from hour ? on (or all: pass the hour of -inf as
-    a very small number), in `EngineAggregate` order; `?` placeholders."""
-    sums = ", ".join(f"SUM({c})" for c in _VALUES if c != "max_k")
-    return f"SELECT {sums}, MAX(max_k) FROM engine_hours WHERE run_id = ? AND arm = ? AND hour >= ?"
 
 
 def _hour_expr(dialect: str, t: str = "t") -> str:
@@ -150,48 +103,22 @@ def _hour_expr(dialect: str, t: str = "t") -> str:
     )
 
 
-def _aggregate_into_hours(dialect: str, where: str) -> str:
+def _aggregate_into_hours(table: str, columns: Sequence[str], dialect: str, where: str) -> str:
     """INSERT the hour rows of the engine samples matching `where` (no existing hour rows)."""
     return (
-        f"INSERT INTO engine_hours ({', '.join(HOUR_COLUMNS)}) "
+        f"INSERT INTO {table} ({', '.join(columns)}) "
         f"SELECT run_id, arm, h, {', '.join(aggregate_columns(dialect))} FROM "
         f"(SELECT *, {_hour_expr(dialect)} AS h FROM engine_samples WHERE {where}) AS s "
         "GROUP BY run_id, arm, h"
     )
 
 
-def rebuild_hour_sql(dialect: str) -> tuple[str, str]:
+def rebuild_hour_sql(table: str, columns: Sequence[str], dialect: str) -> tuple[str, str]:
     """Retention: (delete the hour rows up to the cut-off's hour, rebuild that hour from its
     kept samples); both take the cut-off time as their only parameter (run after the samples
-    before it are deleted)."""
+    before it are deleted). `columns`: the hour table's, in `hour_rows` order."""
     p = "?1" if dialect == "sqlite" else "CAST($1 AS DOUBLE PRECISION)"
     h = _hour_expr(dialect, p)
-    delete = f"DELETE FROM engine_hours WHERE hour <= {h}"
+    delete = f"DELETE FROM {table} WHERE hour <= {h}"
     where = f"t >= {p} AND t < {p} + {HOUR_S + 1} AND {_hour_expr(dialect)} <= {h}"
-    return delete, _aggregate_into_hours(dialect, where)
-
-
-def _v7(dialect: str) -> tuple[str, ...]:
-    real = "REAL" if dialect == "sqlite" else "DOUBLE PRECISION"
-    big = "INTEGER" if dialect == "sqlite" else "BIGINT"
-    cols = [f"{c} {real if c.startswith('sum_') else big} NOT NULL" for c in _VALUES[:-1]]
-    restarts_index = (
-        "CREATE INDEX IF NOT EXISTS engine_samples_restarts ON engine_samples (run_id, arm, t) "
-        "WHERE restarted"
-    )
-    return (
-        f"""CREATE TABLE IF NOT EXISTS engine_hours (
-        run_id TEXT NOT NULL,
-        arm TEXT NOT NULL,
-        hour {big} NOT NULL,
-        {", ".join(cols)},
-        max_k {big},
-        PRIMARY KEY (run_id, arm, hour)
-    )""",
-        _aggregate_into_hours(dialect, "TRUE" if dialect == "postgresql" else "1"),  # backfill
-        restarts_index,
-    )
-
-
-V7_SQLITE = _v7("sqlite")
-V7_POSTGRESQL = _v7("postgresql")
+    return delete, _aggregate_into_hours(table, columns, dialect, where)

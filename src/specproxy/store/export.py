@@ -2,7 +2,7 @@
 
 For analysis elsewhere (pandas, R, DuckDB): one row per record, the columns of the current schema
 in `RequestRecord` order. Rows stream from the store in chunks, so a large store never has to fit
-in memory.
+in memory. Parquet's library is imported by its writer alone, only when that format is asked for.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from typing import IO, Any, Literal
 
 from specproxy.config import StoreConfig
 from specproxy.errors import ConfigError
-from specproxy.store.arrays import TEXT_COLUMNS
 from specproxy.store.factory import open_store
-from specproxy.store.schema import REQUEST_COLUMNS
+from specproxy.store.schema import REQUEST_COLUMNS, TEXT_COLUMNS
 from specproxy.store.sqlite import require_existing_store
 
 __all__ = ["FORMATS", "Format", "export"]
@@ -92,12 +91,12 @@ class _JsonlWriter(_Writer):
 
 class _ParquetWriter(_Writer):
     def __init__(self, out: str) -> None:
-        try:
+        try:  # the one use of pyarrow, an optional dependency: imported here only
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise ConfigError(
-                "parquet export needs pyarrow: pip install 'specproxy[parquet]'"
+                "--format parquet needs pyarrow, which is not installed (pip install pyarrow)"
             ) from exc
         self.pa = pa
         types = {

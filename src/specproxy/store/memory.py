@@ -1,42 +1,56 @@
 """`memory://`: the store kept in process memory, for tests and as a fallback without a disk.
 
 It goes through the same buffering and spill machinery as the real backends, so tests of the
-proxy see the same timing (rows appear after a flush); `fail_writes` simulates an outage.
+proxy see the same timing (rows appear after a flush); `fail_writes` simulates an outage. Its
+tables are keyed like the SQL ones (duplicates ignored alike), its aggregates are the same
+declarations (`aggregates.AdditiveTable`), and it answers the same reads from them, except the
+engine windows, which it sums from the samples themselves (exact, where SQL sums hour rows).
 """
 
 from __future__ import annotations
 
 import copy
+import enum
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
-from specproxy.store.arrays import ArmArrays, rows_to_arrays
-from specproxy.store.base import RecordQuery
+from specproxy.store.aggregates import (
+    AGGREGATES,
+    ROLLUP_BINS,
+    ROLLUP_MINUTES,
+    ROLLUP_MOMENT_HOURS,
+    ROLLUP_MOMENTS,
+    AdditiveTable,
+    Aggregate,
+    Inserted,
+    RollupCut,
+    RowsCut,
+    aggregate_rows,
+)
 from specproxy.store.buffered import BufferedStore
-from specproxy.store.moments import MomentRead, hour_moment_rows
-from specproxy.store.registry import register_backend
-from specproxy.store.rollups import (
-    RollupRows,
+from specproxy.store.contract import (
+    BlockKey,
+    FineKey,
+    Fold,
+    MomentRead,
+    Packed,
+    Row,
     TierRead,
     TierVersions,
-    changed_blocks,
-    changed_minutes,
-    group_fine_bins,
-    rollup_rows_from,
 )
+from specproxy.store.queries import RecordQuery
+from specproxy.store.registry import register_backend
+from specproxy.store.rollups import changed_blocks, changed_minutes
 from specproxy.store.schema import REQUEST_COLUMNS, gpu_by_arm
-from specproxy.summary.blocks import Block
-from specproxy.summary.compaction import CompactionBounds, fold
-from specproxy.summary.engine import EngineAggregate, SampleView, restart_evidence
-from specproxy.summary.minute import rollup_records
+from specproxy.summary.engine import SampleView, StoredView, restart_evidence
+from specproxy.summary.tiering import MINUTE_SPAN, CompactionBounds
 
 __all__ = ["MemoryStore"]
 
 RequestKey = tuple[str, str, str, bool]
-RollupKey = tuple[str, int, str, str, str]  # run_id, minute, model, arm, metric
 StoredBlockKey = tuple[str, str, int, int, str, str]  # run_id, metric, start, span, model, arm
 
 
@@ -51,12 +65,13 @@ class MemoryStore(BufferedStore):
         self._samples: dict[tuple[str, str, float], EngineSample] = {}
         self._gpu: dict[tuple[str, str, float], GpuSample] = {}
         self._stats: list[tuple[str, float, dict[str, Any]]] = []
-        self._minutes: dict[RollupKey, list[float]] = {}
-        self._bins: dict[RollupKey, dict[int, int]] = {}
-        self._blocks: dict[StoredBlockKey, bytes] = {}
-        # (run_id, minute or hour start, model, arm) -> MOMENT_SUMS, as the two v8 tables
-        self._moments: dict[tuple[str, int, str, str], list[float]] = {}
-        self._moment_hours: dict[tuple[str, int, str, str], list[float]] = {}
+        self._blocks: dict[StoredBlockKey, tuple[int, bytes]] = {}  # (n, blob)
+        self._tables = {a.table: AdditiveTable(a) for a in AGGREGATES}
+
+    def _table(self, aggregate: Aggregate) -> AdditiveTable:
+        return self._tables[aggregate.table]
+
+    # -- hooks ---------------------------------------------------------------------------------
 
     async def _open(self) -> None:
         self._check_up()
@@ -71,25 +86,13 @@ class MemoryStore(BufferedStore):
             if key not in self._rows:
                 self._rows[key] = rec
                 new.append(rec)
-        batch = rollup_records(new, self._model_label)  # additive, as the SQL upserts
-        for table, rows in (
-            (self._moments, batch.moments),
-            (self._moment_hours, hour_moment_rows(batch.moments)),
-        ):
-            for run_id, start, model, arm, *sums in rows:
-                acc = table.setdefault((run_id, start, model, arm), [0.0] * len(sums))
-                for i, value in enumerate(sums):
-                    acc[i] += value
-        for run_id, minute, model, arm, metric, n, total, total_sq in batch.summaries:
-            acc = self._minutes.setdefault((run_id, minute, model, arm, metric), [0, 0.0, 0.0])
-            acc[0] += n
-            acc[1] += total
-            acc[2] += total_sq
-        for run_id, minute, model, arm, metric, b, count in batch.bins:
-            hist = self._bins.setdefault((run_id, minute, model, arm, metric), {})
-            hist[b] = hist.get(b, 0) + count
-        for s in engine:
+        taken = [
             self._samples.setdefault((s.run_id, s.arm.value, s.t), s)
+            for s in engine
+            if (s.run_id, s.arm.value, s.t) not in self._samples
+        ]
+        for aggregate, rows in aggregate_rows(Inserted(new, taken, self._model_label)):
+            self._table(aggregate).add(rows)
         for g in gpu:
             self._gpu.setdefault((g.run_id, g.arm.value, g.t), g)
 
@@ -99,169 +102,134 @@ class MemoryStore(BufferedStore):
     async def _purge(self, before: float) -> int:
         old_rows = [k for k, r in self._rows.items() if r.t_start < before]
         old_samples = [k for k, s in self._samples.items() if s.t < before]
+        old_gpu = [k for k, g in self._gpu.items() if g.t < before]
         for k in old_rows:
             del self._rows[k]
         for key in old_samples:
             del self._samples[key]
-        old_gpu = [k for k, g in self._gpu.items() if g.t < before]
         for key in old_gpu:
             del self._gpu[key]
         kept = [s for s in self._stats if s[1] >= before]
         removed = len(old_rows) + len(old_samples) + len(old_gpu) + len(self._stats) - len(kept)
         self._stats = kept
+        for aggregate in AGGREGATES:  # the cut's unit rebuilt from the rows kept, as in SQL
+            cut = aggregate.retention
+            if isinstance(cut, RowsCut):
+                unit = cut.unit_of(before)
+                kept_rows = [r for r in self._rows.values() if cut.unit_of(r.t_start) == unit]
+                kept_samples = [s for s in self._samples.values() if cut.unit_of(s.t) == unit]
+                self._table(aggregate).cut_through(unit)
+                inserted = Inserted(kept_rows, kept_samples, self._model_label)
+                self._table(aggregate).add(aggregate.rows(inserted))
         return removed
 
     async def _purge_rollups(self, before_minute: int) -> int:
-        old = [k for k in self._minutes if k[1] < before_minute]
-        removed = 0
+        old = [k for k in self._blocks if k[2] + k[3] <= before_minute]
         for k in old:
-            del self._minutes[k]
-            removed += 1 + len(self._bins.pop(k, {}))
-        for bk in [bk for bk in self._blocks if bk[2] + bk[3] <= before_minute]:
-            del self._blocks[bk]
-            removed += 1
-        for table, span in ((self._moments, 1), (self._moment_hours, 60)):
-            for mk in [mk for mk in table if mk[1] + span <= before_minute]:
-                del table[mk]
-                removed += 1
-        return removed
+            del self._blocks[k]
+        return len(old) + sum(
+            self._table(a).cut(before_minute)
+            for a in AGGREGATES
+            if isinstance(a.retention, RollupCut)
+        )
 
-    async def read_moments(self, *, run_id: str, since_minute: int) -> MomentRead:
-        self._check_up()
-
-        def rows(table: dict[tuple[str, int, str, str], list[float]]) -> list[tuple[Any, ...]]:
-            return [
-                (k[1], k[2], k[3], int(v[0]), *v[1:]) for k, v in table.items() if k[0] == run_id
-            ]
-
-        minutes = [r for r in rows(self._moments) if r[0] >= since_minute]
-        return MomentRead(rows(self._moment_hours), minutes)
-
-    async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
+    async def _compact(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         self._check_up()
         taken_blocks = [
-            (k[1], k[2], k[4], k[5], self._blocks.pop(k))
+            (k[1], k[2], k[4], k[5], self._blocks.pop(k)[1])
             for k in list(self._blocks)
-            if k[0] == run_id and k[3] == 1 and k[2] < bounds.hours_before
+            if k[0] == run_id and k[3] == MINUTE_SPAN and k[2] < bounds.hours_before
         ]
-        fine = [k for k in self._minutes if k[0] == run_id and k[1] < bounds.fine_before]
-        sums = []
-        bins = []
-        for k in fine:
-            _run, minute, model, arm, metric = k
-            n, total, sq = self._minutes.pop(k)
-            sums.append((metric, minute, model, arm, int(n), total, sq))
-            for b, c in self._bins.pop(k, {}).items():
-                bins.append((metric, minute, model, arm, b, c))
+
+        def fine(key: Row) -> bool:
+            return bool(key[0] == run_id and key[2] < bounds.fine_before)
+
+        sums = [r[1:] for r in self._table(ROLLUP_MINUTES).take(fine)]
+        bins = [r[1:] for r in self._table(ROLLUP_BINS).take(fine)]
+
+        def stored(target: tuple[str, int, int, str, str]) -> bytes | None:
+            block = self._blocks.get((run_id, *target))
+            return block[1] if block is not None else None
+
         folded = fold(
-            bounds=bounds,
-            minute_blocks=taken_blocks,
-            summaries=sums,
-            bins=bins,
-            stored=lambda t: self._blocks.get((run_id, *t)),
+            bounds=bounds, minute_blocks=taken_blocks, summaries=sums, bins=bins, stored=stored
         )
         for metric, start, span, model, arm, block in folded:
-            self._blocks[(run_id, metric, start, span, model, arm)] = block.encode()
+            self._blocks[(run_id, metric, start, span, model, arm)] = (block.n, block.encode())
         return len(taken_blocks) + len(sums) + len(bins)
-
-    async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
-        mine = {k[2:]: v for k, v in self._blocks.items() if k[0] == run_id and k[1] == metric}
-        listing = [(*k, Block.decode(k[0], v).n) for k, v in mine.items()]
-        blobs = {k: mine[k] for k in changed_blocks(listing, known)}
-        minutes = [
-            (k[1], k[2], k[3], int(v[0]), v[1], v[2])
-            for k, v in self._minutes.items()
-            if k[0] == run_id and k[4] == metric
-        ]
-        wanted = set(changed_minutes(minutes, known))
-        bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
-        for k, hist in self._bins.items():
-            if k[0] == run_id and k[4] == metric and k[1] in wanted:
-                group_fine_bins([(k[1], k[2], k[3], b, c) for b, c in hist.items()], bins)
-        return TierRead(listing, blobs, minutes, bins)
-
-    async def read_rollups(
-        self,
-        *,
-        run_id: str,
-        metric: str,
-        since_minute: int,
-        until_minute: int,
-        model: str | None = None,
-        with_bins: bool = True,
-    ) -> dict[Arm, RollupRows]:
-        """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
-        out: dict[Arm, RollupRows] = {}
-        for arm in Arm:
-            keys = [
-                k
-                for k in self._minutes
-                if k[0] == run_id
-                and k[4] == metric
-                and since_minute <= k[1] < until_minute
-                and k[3] == arm.value
-                and (model is None or k[2] == model)
-            ]
-            minutes = [(k[1], int(v[0]), v[1], v[2]) for k in keys for v in [self._minutes[k]]]
-            bins = [
-                (k[1], b, c)
-                for k in (keys if with_bins else [])
-                for b, c in self._bins.get(k, {}).items()
-            ]
-            out[arm] = rollup_rows_from(minutes, bins)
-        return out
 
     def _check_up(self) -> None:
         if self.fail_writes:
             raise ConnectionError("memory store: simulated outage")
 
-    def all_records(self) -> list[RequestRecord]:
-        """Every stored record (tests)."""
-        return sorted(self._rows.values(), key=lambda r: r.t_start)
+    # -- SummaryReader ------------------------------------------------------------------------
 
-    async def _read_arrays(self, query: RecordQuery) -> dict[Arm, ArmArrays]:
+    async def read_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
+        self._check_up()
+        mine = {k[2:]: v for k, v in self._blocks.items() if k[0] == run_id and k[1] == metric}
+        listing = [(*key, n) for key, (n, _blob) in mine.items()]
+        blobs: dict[BlockKey, bytes] = {k: mine[k][1] for k in changed_blocks(listing, known)}
+
+        def of_metric(key: Row) -> bool:
+            return bool(key[0] == run_id and key[1] == metric)
+
+        minutes = [r[2:] for r in self._table(ROLLUP_MINUTES).select(of_metric)]
+        wanted = set(changed_minutes(minutes, known))
+        grouped: dict[FineKey, list[tuple[int, int]]] = {}
+        for _run, _metric, minute, model, arm, b, count in sorted(
+            self._table(ROLLUP_BINS).select(lambda k: of_metric(k) and k[2] in wanted)
+        ):
+            grouped.setdefault((minute, model, arm), []).append((b, count))
+        bins: dict[FineKey, tuple[Packed, Packed]] = {
+            key: ([b for b, _c in pairs], [c for _b, c in pairs]) for key, pairs in grouped.items()
+        }
+        return TierRead(listing, blobs, minutes, bins)
+
+    async def read_moments(self, *, run_id: str, since_minute: int) -> MomentRead:
+        self._check_up()
+        hours = self._table(ROLLUP_MOMENT_HOURS).select(lambda k: k[0] == run_id)
+        minutes = self._table(ROLLUP_MOMENTS).select(
+            lambda k: k[0] == run_id and k[1] >= since_minute
+        )
+        return MomentRead([r[1:] for r in hours], [r[1:] for r in minutes])
+
+    async def read_records(
+        self,
+        *,
+        run_id: str,
+        columns: Sequence[str],
+        since: float | None = None,
+        until: float | None = None,
+        usable_only: bool = False,
+    ) -> dict[Arm, list[Row]]:
+        self._check_up()
+        query = RecordQuery.of(run_id, columns, since, until, usable_only)
         records = self.all_records()
         return {
-            arm: rows_to_arrays(
-                query.columns,
-                [
-                    tuple(getattr(r, c) for c in query.columns)
-                    for r in records
-                    if query.matches(r, arm)
-                ],
-            )
+            arm: [
+                tuple(_plain(getattr(r, c)) for c in query.columns)
+                for r in records
+                if query.matches(r, arm)
+            ]
             for arm in Arm
         }
 
-    async def read_engine_samples(
-        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
-    ) -> list[EngineSample]:
-        return sorted(
-            (
-                s
-                for s in self._samples.values()
-                if s.run_id == run_id
-                and (since is None or s.t >= since)
-                and (arm is None or s.arm is arm)
-            ),
-            key=lambda s: s.t,
-        )
-
-    async def read_engine_aggregates(
-        self, *, run_id: str, since: Sequence[float]
-    ) -> dict[float, dict[Arm, EngineAggregate]]:
+    async def read_engine(self, *, run_id: str, since: Sequence[float]) -> StoredView:
+        """From the samples themselves, summed in time order: exactly what a computation fed
+        every sample gets (tests compare the two), where SQL sums hours and then the rest."""
+        self._check_up()
         samples = await self.read_engine_samples(run_id=run_id)
         view = SampleView(samples)
-        return {start: {arm: view.aggregate(arm, start) for arm in Arm} for start in since}
-
-    async def read_restart_samples(self, *, run_id: str) -> list[EngineSample]:
-        samples = await self.read_engine_samples(run_id=run_id)
-        kept = [s for arm in Arm for s in restart_evidence(samples, arm)]
-        return sorted(kept, key=lambda s: s.t)
+        aggregates = {start: {arm: view.aggregate(arm, start) for arm in Arm} for start in since}
+        restarts = sorted(
+            (s for arm in Arm for s in restart_evidence(samples, arm)), key=lambda s: s.t
+        )
+        return StoredView(aggregates, restarts)
 
     async def read_gpu_samples(
         self, *, run_id: str, since: float | None = None, limit: int | None = None
     ) -> dict[Arm, list[GpuSample]]:
+        self._check_up()
         return gpu_by_arm(
             (
                 g
@@ -270,6 +238,11 @@ class MemoryStore(BufferedStore):
             ),
             limit,
         )
+
+    async def run_ids(self) -> list[str]:
+        return sorted({r.run_id for r in self._rows.values()})
+
+    # -- History --------------------------------------------------------------------------------
 
     async def write_stats(self, *, run_id: str, t: float, result: dict[str, Any]) -> None:
         if self.fail_writes:
@@ -286,16 +259,40 @@ class MemoryStore(BufferedStore):
         ]
         return sorted(rows, key=lambda row: row[0])
 
+    async def latest_stats(
+        self, *, run_id: str, newer_than: float | None = None
+    ) -> tuple[float, dict[str, Any]] | None:
+        rows = await self.read_stats_history(run_id=run_id)
+        if not rows or (newer_than is not None and rows[-1][0] <= newer_than):
+            return None
+        return rows[-1]
+
+    # -- Export ---------------------------------------------------------------------------------
+
+    def all_records(self) -> list[RequestRecord]:
+        """Every stored record, in t_start order."""
+        return sorted(self._rows.values(), key=lambda r: r.t_start)
+
+    async def read_engine_samples(
+        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
+    ) -> list[EngineSample]:
+        return sorted(
+            (
+                s
+                for s in self._samples.values()
+                if s.run_id == run_id
+                and (since is None or s.t >= since)
+                and (arm is None or s.arm is arm)
+            ),
+            key=lambda s: s.t,
+        )
+
     async def models(self, *, run_id: str) -> list[str]:
         return sorted({r.model for r in self._rows.values() if r.run_id == run_id})
 
-    async def run_ids(self) -> list[str]:
-        return sorted({r.run_id for r in self._rows.values()})
-
     async def export_chunks(
         self, *, run_id: str | None = None, chunk_rows: int = 10_000
-    ) -> AsyncIterator[list[tuple[Any, ...]]]:
-        """Records as tuples in `REQUEST_COLUMNS` order (export), in chunks."""
+    ) -> AsyncIterator[list[Row]]:
         rows = [
             tuple(_plain(getattr(r, c)) for c in REQUEST_COLUMNS)
             for r in self.all_records()
@@ -306,4 +303,5 @@ class MemoryStore(BufferedStore):
 
 
 def _plain(value: Any) -> Any:
-    return value.value if isinstance(value, Arm) else value
+    """A record's value as a SQL store returns it: enums (arm, error kind) as their values."""
+    return value.value if isinstance(value, enum.Enum) else value

@@ -18,25 +18,37 @@ from typing import TYPE_CHECKING, Any
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
-from specproxy.store.arrays import ArmArrays, rows_to_arrays
-from specproxy.store.base import RecordQuery
-from specproxy.store.buffered import BufferedStore
-from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
-from specproxy.store.moments import (
-    MomentRead,
-    delete_moments_sql,
-    hour_moment_rows,
-    read_moments_sql,
-    upsert_moments_sql,
+from specproxy.store.aggregates import (
+    AGGREGATES,
+    Inserted,
+    RollupCut,
+    RowsCut,
+    aggregate_rows,
+    retention_sql,
+    upsert_sql,
 )
+from specproxy.store.buffered import BufferedStore
+from specproxy.store.contract import (
+    BlockKey,
+    FineKey,
+    Fold,
+    MomentRead,
+    Packed,
+    Row,
+    TierRead,
+    TierVersions,
+)
+from specproxy.store.migrations import migrations_after
 from specproxy.store.queries import (
     MODELS_SQL,
     RUN_IDS_SQL,
+    RecordQuery,
     aggregate_queries,
     engine_aggregate_from,
     engine_sql,
     export_sql,
     gpu_sql,
+    latest_stats_sql,
     placeholders,
     records_sql,
     restart_plan,
@@ -45,26 +57,18 @@ from specproxy.store.queries import (
 )
 from specproxy.store.registry import register_backend
 from specproxy.store.rollups import (
-    RollupRows,
-    TierRead,
-    TierVersions,
     block_blobs_sql,
     block_list_sql,
     changed_blocks,
     changed_minutes,
+    delete_blocks_before_sql,
     delete_blocks_returning_sql,
     delete_fine_returning_sql,
-    delete_rollups_sql,
-    fine_bins_arrays,
     fine_bins_of_minute_sql,
     fine_minutes_sql,
-    read_bins_sql,
-    read_minutes_sql,
-    rollup_rows_from,
+    read_moments_sql,
     stored_block_sql,
-    upsert_bins_sql,
     upsert_block_sql,
-    upsert_minutes_sql,
 )
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
@@ -74,12 +78,11 @@ from specproxy.store.schema import (
     gpu_by_arm,
     gpu_row,
     gpu_sample,
-    migrations_after,
     request_row,
 )
-from specproxy.summary.compaction import CompactionBounds, fold
-from specproxy.summary.engine import EngineAggregate
-from specproxy.summary.minute import ROLLUP_METRICS, rollup_records
+from specproxy.summary.engine import EngineAggregate, StoredView
+from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.tiering import CompactionBounds
 
 if TYPE_CHECKING:
     import asyncpg
@@ -183,6 +186,7 @@ class PostgresStore(BufferedStore):
         self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
     ) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
+            inserted: list[RequestRecord] = []
             if requests:
                 await conn.copy_records_to_table(
                     "incoming_requests",
@@ -196,18 +200,7 @@ class PostgresStore(BufferedStore):
                 inserted = [
                     r for r in requests if (r.run_id, r.request_id, r.arm.value, r.shadow) in new
                 ]
-                batch = await asyncio.to_thread(rollup_records, inserted, self._model_label)
-                if batch.summaries:
-                    await conn.executemany(upsert_minutes_sql("postgresql"), batch.summaries)
-                    await conn.executemany(upsert_bins_sql("postgresql"), batch.bins)
-                if batch.moments:  # in key order, as the hour rows: writers lock rows alike
-                    await conn.executemany(
-                        upsert_moments_sql("postgresql", hours=False), sorted(batch.moments)
-                    )
-                    await conn.executemany(
-                        upsert_moments_sql("postgresql", hours=True),
-                        hour_moment_rows(batch.moments),
-                    )
+            taken: list[EngineSample] = []
             if engine:
                 await conn.copy_records_to_table(
                     "incoming_engine",
@@ -215,7 +208,11 @@ class PostgresStore(BufferedStore):
                     columns=ENGINE_COLUMNS,
                 )
                 taken = [EngineSample.from_dict(dict(r)) for r in await conn.fetch(_MOVE_ENGINE)]
-                await conn.executemany(upsert_hours_sql("postgresql"), hour_rows(taken))
+            pairs = await asyncio.to_thread(
+                aggregate_rows, Inserted(inserted, taken, self._model_label)
+            )
+            for aggregate, rows in pairs:
+                await conn.executemany(upsert_sql(aggregate, "postgresql"), rows)
             if gpu:
                 await conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
@@ -230,19 +227,27 @@ class PostgresStore(BufferedStore):
             ):
                 status = await conn.execute(sql, before)
                 removed += int(status.split()[-1])
-            for sql in rebuild_hour_sql("postgresql"):  # the hour aggregates of the kept samples
-                await conn.execute(sql, before)
+            for aggregate in AGGREGATES:  # rebuilt from the rows kept
+                if isinstance(aggregate.retention, RowsCut):
+                    for sql in retention_sql(aggregate, "postgresql"):
+                        await conn.execute(sql, before)
         return removed
 
     async def _purge_rollups(self, before_minute: int) -> int:
         removed = 0
         async with self.pool.acquire() as conn, conn.transaction():
-            for sql in (*delete_rollups_sql("postgresql"), *delete_moments_sql("postgresql")):
+            statements = [delete_blocks_before_sql("postgresql")] + [
+                sql
+                for aggregate in AGGREGATES
+                if isinstance(aggregate.retention, RollupCut)
+                for sql in retention_sql(aggregate, "postgresql")
+            ]
+            for sql in statements:
                 status = await conn.execute(sql, before_minute)
                 removed += int(status.split()[-1])
         return removed
 
-    async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
+    async def _compact(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         """One REPEATABLE READ transaction: the DELETE ... RETURNING statements see one snapshot;
         a row a replica changes meanwhile aborts the pass (serialization failure, retried at the
         next one) and a row it adds is left for the next pass."""
@@ -281,7 +286,7 @@ class PostgresStore(BufferedStore):
             )
             return len(blocks) + len(sums) + len(bins)
 
-    async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
+    async def read_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
         await self._ensure_open()
         try:
             async with (
@@ -292,7 +297,7 @@ class PostgresStore(BufferedStore):
                     tuple(r) for r in await conn.fetch(block_list_sql("postgresql"), run_id, metric)
                 ]
                 changed = changed_blocks(listing, known)
-                blobs: dict[tuple[int, int, str, str], bytes] = {}
+                blobs: dict[BlockKey, bytes] = {}
                 if len(changed) > 64:  # a cold reader: one scan instead of a query per block
                     wanted = set(changed)
                     for st, sp, mo, a, blob in await conn.fetch(
@@ -310,12 +315,12 @@ class PostgresStore(BufferedStore):
                     tuple(r)
                     for r in await conn.fetch(fine_minutes_sql("postgresql"), run_id, metric)
                 ]
-                bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
+                bins: dict[FineKey, tuple[Packed, Packed]] = {}
                 for minute in changed_minutes(minutes, known):
                     for model, arm, packed_bins, packed_counts in await conn.fetch(
                         fine_bins_of_minute_sql("postgresql"), run_id, metric, minute
                     ):
-                        bins[(minute, model, arm)] = fine_bins_arrays(packed_bins, packed_counts)
+                        bins[(minute, model, arm)] = (bytes(packed_bins), bytes(packed_counts))
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
         return TierRead(listing, blobs, minutes, bins)
@@ -334,35 +339,6 @@ class PostgresStore(BufferedStore):
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
         return MomentRead([tuple(r) for r in hours], [tuple(r) for r in minutes])
-
-    async def read_rollups(
-        self,
-        *,
-        run_id: str,
-        metric: str,
-        since_minute: int,
-        until_minute: int,
-        model: str | None = None,
-        with_bins: bool = True,
-    ) -> dict[Arm, RollupRows]:
-        """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
-        with_model = model is not None
-        out: dict[Arm, RollupRows] = {}
-        for arm in Arm:
-            params: tuple[Any, ...] = (run_id, metric, since_minute, until_minute, arm.value)
-            params += (model,) if with_model else ()
-            minutes = await self._fetch(
-                read_minutes_sql("postgresql", with_model=with_model), *params
-            )
-            bins = (
-                await self._fetch(read_bins_sql("postgresql", with_model=with_model), *params)
-                if with_bins
-                else []
-            )
-            out[arm] = await asyncio.to_thread(
-                rollup_rows_from, [tuple(r) for r in minutes], [tuple(r) for r in bins]
-            )
-        return out
 
     async def _close_backend(self) -> None:
         if self._pool is not None:
@@ -405,12 +381,28 @@ class PostgresStore(BufferedStore):
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
 
-    async def _read_arrays(self, query: RecordQuery) -> dict[Arm, ArmArrays]:
+    async def read_records(
+        self,
+        *,
+        run_id: str,
+        columns: Sequence[str],
+        since: float | None = None,
+        until: float | None = None,
+        usable_only: bool = False,
+    ) -> dict[Arm, list[Row]]:
+        query = RecordQuery.of(run_id, columns, since, until, usable_only)
         sql, params = records_sql(query, "postgresql")
-        out: dict[Arm, ArmArrays] = {}
-        for arm in Arm:
-            rows = await self._fetch(sql, *with_arm(params, arm))
-            out[arm] = rows_to_arrays(query.columns, [tuple(r) for r in rows])
+        await self._ensure_open()
+        out: dict[Arm, list[Row]] = {}
+        try:  # both arms from one snapshot
+            async with (
+                self.pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                for arm in Arm:
+                    out[arm] = [tuple(r) for r in await conn.fetch(sql, *with_arm(params, arm))]
+        except Exception as exc:
+            raise StoreError(f"cannot read store: {exc}") from exc
         return out
 
     async def read_engine_samples(
@@ -419,36 +411,38 @@ class PostgresStore(BufferedStore):
         sql, params = engine_sql(run_id, since, arm, "postgresql")
         return [EngineSample.from_dict(dict(r)) for r in await self._fetch(sql, *params)]
 
-    async def read_engine_aggregates(
-        self, *, run_id: str, since: Sequence[float]
-    ) -> dict[float, dict[Arm, EngineAggregate]]:
+    async def read_engine(self, *, run_id: str, since: Sequence[float]) -> StoredView:
         await self._ensure_open()
-        out: dict[float, dict[Arm, EngineAggregate]] = {}
+        aggregates: dict[float, dict[Arm, EngineAggregate]] = {}
         try:  # one snapshot: samples and hours written together
-            async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            async with (
+                self.pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
                 for start in since:
-                    out[start] = {}
+                    aggregates[start] = {}
                     for arm in Arm:
                         total = EngineAggregate()
                         for sql, params in aggregate_queries(run_id, arm, start, "postgresql"):
                             row = await conn.fetchrow(sql, *params)
                             assert row is not None  # an aggregate always has one row
                             total = total.merge(engine_aggregate_from(tuple(row)))
-                        out[start][arm] = total
+                        aggregates[start][arm] = total
+                plan = restart_plan(run_id, "postgresql")
+                try:
+                    sql, params = next(plan)
+                    while True:
+                        fetched = await conn.fetch(sql, *params)
+                        sql, params = plan.send([tuple(r) for r in fetched])
+                except StopIteration as done:
+                    rows = done.value
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
-        return out
-
-    async def read_restart_samples(self, *, run_id: str) -> list[EngineSample]:
-        plan = restart_plan(run_id, "postgresql")
-        try:
-            sql, params = next(plan)
-            while True:
-                sql, params = plan.send(await self._fetch(sql, *params))
-        except StopIteration as done:
-            rows = done.value
-        samples = [EngineSample.from_dict(dict(r)) for r in rows]
-        return sorted(samples, key=lambda s: s.t)
+        restarts = sorted(
+            (EngineSample.from_dict(dict(zip(ENGINE_COLUMNS, r, strict=True))) for r in rows),
+            key=lambda s: s.t,
+        )
+        return StoredView(aggregates, restarts)
 
     async def read_gpu_samples(
         self, *, run_id: str, since: float | None = None, limit: int | None = None
@@ -465,6 +459,13 @@ class PostgresStore(BufferedStore):
     ) -> list[tuple[float, dict[str, Any]]]:
         sql, params = stats_history_sql(run_id, since, "postgresql")
         return [(r["t"], json.loads(r["result"])) for r in await self._fetch(sql, *params)]
+
+    async def latest_stats(
+        self, *, run_id: str, newer_than: float | None = None
+    ) -> tuple[float, dict[str, Any]] | None:
+        sql, params = latest_stats_sql(run_id, newer_than, "postgresql")
+        rows = await self._fetch(sql, *params)
+        return (rows[0]["t"], json.loads(rows[0]["result"])) if rows else None
 
     async def models(self, *, run_id: str) -> list[str]:
         sql = placeholders(MODELS_SQL, "postgresql")

@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from specproxy.records import Arm
-from specproxy.store.base import RecordQuery
-from specproxy.store.enginehours import (
-    HOUR_S,
-    aggregate_columns,
-    first_hour_from,
-    hours_sum_sql_text,
+from specproxy.errors import StoreError
+from specproxy.records import RECORD_FIELDS, Arm, RequestRecord
+from specproxy.store.aggregates import ENGINE_HOURS, total_sql
+from specproxy.store.enginehours import HOUR_S, aggregate_columns, first_hour_from
+from specproxy.store.schema import (
+    BOOL_COLUMNS,
+    ENGINE_COLUMNS,
+    GPU_COLUMNS,
+    REQUEST_COLUMNS,
+    Dialect,
 )
-from specproxy.store.schema import ENGINE_COLUMNS, GPU_COLUMNS, REQUEST_COLUMNS, Dialect
 from specproxy.summary.engine import EngineAggregate
 
 __all__ = [
+    "BOOL_CONVERTER",
     "MODELS_SQL",
     "RUN_IDS_SQL",
+    "RecordQuery",
     "RestartPlan",
     "aggregate_queries",
     "engine_aggregate_from",
@@ -33,6 +38,7 @@ __all__ = [
     "engine_sql",
     "export_sql",
     "gpu_sql",
+    "latest_stats_sql",
     "placeholders",
     "records_sql",
     "restart_neighbour_sql",
@@ -43,6 +49,9 @@ __all__ = [
 ]
 
 Query = tuple[str, tuple[Any, ...]]
+
+# sqlite3 converter of booleans (0/1) to bool, by column name (`detect_types=PARSE_COLNAMES`)
+BOOL_CONVERTER = "specproxy_bool"
 
 MODELS_SQL = "SELECT DISTINCT model FROM requests WHERE run_id = ? ORDER BY model"
 RUN_IDS_SQL = "SELECT DISTINCT run_id FROM requests ORDER BY 1"
@@ -56,26 +65,66 @@ def placeholders(sql: str, dialect: Dialect) -> str:
     return head + "".join(f"${i}{part}" for i, part in enumerate(rest, start=1))
 
 
+@dataclass(frozen=True, slots=True)
+class RecordQuery:
+    """The arguments of `read_records`, checked (`of`): columns are spliced into SQL."""
+
+    run_id: str
+    columns: tuple[str, ...]  # record fields
+    since: float | None = None  # since <= t_start
+    until: float | None = None  # t_start < until
+    usable_only: bool = False  # status 200, no error kind, not disconnected
+
+    @classmethod
+    def of(
+        cls,
+        run_id: str,
+        columns: Sequence[str],
+        since: float | None = None,
+        until: float | None = None,
+        usable_only: bool = False,
+    ) -> RecordQuery:
+        """The query, or a `StoreError` for no column or a column that is no record field."""
+        unknown = [c for c in columns if c not in RECORD_FIELDS]
+        if unknown:
+            raise StoreError(f"unknown record column(s): {', '.join(unknown)}")
+        if not columns:
+            raise StoreError("read_records needs at least one column")
+        return cls(run_id, tuple(columns), since, until, usable_only)
+
+    def matches(self, rec: RequestRecord, arm: Arm) -> bool:
+        """Whether `rec` is one of the records of `arm` this query selects (the memory store)."""
+        return (
+            rec.run_id == self.run_id
+            and rec.arm is arm
+            and (self.since is None or rec.t_start >= self.since)
+            and (self.until is None or rec.t_start < self.until)
+            and (
+                not self.usable_only
+                or (rec.status == 200 and rec.error_kind is None and not rec.disconnected)
+            )
+        )
+
+
 def records_sql(query: RecordQuery, dialect: Dialect) -> Query:
-    """`read_arrays` for one arm, whose value is the second parameter and not in the returned
+    """`read_records` for one arm, whose value is the second parameter and not in the returned
     ones (`with_arm` adds it). Every filter is in the WHERE clause, so the (run_id, arm, t_start)
-    index does the work."""
+    index does the work. SQLite's booleans are named for `BOOL_CONVERTER`, which the SQLite
+    store registers, so they come back as bool as in PostgreSQL."""
     where = ["run_id = ?", "arm = ?"]
     params: list[Any] = [query.run_id]
-    for clause, value in (
-        ("t_start >= ?", query.since),
-        ("t_start < ?", query.until),
-        ("model = ?", query.model),
-    ):
+    for clause, value in (("t_start >= ?", query.since), ("t_start < ?", query.until)):
         if value is not None:
             where.append(clause)
             params.append(value)
-    if not query.include_shadow:
-        where.append("shadow = 0" if dialect == "sqlite" else "NOT shadow")
-    sql = (
-        f"SELECT {', '.join(query.columns)} FROM requests WHERE {' AND '.join(where)} "
-        "ORDER BY t_start"
-    )
+    if query.usable_only:
+        where.append("status = 200 AND error_kind IS NULL")
+        where.append("disconnected = 0" if dialect == "sqlite" else "NOT disconnected")
+    columns = [
+        f'{c} AS "{c} [{BOOL_CONVERTER}]"' if dialect == "sqlite" and c in BOOL_COLUMNS else c
+        for c in query.columns
+    ]
+    sql = f"SELECT {', '.join(columns)} FROM requests WHERE {' AND '.join(where)} ORDER BY t_start"
     return placeholders(sql, dialect), tuple(params)
 
 
@@ -122,11 +171,12 @@ def engine_hours_sql(run_id: str, arm: Arm, from_hour: int | None, dialect: Dial
     """The sum of one arm's `engine_hours` rows from `from_hour` (None: all), in the row shape
     of `engine_aggregate_sql`."""
     first = from_hour if from_hour is not None else -(2**62)
-    return placeholders(hours_sum_sql_text(), dialect), (run_id, arm.value, first)
+    sql = total_sql(ENGINE_HOURS, "run_id = ? AND arm = ? AND hour >= ?")
+    return placeholders(sql, dialect), (run_id, arm.value, first)
 
 
 def aggregate_queries(run_id: str, arm: Arm, since: float, dialect: Dialect) -> list[Query]:
-    """`read_engine_aggregates` for one arm and window start: the samples of [since, the next
+    """`read_engine`'s aggregate of one arm and window start: the samples of [since, the next
     whole hour) and the hour rows from that hour (`store.enginehours`); merge their rows."""
     if since == -math.inf:
         return [engine_hours_sql(run_id, arm, None, dialect)]
@@ -138,7 +188,8 @@ def aggregate_queries(run_id: str, arm: Arm, since: float, dialect: Dialect) -> 
 
 
 def engine_aggregate_from(row: Sequence[Any]) -> EngineAggregate:
-    """The row of `engine_aggregate_sql` as an aggregate (SQL sums of no rows are NULL)."""
+    """The row of `engine_aggregate_sql` (or `aggregates.total_sql` of `ENGINE_HOURS`) as an
+    aggregate (sums of no rows are NULL)."""
     n, restarts, up, *means, max_k = row
     return EngineAggregate(
         samples=int(n or 0),
@@ -162,7 +213,7 @@ def restarted_sql(run_id: str, arm: Arm, dialect: Dialect) -> Query:
 def restart_neighbour_sql(
     run_id: str, arm: Arm, *, up: bool, after: float, before: float, dialect: Dialect
 ) -> Query:
-    """The one sample of `arm` with after < t < before that `engineagg.restart_evidence` keeps:
+    """The one sample of `arm` with after < t < before that `summary.engine.restart_evidence` keeps:
     the latest up one (`up`) or the earliest failed one (not `up`); by the (run_id, arm, t)
     key, so it reads the samples between the two times at most."""
     sql = (
@@ -178,9 +229,10 @@ RestartPlan = Generator[Query, Sequence[Sequence[Any]], list[Sequence[Any]]]
 
 
 def restart_plan(run_id: str, dialect: Dialect) -> RestartPlan:
-    """`read_restart_samples` as queries: send each yielded query's rows back; returns the rows
-    (`ENGINE_COLUMNS`) of `engineagg.restart_evidence` of every arm, each arm in time order.
-    Two key lookups per restart, so the cost follows the restarts, not the run's length."""
+    """`read_engine`'s restart samples as queries: send each yielded query's rows back; returns
+    the rows (`ENGINE_COLUMNS`) of `summary.engine.restart_evidence` of every arm, each arm in
+    time order. Two key lookups per restart: the cost follows the restarts, not the run's
+    length."""
     out: list[Sequence[Any]] = []
     for arm in Arm:
         restarted = yield restarted_sql(run_id, arm, dialect)
@@ -212,6 +264,18 @@ def stats_history_sql(run_id: str, since: float | None, dialect: Dialect) -> Que
         sql += " AND t >= ?"
         params.append(since)
     return placeholders(sql + " ORDER BY t, id", dialect), tuple(params)
+
+
+def latest_stats_sql(run_id: str, newer_than: float | None, dialect: Dialect) -> Query:
+    """`latest_stats`: the newest (t, result as JSON text) with t > newer_than, if any; by the
+    (run_id, t) index."""
+    result = "result" if dialect == "sqlite" else "result::text AS result"
+    sql = f"SELECT t, {result} FROM stats_history WHERE run_id = ?"
+    params: list[Any] = [run_id]
+    if newer_than is not None:
+        sql += " AND t > ?"
+        params.append(newer_than)
+    return placeholders(sql + " ORDER BY t DESC, id DESC LIMIT 1", dialect), tuple(params)
 
 
 def export_sql(run_id: str | None, dialect: Dialect) -> Query:

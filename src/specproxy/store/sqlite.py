@@ -2,8 +2,10 @@
 
 All writes go through one dedicated thread that owns the write connection, so the event loop never
 touches the disk and writes are serialized as SQLite wants. Reads open their own short-lived
-connection in a worker thread; WAL lets them run while the writer commits. `synchronous=NORMAL`
-under WAL survives a crash of the process (not of the OS) without an fsync per commit.
+connection in a worker thread (the standard library's sqlite3 only); WAL lets them run while the
+writer commits, and a read of several statements runs in one transaction (one snapshot).
+`synchronous=NORMAL` under WAL survives a crash of the process (not of the OS) without an fsync
+per commit.
 
 URL form (as SQLAlchemy): `sqlite:///relative.db`, `sqlite:////absolute/path.db`; the optional
 query `?timeout=SECONDS` sets how long a write waits for a lock before it counts as an outage.
@@ -14,44 +16,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib.util
 import json
 import logging
-import multiprocessing
 import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from specproxy.children import die_with_parent
 from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
-from specproxy.store.arrays import ArmArrays, arrow_to_arrays, rows_to_arrays
-from specproxy.store.base import RecordQuery
-from specproxy.store.buffered import BufferedStore
-from specproxy.store.enginehours import hour_rows, rebuild_hour_sql, upsert_hours_sql
-from specproxy.store.moments import (
-    MomentRead,
-    delete_moments_sql,
-    hour_moment_rows,
-    read_moments_sql,
-    upsert_moments_sql,
+from specproxy.store.aggregates import (
+    AGGREGATES,
+    Inserted,
+    RollupCut,
+    RowsCut,
+    aggregate_rows,
+    retention_sql,
+    upsert_sql,
 )
+from specproxy.store.buffered import BufferedStore
+from specproxy.store.contract import (
+    BlockKey,
+    FineKey,
+    Fold,
+    MomentRead,
+    Packed,
+    Row,
+    TierRead,
+    TierVersions,
+)
+from specproxy.store.migrations import migrations_after
 from specproxy.store.queries import (
+    BOOL_CONVERTER,
     MODELS_SQL,
     RUN_IDS_SQL,
+    RecordQuery,
     aggregate_queries,
     engine_aggregate_from,
     engine_sql,
     export_sql,
     gpu_sql,
+    latest_stats_sql,
     records_sql,
     restart_plan,
     stats_history_sql,
@@ -59,26 +69,18 @@ from specproxy.store.queries import (
 )
 from specproxy.store.registry import register_backend
 from specproxy.store.rollups import (
-    RollupRows,
-    TierRead,
-    TierVersions,
     block_blobs_sql,
     block_list_sql,
     changed_blocks,
     changed_minutes,
+    delete_blocks_before_sql,
     delete_blocks_returning_sql,
     delete_fine_returning_sql,
-    delete_rollups_sql,
-    fine_bins_arrays,
     fine_bins_of_minute_sql,
     fine_minutes_sql,
-    read_bins_sql,
-    read_minutes_sql,
-    rollup_rows_from,
+    read_moments_sql,
     stored_block_sql,
-    upsert_bins_sql,
     upsert_block_sql,
-    upsert_minutes_sql,
 )
 from specproxy.store.schema import (
     ENGINE_COLUMNS,
@@ -88,29 +90,17 @@ from specproxy.store.schema import (
     gpu_by_arm,
     gpu_row,
     gpu_sample,
-    migrations_after,
     request_row,
 )
-from specproxy.summary.compaction import CompactionBounds, fold
-from specproxy.summary.engine import EngineAggregate
-from specproxy.summary.minute import ROLLUP_METRICS, rollup_records
+from specproxy.summary.engine import EngineAggregate, StoredView
+from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.tiering import CompactionBounds
 
-__all__ = [
-    "ArmQuery",
-    "SqliteStore",
-    "adbc_available",
-    "arm_query",
-    "migrate_sqlite",
-    "read_arms_adbc",
-    "read_arms_sqlite3",
-    "sqlite_path",
-]
+__all__ = ["SqliteStore", "migrate_sqlite", "require_existing_store", "sqlite_path"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-ArrayReader = Literal["adbc", "sqlite3"]
 
 DEFAULT_TIMEOUT_S = 5.0
 
@@ -127,6 +117,10 @@ _INSERT_GPU = (
     f"INSERT INTO gpu_samples ({', '.join(GPU_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in GPU_COLUMNS)}) ON CONFLICT DO NOTHING"
 )
+
+
+# booleans (0/1) of `read_records` as bool, by column name (`queries.records_sql`)
+sqlite3.register_converter(BOOL_CONVERTER, lambda value: value != b"0")
 
 
 def sqlite_path(url: str) -> tuple[str, float]:
@@ -197,9 +191,6 @@ class SqliteStore(BufferedStore):
         self.path, self.timeout_s = sqlite_path(cfg.url)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="specproxy-sqlite-writer")
         self._conn: sqlite3.Connection | None = None  # used only on the writer thread
-        # How read_arrays fetches: Arrow columns through ADBC (3x less CPU per row than building
-        # sqlite3 tuples), or sqlite3 when the driver is not installed. Tests set both.
-        self.array_reader: ArrayReader = "adbc" if adbc_available() else "sqlite3"
 
     # -- writer thread -------------------------------------------------------------------------
 
@@ -263,23 +254,18 @@ class SqliteStore(BufferedStore):
         self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
     ) -> None:
         def insert(conn: sqlite3.Connection) -> None:
-            if requests:
-                inserted = _insert_requests(conn, requests)
-                batch = rollup_records(inserted, self._model_label)
-                conn.executemany(upsert_minutes_sql("sqlite"), batch.summaries)
-                conn.executemany(upsert_bins_sql("sqlite"), batch.bins)
-                conn.executemany(upsert_moments_sql("sqlite", hours=False), batch.moments)
-                conn.executemany(
-                    upsert_moments_sql("sqlite", hours=True), hour_moment_rows(batch.moments)
-                )
-            if engine:
+            inserted = Inserted(
+                _insert_requests(conn, requests) if requests else [],
                 # row by row: only the samples inserted (not duplicates) join their hour
-                new = [
+                [
                     s
                     for s in engine
-                    if conn.execute(_INSERT_ENGINE, engine_row(s, "sqlite")).rowcount == 1
-                ]
-                conn.executemany(upsert_hours_sql("sqlite"), hour_rows(new))
+                    if conn.execute(_INSERT_ENGINE, engine_row(s, "sqlite")).rowcount
+                ],
+                self._model_label,
+            )
+            for aggregate, rows in aggregate_rows(inserted):
+                conn.executemany(upsert_sql(aggregate, "sqlite"), rows)
             if gpu:
                 conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
@@ -300,8 +286,10 @@ class SqliteStore(BufferedStore):
                 "DELETE FROM stats_history WHERE t < ?",
             ):
                 removed += conn.execute(sql, (before,)).rowcount
-            for sql in rebuild_hour_sql("sqlite"):  # the hour aggregates of the kept samples
-                conn.execute(sql, (before,))
+            for aggregate in AGGREGATES:  # rebuilt from the rows kept
+                if isinstance(aggregate.retention, RowsCut):
+                    for sql in retention_sql(aggregate, "sqlite"):
+                        conn.execute(sql, (before,))
             return removed
 
         return self._in_transaction(delete)
@@ -311,7 +299,12 @@ class SqliteStore(BufferedStore):
 
     def _purge_rollups_sync(self, before_minute: int) -> int:
         def delete(conn: sqlite3.Connection) -> int:
-            statements = (*delete_rollups_sql("sqlite"), *delete_moments_sql("sqlite"))
+            statements = [delete_blocks_before_sql("sqlite")] + [
+                sql
+                for aggregate in AGGREGATES
+                if isinstance(aggregate.retention, RollupCut)
+                for sql in retention_sql(aggregate, "sqlite")
+            ]
             return sum(conn.execute(sql, (before_minute,)).rowcount for sql in statements)
 
         return self._in_transaction(delete)
@@ -319,7 +312,7 @@ class SqliteStore(BufferedStore):
     async def _purge_rollups(self, before_minute: int) -> int:
         return await self._on_writer(self._purge_rollups_sync, before_minute)
 
-    def _compact_sync(self, run_id: str, bounds: CompactionBounds) -> int:
+    def _compact_sync(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         def move(conn: sqlite3.Connection) -> int:
             blocks: list[Any] = []
             sums: list[Any] = []
@@ -348,8 +341,8 @@ class SqliteStore(BufferedStore):
 
         return self._in_transaction(move)
 
-    async def _compact(self, run_id: str, bounds: CompactionBounds) -> int:
-        return await self._on_writer(self._compact_sync, run_id, bounds)
+    async def _compact(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
+        return await self._on_writer(self._compact_sync, run_id, bounds, fold)
 
     def _close_sync(self) -> None:
         if self._conn is not None:
@@ -380,14 +373,24 @@ class SqliteStore(BufferedStore):
 
     # -- reads (worker threads, own connections) -----------------------------------------------
 
-    async def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def _read(self, fn: Callable[[sqlite3.Connection], _T], *, snapshot: bool = False) -> _T:
+        """`fn` on a connection of its own in a worker thread; `snapshot`: inside one read
+        transaction (every statement sees the same commits)."""
         await self._ensure_open()
 
         def run() -> _T:
-            conn = sqlite3.connect(self.path, timeout=self.timeout_s)
+            conn = sqlite3.connect(
+                self.path, timeout=self.timeout_s, detect_types=sqlite3.PARSE_COLNAMES
+            )
             try:
                 conn.execute("PRAGMA query_only=1")
-                return fn(conn)
+                if not snapshot:
+                    return fn(conn)
+                conn.execute("BEGIN")
+                try:
+                    return fn(conn)
+                finally:
+                    conn.execute("ROLLBACK")
             finally:
                 conn.close()
 
@@ -396,108 +399,50 @@ class SqliteStore(BufferedStore):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
 
-    async def _read_arrays(self, records: RecordQuery) -> dict[Arm, ArmArrays]:
-        query = arm_query(records)
-        await self._ensure_open()
-        if self.array_reader == "adbc":
-            failures: tuple[type[BaseException], ...] = (*adbc_errors(), BrokenProcessPool)
-            try:
-                return await self._read_arrays_adbc(query)
-            except failures as exc:
-                log.warning("ADBC read failed (%r); reading through sqlite3 instead", exc)
-                if isinstance(exc, BrokenProcessPool):
-                    _forget_adbc_reader_process()
-        return await self._read(functools.partial(read_arms_sqlite3, query=query))
-
-    async def _read_arrays_adbc(self, query: ArmQuery) -> dict[Arm, ArmArrays]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            _adbc_reader_process(), read_arms_adbc, self.path, self.timeout_s, query
+    async def read_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
+        # one snapshot: a compaction commits wholly before or after
+        return await self._read(
+            functools.partial(_read_tiers, run_id=run_id, metric=metric, known=known),
+            snapshot=True,
         )
-
-    async def read_rollups(
-        self,
-        *,
-        run_id: str,
-        metric: str,
-        since_minute: int,
-        until_minute: int,
-        model: str | None = None,
-        with_bins: bool = True,
-    ) -> dict[Arm, RollupRows]:
-        """Rollups of `metric` for minutes in [since_minute, until_minute), per arm."""
-        with_model = model is not None
-
-        def fetch(conn: sqlite3.Connection) -> dict[Arm, RollupRows]:
-            out: dict[Arm, RollupRows] = {}
-            for arm in Arm:
-                params: tuple[Any, ...] = (run_id, metric, since_minute, until_minute, arm.value)
-                params += (model,) if with_model else ()
-                minutes = conn.execute(read_minutes_sql("sqlite", with_model=with_model), params)
-                bins = (
-                    conn.execute(read_bins_sql("sqlite", with_model=with_model), params).fetchall()
-                    if with_bins
-                    else []
-                )
-                out[arm] = rollup_rows_from(minutes.fetchall(), bins)
-            return out
-
-        return await self._read(fetch)
-
-    async def read_rollup_tiers(self, *, run_id: str, metric: str, known: TierVersions) -> TierRead:
-        def fetch(conn: sqlite3.Connection) -> TierRead:
-            conn.execute("BEGIN")  # one snapshot: a compaction commits wholly before or after
-            try:
-                return _read_tiers(conn, run_id, metric, known)
-            finally:
-                conn.execute("ROLLBACK")
-
-        return await self._read(fetch)
 
     async def read_moments(self, *, run_id: str, since_minute: int) -> MomentRead:
         def fetch(conn: sqlite3.Connection) -> MomentRead:
-            conn.execute("BEGIN")  # one snapshot of both tables
-            try:
-                hours = conn.execute(read_moments_sql("sqlite", hours=True), (run_id,))
-                minutes = conn.execute(
-                    read_moments_sql("sqlite", hours=False), (run_id, since_minute)
-                )
-                return MomentRead(hours.fetchall(), minutes.fetchall())
-            finally:
-                conn.execute("ROLLBACK")
+            hours = conn.execute(read_moments_sql("sqlite", hours=True), (run_id,)).fetchall()
+            minutes = conn.execute(read_moments_sql("sqlite", hours=False), (run_id, since_minute))
+            return MomentRead(hours, minutes.fetchall())
 
-        return await self._read(fetch)
+        return await self._read(fetch, snapshot=True)  # both tables from one snapshot
 
-    async def read_engine_samples(
-        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
-    ) -> list[EngineSample]:
-        sql, params = engine_sql(run_id, since, arm, "sqlite")
+    async def read_records(
+        self,
+        *,
+        run_id: str,
+        columns: Sequence[str],
+        since: float | None = None,
+        until: float | None = None,
+        usable_only: bool = False,
+    ) -> dict[Arm, list[Row]]:
+        sql, params = records_sql(
+            RecordQuery.of(run_id, columns, since, until, usable_only), "sqlite"
+        )
 
-        def fetch(conn: sqlite3.Connection) -> list[EngineSample]:
-            return [_engine_sample(row) for row in conn.execute(sql, params)]
+        def fetch(conn: sqlite3.Connection) -> dict[Arm, list[Row]]:
+            return {arm: conn.execute(sql, with_arm(params, arm)).fetchall() for arm in Arm}
 
-        return await self._read(fetch)
+        return await self._read(fetch, snapshot=True)  # both arms from one snapshot
 
-    async def read_engine_aggregates(
-        self, *, run_id: str, since: Sequence[float]
-    ) -> dict[float, dict[Arm, EngineAggregate]]:
+    async def read_engine(self, *, run_id: str, since: Sequence[float]) -> StoredView:
         def aggregate(conn: sqlite3.Connection, arm: Arm, start: float) -> EngineAggregate:
             total = EngineAggregate()
             for query in aggregate_queries(run_id, arm, start, "sqlite"):
                 total = total.merge(engine_aggregate_from(conn.execute(*query).fetchone()))
             return total
 
-        def fetch(conn: sqlite3.Connection) -> dict[float, dict[Arm, EngineAggregate]]:
-            conn.execute("BEGIN")  # one snapshot: samples and hours written together
-            try:
-                return {start: {arm: aggregate(conn, arm, start) for arm in Arm} for start in since}
-            finally:
-                conn.execute("ROLLBACK")
-
-        return await self._read(fetch)
-
-    async def read_restart_samples(self, *, run_id: str) -> list[EngineSample]:
-        def fetch(conn: sqlite3.Connection) -> list[EngineSample]:
+        def fetch(conn: sqlite3.Connection) -> StoredView:
+            aggregates = {
+                start: {arm: aggregate(conn, arm, start) for arm in Arm} for start in since
+            }
             plan = restart_plan(run_id, "sqlite")
             try:
                 query = next(plan)
@@ -505,9 +450,10 @@ class SqliteStore(BufferedStore):
                     query = plan.send(conn.execute(*query).fetchall())
             except StopIteration as done:
                 rows = done.value
-            return sorted((_engine_sample(row) for row in rows), key=lambda s: s.t)
+            restarts = sorted((_engine_sample(row) for row in rows), key=lambda s: s.t)
+            return StoredView(aggregates, restarts)
 
-        return await self._read(fetch)
+        return await self._read(fetch, snapshot=True)  # samples and hours written together
 
     async def read_gpu_samples(
         self, *, run_id: str, since: float | None = None, limit: int | None = None
@@ -516,6 +462,12 @@ class SqliteStore(BufferedStore):
 
         def fetch(conn: sqlite3.Connection) -> dict[Arm, list[GpuSample]]:
             return gpu_by_arm(gpu_sample(row) for q in queries for row in conn.execute(*q))
+
+        return await self._read(fetch)
+
+    async def run_ids(self) -> list[str]:
+        def fetch(conn: sqlite3.Connection) -> list[str]:
+            return [r for (r,) in conn.execute(RUN_IDS_SQL)]
 
         return await self._read(fetch)
 
@@ -529,21 +481,36 @@ class SqliteStore(BufferedStore):
 
         return await self._read(fetch)
 
+    async def latest_stats(
+        self, *, run_id: str, newer_than: float | None = None
+    ) -> tuple[float, dict[str, Any]] | None:
+        sql, params = latest_stats_sql(run_id, newer_than, "sqlite")
+
+        def fetch(conn: sqlite3.Connection) -> tuple[float, dict[str, Any]] | None:
+            row = conn.execute(sql, params).fetchone()
+            return (row[0], json.loads(row[1])) if row is not None else None
+
+        return await self._read(fetch)
+
+    async def read_engine_samples(
+        self, *, run_id: str, since: float | None = None, arm: Arm | None = None
+    ) -> list[EngineSample]:
+        sql, params = engine_sql(run_id, since, arm, "sqlite")
+
+        def fetch(conn: sqlite3.Connection) -> list[EngineSample]:
+            return [_engine_sample(row) for row in conn.execute(sql, params)]
+
+        return await self._read(fetch)
+
     async def models(self, *, run_id: str) -> list[str]:
         def fetch(conn: sqlite3.Connection) -> list[str]:
             return [m for (m,) in conn.execute(MODELS_SQL, (run_id,))]
 
         return await self._read(fetch)
 
-    async def run_ids(self) -> list[str]:
-        def fetch(conn: sqlite3.Connection) -> list[str]:
-            return [r for (r,) in conn.execute(RUN_IDS_SQL)]
-
-        return await self._read(fetch)
-
     async def export_chunks(
         self, *, run_id: str | None = None, chunk_rows: int = 10_000
-    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+    ) -> AsyncIterator[list[Row]]:
         await self._ensure_open()
         sql, params = export_sql(run_id, "sqlite")
         conn = sqlite3.connect(self.path, timeout=self.timeout_s, check_same_thread=False)
@@ -556,11 +523,11 @@ class SqliteStore(BufferedStore):
 
 
 def _read_tiers(
-    conn: sqlite3.Connection, run_id: str, metric: str, known: TierVersions
+    conn: sqlite3.Connection, *, run_id: str, metric: str, known: TierVersions
 ) -> TierRead:
     listing = conn.execute(block_list_sql("sqlite"), (run_id, metric)).fetchall()
     changed = changed_blocks(listing, known)
-    blobs: dict[tuple[int, int, str, str], bytes] = {}
+    blobs: dict[BlockKey, bytes] = {}
     if len(changed) > 64:  # a cold reader: one scan instead of a query per block
         wanted = set(changed)
         for st, sp, mo, a, blob in conn.execute(
@@ -575,12 +542,12 @@ def _read_tiers(
             ):
                 blobs[(st, sp, mo, a)] = bytes(blob)
     minutes = conn.execute(fine_minutes_sql("sqlite"), (run_id, metric)).fetchall()
-    bins: dict[tuple[int, str, str], tuple[Any, Any]] = {}
+    bins: dict[FineKey, tuple[Packed, Packed]] = {}
     for minute in changed_minutes(minutes, known):
         for model, arm, packed_bins, packed_counts in conn.execute(
             fine_bins_of_minute_sql("sqlite"), (run_id, metric, minute)
         ):
-            bins[(minute, model, arm)] = fine_bins_arrays(packed_bins, packed_counts)
+            bins[(minute, model, arm)] = (packed_bins, packed_counts)
     return TierRead(listing, blobs, minutes, bins)
 
 
@@ -613,112 +580,3 @@ def _insert_requests(
         for r, row in zip(requests, rows, strict=True)
         if conn.execute(_INSERT_REQUEST, row).rowcount == 1
     ]
-
-
-@dataclass(frozen=True, slots=True)
-class ArmQuery:
-    """One SELECT of `read_arrays`, run once per arm: the arm is the second parameter."""
-
-    columns: tuple[str, ...]
-    sql: str
-    params: tuple[Any, ...]  # without the arm
-
-    def arm_params(self, arm: Arm) -> tuple[Any, ...]:
-        return with_arm(self.params, arm)
-
-
-def arm_query(query: RecordQuery) -> ArmQuery:
-    """`queries.records_sql` in SQLite's dialect, in a form a reader process can take."""
-    sql, params = records_sql(query, "sqlite")
-    return ArmQuery(query.columns, sql, params)
-
-
-def read_arms_sqlite3(conn: sqlite3.Connection, query: ArmQuery) -> dict[Arm, ArmArrays]:
-    """Both arms from one snapshot, through Python tuples (the fallback path)."""
-    conn.execute("BEGIN")
-    try:
-        return {
-            arm: rows_to_arrays(
-                query.columns, conn.execute(query.sql, query.arm_params(arm)).fetchall()
-            )
-            for arm in Arm
-        }
-    finally:
-        conn.execute("ROLLBACK")
-
-
-def adbc_errors() -> tuple[type[Exception], ...]:
-    """What a failed ADBC read raises: the driver's errors, and OSError from its Arrow stream."""
-    try:
-        import adbc_driver_manager
-    except ImportError:
-        return (OSError,)
-    return (OSError, adbc_driver_manager.Error)
-
-
-def adbc_available() -> bool:
-    """Whether the driver and pyarrow are installed (checked without loading the driver here)."""
-    try:
-        return all(
-            importlib.util.find_spec(name) is not None
-            for name in ("adbc_driver_sqlite.dbapi", "pyarrow")
-        )
-    except (ImportError, ValueError):
-        return False
-
-
-# Rows per Arrow batch. The driver infers each column's type from the first batch only and fails
-# on a later batch that disagrees (a float after 1024 NULLs, read as int64). One batch for the
-# whole result makes the inference see every value; the driver allocates as it goes, not upfront.
-ADBC_BATCH_ROWS = 1 << 30
-BATCH_ROWS_OPTION = "adbc.sqlite.query.batch_rows"  # adbc_driver_sqlite.StatementOptions.BATCH_ROWS
-
-
-_adbc_pool: ProcessPoolExecutor | None = None
-
-
-def _adbc_reader_process() -> ProcessPoolExecutor:
-    """One spawned worker process per proxy process, shared by every store, started on first use.
-
-    Why a process and not a thread: the ADBC driver links its own copy of SQLite, while the writer
-    thread uses Python's. Two SQLite copies in one process cannot see each other's POSIX locks, so
-    the ADBC copy takes itself for the only connection and resets or deletes the WAL index under
-    the writer (next open: "disk I/O error"). Across processes the locks work as designed.
-    """
-    global _adbc_pool
-    if _adbc_pool is None:
-        _adbc_pool = ProcessPoolExecutor(
-            1,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=die_with_parent,  # no orphan after a SIGKILL of the proxy
-            initargs=(os.getpid(),),
-        )
-    return _adbc_pool
-
-
-def _forget_adbc_reader_process() -> None:
-    """After the worker died: drop it, the next read starts a new one."""
-    global _adbc_pool
-    if _adbc_pool is not None:
-        _adbc_pool.shutdown(wait=False, cancel_futures=True)
-        _adbc_pool = None
-
-
-def read_arms_adbc(path: str, timeout_s: float, query: ArmQuery) -> dict[Arm, ArmArrays]:
-    """Both arms from one snapshot, straight into Arrow columns (no Python object per value).
-
-    Run only in the reader process (`_adbc_reader_process`), never where sqlite3 has the file
-    open. Under WAL it sees every committed batch and never blocks the writer. The driver opens a
-    transaction (autocommit off), so both arms come from one snapshot; closing it ends it.
-    """
-    import adbc_driver_sqlite.dbapi as adbc_sqlite
-
-    with adbc_sqlite.connect(path) as conn, conn.cursor() as cursor:
-        cursor.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-        cursor.execute("PRAGMA query_only = 1")
-        cursor.adbc_statement.set_options(**{BATCH_ROWS_OPTION: str(ADBC_BATCH_ROWS)})
-        out: dict[Arm, ArmArrays] = {}
-        for arm in Arm:
-            cursor.execute(query.sql, query.arm_params(arm))
-            out[arm] = arrow_to_arrays(query.columns, cursor.fetch_arrow_table())
-        return out

@@ -4,15 +4,15 @@ Why: at 1k requests/s an arm's minute fills ~10k of the fine grid's 0.02 % bins,
 fine bin rows are about as many as requests (2.6 billion in 30 days). A block keeps
   * the exact per-minute count, sum and sum of squares of its `span` minutes (the warm-up rule,
     the mean and the block-length rule still see minutes), and
-  * ONE histogram of all its requests on the coarse grid (`loggrid.coarse_bin`, 0.5 % wide),
+  * ONE histogram of all its requests on the coarse grid (`histogram.coarse_bin`, 0.5 % wide),
     dense over its occupied range: a few hundred counts instead of 10k rows per minute.
-The store compacts closed minutes into 1-minute blocks and old 1-minute blocks into hour blocks
-(`store.rollups`); blocks merge by addition like the fine rows, so compaction can fold late rows
-into a block at any later pass without counting anything twice.
+Compaction folds closed minutes into 1-minute blocks and old 1-minute blocks into hour blocks
+(`summary.compaction`); blocks merge by addition like the fine rows, so a later pass can fold
+late rows into a block without counting anything twice.
 
 Encoding (`encode`/`decode`): zlib of little-endian int64 [span, lo, k], then minute_n int64[span],
-minute_total float64[span], minute_sq float64[span], counts int64[k]. A leaf: store and stats
-share it.
+minute_total float64[span], minute_sq float64[span], counts int64[k]. The store keeps the
+encoding as an opaque blob with its `n`.
 """
 
 from __future__ import annotations
@@ -25,15 +25,13 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.summary.grid import coarse_as_fine, coarse_bin
+from specproxy.summary.histogram import coarse_bin
 
-__all__ = ["HOUR_SPAN", "MINUTE_SPAN", "Block"]
+__all__ = ["Block"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
-MINUTE_SPAN: Final = 1  # closed minutes compacted from the fine rows
-HOUR_SPAN: Final = 60  # old minute blocks merged per clock hour (start % 60 == 0)
 _I8: Final = np.dtype("<i8")
 _F8: Final = np.dtype("<f8")
 
@@ -54,11 +52,6 @@ class Block:
     def n(self) -> int:
         """Requests in the block: it only grows as rows are folded in (the readers' version)."""
         return int(self.minute_n.sum())
-
-    def entries(self) -> tuple[IntArray, IntArray]:
-        """(bin, count) of its occupied coarse bins, each bin as the fine bin at its centre."""
-        nz = np.flatnonzero(self.counts)
-        return coarse_as_fine(nz + self.lo), self.counts[nz]
 
     def encode(self) -> bytes:
         head = np.array([self.span, self.lo, self.counts.size], dtype=_I8)

@@ -1,59 +1,27 @@
-"""Which blocks the rollup compaction writes, from the rows it took (pure; every backend's
-`_compact` runs it inside one transaction).
+"""Which blocks a rollup compaction pass writes, from the rows it took (the `fold` the stats
+leader hands to `SummaryReader.compact`, which runs it inside the pass's one transaction).
 
-A pass of the stats leader, for one run, with two bounds (minutes, from `StoreConfig`):
-  * `fine_before` = now - `store.rollup_fine_minutes`: fine rows (summaries and bins) of earlier
-    minutes are taken (DELETE ... RETURNING) and folded into the 1-minute block of their minute,
-    or, for minutes before `hours_before`, into the hour block holding it;
-  * `hours_before` = whole hours before now - `store.rollup_minute_hours`: 1-minute blocks that
-    start earlier are taken and folded into their hour block.
-Folding is addition into whatever block is stored (read, add, write back), so rows that arrive
-late for a minute already compacted are folded at the next pass: nothing is lost, nothing counted
-twice, and a pass with nothing to take writes nothing.
+The pass takes (DELETE ... RETURNING) the fine rows and 1-minute blocks its bounds say
+(`summary.tiering.CompactionBounds`); folding is addition into whatever block is stored (read,
+add, write back), so rows that arrive late for a minute already compacted are folded at the next
+pass: nothing is lost, nothing counted twice, and a pass with nothing to take writes nothing.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
-from specproxy.summary.blocks import HOUR_SPAN, MINUTE_SPAN, Block
-from specproxy.summary.minute import ROLLUP_UNIT_S
+from specproxy.summary.blocks import Block
+from specproxy.summary.tiering import HOUR_SPAN, CompactionBounds
 
-__all__ = ["CompactionBounds", "FoldedBlock", "fold"]
+__all__ = ["FoldedBlock", "fold"]
 
 # metric, start, span, model, arm
 Target = tuple[str, int, int, str, str]
 FoldedBlock = tuple[str, int, int, str, str, Block]
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionBounds:
-    fine_before: int  # fine rows of minutes before this are folded into blocks
-    hours_before: int  # a multiple of 60: 1-minute blocks before this go into hour blocks
-
-    def __post_init__(self) -> None:
-        if self.hours_before % HOUR_SPAN or self.hours_before > self.fine_before:
-            raise ValueError("hours_before must be whole hours, not after fine_before")
-
-    @classmethod
-    def at(cls, now: float, *, fine_minutes: int, minute_hours: float) -> CompactionBounds:
-        """The bounds of a pass at Unix time `now` (`StoreConfig.rollup_*`)."""
-        minute = math.floor(now / ROLLUP_UNIT_S)
-        hours = math.floor((minute - minute_hours * 60) / HOUR_SPAN) * HOUR_SPAN
-        return cls(
-            fine_before=minute - fine_minutes, hours_before=min(hours, minute - fine_minutes)
-        )
-
-    def target(self, minute: int) -> tuple[int, int]:
-        """(start, span) of the block a minute's rows are folded into."""
-        if minute < self.hours_before:
-            return minute - minute % HOUR_SPAN, HOUR_SPAN
-        return minute, MINUTE_SPAN
 
 
 def fold(

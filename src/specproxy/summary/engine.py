@@ -105,7 +105,7 @@ def restart_evidence(samples: Sequence[EngineSample], arm: Arm) -> list[EngineSa
     order: each up sample marked restarted, the last up sample before it and the first failed
     scrape between those two. `restart_times` of these equals `restart_times` of all `samples`
     (time order, one sample per arm and time, as every store keeps them); a store selects the
-    same rows by index (`Store.read_restart_samples`)."""
+    same rows by index (`SummaryReader.read_engine`)."""
     mine = [s for s in samples if s.arm is arm]
     keep: dict[int, EngineSample] = {}
     last_up: int | None = None
@@ -144,8 +144,8 @@ class SampleView:
 
 @dataclass(frozen=True, slots=True)
 class StoredView:
-    """What a store computed for one tick: the aggregates for the window starts the tick asked
-    for (`Store.read_engine_aggregates`) and the restart evidence (`Store.read_restart_samples`)."""
+    """What a store computed for one tick (`SummaryReader.read_engine`): the aggregates for the
+    window starts the tick asked for, and the restart evidence."""
 
     aggregates: Mapping[float, Mapping[Arm, EngineAggregate]]  # by window start (-inf: all)
     restart_samples: Sequence[EngineSample]

@@ -1,25 +1,15 @@
 """The one fixed log-spaced grid that every mergeable histogram (raw rows or rollups) bins into.
 
-The Poisson histogram path in `bootstrap.py` anchors its bins at the sample minimum, which makes
-two histograms built on different data incomparable. Rollups written by different replicas in
-different minutes must add bin by bin, so here bin i is the fixed interval
+Bin i is the fixed interval [exp(i * d), exp((i + 1) * d)), d = log1p(GRID_REL_WIDTH) (0.02 %
+wide), whatever the data, so histograms written by different replicas in different minutes add
+bin by bin. A bin's geometric centre is within exp(+-d/2) of every value in it, so a quantile
+taken from bins is within `GRID_ERROR_BOUND` of the order statistic's ratio. The coarse grid of
+the compacted tier groups `COARSE_FACTOR` (odd) fine bins: a coarse bin is represented by the
+fine bin at its centre, so coarse and fine entries mix in one histogram within
+`COARSE_ERROR_BOUND`. Bin indices are signed and fit in int32 for latencies in [1e-100, 1e100] s.
 
-    [exp(i * d), exp((i + 1) * d)),  d = log1p(HISTOGRAM_REL_WIDTH)  (0.02 % wide)
-
-with the same width as the Poisson path (`bootstrap.HISTOGRAM_REL_WIDTH` is this constant), so
-the documented bound carries over unchanged: a
-quantile replicate taken as a bin's geometric centre is within exp(+-d/2) of the order statistic
-it stands for, and a ratio of two arms within exp(+-d), i.e. `GRID_ERROR_BOUND` (0.02 %).
-A leaf module: the store (rollups) and the statistics share it.
-The compacted rollup tier (`rollupblob.py`) keeps histograms on a coarse grid whose bin c is
-fine bins [c * COARSE_FACTOR, (c + 1) * COARSE_FACTOR) (0.5 % wide). A coarse bin is represented
-by the fine bin at its centre (`coarse_as_fine`; COARSE_FACTOR is odd, so that fine bin's centre
-is the coarse bin's geometric centre), so coarse and fine entries mix in one histogram. Each value
-then moves by at most exp(+-COARSE_FACTOR * d / 2), every order statistic by no more (a monotone
-perturbation bound), and a ratio of two arms by at most exp(+-COARSE_FACTOR * d):
-`COARSE_ERROR_BOUND` (0.5 %).
-Bin indices are signed (latencies below 1 s have negative indices) and fit in int32 for any
-latency between 1e-100 s and 1e100 s.
+Pure Python (the store's write path bins with `bin_of`); the vectorised functions are in
+`summary.histogram` and give the same bin for every value.
 """
 
 from __future__ import annotations
@@ -27,22 +17,13 @@ from __future__ import annotations
 import math
 from typing import Final
 
-import numpy as np
-import numpy.typing as npt
-
 __all__ = [
     "COARSE_ERROR_BOUND",
     "COARSE_FACTOR",
     "GRID_ERROR_BOUND",
     "GRID_LOG_WIDTH",
     "GRID_REL_WIDTH",
-    "bin_centres",
-    "bin_index",
-    "bin_log_centres",
-    "bin_lower_edges",
-    "coarse_as_fine",
-    "coarse_bin",
-    "grid_histogram",
+    "bin_of",
 ]
 
 GRID_REL_WIDTH: Final = 2e-4  # bins are 0.02 % wide, well below a P50 CI at n = 1M
@@ -53,42 +34,9 @@ COARSE_FACTOR: Final = 25  # fine bins per coarse bin (odd: see the module docst
 COARSE_ERROR_BOUND: Final = math.expm1(COARSE_FACTOR * GRID_LOG_WIDTH)  # 0.5 %
 
 
-def bin_index(values: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
-    """Grid bin of each strictly positive value (raises on zero, negative or non-finite)."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size and not bool(np.all(np.isfinite(v) & (v > 0))):
+def bin_of(value: float) -> int:
+    """The grid bin of a strictly positive finite value (a ValueError otherwise): the definition
+    `summary.histogram.bin_index` follows for arrays."""
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError("the log grid needs strictly positive finite values")
-    return np.floor(np.log(v) / GRID_LOG_WIDTH).astype(np.int64)
-
-
-def grid_histogram(
-    values: npt.NDArray[np.float64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """(sorted bins, counts) of strictly positive values on the grid."""
-    bins, counts = np.unique(bin_index(values), return_counts=True)
-    return bins.astype(np.int64), counts.astype(np.int64)
-
-
-def bin_log_centres(bins: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-    """Log of each bin's geometric centre."""
-    return (np.asarray(bins, dtype=np.float64) + 0.5) * GRID_LOG_WIDTH
-
-
-def bin_centres(bins: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-    """Geometric centre of each bin."""
-    return np.exp(bin_log_centres(bins))
-
-
-def bin_lower_edges(bins: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-    """Lower edge of each bin."""
-    return np.exp(np.asarray(bins, dtype=np.float64) * GRID_LOG_WIDTH)
-
-
-def coarse_bin(fine: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Coarse bin of each fine bin (floor division: negative bins too)."""
-    return np.floor_divide(np.asarray(fine, dtype=np.int64), COARSE_FACTOR)
-
-
-def coarse_as_fine(coarse: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The fine bin at the centre of each coarse bin (what stands for the coarse bin's values)."""
-    return np.asarray(coarse, dtype=np.int64) * COARSE_FACTOR + COARSE_FACTOR // 2
+    return math.floor(math.log(value) / GRID_LOG_WIDTH)

@@ -1,34 +1,14 @@
-"""Per-minute mergeable rollups: the unit the statistics work on when a window is too big for rows.
+"""Per-minute mergeable rollups of records: what the statistics use for windows too big for rows.
 
-A leaf shared by the store (which writes rollups with the rows) and the statistics (which read
-them); it depends on nothing but the records and the grid.
-
-For every (run, minute, model, arm, metric) a rollup holds
-  * a summary: count n, sum, sum of squares (exact; the mean and its block replicates use them);
-  * a sparse histogram on the fixed grid of `loggrid.py` (bins 0.02 % wide, the Poisson path's
-    width, so the documented bound `GRID_ERROR_BOUND` holds for quantiles from rollups).
-Both are sums over requests, so rollups merge by addition: every replica upserts the rollups of
-the rows it flushes with `count = count + excluded.count`, in the same transaction as the rows,
-and any number of replicas, batches or retries add up to the rollup of all rows (a batch is
-written once: the store retries a failed transaction as a whole).
-
-What is rolled up: primary (non-shadow) requests that are usable for the statistics (HTTP 200, no
-error kind, client still connected) with a finite positive metric value, exactly the rows the
-split-design comparison uses. Minute = floor(t_start / 60).
-
-The `model` of a rollup key is the bounded label (`fleet.models.ModelLabels.label`: a served or
-allowed model, else "other"), not the client's string: a key per distinct string would let a
-client who sends a new `model` with every request make the rollups grow like the rows (3 summary
-rows per request, measured: 20,000 requests with distinct strings wrote 60,000 summary rows
-instead of 24), and with them every stats tick. The store passes its labeller in
-(`Store.label_models`); the raw string stays on the request row.
-
-The length adjustment's regression (`stats.adjust`) is rolled up as its sufficient statistics:
-per (run, minute, model, arm), over the same requests when they report both token counts, the
-count and the sums of u, v, u^2, v^2, uv, y, uy, vy, y^2 with y = log E2E, u = log output tokens,
-v = log prompt tokens (`MOMENT_SUMS`; schema v8, `store.moments`). Its fully interacted OLS is
-one 3x3 solve per arm from those sums, so a window (or a bootstrap block) of minutes gives the
-same estimate as its rows.
+Per (run, metric, minute, model, arm): a summary (n, sum, sum of squares) and a sparse histogram on
+the fixed grid (`summary.grid`); per (run, minute, model, arm): the length adjustment's sufficient
+statistics (`MOMENT_SUMS`: n and the sums of u, v, u^2, v^2, uv, y, uy, vy, y^2 with y = log E2E,
+u = log output tokens, v = log prompt tokens). All are sums over requests, so the rollups of any
+replicas, batches and retries add up (`store.aggregates`). Rolled up: primary requests usable for
+the statistics (HTTP 200, no error kind, client connected) with a finite positive value; minute =
+floor(t_start / 60); the model is the store's bounded label (`Sink.label_models`), so a client
+naming a new model per request cannot make the rollups grow like the rows. Pure Python (it runs
+on the proxy's write path); its sums are numpy's, bit for bit (`pairwise_sum`).
 """
 
 from __future__ import annotations
@@ -38,11 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import numpy as np
-import numpy.typing as npt
-
 from specproxy.records import RequestRecord
-from specproxy.summary.grid import grid_histogram
+from specproxy.summary.grid import bin_of
 
 __all__ = [
     "MOMENT_SUMS",
@@ -53,14 +30,13 @@ __all__ = [
     "RollupBatch",
     "SummaryRow",
     "as_is",
-    "merge_batches",
     "minute_of",
     "moment_values",
+    "pairwise_sum",
     "rollup_records",
     "usable_for_rollup",
 ]
 
-FloatArray = npt.NDArray[np.float64]
 ROLLUP_UNIT_S: Final = 60.0  # one minute: the rollups' (and the block bootstrap's) time unit
 # metric name -> record attribute (the same names as `compare.METRIC_COLUMNS`)
 ROLLUP_METRICS: Final[dict[str, str]] = {
@@ -70,14 +46,17 @@ ROLLUP_METRICS: Final[dict[str, str]] = {
     "step": "mean_gap_s",  # streamed requests' mean gap between content events: one engine step
 }
 
-# (run_id, minute, model, arm, metric, n, sum, sum_sq)
-SummaryRow = tuple[str, int, str, str, str, int, float, float]
-# (run_id, minute, model, arm, metric, bin, count)
-BinRow = tuple[str, int, str, str, str, int, int]
+# Rows are in their table's column order, the primary key first (`store.aggregates`).
+# (run_id, metric, minute, model, arm, n, sum, sum_sq)
+SummaryRow = tuple[str, str, int, str, str, int, float, float]
+# (run_id, metric, minute, model, arm, bin, count)
+BinRow = tuple[str, str, int, str, str, int, int]
 # The regression's sufficient statistics, in this order (n, then sums; see the module docstring).
 MOMENT_SUMS: Final = ("n", "su", "sv", "suu", "svv", "suv", "sy", "suy", "svy", "syy")
 # (run_id, minute, model, arm, *MOMENT_SUMS)
 MomentRow = tuple[Any, ...]
+
+_PAIRWISE_BLOCK: Final = 128  # numpy's PW_BLOCKSIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +68,61 @@ class RollupBatch:
     moments: list[MomentRow] = field(default_factory=list)
 
 
-def moment_values(e2e: FloatArray, output: FloatArray, prompt: FloatArray) -> FloatArray:
+def pairwise_sum(values: Sequence[float]) -> float:
+    """The sum of `values` in numpy's order (`np.add.reduce` of a float64 array), so it is bit
+    for bit what `np.sum` gives."""
+    return _pairwise(values, 0, len(values)) if values else 0.0
+
+
+def _pairwise(v: Sequence[float], lo: int, n: int) -> float:
+    if n < 8:
+        res = -0.0
+        for i in range(lo, lo + n):
+            res += v[i]
+        return res
+    if n <= _PAIRWISE_BLOCK:
+        r0, r1, r2, r3, r4, r5, r6, r7 = v[lo : lo + 8]
+        end = lo + n - n % 8
+        for i in range(lo + 8, end, 8):
+            r0 += v[i]
+            r1 += v[i + 1]
+            r2 += v[i + 2]
+            r3 += v[i + 3]
+            r4 += v[i + 4]
+            r5 += v[i + 5]
+            r6 += v[i + 6]
+            r7 += v[i + 7]
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        for i in range(end, lo + n):
+            res += v[i]
+        return res
+    half = n // 2
+    half -= half % 8
+    return _pairwise(v, lo, half) + _pairwise(v, lo + half, n - half)
+
+
+def moment_values(
+    e2e: Iterable[float], output: Iterable[float], prompt: Iterable[float]
+) -> tuple[float, ...]:
     """`MOMENT_SUMS` of requests with these E2E latencies and token counts (all positive)."""
-    y, u, v = np.log(e2e), np.log(output), np.log(prompt)
-    return np.array(
-        [y.size, u.sum(), v.sum(), u @ u, v @ v, u @ v, y.sum(), u @ y, v @ y, y @ y],
-        dtype=np.float64,
+    y = [math.log(x) for x in e2e]
+    u = [math.log(x) for x in output]
+    v = [math.log(x) for x in prompt]
+
+    def dot(a: list[float], b: list[float]) -> float:
+        return pairwise_sum([p * q for p, q in zip(a, b, strict=True)])
+
+    return (
+        float(len(y)),
+        pairwise_sum(u),
+        pairwise_sum(v),
+        dot(u, u),
+        dot(v, v),
+        dot(u, v),
+        pairwise_sum(y),
+        dot(u, y),
+        dot(v, y),
+        dot(y, y),
     )
 
 
@@ -114,9 +142,9 @@ def as_is(model: str) -> str:
 def rollup_records(
     records: Iterable[RequestRecord], model_label: Callable[[str], str] = as_is
 ) -> RollupBatch:
-    """The rollup rows of `records` (one summary per key, one row per occupied bin), keyed by
-    `model_label(record.model)`."""
-    groups: dict[tuple[str, int, str, str, str], list[float]] = {}
+    """The rollup rows of `records` (one summary per key, one row per occupied bin in bin
+    order), keyed by `model_label(record.model)`."""
+    groups: dict[tuple[str, str, int, str, str], list[float]] = {}
     covariates: dict[tuple[str, int, str, str], list[tuple[float, float, float]]] = {}
     labels: dict[str, str] = {}
     for rec in records:
@@ -126,28 +154,31 @@ def rollup_records(
         model = labels.get(rec.model)
         if model is None:
             model = labels[rec.model] = model_label(rec.model)
+        arm = rec.arm.value
         if _regressable(rec):
-            covariates.setdefault((rec.run_id, minute, model, rec.arm.value), []).append(
+            covariates.setdefault((rec.run_id, minute, model, arm), []).append(
                 (rec.e2e_s, float(rec.output_tokens or 0), float(rec.prompt_tokens or 0))
             )
         for metric, attr in ROLLUP_METRICS.items():
             value = getattr(rec, attr)
             if value is None or not math.isfinite(value) or value <= 0:
                 continue
-            key = (rec.run_id, minute, model, rec.arm.value, metric)
-            groups.setdefault(key, []).append(float(value))
+            groups.setdefault((rec.run_id, metric, minute, model, arm), []).append(float(value))
     summaries: list[SummaryRow] = []
     bins: list[BinRow] = []
     for key, values in groups.items():
-        v = np.asarray(values, dtype=np.float64)
-        summaries.append((*key, int(v.size), float(v.sum()), float(v @ v)))
-        b, c = grid_histogram(v)
-        bins.extend((*key, int(i), int(n)) for i, n in zip(b, c, strict=True))
+        squares = [x * x for x in values]
+        summaries.append((*key, len(values), pairwise_sum(values), pairwise_sum(squares)))
+        hist: dict[int, int] = {}
+        for x in values:
+            b = bin_of(x)
+            hist[b] = hist.get(b, 0) + 1
+        bins.extend((*key, b, hist[b]) for b in sorted(hist))
     moments: list[MomentRow] = []
     for mkey, rows in covariates.items():
-        e2e, output, prompt = np.asarray(rows, dtype=np.float64).T
+        e2e, output, prompt = zip(*rows, strict=True)
         sums = moment_values(e2e, output, prompt)
-        moments.append((*mkey, int(sums[0]), *(float(x) for x in sums[1:])))
+        moments.append((*mkey, int(sums[0]), *sums[1:]))
     return RollupBatch(summaries, bins, moments)
 
 
@@ -160,29 +191,4 @@ def _regressable(rec: RequestRecord) -> bool:
         and rec.output_tokens > 0
         and rec.prompt_tokens is not None
         and rec.prompt_tokens > 0
-    )
-
-
-def merge_batches(batches: Sequence[RollupBatch]) -> RollupBatch:
-    """Add rollup rows with equal keys (what the stores' additive upserts do)."""
-    summaries: dict[tuple[str, int, str, str, str], list[float]] = {}
-    bins: dict[tuple[str, int, str, str, str, int], int] = {}
-    for batch in batches:
-        for run_id, minute, model, arm, metric, n, total, total_sq in batch.summaries:
-            acc = summaries.setdefault((run_id, minute, model, arm, metric), [0, 0.0, 0.0])
-            acc[0] += n
-            acc[1] += total
-            acc[2] += total_sq
-        for run_id, minute, model, arm, metric, b, count in batch.bins:
-            k = (run_id, minute, model, arm, metric, b)
-            bins[k] = bins.get(k, 0) + count
-    moments: dict[tuple[Any, ...], FloatArray] = {}
-    for batch in batches:
-        for row in batch.moments:
-            key, values = row[:4], np.asarray(row[4:], dtype=np.float64)
-            moments[key] = moments[key] + values if key in moments else values
-    return RollupBatch(
-        [(*k, int(v[0]), float(v[1]), float(v[2])) for k, v in summaries.items()],
-        [(*k, c) for k, c in bins.items()],
-        [(*k, int(v[0]), *(float(x) for x in v[1:])) for k, v in moments.items()],
     )

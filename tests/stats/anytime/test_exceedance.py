@@ -28,7 +28,7 @@ from specproxy.stats.anytime.exceedance import (
     unit_counts_binned,
 )
 from specproxy.stats.anytime.verdict import anytime_valid
-from specproxy.summary.grid import bin_index, bin_lower_edges
+from specproxy.summary.histogram import bin_index, bin_lower_edges
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

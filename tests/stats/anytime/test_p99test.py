@@ -28,7 +28,7 @@ from specproxy.stats.anytime.sequential import (
     log_mixture_counts,
     mixture_strength,
 )
-from specproxy.summary.grid import bin_index, bin_lower_edges
+from specproxy.summary.histogram import bin_index, bin_lower_edges
 
 FloatArray = npt.NDArray[np.float64]
 ALPHA = 0.05

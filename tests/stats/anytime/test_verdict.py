@@ -19,7 +19,7 @@ from specproxy.stats.anytime.p99test import BinnedArm, p99_slower_test
 from specproxy.stats.anytime.sequential import RankedArm, compare_sequential, decide
 from specproxy.stats.anytime.verdict import anytime_valid, anytime_valid_binned
 from specproxy.stats.result import Sequential, StatsResult
-from specproxy.summary.grid import bin_centres, bin_index, bin_lower_edges
+from specproxy.summary.histogram import bin_centres, bin_index, bin_lower_edges
 
 FloatArray = npt.NDArray[np.float64]
 ALPHA = 0.05

@@ -19,14 +19,8 @@ from specproxy.stats.estimate.ranktests import HL_MAX_N, hodges_lehmann
 from specproxy.stats import compare
 from specproxy.stats.estimate import binned
 from specproxy.stats.estimate.samplesize import log_density_at_median
-from specproxy.summary.grid import (
-    COARSE_FACTOR,
-    GRID_LOG_WIDTH,
-    bin_index,
-    coarse_as_fine,
-    coarse_bin,
-    grid_histogram,
-)
+from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH
+from specproxy.summary.histogram import bin_index, coarse_as_fine, coarse_bin, grid_histogram
 
 IntArray = npt.NDArray[np.int64]
 D = GRID_LOG_WIDTH

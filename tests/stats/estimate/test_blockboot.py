@@ -47,7 +47,8 @@ from specproxy.stats.estimate.blockboot import (
 )
 from specproxy.stats.estimate.bootstrap import split_replicates
 from specproxy.stats.estimate.quantile import STATISTICS
-from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH, bin_centres
+from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH
+from specproxy.summary.histogram import bin_centres
 
 FloatArray = npt.NDArray[np.float64]
 

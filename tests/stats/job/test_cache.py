@@ -23,6 +23,7 @@ from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.tick import compute_stats
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store
+from specproxy.summary.compaction import fold
 from specproxy.summary.grid import COARSE_ERROR_BOUND
 from specproxy.summary.minute import ROLLUP_METRICS, usable_for_rollup
 from tests.stats.oracles import adjusted_hc3
@@ -109,7 +110,7 @@ async def test_a_warm_cache_holds_what_a_cold_read_gets(store: BufferedStore) ->
         await _write(store, _records(first, 50, 4, f"s{step}-"))
         if step:  # late rows for minutes compacted at an earlier pass
             await _write(store, _records(M0 + 3 * step, 5, 2, f"late{step}-"))
-        await store.compact_rollups(run_id=RUN, now=(first + 50) * 60.0)
+        await store.compact(fold=fold, run_id=RUN, now=(first + 50) * 60.0)
         await warm.refresh(store, RUN, tuple(ROLLUP_METRICS))
         cold = await _cold(store)
         assert _canonical(warm) == _canonical(cold), step
@@ -145,7 +146,7 @@ async def test_warm_and_cold_ticks_give_the_same_result(
         first = M0 + 60 * step
         await _write(store, _records(first, 60, 4, f"s{step}-"))
         now = (first + 60) * 60.0
-        await store.compact_rollups(run_id=RUN, now=now)
+        await store.compact(fold=fold, run_id=RUN, now=now)
         kwargs: dict[str, Any] = {"run_id": RUN, "stats_cfg": cfg, "warmup": NO_WARMUP}
         hot = await compute_stats(store, window_end=now, cache=warm, **kwargs)
         cold = await compute_stats(store, window_end=now, **kwargs)
@@ -160,7 +161,7 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
     records = _records(M0 + 7, 180, 20, "x")
     await _write(store, records)
     now = (M0 + 187) * 60.0
-    await store.compact_rollups(run_id=RUN, now=now)
+    await store.compact(fold=fold, run_id=RUN, now=now)
     cfg = StatsConfig(windows_s=(None,), resamples=200)
     result = await compute_stats(store, run_id=RUN, stats_cfg=cfg, warmup=NO_WARMUP, window_end=now)
     window: Any = result["results"]["all"]["all"]
@@ -242,7 +243,7 @@ async def test_a_refresh_reads_the_other_metrics_only_when_the_first_ones_counts
     """`go_on` sees the first metric's requests per arm as the tiers will hold them (blocks and
     fine minutes, compacted or not), and a refused `go_on` leaves the other metrics unread."""
     await _write(store, _records(M0, 90, 20, "g"))
-    await store.compact_rollups(run_id=RUN, now=(M0 + 85) * 60.0)  # hour and minute blocks
+    await store.compact(fold=fold, run_id=RUN, now=(M0 + 85) * 60.0)  # hour and minute blocks
     seen: list[dict[str, int]] = []
 
     def refuse(requests: dict[str, int]) -> bool:

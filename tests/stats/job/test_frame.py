@@ -9,7 +9,8 @@ from specproxy.records import Arm
 from specproxy.stats.job.cache import ArmTier, FineMinute
 from specproxy.stats.job.frame import Frame, Tiers, WindowPlan, arm_window, segments_by_label
 from specproxy.summary.blocks import Block
-from specproxy.summary.grid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND, coarse_as_fine, coarse_bin
+from specproxy.summary.grid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND
+from specproxy.summary.histogram import coarse_as_fine, coarse_bin
 from specproxy.summary.minute import ROLLUP_METRICS
 
 

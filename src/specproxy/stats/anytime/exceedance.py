@@ -20,7 +20,8 @@ import numpy.typing as npt
 import scipy.special as sp
 
 from specproxy.stats.sample import ArmSample
-from specproxy.summary.grid import COARSE_FACTOR, bin_lower_edges, coarse_bin
+from specproxy.summary.grid import COARSE_FACTOR
+from specproxy.summary.histogram import bin_lower_edges, coarse_bin
 
 __all__ = [
     "LAMBDAS",

@@ -23,7 +23,7 @@ from specproxy.stats.estimate.blocklength import MIN_BLOCKS, BlockPlan, plan_blo
 from specproxy.stats.estimate.bootstrap import DEFAULT_RESAMPLES, Interval, percentile_interval
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS
 from specproxy.stats.sample import ArmSample, unique_inverse
-from specproxy.summary.grid import bin_centres
+from specproxy.summary.histogram import bin_centres
 
 __all__ = [
     "MATERIAL_WIDTH_RATIO",

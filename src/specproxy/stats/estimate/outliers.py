@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from specproxy.stats import result as schema
 from specproxy.stats.sample import ArmSample
-from specproxy.summary.grid import bin_log_centres
+from specproxy.summary.histogram import bin_log_centres
 
 __all__ = ["OutlierSummary", "count_outliers", "log_quantiles"]
 

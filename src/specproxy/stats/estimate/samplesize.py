@@ -16,7 +16,7 @@ from scipy import stats
 
 from specproxy.stats.estimate.outliers import log_quantiles
 from specproxy.stats.sample import ArmSample
-from specproxy.summary.grid import bin_log_centres
+from specproxy.summary.histogram import bin_log_centres
 
 __all__ = ["density_at_median", "samples_for_median_change", "samples_from_densities"]
 

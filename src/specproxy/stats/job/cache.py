@@ -1,7 +1,7 @@
 """The stats job's incremental copy of a run's rollup tiers (blocks and fine minutes).
 
 A cold cache (a new leader, `specproxy stats`) reads every block and fine minute once. A warm one
-asks the store only for what changed since its last tick (`store.rollups.TierRead`: every key's
+asks the store only for what changed since its last tick (`store.contract.TierRead`: every key's
 `n` comes back, contents only where `n` differs), so a tick reads the few fine minutes still
 filling and the blocks compaction touched, not 30 days of history. Because a block's `n` grows
 whenever rows are folded in and the listing names every key, the warm cache after a refresh holds
@@ -20,10 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.records import Arm
-from specproxy.store.base import Store
-from specproxy.store.rollups import RollupRows, TierRead, TierVersions
+from specproxy.store.contract import SummaryReader, TierRead, TierVersions
 from specproxy.summary.blocks import Block
 from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.packed import fine_bins_arrays
 
 __all__ = ["ArmTier", "FineMinute", "RollupCache"]
 
@@ -46,21 +46,6 @@ class ArmTier:
 
     blocks: dict[tuple[int, int, str], Block] = field(default_factory=dict)  # dense counts only
     fine: dict[tuple[int, str], FineMinute] = field(default_factory=dict)
-
-    @classmethod
-    def from_rows(cls, rows: RollupRows) -> ArmTier:
-        """Fine rows only (`Store.read_rollups`), all under one model."""
-        tier = cls()
-        for i, minute in enumerate(rows.minute.tolist()):
-            sel = rows.bin_minute == minute
-            tier.fine[(minute, "")] = FineMinute(
-                int(rows.n[i]),
-                float(rows.total[i]),
-                float(rows.total_sq[i]),
-                rows.bins[sel],
-                rows.counts[sel],
-            )
-        return tier
 
     def minute_counts(self) -> tuple[IntArray, IntArray]:
         """(minute, n) per minute holding requests, from blocks and fine minutes."""
@@ -120,8 +105,8 @@ class RollupCache:
         for minute, model, arm_name, n, total, total_sq in read.minutes:
             arm = Arm(arm_name)
             if minute in read_minutes:
-                empty = np.zeros(0, dtype=np.int64)
-                bins, counts = read.bins.get((minute, model, arm_name), (empty, empty))
+                packed = read.bins.get((minute, model, arm_name), ([], []))
+                bins, counts = fine_bins_arrays(*packed)
                 new[arm].fine[(minute, model)] = FineMinute(
                     int(n), float(total), float(total_sq), bins, counts
                 )
@@ -131,7 +116,7 @@ class RollupCache:
 
     async def refresh(
         self,
-        store: Store,
+        store: SummaryReader,
         run_id: str,
         metrics: tuple[str, ...],
         *,
@@ -152,7 +137,7 @@ class RollupCache:
         try:
             for metric in metrics:
                 started = time.perf_counter()
-                read = await store.read_rollup_tiers(
+                read = await store.read_tiers(
                     run_id=run_id, metric=metric, known=self.versions(metric)
                 )
                 self.read_s += time.perf_counter() - started

@@ -23,14 +23,10 @@ import numpy.typing as npt
 from specproxy.records import Arm
 from specproxy.stats.job.cache import ArmTier
 from specproxy.stats.sample import ArmSample, ArmWindow
-from specproxy.summary.blocks import HOUR_SPAN, MINUTE_SPAN
-from specproxy.summary.grid import (
-    COARSE_ERROR_BOUND,
-    GRID_ERROR_BOUND,
-    coarse_as_fine,
-    coarse_bin,
-)
+from specproxy.summary.grid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND
+from specproxy.summary.histogram import coarse_as_fine, coarse_bin
 from specproxy.summary.minute import MOMENT_SUMS
+from specproxy.summary.tiering import HOUR_SPAN, MINUTE_SPAN
 
 __all__ = ["Frame", "Tiers", "WindowPlan", "segments_by_label"]
 

@@ -21,7 +21,7 @@ from specproxy.records import Arm
 from specproxy.stats.job.cache import ArmTier, FineMinute
 from specproxy.stats.job.frame import Tiers, WindowPlan
 from specproxy.stats.sample import Pairs
-from specproxy.summary.grid import bin_index
+from specproxy.summary.histogram import bin_index
 from specproxy.summary.minute import ROLLUP_METRICS
 
 __all__ = ["ROWS_MAX", "ROW_COLUMNS", "ROW_READ", "Rows", "known_label", "row_unit", "usable_mask"]
@@ -72,15 +72,6 @@ class Rows:
     """A run's usable rows per arm (primary and shadow), as column arrays (`ROW_COLUMNS`)."""
 
     arrays: Mapping[Arm, RowArrays]
-
-    @classmethod
-    def usable(cls, arrays: Mapping[Arm, RowArrays]) -> Rows:
-        """The usable rows of `arrays` (read with the columns of `usable_mask`)."""
-        out = {}
-        for arm, columns in arrays.items():
-            keep = usable_mask(columns)
-            out[arm] = {c: np.asarray(v)[keep] for c, v in columns.items() if c in ROW_COLUMNS}
-        return cls(out)
 
     def span(self) -> tuple[float, float] | None:
         """(first, last) request start of the primary rows of either arm; None: none."""

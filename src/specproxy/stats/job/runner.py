@@ -27,7 +27,8 @@ from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.leader import Leadership
 from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import StatsResult
-from specproxy.store.base import Store
+from specproxy.store.contract import StatsStore
+from specproxy.summary.compaction import fold
 
 __all__ = ["StatsJob", "compute_stats"]
 
@@ -39,7 +40,7 @@ class StatsJob:
 
     def __init__(
         self,
-        store: Store,
+        store: StatsStore,
         *,
         run_id: str,
         stats_cfg: StatsConfig,
@@ -111,7 +112,7 @@ class StatsJob:
         except Exception:  # history is best effort; the live result is already published
             log.exception("stats: could not write the history row")
         try:
-            await self._store.compact_rollups(run_id=self._run_id, now=self._clock())
+            await self._store.compact(run_id=self._run_id, now=self._clock(), fold=fold)
         except Exception:  # retried next interval; the fine rows stay until then
             log.exception("stats: rollup compaction failed")
         return result
@@ -119,9 +120,9 @@ class StatsJob:
     async def follow_once(self) -> StatsResult | None:
         """Publish the latest result the leader stored (recent ones only: bounded read)."""
         since = self._clock() - 3 * self._stats_cfg.interval_s - 60.0
-        rows = await self._store.read_stats_history(run_id=self._run_id, since=since)
-        if rows:
-            self._latest = cast(StatsResult, rows[-1][1])  # what a leader stored
+        latest = await self._store.latest_stats(run_id=self._run_id, newer_than=since)
+        if latest is not None:
+            self._latest = cast(StatsResult, latest[1])  # what a leader stored
         return self._latest
 
     async def step(self) -> StatsResult | None:

@@ -29,7 +29,7 @@ from specproxy.stats.compare import CompareSettings, Recall, compare_window
 from specproxy.stats.diagnosis import summarise_arms
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.frame import Frame, Tiers, WindowPlan, arm_window, segments_by_label
-from specproxy.stats.job.rows import ROW_READ, ROWS_MAX, Rows, known_label, row_unit
+from specproxy.stats.job.rows import ROW_COLUMNS, ROWS_MAX, Rows, known_label, row_unit
 from specproxy.stats.result import (
     SCHEMA_VERSION,
     Settings,
@@ -38,9 +38,10 @@ from specproxy.stats.result import (
     settings_lists,
 )
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
-from specproxy.store.base import Store
-from specproxy.summary.engine import EngineView, StoredView, as_view
+from specproxy.store.contract import StatsStore
+from specproxy.summary.engine import EngineView, as_view
 from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.rows import records_to_arrays
 
 __all__ = [
     "GPU_SAMPLES_READ",
@@ -305,7 +306,7 @@ def configs_of(
 
 
 async def compute_stats(
-    store: Store,
+    store: StatsStore,
     *,
     run_id: str,
     stats_cfg: StatsConfig,
@@ -336,7 +337,8 @@ async def compute_stats(
     tiers = tiers_of(cache)
     rows = None
     if not large({arm.value: tier.n for arm, tier in cache.tiers["e2e"].items()}):
-        rows = Rows.usable(await store.read_arrays(run_id=run_id, columns=ROW_READ))
+        records = await store.read_records(run_id=run_id, columns=ROW_COLUMNS, usable_only=True)
+        rows = Rows(await asyncio.to_thread(records_to_arrays, ROW_COLUMNS, records))
     label = model_label or known_label(tiers.keys())
     plan = await loop.run_in_executor(
         executor,
@@ -350,8 +352,7 @@ async def compute_stats(
         since = min(by_unit) if by_unit else plan.frame.last_unit + 1
         moments = await store.read_moments(run_id=run_id, since_minute=since)
         tiers.moment_hours, tiers.moment_units = moments.hours, moments.minutes
-    aggregates = await store.read_engine_aggregates(run_id=run_id, since=plan.engine_starts)
-    engine = StoredView(aggregates, await store.read_restart_samples(run_id=run_id))
+    engine = await store.read_engine(run_id=run_id, since=plan.engine_starts)
     return await loop.run_in_executor(
         executor,
         functools.partial(
