@@ -14,9 +14,11 @@ from typing import Any, Protocol, runtime_checkable
 from specproxy.errors import ErrorKind
 
 __all__ = [
+    "BOOL_COLUMNS",
     "GPU_ERROR_MAX_CHARS",
     "MODEL_MAX_BYTES",
     "RECORD_FIELDS",
+    "TEXT_COLUMNS",
     "THERMAL_CLOCK_REASONS",
     "Arm",
     "EngineSample",
@@ -111,6 +113,11 @@ class RequestRecord:
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+# Record fields that are booleans (SQLite stores 0/1) and text; the others are numbers.
+BOOL_COLUMNS: frozenset[str] = frozenset({"stream", "shadow", "disconnected"})
+TEXT_COLUMNS: frozenset[str] = frozenset(
+    {"request_id", "run_id", "arm", "model", "endpoint", "pair_id", "error_kind", "engine_url"}
+)
 
 
 @dataclass(frozen=True, slots=True)

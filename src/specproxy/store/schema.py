@@ -12,7 +12,14 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.records import (
+    BOOL_COLUMNS,
+    TEXT_COLUMNS,
+    Arm,
+    EngineSample,
+    GpuSample,
+    RequestRecord,
+)
 
 __all__ = [
     "BOOL_COLUMNS",
@@ -58,11 +65,6 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "error_kind",
     "disconnected",
     "engine_url",
-)
-# Request columns stored as booleans (SQLite: 0/1) and as text; the others are numbers.
-BOOL_COLUMNS = frozenset({"stream", "shadow", "disconnected"})
-TEXT_COLUMNS = frozenset(
-    {"request_id", "run_id", "arm", "model", "endpoint", "pair_id", "error_kind", "engine_url"}
 )
 ENGINE_COLUMNS: tuple[str, ...] = (
     "t",

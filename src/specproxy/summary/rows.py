@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.records import Arm
-from specproxy.store.schema import BOOL_COLUMNS, TEXT_COLUMNS
+from specproxy.records import BOOL_COLUMNS, TEXT_COLUMNS, Arm
 
 __all__ = ["ArmArrays", "empty_arrays", "records_to_arrays", "rows_to_arrays"]
 
