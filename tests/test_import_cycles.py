@@ -244,3 +244,26 @@ def test_walker_accepts_re_exports_and_outside_imports(tmp_path: Path) -> None:
     graph = import_graph(pkg)
     assert graph == {"pkg": {"pkg.core"}, "pkg.core": {"pkg.util"}, "pkg.util": set()}
     assert find_cycle(graph) is None
+
+
+# The floors (issue 23): `summary` lies under both store and stats; the store never reaches
+# into the statistics; nothing below `stats` imports it.
+FLOORS: dict[str, tuple[str, ...]] = {
+    "specproxy.summary": ("specproxy.store", "specproxy.stats"),
+    "specproxy.store": ("specproxy.stats",),
+    "specproxy.records": ("specproxy.store", "specproxy.stats", "specproxy.summary"),
+}
+
+
+def test_the_summary_floor_lies_under_store_and_stats() -> None:
+    graph = import_graph(SRC)
+    crossings = [
+        (module, target)
+        for module, targets in graph.items()
+        for floor, above in FLOORS.items()
+        if module == floor or module.startswith(floor + ".")
+        for target in targets
+        if any(target == a or target.startswith(a + ".") for a in above)
+    ]
+    assert crossings == []
+    assert any(m.startswith("specproxy.summary.") for m in graph)  # the walker saw the floor
