@@ -4,8 +4,11 @@ confidence sequences of `sequential.ratio_bounds` on the arms' `ArmSample`s at e
 length adjustment of `adjust.adjusted_over_blocks`.
 
 Figures are printed (`pytest -s -m slow tests/stats/test_simulations.py`). Coverage runs use 999
-resamples instead of 2000 to stay within the CI budget; the mean uses fewer replications (MC SE
-printed with every figure).
+resamples instead of 2000 to stay within the CI budget, 1000 replications per setting (MC SE
+printed with every figure). The mean used to get 400 (each replication resampled every value);
+its bootstrap now reads the histograms and costs as little as the quantiles', and at 400 the
+heavy-tailed mean's check (band +-1.8 SE) failed by chance at 0.9275 where 1500 replications on
+other seeds give 0.945.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ TRUE_SPEEDUP = 1.25  # speculative = baseline / 1.25 in distribution, so every r
 @pytest.mark.parametrize("dist", sorted(DISTRIBUTIONS))
 @pytest.mark.parametrize(
     ("statistic", "n", "runs"),
-    [("median", 2000, 1000), ("p90", 2000, 1000), ("p99", 10_000, 1000), ("mean", 2000, 400)],
+    [("median", 2000, 1000), ("p90", 2000, 1000), ("p99", 10_000, 1000), ("mean", 2000, 1000)],
 )
 def test_ci_coverage(dist: str, statistic: str, n: int, runs: int) -> None:
     draw = DISTRIBUTIONS[dist]
