@@ -1,22 +1,24 @@
-"""False alarms and power of the wired P99 verdict (`stats.verdict`, sticky via `hysteresis`).
+"""False alarms and power of the wired P99 verdict (`anytime.verdict.evidence`, kept over a
+whole run by `anytime.decision.DecisionMemory`).
 
 Prints figures; asserts nothing (the asserted versions are the slow tests of
-tests/stats/test_verdict.py, which share these draws).
+tests/stats/anytime/test_verdict.py and test_exceedance.py, which share these draws).
 
 1. A/A: both arms lognormal(0, 0.5), noise i.i.d., AR(1) rho 0.3 on log latency, or sinusoidal
    load waves scaling both arms; a look every 100 samples per arm up to 3000; the whole-run
-   verdict as the job keeps it (VerdictMemory). Counted: runs that ever said "slower" or
-   "faster", and which test said it, at tolerance 0.05 (the default) and 0 (P99 at the null's
-   boundary, where false P99 alarms are likeliest).
+   verdict of a paired design (the values given as pairs) as the job keeps it (DecisionMemory).
+   Counted: runs that ever said "slower" or "faster", and which test said it, at tolerance 0.05
+   (the default) and 0 (P99 at the null's boundary, where false P99 alarms are likeliest).
 2. Power for a +10 % P99 at sigma 0.5, tolerance 0, at 5k/10k/20k per arm:
    * "scale": speculative = 1.1 x baseline in law (median and P99 both +10 %);
    * "tail": only the upper half is stretched, log s = z sigma (1 + k 1{z > 0}) with
      k = ln 1.1 / (2.326 sigma), so P99 is +10 % and the median is unchanged;
    one look at n (what `specproxy stats` says once), and the whole-run verdict with a look
    every 1000 per arm (what the running job says by n). Columns: the union bound alone at
-   alpha (the verdict before this change), its half at alpha/2, the two-sample test at alpha/2,
-   the P99 verdict (either), the P99 verdict from fine-grid histograms as on rollups
-   ("binned", conservative), and the metric verdict (P99 or median).
+   alpha (the verdict before the two-sample test), its half at alpha/2, the two-sample test at
+   alpha/2 (on the pairs' exact values), the P99 verdict (either), and the metric verdict (P99
+   or median). The confidence sequences read the arms' samples (fine-grid histograms) as in a
+   window's comparison; the two-sample test no longer runs on histograms.
 
 3. The per-minute exceedance test (`stats.exceedance`, each direction at alpha/2 as wired) on
    minute-structured traffic (tests/stats/test_exceedance.minute_arms: 200 requests a minute,
@@ -44,8 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specproxy.stats.anytime.sequential import compare_sequential
-from specproxy.stats.anytime.verdict import anytime_valid, anytime_valid_binned
+from specproxy.stats.anytime.sequential import ratio_bounds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.stats.anytime.test_verdict
 
@@ -57,12 +58,13 @@ from tests.stats.anytime.test_verdict import (
     POWER_SIZES,
     SIGMA,
     draw_arms,
-    histogram_arms,
+    one_unit,
+    paired,
     whole_run_verdicts,
 )
 
 Z99 = 2.3263478740408408
-COLUMNS = ("union@a", "union@a/2", "2-sample@a/2", "P99 verdict", "binned", "metric verdict")
+COLUMNS = ("union@a", "union@a/2", "2-sample@a/2", "P99 verdict", "metric verdict")
 
 
 def _tail_stretched(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -97,17 +99,14 @@ def aa(runs: int, seed: int) -> None:
 
 
 def _row(base: np.ndarray, spec: np.ndarray) -> dict[str, bool]:
-    seq = anytime_valid(base, spec, alpha=ALPHA, tolerance=0.0)
-    p99 = seq["p99"]
-    (rb, hb), (rs, hs) = histogram_arms(base), histogram_arms(spec)
-    binned = anytime_valid_binned((rb, rs), (hb, hs), alpha=ALPHA, tolerance=0.0)
+    v = paired(base, spec, 0.0).verdicts
+    lower, _upper = ratio_bounds(one_unit(base), one_unit(spec), 0.99, ALPHA)
     return {
-        "union@a": compare_sequential(base, spec, alpha=ALPHA, tolerance=0.0).p99_slower,
-        "union@a/2": p99["union_bound_slower"],
-        "2-sample@a/2": p99["slower"]["rejected"],
-        "P99 verdict": p99["verdict"] == "slower",
-        "binned": binned["p99"]["verdict"] == "slower",
-        "metric verdict": seq["verdict"] == "slower",
+        "union@a": lower > 1.0,
+        "union@a/2": v.p99_union_slower,
+        "2-sample@a/2": v.e_slower,
+        "P99 verdict": v.p99 == "slower",
+        "metric verdict": v.verdict == "slower",
     }
 
 

@@ -166,7 +166,7 @@ def test_advice_from_measured_samples_picks_the_faster_arm() -> None:
     token counts x per-token times, no clock) for three k settings; the k whose speculative
     arm is truly 1.5x faster is named, and the one truly 0.8x is ranked last."""
     from specproxy.bench.summary import BENCH_STATISTICS
-    from specproxy.stats.estimate.bootstrap import split_speedup_intervals
+    from specproxy.stats.estimate.blockboot import value_speedup_intervals
 
     rng = np.random.default_rng(3)
     tokens = rng.integers(64, 256, size=600).astype(np.float64)
@@ -174,7 +174,7 @@ def test_advice_from_measured_samples_picks_the_faster_arm() -> None:
     sweep = []
     for k, factor in ((2, 1.2), (4, 1.5), (8, 0.8)):
         spec = tokens * 0.010 / factor * rng.lognormal(0.0, 0.1, size=tokens.size)
-        cis = split_speedup_intervals(
+        cis = value_speedup_intervals(
             base, spec, statistics=BENCH_STATISTICS, rng=rng, resamples=500
         )
         sweep.append(

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from specproxy.stats.estimate.bootstrap import HISTOGRAM_ERROR_BOUND, HISTOGRAM_REL_WIDTH
+from specproxy.stats.sample import ArmSample
 from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH, GRID_REL_WIDTH, bin_of
 from specproxy.summary.histogram import (
     bin_centres,
@@ -36,9 +36,19 @@ def test_the_grid_does_not_depend_on_the_data() -> None:
     assert a[1] == 0  # 1 s is the lower edge of bin 0
 
 
-def test_the_grid_shares_the_poisson_paths_width_and_bound() -> None:
-    assert GRID_REL_WIDTH == HISTOGRAM_REL_WIDTH
-    assert math.isclose(GRID_ERROR_BOUND, HISTOGRAM_ERROR_BOUND)
+def test_the_bound_is_one_bin_and_every_sample_is_on_this_grid() -> None:
+    """A ratio of two bin centres is within one bin (0.02 %) of the ratio of the values, and a
+    window's sample from rows (`ArmSample.from_values`) bins them as the store's writer does
+    (`summary.minute` writes `grid_histogram`)."""
+    assert GRID_REL_WIDTH == 2e-4
+    assert math.isclose(GRID_ERROR_BOUND, math.expm1(GRID_LOG_WIDTH))
+    assert math.isclose(GRID_ERROR_BOUND, GRID_REL_WIDTH)
+    values = np.random.default_rng(1).lognormal(0.0, 1.0, 5000)
+    sample = ArmSample.from_values(values, np.zeros(values.size, dtype=np.int64), 1)
+    bins, counts = grid_histogram(values)
+    pooled = sample.pooled()
+    assert pooled[0].tolist() == bins.tolist() and pooled[1].tolist() == counts.tolist()
+    assert sample.grid_error == GRID_ERROR_BOUND
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])

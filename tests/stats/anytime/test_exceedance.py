@@ -1,6 +1,7 @@
-"""The per-minute exceedance e-process (`stats.exceedance`): its hypergeometric MGF, its
-predictable thresholds, conservative rollup counts, and (slow) A/A under serial dependence and
-power."""
+"""The per-minute exceedance e-process (`anytime.exceedance`): its hypergeometric MGF, its
+predictable thresholds, the counts from histograms (never above the exact e-process statistic of
+the same values, `tests.stats.oracles.unit_counts`), and (slow) A/A under serial dependence and
+power, through `verdict.evidence` as a window's comparison runs it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 import math
 from collections import Counter
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -15,7 +17,9 @@ import pytest
 import scipy.special
 import scipy.stats
 
+from specproxy.records import Arm
 from specproxy.stats.anytime import exceedance
+from specproxy.stats.anytime.decision import Evidence
 from specproxy.stats.anytime.exceedance import (
     MIN_BASELINE,
     SETTLE_UNITS,
@@ -24,11 +28,15 @@ from specproxy.stats.anytime.exceedance import (
     exceedance_test,
     hypergeom_log_mgf,
     predictable_thresholds,
+    true_edges,
     unit_counts,
-    unit_counts_binned,
 )
-from specproxy.stats.anytime.verdict import anytime_valid
-from specproxy.summary.histogram import bin_index, bin_lower_edges
+from specproxy.stats.anytime.verdict import evidence
+from specproxy.stats.job.frame import Frame, arm_window
+from specproxy.stats.job.rows import Rows
+from specproxy.stats.sample import ArmSample
+from specproxy.summary.histogram import bin_index, coarse_as_fine, coarse_bin
+from tests.stats import oracles
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -158,11 +166,39 @@ RHO = 0.3
 MINUTE_SD = 0.5
 
 
+def samples(
+    base: Arm2, spec: Arm2, *, unit_s: float = 60.0, coarse: bool = False
+) -> tuple[ArmSample, ArmSample]:
+    """Both arms (values, start times in s) as a window's samples: units of `unit_s` from the
+    first whole minute; `coarse`: each value at the centre of its 0.5 % bin (compacted tier)."""
+    first = math.floor(min(float(base[1].min()), float(spec[1].min())) / 60.0) * 60.0
+    units = int((max(float(base[1].max()), float(spec[1].max())) - first) // unit_s) + 1
+    out = []
+    for values, times in (base, spec):
+        unit = np.floor((times - first) / unit_s).astype(np.int64)
+        sample = ArmSample.from_values(values, unit, units, unit_s)
+        if coarse:
+            bins = coarse_as_fine(coarse_bin(sample.bins))
+            key, at = np.unique(np.stack([sample.unit, bins]), axis=1, return_inverse=True)
+            counts = np.bincount(at.reshape(-1), weights=sample.counts, minlength=key.shape[1])
+            sample = dataclasses.replace(
+                sample, unit=key[0], bins=key[1], counts=counts.astype(np.int64)
+            )
+        out.append(sample)
+    return out[0], out[1]
+
+
+def binned_counts(base: Arm2, spec: Arm2, *, tolerance: float, **how: Any) -> UnitCounts:
+    """The production counts of "spec slower than base" from the arms' samples."""
+    c, t = samples(base, spec, **how)
+    return unit_counts(BinnedUnits.of_sample(c), BinnedUnits.of_sample(t), tolerance=tolerance)
+
+
 def test_a_clear_slowdown_is_rejected_and_the_faster_direction_is_not() -> None:
     rng = np.random.default_rng(2)
     base, spec = minute_arms(rng, "iid", 10_000, math.log(1.3))
-    slower = exceedance_test(unit_counts(base, spec, tolerance=0.05), alpha=ALPHA / 2)
-    faster = exceedance_test(unit_counts(spec, base, tolerance=0.05), alpha=ALPHA / 2)
+    slower = exceedance_test(binned_counts(base, spec, tolerance=0.05), alpha=ALPHA / 2)
+    faster = exceedance_test(binned_counts(spec, base, tolerance=0.05), alpha=ALPHA / 2)
     assert slower.rejected and slower.statistic >= slower.boundary
     assert not faster.rejected
     assert slower.exceedances[0] > slower.exceedances[1] > 0
@@ -172,7 +208,7 @@ def test_the_last_units_are_left_out_and_tolerance_raises_the_bar() -> None:
     """The current minute and the one before still receive rows of running requests."""
     rng = np.random.default_rng(3)
     base, spec = minute_arms(rng, "iid", 5000, math.log(1.1))
-    counts = unit_counts(base, spec, tolerance=0.0)
+    counts = binned_counts(base, spec, tolerance=0.0)
     result = exceedance_test(counts, alpha=ALPHA)
     assert SETTLE_UNITS == 2 and result.units == counts.x.size - 2
     assert result.exceedances == (int(counts.x[:-2].sum()), int(counts.y[:-2].sum()))
@@ -181,49 +217,66 @@ def test_the_last_units_are_left_out_and_tolerance_raises_the_bar() -> None:
     late.x[-2:] += 50
     assert exceedance_test(late, alpha=ALPHA).statistic == result.statistic
     # a tolerance as large as the effect removes speculative exceedances, not baseline ones
-    tolerant = unit_counts(base, spec, tolerance=0.2)
+    tolerant = binned_counts(base, spec, tolerance=0.2)
     assert tolerant.x.sum() < counts.x.sum() and tolerant.y.sum() == counts.y.sum()
+    with pytest.raises(ValueError, match="alpha"):
+        exceedance_test(counts, alpha=1.0)
 
 
-def _binned(values: FloatArray, times: FloatArray, width: int) -> BinnedUnits:
-    """Per-minute histogram entries, bins `width` fine bins wide (25: the compacted tier)."""
-    unit = np.floor(times / 60.0).astype(np.int64)
-    fine = bin_index(values)
-    coarse = np.floor_divide(fine, width)
-    key, counts = np.unique(np.stack([unit, coarse]), axis=1, return_counts=True)
-    return BinnedUnits(
-        unit=key[0],
-        bins=key[1] * width + width // 2,
-        lower=bin_lower_edges(key[1] * width) * (1 - 1e-9),
-        upper=bin_lower_edges((key[1] + 1) * width) * (1 + 1e-9),
-        counts=counts.astype(np.int64),
-    )
-
-
-@pytest.mark.parametrize("width", [1, 25])
-def test_rollup_counts_are_conservative(width: int) -> None:
-    """Against the exact counts of the same values at the same thresholds, X from histograms
-    (fine bins, or 0.5 % bins as in the compacted tier) is never above and Y never below, so
-    the binned statistic is never above the exact one."""
+@pytest.mark.parametrize("coarse", [False, True])
+@pytest.mark.parametrize("tolerance", [0.0, 0.05])
+def test_counts_from_histograms_are_conservative(coarse: bool, tolerance: float) -> None:
+    """Against the exact counts of the same values (oracle; the same thresholds: both from the
+    reference arm's coarse bins), X from histograms (fine bins, or 0.5 % bins as in the
+    compacted tier) is never above and Y never below, so the binned statistic is never above
+    the exact one, in both directions."""
     rng = np.random.default_rng(4)
     base, spec = minute_arms(rng, "ar1", 8000, math.log(1.15))
-    units = int(max(base[1].max(), spec[1].max()) // 60) + 1
-    b_entries, s_entries = _binned(*base, width), _binned(*spec, width)
-    binned = unit_counts_binned(b_entries, s_entries, tolerance=0.05)
-    q = predictable_thresholds(b_entries.unit, b_entries.bins, b_entries.counts, units)
-    b_u, s_u = (np.floor(t / 60.0).astype(np.int64) for t in (base[1], spec[1]))
-    with np.errstate(invalid="ignore"):
-        exact = UnitCounts(
-            n_test=np.bincount(s_u, minlength=units).astype(np.int64),
-            n_ref=np.bincount(b_u, minlength=units).astype(np.int64),
-            x=np.bincount(s_u[spec[0] / 1.05 > q[s_u]], minlength=units).astype(np.int64),
-            y=np.bincount(b_u[base[0] > q[b_u]], minlength=units).astype(np.int64),
-        )
-    np.testing.assert_array_equal(binned.n_test, exact.n_test)
-    np.testing.assert_array_equal(binned.n_ref, exact.n_ref)
-    assert np.all(binned.x <= exact.x) and np.all(binned.y >= exact.y)
-    lower = exceedance_test(binned, alpha=ALPHA).statistic
-    assert 0 < lower <= exceedance_test(exact, alpha=ALPHA).statistic
+    for ref, tested in ((base, spec), (spec, base)):
+        binned = binned_counts(ref, tested, tolerance=tolerance, coarse=coarse)
+        exact = oracles.unit_counts(ref, tested, tolerance=tolerance)
+        np.testing.assert_array_equal(binned.n_test, exact.n_test)
+        np.testing.assert_array_equal(binned.n_ref, exact.n_ref)
+        assert np.all(binned.x <= exact.x) and np.all(binned.y >= exact.y)
+        assert exact.x.sum() - binned.x.sum() < 0.05 * exact.x.sum() + 5  # close, not empty
+        lower = exceedance_test(binned, alpha=ALPHA).statistic
+        assert lower <= exceedance_test(exact, alpha=ALPHA).statistic
+    slower = exceedance_test(
+        binned_counts(base, spec, tolerance=tolerance, coarse=coarse), alpha=ALPHA
+    )
+    assert slower.statistic > 0
+
+
+def test_units_shorter_than_a_minute_count_by_the_minute() -> None:
+    """A row window's units divide a minute: its entries count in their minute, as rollups'."""
+    rng = np.random.default_rng(5)
+    base, spec = minute_arms(rng, "iid", 3000, math.log(1.2))
+    minute = binned_counts(base, spec, tolerance=0.05)
+    for unit_s in (15.0, 30.0):
+        finer = binned_counts(base, spec, tolerance=0.05, unit_s=unit_s)
+        for field in ("n_test", "n_ref", "x", "y"):
+            np.testing.assert_array_equal(getattr(finer, field), getattr(minute, field))
+    c, _ = samples(base, spec)
+    for bad in (dataclasses.replace(c, unit_s=120.0), dataclasses.replace(c, unit_s=7.0)):
+        with pytest.raises(ValueError, match="divide a minute"):
+            BinnedUnits.of_sample(bad)
+    with pytest.raises(ValueError, match="divide a minute"):
+        BinnedUnits.of_sample(dataclasses.replace(c, piece_units=60))
+
+
+def test_every_value_lies_within_its_entrys_true_edges() -> None:
+    values = np.random.default_rng(6).lognormal(0.0, 2.0, 20_000)
+    fine = bin_index(values)
+    for bins in (fine, coarse_as_fine(coarse_bin(fine))):
+        lower, upper = true_edges(bins)
+        assert bool(np.all(lower <= values)) and bool(np.all(values < upper))
+    empty = unit_counts(
+        BinnedUnits.of_sample(ArmSample.empty()),
+        BinnedUnits.of_sample(ArmSample.empty()),
+        tolerance=0.0,
+    )
+    assert empty.x.size == 0
+    assert exceedance_test(empty, alpha=ALPHA).statistic == -math.inf
 
 
 # ------------------------------------------------------------------ simulations (slow)
@@ -234,21 +287,26 @@ AA_BOUND = 40  # of 500: P(Binomial(500, 0.05) > 40) < 0.01
 
 
 def claims(base: Arm2, spec: Arm2, tolerance: float = 0.0) -> dict[str, tuple[bool, bool]]:
-    """(slower, faster) rejections at one look of each P99 test at alpha / 2 and of both
-    verdicts: split traffic's (union bound + exceedance, as wired) and the i.i.d. one (union
-    bound + two-sample, what mirrored pairs get). The exceedance test's are over every minute."""
-    times = (base[1], spec[1])
-    split = anytime_valid(base[0], spec[0], alpha=ALPHA, tolerance=tolerance, times=times)["p99"]
-    iid = anytime_valid(base[0], spec[0], alpha=ALPHA, tolerance=tolerance)["p99"]
-    exc_s, exc_f = split.get("exceedance_slower"), split.get("exceedance_faster")
-    assert exc_s is not None and exc_f is not None
+    """(slower, faster) rejections at one look of each P99 test at alpha / 2 and of both P99
+    verdicts, as `verdict.evidence` gives them to a window: split traffic's (union bound +
+    exceedance, on the arms' minute samples) and mirrored pairs' (union bound + two-sample, on
+    the same samples with the exact values as pairs). The exceedance test's are over every
+    minute."""
+    c, t = samples(base, spec)
+    split = evidence(c, t, alpha=ALPHA, tolerance=tolerance)
+    pairs = evidence(c, t, alpha=ALPHA, tolerance=tolerance, pairs=(base[0], spec[0]))
+    assert split.test == "exceedance" and pairs.test == "two_sample"
     return {
-        "exceedance": (exc_s["rejected"], exc_f["rejected"]),
-        "two-sample": (iid["slower"]["rejected"], iid["faster"]["rejected"]),
-        "union": (split["union_bound_slower"], split["union_bound_faster"]),
-        "verdict union+exceedance": (split["verdict"] == "slower", split["verdict"] == "faster"),
-        "verdict union+two-sample": (iid["verdict"] == "slower", iid["verdict"] == "faster"),
+        "exceedance": (split.slower.rejected, split.faster.rejected),
+        "two-sample": (pairs.slower.rejected, pairs.faster.rejected),
+        "union": (split.verdicts.p99_union_slower, split.verdicts.p99_union_faster),
+        "verdict union+exceedance": _p99(split),
+        "verdict union+two-sample": _p99(pairs),
     }
+
+
+def _p99(e: Evidence) -> tuple[bool, bool]:
+    return e.verdicts.p99 == "slower", e.verdicts.p99 == "faster"
 
 
 def false_alarms(setting: str, seed: int, runs: int = AA_RUNS) -> Counter[str]:
@@ -286,14 +344,16 @@ def first_n(base: Arm2, spec: Arm2, n: int) -> tuple[Arm2, Arm2]:
 
 def power(seed: int, runs: int) -> dict[int, float]:
     """+10 % in law (P99 +10 %) at sigma 0.5, i.i.d., tolerance 0: share of runs whose
-    exceedance test (alpha / 2) has rejected by n per arm (a look at every minute)."""
+    exceedance test (alpha / 2, from the minute samples as `evidence` runs it) has rejected by
+    n per arm (a look at every minute)."""
     rng = np.random.default_rng(seed)
     hits = dict.fromkeys(POWER_SIZES, 0)
     for _ in range(runs):
         base, spec = minute_arms(rng, "iid", POWER_SIZES[-1], math.log(1.1))
         for n in POWER_SIZES:
             b, s = first_n(base, spec, n)
-            hits[n] += exceedance_test(unit_counts(b, s, tolerance=0.0), alpha=ALPHA / 2).rejected
+            c, t = samples(b, s)
+            hits[n] += evidence(c, t, alpha=ALPHA, tolerance=0.0).slower.rejected
     return {n: h / runs for n, h in hits.items()}
 
 
@@ -302,3 +362,46 @@ def test_power_for_a_ten_percent_slower_p99() -> None:
     got = power(seed=20, runs=100)
     print(f"\npower +10% P99 sigma 0.5: {got}")
     assert got[20_000] >= 0.5 and got[5000] <= got[10_000] <= got[20_000]
+
+
+def _row_window(base: Arm2, spec: Arm2, unit_s: float) -> tuple[ArmSample, ArmSample]:
+    """Both arms' e2e samples of the whole run as the job plans a short run from its rows
+    (`Rows.tiers` in units of `unit_s`, `Frame.plan`, `arm_window`)."""
+
+    def arrays(values: FloatArray, times: FloatArray) -> dict[str, npt.NDArray[Any]]:
+        n = values.size
+        nothing = np.full(n, np.nan)
+        return {
+            "t_start": times,
+            "model": np.full(n, "m", dtype=object),
+            "shadow": np.zeros(n, dtype=bool),
+            "pair_id": np.full(n, None, dtype=object),
+            "e2e_s": values,
+            **{c: nothing for c in ("ttft_s", "tpot_s", "mean_gap_s")},
+            "prompt_tokens": nothing,
+            "output_tokens": nothing,
+        }
+
+    rows = Rows({Arm.BASELINE: arrays(*base), Arm.SPECULATIVE: arrays(*spec)})
+    tiers = rows.tiers(unit_s, lambda model: model)
+    plan = Frame.of(tiers, None, now=1e10).plan(tiers, None)
+    return (
+        arm_window(tiers, plan, Arm.BASELINE, set(), None).sample("e2e"),
+        arm_window(tiers, plan, Arm.SPECULATIVE, set(), None).sample("e2e"),
+    )
+
+
+@pytest.mark.parametrize("start_s", [0.0, 45.0])
+def test_a_row_window_counts_the_clock_minutes(start_s: float) -> None:
+    """A short run planned from its rows in 15-s units: the exceedance test's minutes are the
+    clock minutes of the exact counts (oracle), as the rows module promises ("units never
+    straddle a minute (the exceedance test counts minutes)")."""
+    rng = np.random.default_rng(8)
+    base, spec = minute_arms(rng, "iid", 3000, math.log(1.2))
+    base, spec = (base[0], base[1] + start_s), (spec[0], spec[1] + start_s)
+    c, t = _row_window(base, spec, 15.0)
+    binned = unit_counts(BinnedUnits.of_sample(c), BinnedUnits.of_sample(t), tolerance=0.05)
+    exact = oracles.unit_counts(base, spec, tolerance=0.05)
+    assert binned.n_ref.tolist() == exact.n_ref.tolist()
+    assert binned.n_test.tolist() == exact.n_test.tolist()
+    assert np.all(binned.x <= exact.x) and np.all(binned.y >= exact.y)

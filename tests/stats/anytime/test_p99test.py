@@ -1,7 +1,8 @@
-"""Tests of the two-sample anytime-valid P99 test (`stats.p99test`).
+"""Tests of the two-sample anytime-valid P99 test (`anytime.p99test`), which runs on the exact
+values of mirrored pairs.
 
 Simulations are seeded. Reproduce the printed figures with
-    .venv/bin/pytest tests/stats/test_p99test.py -q -s -m "slow or not slow"
+    .venv/bin/pytest tests/stats/anytime/test_p99test.py -q -s -m "slow or not slow"
 """
 
 from __future__ import annotations
@@ -16,19 +17,14 @@ import scipy.signal
 import scipy.stats
 
 from specproxy.stats.anytime import p99test
-from specproxy.stats.anytime.p99test import (
-    BinnedArm,
-    P99TestResult,
-    p99_slower_test,
-    p99_slower_test_binned,
-)
+from specproxy.stats.anytime.p99test import P99TestResult, p99_slower_test
 from specproxy.stats.anytime.sequential import (
     DEFAULT_TUNED_FOR_N,
-    compare_sequential,
     log_mixture_counts,
     mixture_strength,
+    ratio_bounds,
 )
-from specproxy.summary.histogram import bin_index, bin_lower_edges
+from specproxy.stats.sample import ArmSample
 
 FloatArray = npt.NDArray[np.float64]
 ALPHA = 0.05
@@ -128,81 +124,6 @@ def test_detects_a_large_slowdown_and_not_a_speedup() -> None:
     assert p99_slower_test(base, 0.5 * rng.lognormal(0.0, 0.5, 3000)).decision == "undecided"
 
 
-def _binned(values: FloatArray, width: int) -> BinnedArm:
-    """A histogram of `values` on the log grid coarsened `width` times (1: the rollups' grid)."""
-    b = bin_index(values) // width
-    bins, counts = np.unique(b, return_counts=True)
-    return BinnedArm(
-        lower=bin_lower_edges(bins * width) * (1 - 1e-9),
-        upper=bin_lower_edges((bins + 1) * width) * (1 + 1e-9),
-        counts=counts.astype(np.int64),
-    )
-
-
-@pytest.mark.parametrize("width", [1, 50, 500, 5000])  # 0.02 %, 1 %, 10 %, 170 % wide bins
-@pytest.mark.parametrize("seed", range(6))
-def test_binned_statistic_never_exceeds_the_exact_one(width: int, seed: int) -> None:
-    """Conservative: on the same data the histogram version's statistic is <= the exact one in
-    both directions, so it never says "slower" (or "faster") where the exact test would not."""
-    rng = np.random.default_rng(100 + seed)
-    factor = (0.8, 1.0, 1.05, 1.1, 1.3, 2.0)[seed]
-    base = rng.lognormal(0.0, 0.5, int(rng.integers(300, 5000)))
-    spec = factor * rng.lognormal(0.0, 0.5, int(rng.integers(300, 5000)))
-    for tol in (0.0, 0.05):
-        for b, s in ((base, spec), (spec, base)):
-            exact = p99_slower_test(b, s, tolerance=tol)
-            binned = p99_slower_test_binned(_binned(b, width), _binned(s, width), tolerance=tol)
-            assert binned.statistic <= exact.statistic + 1e-12
-            if binned.decision == "slower":
-                assert exact.decision == "slower"
-            assert (binned.samples_baseline, binned.samples_speculative) == (b.size, s.size)
-
-
-def test_binned_agrees_with_the_exact_test_on_clear_cases() -> None:
-    rng = np.random.default_rng(8)
-    base = rng.lognormal(0.0, 0.5, 5000)
-    slow, fast = 1.5 * rng.lognormal(0.0, 0.5, 5000), rng.lognormal(0.0, 0.5, 5000) / 1.5
-    same = rng.lognormal(0.0, 0.5, 5000)
-    for width in (1, 50):
-        hb = _binned(base, width)
-        assert p99_slower_test_binned(hb, _binned(slow, width)).decision == "slower"
-        assert p99_slower_test_binned(_binned(fast, width), hb).decision == "slower"  # faster
-        assert p99_slower_test_binned(hb, _binned(fast, width)).decision == "undecided"
-        assert p99_slower_test_binned(hb, _binned(same, width)).decision == "undecided"
-    # on the rollups' grid the candidate states are those of the exact walk: same statistic
-    exact = p99_slower_test(base, same)
-    assert p99_slower_test_binned(_binned(base, 1), _binned(same, 1)).statistic == pytest.approx(
-        exact.statistic, abs=0.05
-    )
-
-
-def test_binned_bound_is_taken_inside_a_bin_not_only_at_its_edges() -> None:
-    """One wide bin per arm: the exact infimum can fall inside a bin, so evaluating q only at
-    edges would overstate the evidence; the binned statistic must stay below every placement
-    of the values inside their bins."""
-    rng = np.random.default_rng(9)
-    base = BinnedArm(np.array([1.0, 2.0]), np.array([2.0, 4.0]), np.array([990, 10]))
-    spec = BinnedArm(np.array([1.0, 2.0]), np.array([2.0, 4.0]), np.array([950, 50]))
-    got = p99_slower_test_binned(base, spec, tolerance=0.0)
-    exact = []
-    for _ in range(50):  # arbitrary values inside the same bins
-        b = np.concatenate([rng.uniform(1.0, 2.0, 990), rng.uniform(2.0, 4.0, 10)])
-        s = np.concatenate([rng.uniform(1.0, 2.0, 950), rng.uniform(2.0, 4.0, 50)])
-        exact.append(p99_slower_test(b, s, tolerance=0.0).statistic)
-    assert got.statistic <= min(exact) + 1e-12
-    # the placement decides (the edges alone, q in {1, 2, 4}, would reject), so: undecided
-    assert min(exact) < got.boundary <= max(exact) and got.decision == "undecided"
-
-
-def test_binned_empty_arm_is_undecided() -> None:
-    empty = BinnedArm(np.array([1.0]), np.array([2.0]), np.array([0]))
-    full = BinnedArm(np.array([1.0]), np.array([2.0]), np.array([10]))
-    r = p99_slower_test_binned(full, empty)
-    assert r.decision == "undecided" and r.statistic == -math.inf
-    with pytest.raises(ValueError, match="tolerance"):
-        p99_slower_test_binned(full, full, tolerance=-1.0)
-
-
 # A/A false alarms, one look every 100 samples per arm up to 3000 per arm, tolerance 0 (the
 # boundary of the null, where false alarms are likeliest). RUNS runs per noise model; the assert
 # allows Monte-Carlo error: false alarms <= the 99.9% quantile of Binomial(RUNS, alpha).
@@ -234,9 +155,14 @@ def test_aa_false_alarms_at_most_alpha_over_repeated_looks(rho: float, seed: int
 
 
 # Power for a +10% P99 (spec = 1.1 x baseline in distribution, lognormal sigma 0.5), evaluated
-# at 5k, 10k and 20k per arm on the same data for both tests.
+# at 5k, 10k and 20k per arm on the same data for both tests: this one, and the union bound of
+# the arms' confidence sequences at alpha (`sequential.ratio_bounds` on the arms' samples).
 POWER_RUNS = 200
 SIZES = (5000, 10000, 20000)
+
+
+def _one_unit(values: FloatArray) -> ArmSample:
+    return ArmSample.from_values(values, np.zeros(values.size, dtype=np.int64), 1)
 
 
 def _power(tol: float, seed: int) -> dict[int, tuple[float, float]]:
@@ -249,7 +175,8 @@ def _power(tol: float, seed: int) -> dict[int, tuple[float, float]]:
         for n in SIZES:
             b, s = base[:n], spec[:n]
             new[n] += p99_slower_test(b, s, alpha=ALPHA, tolerance=tol).decision == "slower"
-            union[n] += compare_sequential(b, s, alpha=ALPHA, tolerance=tol).p99_slower
+            lower, _upper = ratio_bounds(_one_unit(b), _one_unit(s), 0.99, ALPHA)
+            union[n] += lower > 1.0 + tol
     return {n: (new[n] / POWER_RUNS, union[n] / POWER_RUNS) for n in SIZES}
 
 

@@ -1,13 +1,25 @@
+"""Confidence sequences for quantiles (`anytime.sequential`): the count boundaries, one arm's
+bounds from its histogram (the exact order statistics' within half a bin), and the ratio of two
+arms' quantiles (a union bound, treatment / control)."""
+
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import numpy.typing as npt
 import pytest
 
-from specproxy.stats.anytime.sequential import (
-    compare_sequential,
-    count_boundaries,
-    quantile_confidence_sequence,
-)
+from specproxy.stats.anytime.sequential import count_boundaries, cs_bounds, ratio_bounds
+from specproxy.stats.sample import ArmSample
+from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH
+from tests.stats import oracles
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def one_unit(values: FloatArray) -> ArmSample:
+    return ArmSample.from_values(values, np.zeros(values.size, dtype=np.int64), 1)
 
 
 def test_boundaries_bracket_the_expected_count_and_widen_with_confidence() -> None:
@@ -27,30 +39,48 @@ def test_boundaries_are_wider_than_a_fixed_sample_interval() -> None:
         assert k_hi - 0.5 * t > z and 0.5 * t - k_lo > z
 
 
-def test_quantile_cs_covers_the_true_quantile() -> None:
+def test_quantile_cs_covers_the_true_quantile_and_is_the_exact_one_within_half_a_bin() -> None:
     x = np.random.default_rng(0).lognormal(0, 1, 10_000)
-    lo, hi = quantile_confidence_sequence(x, 0.99, 0.05)
+    for p, alpha in ((0.99, 0.05), (0.5, 0.025), (0.9, 0.01)):
+        lo, hi = cs_bounds(one_unit(x), p, alpha, 5000)
+        exact = oracles.quantile_cs(x, p, alpha)
+        assert abs(math.log(lo / exact[0])) <= GRID_LOG_WIDTH / 2 + 1e-12
+        assert abs(math.log(hi / exact[1])) <= GRID_LOG_WIDTH / 2 + 1e-12
+    lo, hi = cs_bounds(one_unit(x), 0.99, 0.05, 5000)
     assert lo < np.exp(2.326348) < hi
-    lo, hi = quantile_confidence_sequence(x[:10], 0.99, 0.05)
-    assert lo > 0 and hi == np.inf
+    lo, hi = cs_bounds(one_unit(x[:10]), 0.99, 0.05, 5000)
+    assert lo > 0 and hi == math.inf
+    assert cs_bounds(ArmSample.empty(), 0.5, 0.05, 5000) == (-math.inf, math.inf)
 
 
-def test_clear_p99_slowdown_and_median_speedup_are_detected() -> None:
+def test_ratio_bounds_are_the_union_of_each_arms_cs_at_half_alpha() -> None:
+    rng = np.random.default_rng(3)
+    base, spec = rng.lognormal(0, 0.3, 4000), rng.lognormal(0.1, 0.3, 3000)
+    lower, upper = ratio_bounds(one_unit(base), one_unit(spec), 0.99, 0.05)
+    b_lo, b_hi = oracles.quantile_cs(base, 0.99, 0.025)
+    s_lo, s_hi = oracles.quantile_cs(spec, 0.99, 0.025)
+    # treatment / control, each bound a ratio of two bin centres: within a bin of the exact one
+    assert abs(lower / (s_lo / b_hi) - 1) <= GRID_ERROR_BOUND
+    assert abs(upper / (s_hi / b_lo) - 1) <= GRID_ERROR_BOUND
+
+
+def test_clear_p99_slowdown_and_median_speedup_are_bounded_away_from_one() -> None:
     rng = np.random.default_rng(1)
-    base = rng.lognormal(0, 0.2, 5000)
-    slow = compare_sequential(base, rng.lognormal(np.log(1.3), 0.2, 5000), tolerance=0.05)
-    assert slow.p99_slower and slow.verdict == "slower"
-    fast = compare_sequential(base, rng.lognormal(np.log(0.7), 0.2, 5000))
-    assert fast.median_faster and not fast.p99_slower and fast.verdict == "faster"
-    same = compare_sequential(base, rng.lognormal(0, 0.2, 5000))
-    assert same.verdict == "inconclusive"
-    assert same.p99_ratio_lower < 1 < same.p99_ratio_upper
-    assert same.to_dict()["verdict"] == "inconclusive"
+    base = one_unit(rng.lognormal(0, 0.2, 5000))
+    slow = one_unit(rng.lognormal(np.log(1.3), 0.2, 5000))
+    assert ratio_bounds(base, slow, 0.99, 0.05)[0] > 1.05
+    fast = one_unit(rng.lognormal(np.log(0.7), 0.2, 5000))
+    assert ratio_bounds(base, fast, 0.5, 0.05)[1] < 1.0
+    assert ratio_bounds(base, fast, 0.99, 0.05)[0] < 1.0
+    same = one_unit(rng.lognormal(0, 0.2, 5000))
+    for p in (0.5, 0.99):
+        lower, upper = ratio_bounds(base, same, p, 0.05)
+        assert lower < 1 < upper
 
 
 @pytest.mark.parametrize("n", [1, 30])
-def test_tiny_samples_are_inconclusive(n: int) -> None:
+def test_tiny_samples_have_no_p99_bound(n: int) -> None:
     rng = np.random.default_rng(2)
-    out = compare_sequential(rng.lognormal(size=n), rng.lognormal(size=n) * 5)
-    assert out.verdict == "inconclusive"
-    assert out.to_dict()["p99_ratio_upper"] is None
+    base, spec = one_unit(rng.lognormal(size=n)), one_unit(rng.lognormal(size=n) * 5)
+    assert ratio_bounds(base, spec, 0.99, 0.05) == (0.0, math.inf)
+    assert ratio_bounds(ArmSample.empty(), spec, 0.5, 0.05) == (0.0, math.inf)

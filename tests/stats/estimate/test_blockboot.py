@@ -1,7 +1,10 @@
-"""Time-block bootstrap: exactness of its replicates, joint weighting, and coverage simulations.
+"""Time-block bootstrap on `ArmSample`s: exactness of its replicates, joint weighting, the
+i.i.d. interval from histograms against the exact bootstrap of the values (the oracle, within the
+grid bound when driven by the same draws), and coverage simulations.
 
 The simulations (`-m slow`, figures printed with `-s`) use RUNS = 600 replications per setting
-and 499 resamples, n = 10k per arm over 200 minutes. Soundness of the assertions: at a true
+and 499 resamples, n = 10k per arm over 200 minutes, both intervals from the arms' minute samples
+alone. Soundness of the assertions: at a true
 coverage of 0.95 the Monte-Carlo SE of a coverage estimate is sqrt(0.95 * 0.05 / 600) = 0.0089,
 so the band [0.93, 0.97] is +-2.25 SE (a method with true coverage 0.95 passes each check with
 probability 0.976). The i.i.d. bootstrap's under-coverage is asserted (<= 0.91) only where it is
@@ -10,55 +13,69 @@ expected well below: AR(1) median 0.885 and mean 0.86 in theory (variance inflat
 and more for waves. Seeds are fixed, so the figures are reproducible exactly; with seed 20261201:
 
     setting  statistic  block  i.i.d.
-    iid      median     0.945  0.953     (block length rule: 2 x Politis-White, >= 20 blocks)
-    iid      mean       0.953  0.957
-    iid      p90        0.957  0.950
-    iid      p99        0.942  0.943
-    ar1      median     0.942  0.872
-    ar1      mean       0.938  0.868
-    ar1      p90        0.935  0.918
-    ar1      p99        0.947  0.937
-    waves    median     0.948  0.875
-    waves    mean       0.952  0.795
-    waves    p90        0.940  0.815
-    waves    p99        0.957  0.938
+    iid      median     0.948  0.957     (block length rule: 2 x Politis-White, >= 20 blocks)
+    iid      mean       0.945  0.943
+    iid      p90        0.952  0.963
+    iid      p99        0.955  0.958
+    ar1      median     0.932  0.855
+    ar1      mean       0.932  0.857
+    ar1      p90        0.957  0.922
+    ar1      p99        0.953  0.945
+    waves    median     0.948  0.868
+    waves    mean       0.943  0.793
+    waves    p90        0.938  0.830
+    waves    p99        0.942  0.920
 
 P99 hardly under-covers under AR(1): tail indicators of a Gaussian AR(1) are nearly independent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 import scipy.signal
+from scipy import stats
 
 from specproxy.stats.estimate import blockboot
 from specproxy.stats.estimate.blockboot import (
-    ArmBlocks,
+    MAX_BLOCKS,
     _BlockQuantiles,
+    _iid_replicates,
     _order_stat_bins,
     _regroup,
     block_speedup_intervals,
+    unit_correlation,
+    value_speedup_intervals,
 )
-from specproxy.stats.estimate.bootstrap import split_replicates
+from specproxy.stats.estimate.bootstrap import Interval, percentile_interval
 from specproxy.stats.estimate.quantile import STATISTICS
+from specproxy.stats.sample import ArmSample
 from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH
-from specproxy.summary.histogram import bin_centres
+from specproxy.summary.histogram import bin_centres, bin_index
+from tests.stats import oracles
 
 FloatArray = npt.NDArray[np.float64]
+D = GRID_LOG_WIDTH
+QUANTILES = ["median", "p90", "p99"]
 
 
 def _arm(
     rng: np.random.Generator, units: int, per_unit: int, scale: float
-) -> tuple[ArmBlocks, FloatArray]:
+) -> tuple[ArmSample, FloatArray]:
     t = np.sort(rng.uniform(0, units, units * per_unit))
     v = rng.lognormal(0.0, 0.5, t.size) / scale
-    return ArmBlocks.from_values(np.floor(t).astype(np.int64), v, units), v
+    return ArmSample.from_values(v, np.floor(t).astype(np.int64), units), v
+
+
+def _one_unit(values: FloatArray) -> ArmSample:
+    return ArmSample.from_values(values, np.zeros(values.size, dtype=np.int64), 1)
 
 
 @pytest.mark.parametrize("dense_cells", [blockboot._DENSE_CELLS, 0])
@@ -70,7 +87,7 @@ def test_block_quantile_replicates_are_the_weighted_order_statistics_within_half
     units, per = 30, 40
     unit = np.repeat(np.arange(units), per)
     values = rng.lognormal(0.0, 0.7, unit.size)
-    arm = ArmBlocks.from_values(unit, values, units)
+    arm = ArmSample.from_values(values, unit, units)
     data = _regroup(arm, block_units=3, blocks=10)
     weights = rng.poisson(1.0, size=(50, 10)).astype(np.float64)
     quantiles = _BlockQuantiles(data, weights)
@@ -82,7 +99,7 @@ def test_block_quantile_replicates_are_the_weighted_order_statistics_within_half
             total = w.sum()
             rank = math.floor((total - 1) * p)
             exact = values[order][np.searchsorted(np.cumsum(w), rank, side="right")]
-            assert abs(math.log(reps[r] / exact)) <= GRID_LOG_WIDTH / 2 + 1e-12
+            assert abs(math.log(reps[r] / exact)) <= D / 2 + 1e-12
 
 
 def test_block_mean_replicates_are_exact_weighted_means() -> None:
@@ -90,8 +107,8 @@ def test_block_mean_replicates_are_exact_weighted_means() -> None:
     unit = np.repeat(np.arange(20), 25)
     b_values = rng.lognormal(0.0, 0.5, unit.size)
     s_values = rng.lognormal(0.0, 0.5, unit.size)
-    b = ArmBlocks.from_values(unit, b_values, 20)
-    s = ArmBlocks.from_values(unit, s_values, 20)
+    b = ArmSample.from_values(b_values, unit, 20)
+    s = ArmSample.from_values(s_values, unit, 20)
     res = block_speedup_intervals(
         b, s, statistics=["mean"], rng=np.random.default_rng(9), resamples=200, block_units=1
     )
@@ -109,23 +126,28 @@ def test_identical_mirrored_arms_give_a_degenerate_interval_because_weights_are_
     rng = np.random.default_rng(5)
     unit = np.repeat(np.arange(40), 30)
     values = rng.lognormal(0.0, 0.5, unit.size)
-    arm = ArmBlocks.from_values(unit, values, 40)
+    arm = ArmSample.from_values(values, unit, 40)
     res = block_speedup_intervals(arm, arm, statistics=STATISTICS, rng=rng, resamples=300)
     for stat in STATISTICS:
         block = res.intervals[stat].block
         assert block.lower == pytest.approx(1.0, rel=1e-12), stat
         assert block.upper == pytest.approx(1.0, rel=1e-12), stat
+        assert res.intervals[stat].reported == "block"
 
 
-def test_histogram_point_estimates_agree_with_raw_values_within_the_grid_bound() -> None:
+def test_point_estimates_agree_with_raw_values_within_the_grid_bound() -> None:
     rng = np.random.default_rng(6)
     b, bv = _arm(rng, 50, 100, 1.0)
     s, sv = _arm(rng, 50, 100, 1.3)
-    for name, p in (("median", 0.5), ("p90", 0.9), ("p99", 0.99)):
-        exact = np.quantile(bv, p, method="lower") / np.quantile(sv, p, method="lower")
-        binned = b.point_statistic(name) / s.point_statistic(name)
-        assert abs(binned / exact - 1) <= GRID_ERROR_BOUND
-    assert b.point_statistic("mean") == pytest.approx(bv.mean(), rel=1e-12)
+    res = block_speedup_intervals(b, s, statistics=STATISTICS, rng=rng, resamples=50)
+    for name in QUANTILES:
+        exact = oracles.point_statistic(bv, name) / oracles.point_statistic(sv, name)
+        assert abs(b.statistic(name) / s.statistic(name) / exact - 1) <= GRID_ERROR_BOUND
+        assert abs(res.intervals[name].interval.estimate / exact - 1) <= GRID_ERROR_BOUND
+    assert b.statistic("mean") == pytest.approx(bv.mean(), rel=1e-12)
+    assert res.intervals["mean"].interval.estimate == pytest.approx(
+        bv.mean() / sv.mean(), rel=1e-12
+    )
 
 
 def test_too_few_blocks_reports_the_iid_interval_and_says_why() -> None:
@@ -135,7 +157,7 @@ def test_too_few_blocks_reports_the_iid_interval_and_says_why() -> None:
     res = block_speedup_intervals(b, s, statistics=["median"], rng=rng, resamples=200)
     interval = res.intervals["median"]
     assert not res.plan.reliable
-    assert interval.reported == "iid"
+    assert interval.reported == "iid" and interval.interval == interval.iid
     assert interval.reason is not None and "too few" in interval.reason
     assert interval.to_dict()["method"] == "iid"
 
@@ -143,24 +165,209 @@ def test_too_few_blocks_reports_the_iid_interval_and_says_why() -> None:
 def test_an_arm_without_data_gives_no_interval() -> None:
     rng = np.random.default_rng(8)
     b, _ = _arm(rng, 30, 10, 1.0)
-    empty = ArmBlocks.from_values(np.array([], dtype=np.int64), np.array([]), 30)
-    res = block_speedup_intervals(b, empty, statistics=["p99"], rng=rng, resamples=50)
+    res = block_speedup_intervals(b, ArmSample.empty(30), statistics=["p99"], rng=rng, resamples=50)
     assert math.isnan(res.intervals["p99"].interval.estimate)
+    assert res.intervals["p99"].reason == "an arm has no data"
+    with pytest.raises(ValueError, match="same time units"):
+        block_speedup_intervals(b, ArmSample.empty(29), statistics=["p99"], rng=rng)
 
 
 def test_units_outside_the_window_are_rejected() -> None:
     with pytest.raises(ValueError, match="unit ids"):
-        ArmBlocks.from_values(np.array([0, 5]), np.array([1.0, 2.0]), 5)
+        ArmSample.from_values(np.array([1.0, 2.0]), np.array([0, 5]), 5)
+
+
+def test_blocks_are_capped_and_hold_whole_pieces() -> None:
+    rng = np.random.default_rng(10)
+    units = 2500
+    unit = rng.integers(0, units, 4000)
+    arm = ArmSample.from_values(rng.lognormal(0.0, 0.5, unit.size), unit, units)
+    capped = block_speedup_intervals(arm, arm, statistics=["mean"], rng=rng, block_units=1)
+    assert capped.plan.block_units == math.ceil(units / MAX_BLOCKS) == 3
+    assert capped.plan.blocks == math.ceil(units / 3) <= MAX_BLOCKS and capped.plan.reliable
+    hours = dataclasses.replace(arm, piece_units=60)  # entries standing for hour blocks
+    pieces = block_speedup_intervals(hours, hours, statistics=["mean"], rng=rng, block_units=1)
+    assert pieces.plan.block_units == 60 and pieces.plan.blocks == math.ceil(units / 60)
+
+
+def test_the_unit_correlation_is_measured_over_units_both_arms_hold() -> None:
+    rng = np.random.default_rng(11)
+    units = 60
+    load = rng.normal(0.0, 0.5, units)
+    unit = np.repeat(np.arange(units), 20)
+    arms = [
+        ArmSample.from_values(np.exp(load[unit] + rng.normal(0.0, 0.3, unit.size)), unit, units)
+        for _ in range(2)
+    ]
+    got = unit_correlation(*arms)
+    a, b = arms[0].unit_log_means(), arms[1].unit_log_means()
+    assert got == pytest.approx(float(np.corrcoef(a, b)[0, 1]), rel=1e-9)
+    assert got is not None and got > 0.8
+    few = np.repeat(np.arange(10), 20)  # fewer units with data than MIN_BLOCKS
+    sparse = ArmSample.from_values(rng.lognormal(size=few.size), few, units)
+    assert unit_correlation(sparse, arms[0]) is None
 
 
 def test_iid_order_statistics_from_a_histogram_match_the_raw_ones_within_half_a_bin() -> None:
     values = np.random.default_rng(9).lognormal(0.0, 0.5, 5001)  # (n-1)p whole: no interpolation
-    arm = ArmBlocks.from_values(np.zeros(values.size, dtype=np.int64), values, 1)
-    bins, counts = arm.pooled()
+    bins, counts = _one_unit(values).pooled()
     for name, p in (("median", 0.5), ("p90", 0.9), ("p99", 0.99)):
         binned = _order_stat_bins(bin_centres(bins), counts, p, np.random.default_rng(1), 500)
-        exact = split_replicates(values, [name], np.random.default_rng(1), 500)[name]
-        assert float(np.max(np.abs(np.log(binned / exact)))) <= GRID_LOG_WIDTH / 2 + 1e-12
+        exact = oracles.split_replicates(values, [name], np.random.default_rng(1), 500)[name]
+        assert float(np.max(np.abs(np.log(binned / exact)))) <= D / 2 + 1e-12
+
+
+def test_iid_quantile_intervals_are_the_exact_ones_within_the_grid_bound() -> None:
+    """Driven by the same draws (the block weights first, then each arm's order statistics),
+    the i.i.d. interval from histograms and the exact bootstrap of the values (oracle) differ
+    by at most a bin per replicate ratio: estimates and bounds within GRID_ERROR_BOUND."""
+    rng = np.random.default_rng(12)
+    base, spec = rng.lognormal(0.0, 0.5, 10_001), rng.lognormal(-0.2, 0.6, 8001)  # (n-1)p whole
+    for seed in range(3):
+        got = value_speedup_intervals(
+            base, spec, statistics=QUANTILES, rng=np.random.default_rng(seed), resamples=999
+        )
+        same = np.random.default_rng(seed)
+        same.poisson(1.0, size=(999, 1))  # the (one) block's weights, drawn first
+        want = oracles.split_speedup_intervals(
+            base, spec, statistics=QUANTILES, rng=same, resamples=999
+        )
+        for stat in QUANTILES:
+            for g, w in zip(
+                (got[stat].estimate, got[stat].lower, got[stat].upper),
+                (want[stat].estimate, want[stat].lower, want[stat].upper),
+                strict=True,
+            ):
+                assert abs(g / w - 1) <= GRID_ERROR_BOUND, (seed, stat)
+
+
+def _split_by_bin(
+    weights: npt.NDArray[np.int64], bin_of: npt.NDArray[np.int64], rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """Per-value weights (R x n) whose per-bin sums are `weights` (R x bins), each bin's weight
+    spread uniformly over its values: given their sums, i.i.d. Poisson(1) weights per value are
+    exactly that multinomial, so this couples a per-value Poisson bootstrap with the binned one."""
+    order = np.argsort(bin_of, kind="stable")
+    size = np.bincount(bin_of, minlength=weights.shape[1])
+    start = np.concatenate([[0], np.cumsum(size)[:-1]])
+    out = np.zeros((weights.shape[0], bin_of.size), dtype=np.int64)
+    for r in range(weights.shape[0]):
+        draws = np.repeat(np.arange(weights.shape[1]), weights[r])
+        member = start[draws] + np.floor(rng.random(draws.size) * size[draws]).astype(np.int64)
+        out[r] = np.bincount(order[member], minlength=bin_of.size)
+    return out
+
+
+def test_iid_mean_replicates_are_the_exact_poisson_ones_within_a_coarse_bin() -> None:
+    """The i.i.d. mean is a Poisson bootstrap over 1 % bins (50 grid bins). Coupled with a
+    per-value Poisson bootstrap that has the same weight in every bin, each replicate is within
+    exp(+-50 d) of the exact one (a bin's mean of centres and each of its values lie in the same
+    coarse bin), so a ratio's CI bound is within exp(+-100 d) (~2 %)."""
+    coarsen = blockboot._MEAN_COARSEN
+    rng = np.random.default_rng(13)
+    reps: list[tuple[FloatArray, FloatArray]] = []
+    for values in (rng.lognormal(0.0, 0.5, 3000), rng.lognormal(-0.1, 0.8, 2000)):
+        arm = _one_unit(values)
+        got = _iid_replicates(arm, ["mean"], np.random.default_rng(14), 300)["mean"]
+        # the same draws, recomputed: the per-bin Poisson weights of the production code
+        bins, counts = arm.pooled()
+        coarse, j = np.unique(np.floor_divide(bins, coarsen), return_inverse=True)
+        cc = np.bincount(j, weights=counts)
+        weights = np.random.default_rng(14).poisson(cc, size=(300, coarse.size))
+        means = np.bincount(j, weights=counts * bin_centres(bins)) / cc
+        np.testing.assert_allclose(got, (weights @ means) / weights.sum(axis=1), rtol=1e-12)
+        bin_of = np.searchsorted(coarse, np.floor_divide(bin_index(values), coarsen))
+        per_value = _split_by_bin(weights, bin_of, rng)
+        exact = (per_value @ values) / per_value.sum(axis=1)
+        assert float(np.max(np.abs(np.log(got / exact)))) <= coarsen * D + 1e-12
+        reps.append((got, exact))
+    binned_ci = percentile_interval(reps[0][0] / reps[1][0], 0.95)
+    exact_ci = percentile_interval(reps[0][1] / reps[1][1], 0.95)
+    for g, w in zip(binned_ci, exact_ci, strict=True):
+        assert abs(math.log(g / w)) <= 2 * coarsen * D + 1e-12
+
+
+def test_the_mean_of_large_arms_takes_the_poisson_bootstraps_normal_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From `_NORMAL_MEAN_N` requests the i.i.d. mean is drawn from the Poisson bootstrap's
+    normal limit: the same interval up to Monte-Carlo error, and the exact mean as estimate."""
+    rng = np.random.default_rng(15)
+    base, spec = rng.lognormal(0.0, 0.5, 12_000), rng.lognormal(-0.1, 0.5, 12_000)
+    poisson = value_speedup_intervals(
+        base, spec, statistics=["mean"], rng=np.random.default_rng(1), resamples=2000
+    )["mean"]
+    monkeypatch.setattr(blockboot, "_NORMAL_MEAN_N", 10_000)
+    normal = value_speedup_intervals(
+        base, spec, statistics=["mean"], rng=np.random.default_rng(2), resamples=2000
+    )["mean"]
+    exact = oracles.split_speedup_intervals(
+        base, spec, statistics=["mean"], rng=np.random.default_rng(3), resamples=2000
+    )["mean"]
+    width = exact.upper - exact.lower
+    for got in (poisson, normal):
+        assert got.estimate == pytest.approx(base.mean() / spec.mean(), rel=1e-12)
+        assert abs(got.lower - exact.lower) < 0.1 * width
+        assert abs(got.upper - exact.upper) < 0.1 * width
+
+
+FUNCS: dict[str, Callable[..., Any]] = {
+    "median": lambda x, axis: np.median(x, axis=axis),
+    "mean": lambda x, axis: np.mean(x, axis=axis),
+    "p90": lambda x, axis: np.quantile(x, 0.9, axis=axis),
+}
+
+
+@pytest.mark.parametrize("statistic", ["median", "mean", "p90"])
+def test_value_intervals_agree_with_scipys_percentile_bootstrap(statistic: str) -> None:
+    rng = np.random.default_rng(1)
+    base = rng.lognormal(0.0, 0.5, 151)  # (n - 1)p whole: the order statistic numpy takes
+    spec = rng.lognormal(-0.1, 0.5, 151)
+    ours = value_speedup_intervals(base, spec, statistics=[statistic], rng=rng, resamples=20_000)[
+        statistic
+    ]
+    f = FUNCS[statistic]
+    ref = stats.bootstrap(
+        (base, spec),
+        lambda x, y, axis: f(x, axis=axis) / f(y, axis=axis),
+        method="percentile",
+        n_resamples=20_000,
+        vectorized=True,
+        rng=np.random.default_rng(2),
+    ).confidence_interval
+    exact = float(f(base, None) / f(spec, None))
+    assert abs(ours.estimate / exact - 1) <= GRID_ERROR_BOUND
+    # two independent Monte-Carlo runs of the same bootstrap distribution
+    assert ours.lower == pytest.approx(ref.low, rel=0.01)
+    assert ours.upper == pytest.approx(ref.high, rel=0.01)
+
+
+def test_value_intervals_drop_unusable_values_and_repeat_with_the_seed() -> None:
+    rng = np.random.default_rng(16)
+    x, y = rng.lognormal(size=500), rng.lognormal(size=500)
+    a = value_speedup_intervals(x, y, statistics=["p99"], rng=np.random.default_rng(7))
+    b = value_speedup_intervals(x, y, statistics=["p99"], rng=np.random.default_rng(7))
+    assert a == b
+    dirty = np.concatenate([x, [0.0, -1.0, np.nan, np.inf]])
+    assert value_speedup_intervals(dirty, y, statistics=["p99"], rng=np.random.default_rng(7)) == a
+    with pytest.raises(ValueError, match="strictly positive"):
+        ArmSample.from_values(dirty, np.zeros(dirty.size, dtype=np.int64), 1)
+    empty = value_speedup_intervals(
+        np.array([]), np.ones(5), statistics=["median"], rng=np.random.default_rng(0)
+    )
+    assert math.isnan(empty["median"].estimate) and math.isnan(empty["median"].lower)
+
+
+def test_iid_intervals_given_by_the_caller_are_used_as_given() -> None:
+    """The paired design passes its bootstrap over pairs as the i.i.d. interval."""
+    rng = np.random.default_rng(17)
+    b, _ = _arm(rng, 40, 30, 1.0)
+    s, _ = _arm(rng, 40, 30, 1.2)
+    given = {"median": Interval(math.nan, 1.1, 1.3)}
+    res = block_speedup_intervals(b, s, statistics=["median"], rng=rng, iid=given)
+    iid = res.intervals["median"].iid
+    assert (iid.lower, iid.upper) == (1.1, 1.3)
+    assert iid.estimate == b.statistic("median") / s.statistic("median")
 
 
 # ---------------------------------------------------------------- coverage simulations (slow)
@@ -202,13 +409,12 @@ def _wave(t: FloatArray, heights: FloatArray, offset: float) -> FloatArray:
     return out
 
 
-def _draw_run(
-    rng: np.random.Generator, setting: str
-) -> tuple[ArmBlocks, ArmBlocks, FloatArray, FloatArray]:
+def _draw_run(rng: np.random.Generator, setting: str) -> tuple[ArmSample, ArmSample]:
+    """Both arms of one run as the job holds them: per-minute histograms of their values."""
     n = UNITS * PER_UNIT
     heights = rng.uniform(0.0, WAVE_MAX_HEIGHT, int(UNITS / WAVE_PERIOD) + 2)
     offset = rng.uniform(0, WAVE_PERIOD)
-    arms: list[tuple[ArmBlocks, FloatArray]] = []
+    arms: list[ArmSample] = []
     for name, shift in (("baseline", 0.0), ("speculative", -math.log(SPEEDUP))):
         t = np.sort(rng.uniform(0, UNITS, n))
         if setting == "iid":
@@ -218,8 +424,8 @@ def _draw_run(
         else:
             log = rng.normal(0.0, SIGMA, n) + ELASTICITY[name] * _wave(t, heights, offset)
         values = np.exp(shift + log)
-        arms.append((ArmBlocks.from_values(np.floor(t).astype(np.int64), values, UNITS), values))
-    return arms[0][0], arms[1][0], arms[0][1], arms[1][1]
+        arms.append(ArmSample.from_values(values, np.floor(t).astype(np.int64), UNITS))
+    return arms[0], arms[1]
 
 
 @functools.cache
@@ -247,23 +453,8 @@ def _coverage(setting: str, seed: int) -> tuple[dict[str, float], dict[str, floa
     block_hits: dict[str, int] = dict.fromkeys(STATISTICS, 0)
     iid_hits: dict[str, int] = dict.fromkeys(STATISTICS, 0)
     for _ in range(RUNS):
-        b, s, bv, sv = _draw_run(rng, setting)
-        estimates = {
-            "mean": float(bv.mean() / sv.mean()),
-            **{
-                k: float(np.quantile(bv, p) / np.quantile(sv, p))
-                for k, p in (("median", 0.5), ("p90", 0.9), ("p99", 0.99))
-            },
-        }
-        res = block_speedup_intervals(
-            b,
-            s,
-            statistics=STATISTICS,
-            rng=rng,
-            resamples=RESAMPLES,
-            estimates=estimates,
-            raw=(bv, sv),
-        )
+        b, s = _draw_run(rng, setting)
+        res = block_speedup_intervals(b, s, statistics=STATISTICS, rng=rng, resamples=RESAMPLES)
         for stat, interval in res.intervals.items():
             block_hits[stat] += interval.block.lower <= truth[stat] <= interval.block.upper
             iid_hits[stat] += interval.iid.lower <= truth[stat] <= interval.iid.upper

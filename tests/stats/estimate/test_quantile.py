@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from scipy import stats
 
 from specproxy.stats.estimate.quantile import (
+    QUANTILE_LEVELS,
+    STATISTICS,
     min_samples_for_quantile_ci,
-    point_statistic,
     samples_needed,
 )
 
@@ -28,9 +27,8 @@ def test_samples_needed_counts_down_to_zero() -> None:
     assert samples_needed("mean", 1, 0.95) == 1
 
 
-def test_point_statistic_matches_numpy() -> None:
-    x = np.random.default_rng(0).lognormal(size=101)
-    assert point_statistic(x, "p90") == pytest.approx(np.quantile(x, 0.9))
-    assert point_statistic(x, "mean") == pytest.approx(x.mean())
-    assert point_statistic(x, "median") == pytest.approx(stats.scoreatpercentile(x, 50))
-    assert np.isnan(point_statistic(np.array([]), "median"))
+def test_the_compared_statistics_and_their_levels() -> None:
+    assert list(STATISTICS) == ["median", "mean", "p90", "p99"]
+    assert QUANTILE_LEVELS == {"median": 0.5, "p90": 0.9, "p99": 0.99}
+    with pytest.raises(ValueError, match="quantile level"):
+        min_samples_for_quantile_ci(1.0, 0.95)

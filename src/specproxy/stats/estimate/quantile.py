@@ -9,10 +9,7 @@ minimum n; for P99 at 95 % that is 368 per arm. Below it we say "insufficient", 
 from __future__ import annotations
 
 import math
-from typing import Any, Final
-
-import numpy as np
-import numpy.typing as npt
+from typing import Final
 
 from specproxy.stats.result import STATISTIC_LEVELS, STATISTICS, Statistic
 
@@ -21,7 +18,6 @@ __all__ = [
     "STATISTICS",
     "Statistic",
     "min_samples_for_quantile_ci",
-    "point_statistic",
     "samples_needed",
 ]
 
@@ -29,15 +25,6 @@ __all__ = [
 QUANTILE_LEVELS: Final[dict[str, float]] = {
     name: level for name, level in STATISTIC_LEVELS.items() if level is not None
 }
-
-
-def point_statistic(values: npt.NDArray[Any], statistic: str) -> float:
-    """The statistic of a sample (numpy's default linear-interpolated quantiles)."""
-    if values.size == 0:
-        return math.nan
-    if statistic == "mean":
-        return float(np.mean(values))
-    return float(np.quantile(values, QUANTILE_LEVELS[statistic]))
 
 
 def min_samples_for_quantile_ci(p: float, confidence: float) -> int:

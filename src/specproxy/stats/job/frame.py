@@ -131,6 +131,8 @@ class Frame:
         if window_s is not None:
             lo = max(math.floor((self.window_end - window_s) / tiers.unit_s), lo)
         lo, hi = min(lo, self.last_unit), self.last_unit
+        if tiers.unit_s < 60.0:  # units that divide a minute start on one: minutes nest in them
+            lo -= lo % round(60.0 / tiers.unit_s)
         hourly = coarse = False
         for per_arm in tiers.metrics.values():
             for tier in per_arm.values():
