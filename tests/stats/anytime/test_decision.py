@@ -5,8 +5,11 @@ the `sequential` block a decision renders (`Decision.to_result`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
+from typing import Literal
 
 import pytest
 
@@ -374,3 +377,26 @@ def test_to_result_renders_every_field_of_the_sequential_block() -> None:
     none = EProcess(None, BOUNDARY, False)
     not_run = Evidence((0.9, 1.1), (0.9, 1.1), none, none, "exceedance", LEVEL, 0.05, True)
     assert fresh(not_run).to_result()["p99"]["exceedance_slower"] == never
+
+
+def test_stored_evidence_reads_back_as_it_was_held() -> None:
+    """A new leader seeds its memory from the last stored result: `Evidence.of_result` of a
+    rendered decision is the evidence it held (bounds, crossings, the design's test)."""
+    tests: tuple[Literal["exceedance", "two_sample"], ...] = ("exceedance", "two_sample")
+    for test in tests:
+        held = Evidence(
+            p99=(1.07, 1.4),
+            median=(0.0, math.inf),
+            slower=EProcess(5.1, math.log(40.0), True),
+            faster=EProcess(None, math.log(40.0), False),
+            test=test,
+            level=0.025,
+            tolerance=0.05,
+            binned=True,
+        )
+        now = dataclasses.replace(held, slower=EProcess(2.0, math.log(40.0), False))
+        rendered = json.loads(json.dumps(Decision(held, now, "intersected", 4).to_result()))
+        back = Evidence.of_result(rendered, 0.05)
+        assert back is not None and back.verdicts.p99 == "slower"
+        assert back == dataclasses.replace(held, slower=EProcess(2.0, math.log(40.0), True))
+    assert Evidence.of_result({"p99_ratio_lower": None}, 0.05) is None  # type: ignore[typeddict-item]

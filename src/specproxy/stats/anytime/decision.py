@@ -74,6 +74,36 @@ class Evidence:
             median_faster=self.median[1] < 1.0,
         )
 
+    @classmethod
+    def of_result(cls, seq: schema.Sequential, tolerance: float) -> Evidence | None:
+        """The evidence a stored `sequential` block held (`Decision.to_result`), so a new
+        leader starts from its predecessor's memory; None for a block without its P99 part."""
+        p99 = seq.get("p99")
+        if p99 is None:
+            return None
+        test: Test = "two_sample" if "two_sample" in p99.get("tests", []) else "exceedance"
+        slower = p99["slower"] if test == "two_sample" else p99.get("exceedance_slower")
+        faster = p99["faster"] if test == "two_sample" else p99.get("exceedance_faster")
+        if slower is None or faster is None:
+            return None
+
+        def e(block: schema.TwoSampleP99) -> EProcess:
+            return EProcess(block["statistic"], block["boundary"], block["rejected"])
+
+        def bounds(lo: float | None, hi: float | None) -> tuple[float, float]:
+            return (lo if lo is not None else 0.0, hi if hi is not None else math.inf)
+
+        return cls(
+            p99=bounds(seq["p99_ratio_lower"], seq["p99_ratio_upper"]),
+            median=bounds(seq["median_ratio_lower"], seq["median_ratio_upper"]),
+            slower=e(slower),
+            faster=e(faster),
+            test=test,
+            level=p99["level"],
+            tolerance=tolerance,
+            binned=p99["binned"],
+        )
+
     def contradicts_itself(self) -> bool:
         """Empty bounds, or P99 evidence both ways: under the model one test erred."""
         empty = self.p99[0] > self.p99[1] or self.median[0] > self.median[1]
