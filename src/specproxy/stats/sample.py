@@ -154,6 +154,29 @@ class ArmSample:
         """A named statistic: "mean" or a key of `QUANTILE_LEVELS`."""
         return self.mean() if name == "mean" else self.quantile(QUANTILE_LEVELS[name])
 
+    def unit_influence(self, statistic: str) -> FloatArray:
+        """Per unit, the statistic's (unscaled) influence summed over its values, zero where
+        empty and summing to zero: for a quantile the unit's count above the pooled quantile's
+        bin minus its share of all such counts, for the mean the unit's sum minus mean x count.
+        Entries of a piece sit at its first unit: only sums over whole pieces mean anything."""
+        n = self.n
+        if n == 0:
+            return np.zeros(self.units)
+        if statistic == "mean":
+            out: FloatArray = self.unit_sum - (self.unit_sum.sum() / n) * self.unit_n
+            # rounding of the sums is not dependence: zero below it (equal values, any source)
+            out[np.abs(out) <= 1e-9 * np.abs(self.unit_sum)] = 0.0
+            return out
+        bins, _counts = self.pooled()
+        cum = self._pooled[0][2]
+        rank = math.floor((n - 1) * QUANTILE_LEVELS[statistic])
+        q_bin = bins[int(np.searchsorted(cum, rank, side="right"))]
+        above = np.bincount(
+            self.unit, weights=np.where(self.bins > q_bin, self.counts, 0), minlength=self.units
+        ).astype(np.float64)
+        influence: FloatArray = above - (above.sum() / n) * self.unit_n
+        return influence
+
     def unit_log_means(self) -> FloatArray:
         """Mean log value per unit (NaN where empty): the block-length rule's series."""
         if self.series is not None:

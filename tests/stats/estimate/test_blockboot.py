@@ -54,8 +54,9 @@ from specproxy.stats.estimate.blockboot import (
     unit_correlation,
     value_speedup_intervals,
 )
+from specproxy.stats.estimate.blocklength import plan_blocks
 from specproxy.stats.estimate.bootstrap import Interval, percentile_interval
-from specproxy.stats.estimate.quantile import STATISTICS
+from specproxy.stats.estimate.quantile import QUANTILE_LEVELS, STATISTICS
 from specproxy.stats.sample import ArmSample
 from specproxy.summary.grid import GRID_ERROR_BOUND, GRID_LOG_WIDTH
 from specproxy.summary.histogram import bin_centres, bin_index
@@ -110,7 +111,13 @@ def test_block_mean_replicates_are_exact_weighted_means() -> None:
     b = ArmSample.from_values(b_values, unit, 20)
     s = ArmSample.from_values(s_values, unit, 20)
     res = block_speedup_intervals(
-        b, s, statistics=["mean"], rng=np.random.default_rng(9), resamples=200, block_units=1
+        b,
+        s,
+        statistics=["mean"],
+        rng=np.random.default_rng(9),
+        resamples=200,
+        block_units=1,
+        expand=False,  # the replicates' own percentile interval
     )
     w = np.random.default_rng(9).poisson(1.0, size=(200, 20)).astype(np.float64)
     wb, ws = w[:, unit], w[:, unit]
@@ -120,6 +127,79 @@ def test_block_mean_replicates_are_exact_weighted_means() -> None:
     assert block.lower == pytest.approx(lo, rel=1e-12)
     assert block.upper == pytest.approx(hi, rel=1e-12)
     assert block.estimate == pytest.approx(b_values.mean() / s_values.mean(), rel=1e-12)
+
+
+def test_the_expansion_widens_the_percentile_interval_about_the_replicates_median() -> None:
+    rng = np.random.default_rng(10)
+    b, _ = _arm(rng, 40, 30, 1.0)
+    s, _ = _arm(rng, 40, 30, 1.25)
+    plain, wide = (
+        block_speedup_intervals(
+            b,
+            s,
+            statistics=STATISTICS,
+            rng=np.random.default_rng(1),
+            resamples=400,
+            block_units=2,
+            expand=expand,
+        )
+        for expand in (False, True)
+    )
+    k = wide.plan.blocks
+    for stat in STATISTICS:
+        p, w = plain.intervals[stat], wide.intervals[stat]
+        assert p.expansion == 1.0 and math.isnan(p.df)
+        assert 2.0 <= w.df <= k - 1, stat
+        # at least sqrt(k/(k-1)) t_{k-1} / z, the factor for k equal Gaussian blocks
+        t_k = stats.t.ppf(0.975, k - 1) / stats.norm.ppf(0.975)
+        assert w.expansion >= math.sqrt(k / (k - 1)) * t_k - 1e-12, stat
+        # the same replicates, log distances from a common centre scaled by the factor
+        lo, hi = math.log(p.block.lower), math.log(p.block.upper)
+        wlo, whi = math.log(w.block.lower), math.log(w.block.upper)
+        centre = (whi - w.expansion * hi) / (1 - w.expansion)
+        assert wlo == pytest.approx(centre + w.expansion * (lo - centre), abs=1e-9), stat
+        assert lo <= centre <= hi
+
+
+def test_unit_influence_is_the_count_above_the_pooled_quantile_or_the_centred_sum() -> None:
+    rng = np.random.default_rng(11)
+    unit = np.repeat(np.arange(25), 40)
+    values = rng.lognormal(0.0, 0.5, unit.size)
+    arm = ArmSample.from_values(values, unit, 25)
+    mean = arm.unit_influence("mean")
+    expected = np.bincount(unit, weights=values - values.mean())
+    assert mean == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    for stat in ("median", "p90", "p99"):
+        q = arm.order_statistic(math.floor((arm.n - 1) * QUANTILE_LEVELS[stat]) + 1)
+        above = np.bincount(unit, weights=(values > q * (1 + GRID_ERROR_BOUND)).astype(float))
+        infl = arm.unit_influence(stat)
+        assert float(infl.sum()) == pytest.approx(0.0, abs=1e-9)
+        share = above.sum() / values.size
+        assert infl == pytest.approx(above - share * 40, abs=1e-9), stat
+
+
+def test_a_tail_dependent_on_slow_periods_gets_longer_blocks_than_the_mean_log_asks() -> None:
+    """Slow periods of 6 units that stall 4 % of requests (x e^2, the top percent): barely
+    visible in the mean log series of 10 requests a unit, plain in the P99 exceedances (seeds
+    0-19: blocks 2-15x as long as the mean log series alone asks for)."""
+    rng = np.random.default_rng(12)
+    units, per = 1000, 10
+    unit = np.repeat(np.arange(units), per)
+    arms = []
+    for _ in range(2):
+        starts = np.flatnonzero(rng.uniform(size=units) < 1 / 20)
+        slow = np.zeros(units, dtype=bool)
+        for start in starts:
+            slow[start : start + 6] = True
+        log = rng.normal(0.0, 0.5, unit.size)
+        log += 2.0 * (slow[unit] & (rng.uniform(size=unit.size) < 0.04))
+        arms.append(ArmSample.from_values(np.exp(log), unit, units))
+    body = plan_blocks([a.unit_log_means() for a in arms], units)
+    res = block_speedup_intervals(
+        arms[0], arms[1], statistics=["median", "p99"], rng=rng, resamples=100
+    )
+    assert res.plan.politis_white > 1.5 * body.politis_white
+    assert res.plan.block_units >= 2 * body.block_units
 
 
 def test_identical_mirrored_arms_give_a_degenerate_interval_because_weights_are_joint() -> None:

@@ -1,12 +1,13 @@
 """Speedup intervals from two `ArmSample`s: a Poisson time-block bootstrap beside an i.i.d. one.
 
 Latency is serially correlated (load waves, batch mix), so requests are not independent: whole
-time blocks are resampled (Kunsch 1989; block length in `blocklength`), one Poisson(1) weight per
-block shared by both arms, so a unit's pairs and shared load stay together. Quantile replicates
-are order statistics of the reweighted histograms (within the grid bound), mean replicates use
-the exact block sums. The i.i.d. interval (exact order-statistic resampling off the pooled
-histogram) is kept beside it; with fewer than `MIN_BLOCKS` blocks it is the one reported, and a
-material difference between the two is explained in words, stating only what was measured.
+time blocks are resampled (Kunsch 1989; block length in `blocklength`, from the mean log series
+and each statistic's own influence series), one Poisson(1) weight per block shared by both arms.
+Quantile replicates are order statistics of the reweighted histograms (within the grid bound),
+mean replicates use the exact block sums; a percentile interval over k blocks is widened by
+sqrt(k/(k-1)) t_df / z, df from the blocks' influence (docs/statistics.md). The i.i.d. interval
+is kept beside it and reported with fewer than `MIN_BLOCKS` blocks; a material difference
+between the two is explained in words, stating only what was measured.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
+from scipy import stats as scipy_stats
 
 from specproxy.stats.estimate.blocklength import MIN_BLOCKS, BlockPlan, plan_blocks
 from specproxy.stats.estimate.bootstrap import DEFAULT_RESAMPLES, Interval, percentile_interval
@@ -65,6 +67,10 @@ class BlockInterval:
     differs: bool  # log-width ratio outside [1/MATERIAL_WIDTH_RATIO, MATERIAL_WIDTH_RATIO]
     width_ratio: float  # block log-width / i.i.d. log-width
     reason: str | None  # why the intervals differ / why the reported one was chosen
+    # the small-sample expansion of the block interval's log half-widths (1: none) and the
+    # degrees of freedom it used (NaN: not computed)
+    expansion: float = 1.0
+    df: float = math.nan
 
     @property
     def interval(self) -> Interval:
@@ -257,6 +263,57 @@ def _order_stat_bins(
     return centres[np.searchsorted(np.cumsum(counts), rank, side="left")]
 
 
+def _block_sums(series: FloatArray, block_units: int, blocks: int) -> FloatArray:
+    ub = np.arange(series.size) // block_units
+    return np.bincount(ub, weights=series, minlength=blocks).astype(np.float64)
+
+
+def _small_sample_expansion(
+    influence: tuple[FloatArray, FloatArray],
+    replicates: tuple[FloatArray, FloatArray],
+    confidence: float,
+) -> tuple[float, float]:
+    """(factor, df): sqrt(k/(k-1)) t_df / z for k blocks, df the Satterthwaite degrees of freedom
+    of the block variance sum_b U_b^2, U_b the block's influence on the log speedup (each arm's
+    per-block influence sums scaled so their sum of squares is that arm's bootstrap variance of
+    the log statistic). (1, NaN) with fewer than 3 blocks or no spread."""
+    k = influence[0].size
+    if k < 3:
+        return 1.0, math.nan
+    scaled = []
+    for u, rep in zip(influence, replicates, strict=True):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            logs = np.log(rep)
+        logs = logs[np.isfinite(logs)]
+        ss = float(u @ u)
+        var = float(np.var(logs)) if logs.size > 1 else 0.0
+        scaled.append(u * math.sqrt(var / ss) if ss > 0.0 else np.zeros(k))
+    u2 = (scaled[0] - scaled[1]) ** 2
+    if not float(u2.sum()) > 0.0:
+        return 1.0, math.nan
+    spread = float(np.var(u2, ddof=1))
+    df = 2.0 * k * float(u2.mean()) ** 2 / spread if spread > 0.0 else float(k - 1)
+    df = min(max(df, 2.0), float(k - 1))
+    tail = 0.5 + confidence / 2.0
+    factor = (
+        math.sqrt(k / (k - 1))
+        * float(scipy_stats.t.ppf(tail, df))
+        / float(scipy_stats.norm.ppf(tail))
+    )
+    return factor, df
+
+
+def _expanded(ratios: FloatArray, confidence: float, factor: float) -> tuple[float, float]:
+    """The percentile bounds of `ratios`, their log distances from the replicates' median
+    multiplied by `factor`."""
+    lo, hi = percentile_interval(ratios, confidence)
+    finite = ratios[np.isfinite(ratios) & (ratios > 0)]
+    if factor == 1.0 or finite.size == 0 or not (lo > 0 and hi > 0):
+        return lo, hi
+    centre = float(np.median(finite))
+    return centre * (lo / centre) ** factor, centre * (hi / centre) ** factor
+
+
 def _log_width(interval: Interval) -> float:
     if interval.lower > 0 and math.isfinite(interval.upper) and interval.upper > 0:
         return math.log(interval.upper / interval.lower)
@@ -270,8 +327,10 @@ def _choose(
     plan: BlockPlan,
     confidence: float,
     correlation: float | None,
+    expansion: tuple[float, float] = (1.0, math.nan),
 ) -> BlockInterval:
-    b = Interval(estimate, *percentile_interval(block, confidence))
+    factor, df = expansion
+    b = Interval(estimate, *_expanded(block, confidence, factor))
     wb, wi = _log_width(b), _log_width(i)
     ratio = wb / wi if wi > 0 and math.isfinite(wb) else math.nan
     differs = math.isfinite(ratio) and not (
@@ -284,7 +343,7 @@ def _choose(
             f"only {plan.blocks} time blocks (< {MIN_BLOCKS}): too few to resample, so the i.i.d. "
             "interval is reported; it is too narrow if latency is serially correlated"
         )
-        return BlockInterval(b, i, "iid", differs, ratio, reason)
+        return BlockInterval(b, i, "iid", differs, ratio, reason, factor, df)
     if differs and ratio > 1:
         reason = (
             f"latency is serially correlated (Politis-White block length "
@@ -302,7 +361,7 @@ def _choose(
             f"resampling {blocks}, one weight per block for both arms, gives an interval "
             f"{ratio:.2f}x as wide as the i.i.d. one{measured}"
         )
-    return BlockInterval(b, i, "block", differs, ratio, reason)
+    return BlockInterval(b, i, "block", differs, ratio, reason, factor, df)
 
 
 def unit_correlation(control: ArmSample, treatment: ArmSample) -> float | None:
@@ -328,6 +387,7 @@ def block_speedup_intervals(
     confidence: float = 0.95,
     block_units: int | None = None,
     iid: dict[str, Interval] | None = None,
+    expand: bool = True,
 ) -> BlockBootstrapResult:
     """Block and i.i.d. CIs of speedup = statistic(control) / statistic(treatment).
 
@@ -335,11 +395,25 @@ def block_speedup_intervals(
     fixed designs); either way blocks are made longer when there would be more than
     `MAX_BLOCKS`, and rounded up to whole pieces (`ArmSample.piece_units`). `iid`: i.i.d.
     intervals the caller computed (the paired design's bootstrap over pairs), used as given.
+    `expand`: the small-sample expansion of the block intervals (module docstring).
     """
     if control.units != treatment.units:
         raise ValueError("both arms must cover the same time units")
     units = control.units
-    plan = plan_blocks([control.unit_log_means(), treatment.unit_log_means()], units)
+    arms = (control, treatment)
+    influence = {
+        stat: (control.unit_influence(stat), treatment.unit_influence(stat)) for stat in statistics
+    }
+    # the block length asked for by the arms' mean log series and by each statistic's own
+    # influence series (not for arms of pieces: their entries sit at each piece's first unit)
+    series = [arm.unit_log_means() for arm in arms]
+    series += [
+        influence[stat][i]
+        for stat in statistics
+        for i, arm in enumerate(arms)
+        if arm.piece_units == 1 and arm.series is None and arm.n > 0
+    ]
+    plan = plan_blocks(series, units)
     piece = max(control.piece_units, treatment.piece_units)
     chosen = block_units if block_units is not None else plan.block_units
     chosen = max(chosen, math.ceil(units / MAX_BLOCKS))
@@ -373,7 +447,13 @@ def block_speedup_intervals(
                 lo, hi = percentile_interval(c_iid[stat] / t_iid[stat], confidence)
                 iid_interval = Interval(est, lo, hi)
             ratios = c_block[stat] / t_block[stat]
-            out[stat] = _choose(est, ratios, iid_interval, plan, confidence, correlation)
+            expansion = (1.0, math.nan)
+            if expand:
+                c_u, t_u = (_block_sums(u, plan.block_units, plan.blocks) for u in influence[stat])
+                expansion = _small_sample_expansion(
+                    (c_u, t_u), (c_block[stat], t_block[stat]), confidence
+                )
+            out[stat] = _choose(est, ratios, iid_interval, plan, confidence, correlation, expansion)
     return BlockBootstrapResult(plan, out)
 
 

@@ -107,7 +107,8 @@ class BlockPlan:
 
 
 def plan_blocks(per_unit_series: list[npt.NDArray[np.float64]], units: int) -> BlockPlan:
-    """Apply the module's rule to each arm's per-unit series (NaN for empty units)."""
+    """Apply the module's rule to per-unit series (NaN for empty units); the series asking for
+    the longest blocks decides (each arm's mean log, each statistic's influence)."""
     b_pw = max((politis_white_block_length(s) for s in per_unit_series), default=1.0)
     cap = max(1, units // MIN_BLOCKS)
     block = int(min(max(math.ceil(COVERAGE_FACTOR * b_pw), 1), cap))
