@@ -42,10 +42,12 @@ __all__ = [
     "TimeoutConfig",
     "did_you_mean",
     "load_toml",
+    "section",
 ]
 
 RoutingMode = Literal["weighted", "sticky"]
 StickySource = Literal["header", "user"]
+StatsCompute = Literal["child", "external"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +199,15 @@ class ScrapeConfig:
 
 @dataclass(frozen=True, slots=True)
 class StatsConfig:
-    """The periodic comparison job."""
+    """The periodic comparison job.
+
+    `compute` says which process computes it (`stats.job.process`). "child": `specproxy serve`
+    starts one `specproxy stats --follow` process beside it (the `--workers` parent starts it,
+    not each worker). "external": this proxy computes nothing, another process does (a
+    `specproxy stats --follow` Deployment). Either way the proxy serves the latest result the
+    computing process stored. A `memory://` store is the exception: no other process can read
+    it, so its statistics run inside the proxy whatever `compute` says.
+    """
 
     interval_s: float = 15.0
     windows_s: tuple[float | None, ...] = (300.0, 3600.0, None)  # None = the whole run
@@ -210,9 +220,11 @@ class StatsConfig:
     # rows vs rollups: a run with at most this many usable requests on its larger arm is analysed
     # from its rows (exact, every test); beyond it from per-minute rollups (cost ~ minutes x bins)
     raw_rows_max: int = 200_000
+    compute: StatsCompute = "child"
 
     def __post_init__(self) -> None:
         _check(self.interval_s > 0, "stats.interval_s", "must be > 0")
+        _check(self.compute in get_args(StatsCompute), "stats.compute", "must be child or external")
         _check(len(self.windows_s) > 0, "stats.windows_s", "must name at least one window")
         _check(
             all(w is None or w > 0 for w in self.windows_s),
@@ -412,6 +424,15 @@ class Config:
                 top[key] = value
         return _build(cls, top, prefix="")
 
+    def to_mapping(self) -> dict[str, Any]:
+        """Plain JSON-able data that `from_mapping` turns back into an equal `Config` (how
+        `specproxy serve` hands its merged settings to its stats process)."""
+        data = dataclasses.asdict(self)
+        for arm in ("baseline", "speculative"):
+            del data[f"{arm}_url"]  # the shorthand of the arm's table, which says it all
+            del data[arm]["name"]  # set by from_mapping
+        return data
+
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> Config:
         """Load a TOML file; `overrides` (top-level keys) win over the file."""
@@ -432,6 +453,14 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def section(cls: type[_T], data: object, name: str) -> _T:
+    """One table (`[name]`) on its own, validated as `Config.from_mapping` validates it: for a
+    command that needs the store or the statistics settings but not the arms."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"[{name}] must be a table")
+    return _build(cls, data, prefix=f"{name}.")
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:

@@ -26,7 +26,7 @@ from specproxy.app import create_app
 from specproxy.appkeys import METRICS_VIEW, REGISTRY
 from specproxy.blas import limit_blas_threads
 from specproxy.config import Config, load_toml
-from specproxy.config_env import env_settings, name_variable, variable_name
+from specproxy.config_env import file_and_env, name_variable, variable_name
 from specproxy.errors import ConfigError
 from specproxy.fleet.workers import merged_metrics, supervise, this_worker, worker_argv
 from specproxy.malloc import pin_malloc_thresholds
@@ -139,18 +139,8 @@ def _show_config_defaults(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
     """Merge the TOML file (if any), the `SPECPROXY_*` environment (`specproxy.config_env`) and
     the flags that were given, in that order (later wins), then validate."""
-    data: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        data = load_toml(args.config)
-    env, env_sources = env_settings(os.environ if environ is None else environ)
-    for key, value in env.items():
-        if isinstance(value, dict):
-            table = data.setdefault(key, {})
-            if not isinstance(table, dict):
-                raise ConfigError(f"[{key}] must be a table")
-            table.update(value)
-        else:
-            data[key] = value
+    data: dict[str, Any] = load_toml(args.config) if getattr(args, "config", None) else {}
+    data, env_sources = file_and_env(data, os.environ if environ is None else environ)
     for dest, (section, name) in _FLAG_SETTINGS.items():
         value = getattr(args, dest, None)
         if value is None:
