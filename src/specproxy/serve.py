@@ -30,6 +30,7 @@ from specproxy.config_env import file_and_env, name_variable, variable_name
 from specproxy.errors import ConfigError
 from specproxy.fleet.workers import merged_metrics, supervise, this_worker, worker_argv
 from specproxy.malloc import pin_malloc_thresholds
+from specproxy.stats.job.supervisor import StatsChild, needs_stats_process
 
 __all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
 
@@ -169,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1 and worker is None:
         if cfg.port == 0:
             raise ConfigError("--workers needs a fixed --port: the workers share it")
-        return supervise(worker_argv(sys.argv[1:]), args.workers)
+        # One stats process for all the workers, started here; they only follow its results.
+        child = StatsChild(cfg) if needs_stats_process(cfg) else None
+        return supervise(worker_argv(sys.argv[1:]), args.workers, stats_child=child)
     admin_token = load_admin_token()
     pin_malloc_thresholds()  # RSS stays at the live data, ticks do not page-fault (`malloc`)
     limit_blas_threads()  # the stats job's matrix products leave the other cores alone (`blas`)

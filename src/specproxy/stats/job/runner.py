@@ -6,10 +6,12 @@ compares the arms for every window in `stats.windows_s` and for every model plus
 together. The latest result is kept in memory (`StatsJob.latest`, served at `GET /api/stats`),
 exposed as Prometheus gauges (`collector.StatsCollector`) and appended to the store's history.
 
-With several processes on one store only the elected leader (`leader.Leadership`) computes;
-every other one serves the latest result the leader stored (same JSON, same `computed_at`), so
-the gauges are identical across replicas. Each interval a follower asks again, which is how it
-takes over within one interval when the leader dies.
+`StatsJob` runs in the process that computes (`specproxy stats --follow`, `process`; inside the
+proxy only for a `memory://` store). With several such processes on one store only the elected
+leader (`leader.Leadership`) computes; the others ask again every interval, which is how one
+takes over within an interval when the leader dies. The proxies serve the latest result the
+leader stored (`follower.StatsFollower`: same JSON, same `computed_at`), so the gauges are
+identical across replicas.
 
 Warm-up exclusion is decided on the whole run, per arm and across models, by
 `clean.warmup_exclusion` (the rule the report shares): the first `stats.warmup_requests` usable
@@ -335,7 +337,9 @@ async def compute_stats(
 
 
 class StatsJob:
-    """Runs `compute_stats` every `stats_cfg.interval_s` and keeps the latest result."""
+    """Runs `compute_stats` every `stats_cfg.interval_s` while it leads, and keeps the latest
+    result. `on_leadership` hears each change of leadership (the stats process reports it to
+    the proxy that started it)."""
 
     def __init__(
         self,
@@ -349,6 +353,7 @@ class StatsJob:
         leadership: Leadership | None = None,
         model_label: Callable[[str], str] | None = None,
         gpu_samples: Callable[[], Mapping[Arm, Sequence[GpuSample]]] | None = None,
+        on_leadership: Callable[[bool], None] | None = None,
     ) -> None:
         self._store = store
         self._gpu_samples = gpu_samples  # per-arm GPU samples, read each run; None: the store's
@@ -358,6 +363,7 @@ class StatsJob:
         self._scrape_cfg = scrape_cfg
         self._clock = clock
         self._leadership = leadership
+        self._on_leadership = on_leadership
         self.leader: bool | None = None  # None until the first interval asked
         self._latest: StatsResult | None = None
         self._memory = VerdictMemory()  # whole-run verdict hysteresis (stats.hysteresis)
@@ -377,11 +383,11 @@ class StatsJob:
         return self._executor
 
     def is_leader(self) -> bool | None:
-        """Whether this process computed the latest result (None before the first interval)."""
+        """Whether this process computes (None before the first interval)."""
         return self.leader
 
     def latest(self) -> StatsResult | None:
-        """The last result, None before the first run."""
+        """The last result this job computed, None before the first run."""
         return self._latest
 
     async def run_once(self) -> StatsResult:
@@ -420,21 +426,15 @@ class StatsJob:
             log.exception("stats: rollup compaction failed")
         return result
 
-    async def follow_once(self) -> StatsResult | None:
-        """Publish the latest result the leader stored (recent ones only: bounded read)."""
-        since = self._clock() - 3 * self._stats_cfg.interval_s - 60.0
-        rows = await self._store.read_stats_history(run_id=self._run_id, since=since)
-        if rows:
-            self._latest = cast(StatsResult, rows[-1][1])  # what a leader stored
-        return self._latest
-
     async def step(self) -> StatsResult | None:
-        """One interval: compute if this process leads, else serve the leader's result."""
+        """One interval: compute if this process leads (else wait for the next interval)."""
         leader = True if self._leadership is None else await self._leadership.is_leader()
         if leader != self.leader:
-            log.info("stats: this process is %s", "the leader" if leader else "a follower")
+            log.info("stats: this process is %s", "the leader" if leader else "waiting to lead")
             self.leader = leader
-        return await (self.run_once() if leader else self.follow_once())
+            if self._on_leadership is not None:
+                self._on_leadership(leader)
+        return await self.run_once() if leader else None
 
     async def _loop(self) -> None:
         while True:
