@@ -24,12 +24,10 @@ from aiohttp import web
 from specproxy.admin import load_admin_token
 from specproxy.app import create_app
 from specproxy.appkeys import METRICS_VIEW, REGISTRY
-from specproxy.blas import limit_blas_threads
 from specproxy.config import Config, load_toml
 from specproxy.config_env import file_and_env, name_variable, variable_name
 from specproxy.errors import ConfigError
 from specproxy.fleet.workers import merged_metrics, supervise, this_worker, worker_argv
-from specproxy.malloc import pin_malloc_thresholds
 from specproxy.stats.job.supervisor import StatsChild, needs_stats_process
 
 __all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
@@ -174,8 +172,6 @@ def run(args: argparse.Namespace) -> int:
         child = StatsChild(cfg) if needs_stats_process(cfg) else None
         return supervise(worker_argv(sys.argv[1:]), args.workers, stats_child=child)
     admin_token = load_admin_token()
-    pin_malloc_thresholds()  # RSS stays at the live data, ticks do not page-fault (`malloc`)
-    limit_blas_threads()  # the stats job's matrix products leave the other cores alone (`blas`)
     # Bind before anything starts, so a port in use is one error line and exit 2, and the
     # "serving" line below is logged only once the proxy really listens. Workers share the
     # port (SO_REUSEPORT: the kernel spreads connections over them).
