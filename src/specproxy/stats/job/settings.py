@@ -109,7 +109,9 @@ def stored_settings(
     changes: dict[str, Any] = {k: stored[k] for k in (*fields, "raw_rows_max") if k in stored}
     windows = (result.get("results") or {}).get("all")
     if isinstance(windows, Mapping) and windows:
-        changes["windows_s"] = tuple(w.get("window_s") for w in windows.values())
+        # shortest first, the whole run last: PostgreSQL's JSONB keeps no key order
+        lengths = {w.get("window_s") for w in windows.values()}
+        changes["windows_s"] = tuple(sorted(lengths, key=lambda w: (w is None, w or 0.0)))
     restart = {
         name: stored[key]
         for name, key in (
