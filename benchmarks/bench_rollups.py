@@ -167,7 +167,7 @@ async def _write_fine(url: str, rng: np.random.Generator, minute: int, n: int) -
     return len(bins)
 
 
-async def _build(url: str, days: float, rate: float, end_minute: int) -> None:
+async def build_rollups(url: str, days: float, rate: float, end_minute: int) -> None:
     """The steady state at minute `end_minute` (see the module docstring)."""
     rng = np.random.default_rng(0)
     per_minute = round(rate * 60)
@@ -365,7 +365,7 @@ async def main() -> None:
             setup = open_store(StoreConfig(url=url, spill_path=str(tmp / "s0.jsonl")), run_id=RUN)
             await setup.start()  # creates the schema
             await setup.close()
-            await _build(url, args.days, args.rate, end_minute)
+            await build_rollups(url, args.days, args.rate, end_minute)
             print(f"ticks on {'PostgreSQL' if args.pg else 'SQLite'} (windows 5m, 1h, all):")
             child = multiprocessing.get_context("spawn").Process(
                 target=_child,
