@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from specproxy.config import StoreConfig
+from specproxy.errors import ConfigError
 from specproxy.stats.job.follower import StatsHistory
 from specproxy.stats.job.settings import StatsSettings, child_settings, command_settings
 from specproxy.stats.result import P99Verdict, StatsResult, TwoSampleP99, to_json
@@ -192,6 +193,8 @@ def _follow(args: argparse.Namespace) -> int:
     else:
         settings = command_settings(args.config, store_url=args.store, run_id=args.run_id)
     settings = settings.replace_stats(**_flag_overrides(args))
+    if settings.store.url.startswith("memory:"):
+        raise ConfigError("--follow needs a shared store: a memory:// store lives in one process")
     from specproxy.stats.job.process import run_follow  # numpy, scipy: after die_with_parent
 
     return run_follow(settings, status_fd=args.status_fd)

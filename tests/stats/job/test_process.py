@@ -13,9 +13,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from pytest_aiohttp import AiohttpServer
 
+from specproxy.cli import main
 from specproxy.config import Config
 from specproxy.fleet.models import OTHER
 from specproxy.stats.job.process import ServedModels
@@ -101,3 +103,10 @@ async def test_the_served_models_bound_the_model_label(aiohttp_server: AiohttpSe
         assert served.label("made-up") == OTHER
     finally:
         await served.close()
+
+
+def test_follow_refuses_a_store_no_other_process_can_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["stats", "--follow", "--store", "memory://"]) == 2
+    assert "a memory:// store lives in one process" in capsys.readouterr().err
