@@ -32,8 +32,7 @@ LABEL org.opencontainers.image.title="specproxy" \
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1 \
-    MPLCONFIGDIR=/tmp/matplotlib
+    PIP_NO_CACHE_DIR=1
 RUN groupadd --system --gid 10001 specproxy \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /var/lib/specproxy \
        --shell /usr/sbin/nologin specproxy \

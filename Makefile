@@ -17,12 +17,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The demo needs only the package itself (no test, lint, PostgreSQL or vLLM-client extras): a
-# fraction of the dev install's size and time. `make test` adds the rest into the same venv.
+# The demo needs the package and its report extra (matplotlib, for the final report), no test,
+# lint, PostgreSQL or vLLM-client extras: a fraction of the dev install's size and time.
+# `make test` adds the rest into the same venv.
 $(DEMO_STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[report]'
 	touch $@
 
 ## demo: emulated speculative + baseline vLLM, the proxy, load, a live view, then a report

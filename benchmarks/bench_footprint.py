@@ -3,11 +3,13 @@ serve` process's memory (RSS) at idle and under load, with its CPU per request. 
 requests in deploy/kubernetes/base/deployment.yaml are sized from these figures.
 
 Size: builds the wheels of specproxy[postgres] as the Dockerfile's first stage does, installs
-them offline into an empty target directory (no dev extra), and reports both sizes.
+them offline into an empty target directory (no dev extra), and reports both sizes (the image
+adds its python:3.12-slim base to the installed size).
 Memory: starts two emulated arms (`specproxy emulate`) and the real `specproxy serve` (SQLite
-store, scraper, stats job; GC settings as in production) on loopback, reads VmRSS after
-`--idle` seconds, then drives `--connections` closed-loop clients for `--load` seconds (the
-stats job runs every 15 s over the growing store) and reads VmRSS and the peak VmHWM.
+store, scraper, and its stats process, `specproxy stats --follow`; GC settings as in
+production) on loopback, reads VmRSS after `--idle` seconds, then drives `--connections`
+closed-loop clients for `--load` seconds (the stats process computes every 15 s over the growing
+store) and reads VmRSS and the peak VmHWM, of the proxy and of its stats process apart.
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/bench_footprint.py [--skip-size]
         [--idle 20] [--load 90] [--connections 32] [--max-tokens 16]
@@ -77,6 +79,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stats_processes(pid: int) -> list[int]:
+    """The proxy's stats process(es): its children running `specproxy stats --follow`."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    children = [int(c) for c in path.read_text().split()] if path.exists() else []
+    return [c for c in children if b"--follow" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
 async def wait_ok(url: str, deadline_s: float = 60) -> None:
     end = time.monotonic() + deadline_s
     async with aiohttp.ClientSession() as session:
@@ -137,11 +146,22 @@ async def measure_memory(
 ) -> None:
     await wait_ok(base + "/readyz")
     await asyncio.sleep(idle)
-    print(f"idle after {idle:.0f} s: RSS {status(pid)['VmRSS']} MiB")
+    stats = stats_processes(pid)
+    print(
+        f"idle after {idle:.0f} s: RSS {status(pid)['VmRSS']} MiB"
+        + "".join(f", stats process RSS {status(s)['VmRSS']} MiB" for s in stats)
+    )
     cpu0 = cpu_seconds(pid)
+    stats_cpu0 = {s: cpu_seconds(s) for s in stats}
     ok, failed = await load(base + "/v1/chat/completions", conns, seconds, tokens)
     cpu = cpu_seconds(pid) - cpu0
     mem = status(pid)
+    for s in stats:
+        used, smem = cpu_seconds(s) - stats_cpu0[s], status(s)
+        print(
+            f"stats process (pid {s}, {seconds:.0f} s of load): CPU {used:.1f} s, RSS "
+            f"{smem['VmRSS']} MiB, peak {smem['VmHWM']} MiB"
+        )
     print(
         f"under load ({conns} connections, {seconds:.0f} s, half streaming, max_tokens "
         f"{tokens}): {ok} ok / {failed} failed, {ok / seconds:.0f} req/s, proxy CPU "
@@ -149,7 +169,7 @@ async def measure_memory(
         f"peak {mem['VmHWM']} MiB"
     )
     async with aiohttp.ClientSession() as session, session.get(base + "/api/stats") as resp:
-        print(f"stats job result present: {resp.status == 200}")
+        print(f"stats result served: {resp.status == 200}")
 
 
 def main() -> None:

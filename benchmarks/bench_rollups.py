@@ -16,9 +16,9 @@ job's cache and its one computing thread, then the compaction pass, after the re
   3. a warm tick one minute later (one more minute of traffic; a minute leaves the fine tier, so
      the compaction pass after it moves ~70k fine rows at 1k req/s);
   4. the tick after that compaction (its read picks up the blocks the pass wrote).
-The ticks run with `specproxy serve`'s malloc thresholds (`specproxy.malloc`: they decide how
-many page faults a tick takes; with glibc's 128 KiB defaults pinned, twice the time) and its one
-BLAS thread (`specproxy.blas`: with one per core, the CPU-s nearly double).
+The ticks run as the stats process runs them (`specproxy stats --follow`, serve's child): with
+one BLAS thread (`OPENBLAS_NUM_THREADS=1`, as serve sets it for its child unless the operator
+chose; with one per core, the CPU-s nearly double) and glibc's default malloc thresholds.
 Printed per tick: wall s to the result (and of it: the cache refresh, with its store reads and
 decoding them into the job's cache, which overlap; the rest: the statistics), CPU s of this
 process (PostgreSQL's own CPU is not in it), rows and blobs read, the compaction pass's wall s
@@ -54,12 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.store.
 
 from tests.store.pgcluster import PgCluster, find_pg_bin
 
-from specproxy.blas import limit_blas_threads
 from specproxy.config import StatsConfig, StoreConfig
-from specproxy.malloc import pin_malloc_thresholds
 from specproxy.records import Arm, RequestRecord
 from specproxy.stats.job import tick
 from specproxy.stats.job.cache import RollupCache
+from specproxy.stats.job.supervisor import BLAS_VARIABLES
 from specproxy.stats.job.tick import compute_stats
 from specproxy.store.aggregates import (
     ROLLUP_BINS,
@@ -179,7 +178,7 @@ async def _write_fine(url: str, rng: np.random.Generator, minute: int, n: int) -
     return len(bins)
 
 
-async def _build(url: str, days: float, rate: float, end_minute: int) -> None:
+async def build_rollups(url: str, days: float, rate: float, end_minute: int) -> None:
     """The steady state at minute `end_minute` (see the module docstring)."""
     rng = np.random.default_rng(0)
     per_minute = round(rate * 60)
@@ -301,8 +300,6 @@ async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: 
 
 
 def _child(url: str, rate: float, end_minute: int, resamples: int, spill: str) -> None:
-    pin_malloc_thresholds()  # as `specproxy serve` does: the allocator decides page faults
-    limit_blas_threads()  # and so does its one BLAS thread (CPU-s halve)
     asyncio.run(_ticks(url, rate, end_minute, resamples, spill))
 
 
@@ -363,8 +360,6 @@ async def main() -> None:
     parser.add_argument("--raw-rows", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=2000)
     args = parser.parse_args()
-    pin_malloc_thresholds()  # the raw-rows ticks run here: the same allocator as the proxy's
-    limit_blas_threads()
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollups-"))
     end_minute = 29_000_000  # ~2025
     if args.days:
@@ -382,7 +377,7 @@ async def main() -> None:
             setup = open_store(StoreConfig(url=url, spill_path=str(tmp / "s0.jsonl")), run_id=RUN)
             await setup.start()  # creates the schema
             await setup.close()
-            await _build(url, args.days, args.rate, end_minute)
+            await build_rollups(url, args.days, args.rate, end_minute)
             print(f"ticks on {'PostgreSQL' if args.pg else 'SQLite'} (windows 5m, 1h, all):")
             child = multiprocessing.get_context("spawn").Process(
                 target=_child,
@@ -397,5 +392,14 @@ async def main() -> None:
         await _raw(args.raw_rows, args.resamples, tmp)
 
 
+def one_blas_thread() -> None:
+    """Run this benchmark again with one BLAS thread, as serve's stats process runs (its
+    environment, `stats.job.supervisor`), unless the environment chose a number already."""
+    if not any(name in os.environ for name in BLAS_VARIABLES):
+        env = {**os.environ, **dict.fromkeys(BLAS_VARIABLES, "1")}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 if __name__ == "__main__":
+    one_blas_thread()
     asyncio.run(main())

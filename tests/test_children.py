@@ -29,8 +29,33 @@ def test_a_child_with_its_parent_keeps_running() -> None:
     assert done.returncode == 0 and done.stdout.strip() == "alive", done.stderr
 
 
+def test_sigkill_of_serve_leaves_no_child_process(tmp_path: Path) -> None:
+    dead = "http://127.0.0.1:9"  # nothing listens: the proxy starts anyway (/readyz says 503)
+    cmd = [sys.executable, "-m", "specproxy", "serve", "--baseline", dead, "--speculative", dead]
+    cmd += ["--port", "0", "--store", f"sqlite:///{tmp_path}/store.db"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # serve starts its stats process (`stats --follow`): wait until it stored its first
+        # result, the moment a reader process used to start (slow machines only take longer)
+        deadline = time.monotonic() + 120
+        while not _stats_written(tmp_path / "store.db") and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.1)
+        assert _stats_written(tmp_path / "store.db"), "no stats result in time"
+        children = descendants(proc.pid)
+        # the stats process, and nothing else: reads use sqlite3 (no ADBC reader, no tracker)
+        assert {pid for pid, _ in children} == set(_stats_process(proc.pid)), children
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    survivors = wait_gone(children, timeout_s=30)
+    for pid, _ in survivors:  # a failing run must not leave them behind either
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"orphans after SIGKILL: {sorted(survivors)}"
+
+
 def _stats_written(db: Path) -> bool:
-    """Whether the stats job's first result is in the store (it runs at start-up)."""
+    """Whether the stats process's first result is in the store."""
     if not db.exists():
         return False
     try:
@@ -40,26 +65,13 @@ def _stats_written(db: Path) -> bool:
         return False
 
 
-def test_sigkill_of_serve_leaves_no_child_process(tmp_path: Path) -> None:
-    """Since SQLite reads use sqlite3 (no ADBC reader process, no resource tracker), serve starts
-    no helper process by itself; whatever a later one starts must die with it."""
-    dead = "http://127.0.0.1:9"  # nothing listens: the proxy starts anyway (/readyz says 503)
-    cmd = [sys.executable, "-m", "specproxy", "serve", "--baseline", dead, "--speculative", dead]
-    cmd += ["--port", "0", "--store", f"sqlite:///{tmp_path}/store.db"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        # the stats job's first run (at start-up) is where a reader process used to start
-        deadline = time.monotonic() + 120
-        while not _stats_written(tmp_path / "store.db") and time.monotonic() < deadline:
-            assert proc.poll() is None, "serve exited"
-            time.sleep(0.1)
-        assert _stats_written(tmp_path / "store.db"), "no stats result in time"
-        children = descendants(proc.pid)
-        assert children == set(), f"serve started helper processes: {children}"
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    survivors = wait_gone(children, timeout_s=30)
-    for pid, _ in survivors:  # a failing run must not leave them behind either
-        os.kill(pid, signal.SIGKILL)
-    assert not survivors, f"orphans after SIGKILL: {sorted(survivors)}"
+def _stats_process(pid: int) -> list[int]:
+    found = []
+    for child, _ in descendants(pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--follow" in argv:
+            found.append(child)
+    return found

@@ -16,6 +16,7 @@ import pytest
 from specproxy import __version__
 from specproxy.cli import COMMANDS, build_parser
 from specproxy.config import StoreConfig
+from specproxy.stats.job.settings import command_settings
 
 
 def specproxy(
@@ -73,9 +74,13 @@ def test_log_flags_on_every_command(name: str) -> None:
 
 
 def test_read_only_commands_share_the_default_store() -> None:
-    for name in ("stats", "report", "export"):
+    for name in ("report", "export"):
         args, _ = _command_parser(name).parse_known_args([])
         assert args.store == StoreConfig().url, name
+    # `stats` takes the store of its --config when there is one, else the same default
+    args, _ = _command_parser("stats").parse_known_args([])
+    settings = command_settings(args.config, store_url=args.store, environ={})
+    assert settings.store.url == StoreConfig().url
 
 
 def test_serve_on_a_busy_port_is_one_error_line_and_exit_2() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from specproxy.config import (
     StoreConfig,
     TimeoutConfig,
     load_toml,
+    section,
 )
 from specproxy.errors import ConfigError
 
@@ -225,3 +227,42 @@ def test_load_toml_returns_the_unvalidated_table(tmp_path: Path) -> None:
     assert load_toml(path) == {"stats": {"resamples": 5}}
     with pytest.raises(ConfigError, match="cannot read"):
         load_toml(tmp_path / "missing.toml")
+
+
+def test_stats_compute_is_child_or_external() -> None:
+    assert Config.from_mapping(ARMS).stats.compute == "child"
+    cfg = Config.from_mapping({**ARMS, "stats": {"compute": "external"}})
+    assert cfg.stats.compute == "external"
+    with pytest.raises(ConfigError, match=r"stats\.compute must be child or external"):
+        Config.from_mapping({**ARMS, "stats": {"compute": "thread"}})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        ARMS,
+        {
+            "baseline": {"dns": "vllm.svc", "port": 9000, "dcgm_urls": ["http://d:9400"]},
+            "speculative": {"urls": ["http://a:1", "http://b:2"]},
+            "timeouts": {"read_s": 30, "speculative": {"read_s": 5}},
+            "stats": {"windows_s": [300, "all"], "compute": "external", "p99_tolerance": 0},
+            "store": {"url": "memory://", "retention_days": 7},
+            "routing": {"seed": 3},
+            "model_allow": ["m"],
+        },
+    ],
+)
+def test_to_mapping_is_plain_json_that_loads_back_equal(data: dict[str, object]) -> None:
+    """What serve hands its stats process (JSON in its environment) is the same config."""
+    cfg = Config.from_mapping(data)
+    assert Config.from_mapping(json.loads(json.dumps(cfg.to_mapping()))) == cfg
+
+
+def test_a_table_on_its_own_is_validated_as_in_the_whole_config() -> None:
+    assert section(StatsConfig, {"alpha": 0.1}, "stats").alpha == 0.1
+    with pytest.raises(ConfigError, match=r"stats\.alpha"):
+        section(StatsConfig, {"alpha": 0.9}, "stats")
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\): stats\.alpah"):
+        section(StatsConfig, {"alpah": 0.1}, "stats")
+    with pytest.raises(ConfigError, match=r"\[stats\] must be a table"):
+        section(StatsConfig, 3, "stats")

@@ -15,8 +15,10 @@ their records, before any cleanup_ctx unwinds):
 3. fleet (`specproxy.fleet.context`): every arm's endpoint pool and DNS discovery (`FLEET`);
 4. scraper (`specproxy.scrape.context`): polls each arm's /metrics on `SESSIONS`, records engine
    samples into `RECORDER`;
-5. stats job (`specproxy.stats.context`, `with_stats=True`, needs the store): the periodic
-   comparison on `STORE`; sets `STATS`, until then GET /api/stats answers 503;
+5. statistics (`specproxy.stats.context`, `with_stats=True`, needs the store): follows the
+   results the stats process stores in `STORE` (and starts that process with
+   `[stats] compute = "child"`; on memory:// the job runs here); sets `STATS`, until a result
+   exists GET /api/stats answers 503;
 6. forwarder (on_startup): the request path, recording into whatever `RECORDER` is by then.
 
 A new component is one cleanup_ctx appended at the marked spot in `create_app`, reading and
@@ -76,7 +78,8 @@ def create_app(
 
     `with_store` opens `cfg.store` and records into it; a test or benchmark that wants records
     somewhere else passes `recorder=` with `with_store=False` (without either, records go to an
-    in-memory ring). `with_stats` runs the periodic stats job on that store. Asking for a store
+    in-memory ring). `with_stats` serves the statistics of that store (`stats.context`: the
+    stats process's stored results; on memory:// the job itself). Asking for a store
     and an injected recorder at once, or for stats without a store, is a `ValueError`: neither
     is switched off behind the caller's back. With an `admin_token` (`specproxy.admin`), the
     proxy's own surfaces need it; /v1/* never does.
@@ -107,7 +110,7 @@ def create_app(
     app.cleanup_ctx.append(fleet_ctx)  # every arm's endpoint pool (+ DNS discovery): FLEET
     app.cleanup_ctx.append(scrape_ctx)  # each arm's /metrics (+ dcgm-exporters) via SESSIONS
     if with_stats:
-        app.cleanup_ctx.append(stats_ctx)  # periodic comparison on STORE; sets STATS
+        app.cleanup_ctx.append(stats_ctx)  # stored results (+ the stats process); sets STATS
     # The forwarder reads RECORDER after every cleanup_ctx has started, and stops first.
     app.on_startup.append(_start_forwarder)
     app.on_shutdown.append(_stop_forwarder)

@@ -17,7 +17,8 @@ Set while the app starts (cleanup_ctx, in this order), then read by the later on
     FLEET      every arm's endpoint pool and its DNS discovery (a test may set it before start)
     SCRAPER    the engine scraper (its per-arm states and restart times)
     GPU_SCRAPER  the dcgm-exporter scraper (latest GPU sample per arm; idle without dcgm_urls)
-    STATS_JOB  the periodic stats job (only `with_stats=True`)
+    STATS_JOB  the stats job computing inside the proxy (only `with_stats=True` on memory://;
+               on other stores a separate process computes, `stats.job.process`)
     STATS      a zero-argument callable returning the latest stats result (GET /api/stats)
 Set in on_startup, after every cleanup_ctx has started:
     FORWARDER  the request path

@@ -1,17 +1,17 @@
 """Helper processes die with the proxy, even when it is SIGKILLed and no cleanup code runs.
 
 A supervisor that kills hard (a failed liveness probe, a kill timeout) must not accumulate the
-proxy's helpers: the ADBC reader process (~100 MB) and, through it, multiprocessing's resource
-tracker (which exits once every holder of its pipe is gone, i.e. the proxy and the reader).
+proxy's helpers: its stats process (`specproxy stats --follow --child-of PID`, started by serve
+or by the `--workers` parent, `stats.job.supervisor`) and the workers of `--workers`.
 
-`die_with_parent` runs first in the child (a `ProcessPoolExecutor` initializer). On Linux it asks
-the kernel for SIGKILL when the parent goes (`prctl(PR_SET_PDEATHSIG)`), which needs no cooperation
-from the dying parent. Elsewhere a daemon thread polls the parent pid once a second. Either way a
-child whose parent is already gone by then exits at once (the race between spawn and prctl).
+`die_with_parent` runs first in the child (the stats command's first act, a `preexec_fn`). On
+Linux it asks the kernel for SIGKILL when the parent goes (`prctl(PR_SET_PDEATHSIG)`), which
+needs no cooperation from the dying parent. Elsewhere a daemon thread polls the parent pid once
+a second. Either way a child whose parent is already gone by then exits at once (the race
+between spawn and prctl).
 
-PR_SET_PDEATHSIG fires when the *thread* that spawned the child exits, so spawn helpers from a
-thread that lives as long as the process (the event loop's); a reader killed early shows up as
-a broken pool, which the store already treats as "start a new reader".
+PR_SET_PDEATHSIG fires when the *thread* that spawned the child exits, so spawn children from a
+thread that lives as long as the process (the event loop's).
 """
 
 from __future__ import annotations

@@ -44,12 +44,15 @@ __all__ = [
     "WarmupConfig",
     "did_you_mean",
     "load_toml",
+    "moved_settings",
+    "section",
 ]
 
 log = logging.getLogger(__name__)
 
 RoutingMode = Literal["weighted", "sticky"]
 StickySource = Literal["header", "user"]
+StatsCompute = Literal["child", "external"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +214,15 @@ class WarmupConfig:
 
 @dataclass(frozen=True, slots=True)
 class StatsConfig:
-    """The periodic comparison job."""
+    """The periodic comparison job.
+
+    `compute` says which process computes it (`stats.job.process`). "child": `specproxy serve`
+    starts one `specproxy stats --follow` process beside it (the `--workers` parent starts it,
+    not each worker). "external": this proxy computes nothing, another process does (a
+    `specproxy stats --follow` Deployment). Either way the proxy serves the latest result the
+    computing process stored. A `memory://` store is the exception: no other process can read
+    it, so its statistics run inside the proxy whatever `compute` says.
+    """
 
     interval_s: float = 15.0
     windows_s: tuple[float | None, ...] = (300.0, 3600.0, None)  # None = the whole run
@@ -220,9 +231,11 @@ class StatsConfig:
     alpha: float = 0.05  # error rate of the anytime-valid tests
     p99_tolerance: float = 0.05  # "slower" means spec P99 > baseline P99 * (1 + tolerance)
     seed: int = 0
+    compute: StatsCompute = "child"
 
     def __post_init__(self) -> None:
         _check(self.interval_s > 0, "stats.interval_s", "must be > 0")
+        _check(self.compute in get_args(StatsCompute), "stats.compute", "must be child or external")
         _check(len(self.windows_s) > 0, "stats.windows_s", "must name at least one window")
         _check(
             all(w is None or w > 0 for w in self.windows_s),
@@ -411,7 +424,7 @@ class Config:
             "outlier": OutlierConfig,
         }
         top: dict[str, Any] = {}
-        for key, value in _moved(data).items():
+        for key, value in moved_settings(data).items():
             if key in sections:
                 if not isinstance(value, Mapping):
                     raise ConfigError(f"[{key}] must be a table")
@@ -421,6 +434,15 @@ class Config:
             else:
                 top[key] = value
         return _build(cls, top, prefix="")
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Plain JSON-able data that `from_mapping` turns back into an equal `Config` (how
+        `specproxy serve` hands its merged settings to its stats process)."""
+        data = dataclasses.asdict(self)
+        for arm in ("baseline", "speculative"):
+            del data[f"{arm}_url"]  # the shorthand of the arm's table, which says it all
+            del data[arm]["name"]  # set by from_mapping
+        return data
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> Config:
@@ -443,7 +465,7 @@ MOVED: Final[dict[tuple[str, str], tuple[str, str] | None]] = {
 }
 
 
-def _moved(data: Mapping[str, Any]) -> dict[str, Any]:
+def moved_settings(data: Mapping[str, Any]) -> dict[str, Any]:
     """`data` with settings that moved put in their new place (`MOVED`), each with a warning."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
     for (table, key), target in MOVED.items():
@@ -471,6 +493,14 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def section(cls: type[_T], data: object, name: str) -> _T:
+    """One table (`[name]`) on its own, validated as `Config.from_mapping` validates it: for a
+    command that needs the store or the statistics settings but not the arms."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"[{name}] must be a table")
+    return _build(cls, data, prefix=f"{name}.")
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:

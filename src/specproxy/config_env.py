@@ -32,7 +32,14 @@ from typing import Any
 from specproxy.config import Config, did_you_mean
 from specproxy.errors import ConfigError
 
-__all__ = ["PREFIX", "env_settings", "name_variable", "setting_fields", "variable_name"]
+__all__ = [
+    "PREFIX",
+    "env_settings",
+    "file_and_env",
+    "name_variable",
+    "setting_fields",
+    "variable_name",
+]
 
 PREFIX = "SPECPROXY_"
 _SEP = "__"
@@ -93,6 +100,23 @@ def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, 
         target = data if section is None else data.setdefault(section, {})
         target[key] = value
         sources[key if section is None else f"{section}.{key}"] = variable
+    return data, sources
+
+
+def file_and_env(
+    data: dict[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The config file's settings (`data`, parsed TOML, updated in place) with the environment's
+    over them, table by table; and where each environment setting came from (`env_settings`)."""
+    env, sources = env_settings(environ)
+    for key, value in env.items():
+        if isinstance(value, dict):
+            table = data.setdefault(key, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"[{key}] must be a table")
+            table.update(value)
+        else:
+            data[key] = value
     return data, sources
 
 

@@ -24,12 +24,11 @@ from aiohttp import web
 from specproxy.admin import load_admin_token
 from specproxy.app import create_app
 from specproxy.appkeys import METRICS_VIEW, REGISTRY
-from specproxy.blas import limit_blas_threads
 from specproxy.config import Config, load_toml
-from specproxy.config_env import env_settings, name_variable, variable_name
+from specproxy.config_env import file_and_env, name_variable, variable_name
 from specproxy.errors import ConfigError
 from specproxy.fleet.workers import merged_metrics, supervise, this_worker, worker_argv
-from specproxy.malloc import pin_malloc_thresholds
+from specproxy.stats.job.supervisor import StatsChild, needs_stats_process
 
 __all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
 
@@ -139,18 +138,8 @@ def _show_config_defaults(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
     """Merge the TOML file (if any), the `SPECPROXY_*` environment (`specproxy.config_env`) and
     the flags that were given, in that order (later wins), then validate."""
-    data: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        data = load_toml(args.config)
-    env, env_sources = env_settings(os.environ if environ is None else environ)
-    for key, value in env.items():
-        if isinstance(value, dict):
-            table = data.setdefault(key, {})
-            if not isinstance(table, dict):
-                raise ConfigError(f"[{key}] must be a table")
-            table.update(value)
-        else:
-            data[key] = value
+    data: dict[str, Any] = load_toml(args.config) if getattr(args, "config", None) else {}
+    data, env_sources = file_and_env(data, os.environ if environ is None else environ)
     for dest, (section, name) in _FLAG_SETTINGS.items():
         value = getattr(args, dest, None)
         if value is None:
@@ -179,10 +168,10 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1 and worker is None:
         if cfg.port == 0:
             raise ConfigError("--workers needs a fixed --port: the workers share it")
-        return supervise(worker_argv(sys.argv[1:]), args.workers)
+        # One stats process for all the workers, started here; they only follow its results.
+        child = StatsChild(cfg) if needs_stats_process(cfg) else None
+        return supervise(worker_argv(sys.argv[1:]), args.workers, stats_child=child)
     admin_token = load_admin_token()
-    pin_malloc_thresholds()  # RSS stays at the live data, ticks do not page-fault (`malloc`)
-    limit_blas_threads()  # the stats job's matrix products leave the other cores alone (`blas`)
     # Bind before anything starts, so a port in use is one error line and exit 2, and the
     # "serving" line below is logged only once the proxy really listens. Workers share the
     # port (SO_REUSEPORT: the kernel spreads connections over them).

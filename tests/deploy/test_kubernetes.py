@@ -5,6 +5,7 @@ program (ports, probe paths, UID, drain time, config)."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import inspect
 import re
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from specproxy import serve
 from specproxy.config import Config
+from specproxy.stats.job.supervisor import BLAS_VARIABLES
 from tests.deploy.kube import OVERLAYS, REPO, find, render, schema_errors
 
 Obj = dict[str, Any]
@@ -29,10 +31,13 @@ EXPECTED_KINDS = {
     "Service",
     "Deployment",
     "PodDisruptionBudget",
-    "HorizontalPodAutoscaler",
     "ServiceMonitor",
     "PrometheusRule",
 }
+# production: proxies that scale, and the stats Deployment; demo: one SQLite pod, no autoscaler
+OVERLAY_KINDS = {"demo": EXPECTED_KINDS, "production": EXPECTED_KINDS | {"HorizontalPodAutoscaler"}}
+STATS_COMMAND = ["specproxy", "stats"]
+STATS_ARGS = ["--follow", "--config", "/etc/specproxy/specproxy.toml"]
 # aiohttp's graceful shutdown: run_app waits this long for in-flight requests (serve.run keeps it).
 DRAIN_S = inspect.signature(web.run_app).parameters["shutdown_timeout"].default
 
@@ -47,6 +52,25 @@ def proxy_container(objects: list[Obj]) -> Obj:
     containers: list[Obj] = deployment["spec"]["template"]["spec"]["containers"]
     [container] = containers
     return container
+
+
+def stats_deployment(objects: list[Obj]) -> Obj | None:
+    """The `specproxy stats --follow` Deployment, if the overlay has one."""
+    found = [
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "specproxy-stats"
+    ]
+    return found[0] if found else None
+
+
+def store_secret_url(objects: list[Obj]) -> str | None:
+    """The store URL of a rendered Secret (the demo's); None when the operator creates it."""
+    secrets = [o for o in objects if o["kind"] == "Secret"]
+    if not secrets:
+        return None
+    [secret] = secrets
+    return base64.b64decode(secret["data"]["url"]).decode()
 
 
 def config_toml(objects: list[Obj]) -> str:
@@ -75,7 +99,23 @@ def workload_problems(objects: list[Obj]) -> list[str]:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     cfg = tomllib.loads(config_toml(objects))
 
-    check(deployment["spec"]["replicas"] >= 2, "fewer than 2 replicas")
+    # Who computes the statistics: a stats Deployment beside proxies that only follow, or, for
+    # a store no other pod can read (the demo's SQLite on an emptyDir), one proxy pod's child.
+    compute = cfg.get("stats", {}).get("compute", "child")
+    stats = stats_deployment(objects)
+    hpas = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    local_store = (store_secret_url(objects) or "").startswith("sqlite:")
+    if local_store:
+        check(deployment["spec"]["replicas"] == 1, "a SQLite store is one pod: replicas must be 1")
+        check(not hpas, "a SQLite store is one pod: no autoscaler")
+        check(compute == "child", "a SQLite store is read by no other pod: compute must be child")
+        check(stats is None, "a SQLite store is read by no other pod: no stats Deployment")
+    else:
+        check(deployment["spec"]["replicas"] >= 2, "fewer than 2 replicas")
+        check(compute == "external", "proxies beside a stats Deployment: compute must be external")
+        check(stats is not None, "compute = external needs the specproxy-stats Deployment")
+    if stats is not None:
+        problems += stats_problems(objects, stats, container, spec)
     check(_matches(deployment["spec"]["selector"]["matchLabels"], pod_labels), "selector")
     check(ports.get("http") == cfg.get("port"), f"container port {ports} != config port")
     check(cfg.get("host") == "0.0.0.0", "config must listen on 0.0.0.0 in a pod")
@@ -129,16 +169,70 @@ def workload_problems(objects: list[Obj]) -> list[str]:
     for endpoint in monitor["spec"]["endpoints"]:
         check(endpoint["path"] == "/metrics", "ServiceMonitor path")
         check(endpoint["port"] in service_ports, f"ServiceMonitor port {endpoint['port']}")
-    hpa = find(objects, "HorizontalPodAutoscaler")
-    check(hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"], "HPA target")
-    check(hpa["spec"]["minReplicas"] >= 2, "HPA minReplicas")
+    for hpa in hpas:
+        target = hpa["spec"]["scaleTargetRef"]["name"]
+        check(target == deployment["metadata"]["name"], "HPA target")
+        check(hpa["spec"]["minReplicas"] >= 2, "HPA minReplicas")
+    return problems
+
+
+def stats_problems(objects: list[Obj], stats: Obj, proxy: Obj, proxy_pod: Obj) -> list[str]:
+    """The stats Deployment runs `specproxy stats --follow` with the proxies' image, config and
+    store, alone (one replica, never two during a rollout), as locked down as the proxy, and no
+    proxy Service, budget or spread selects its pods."""
+    problems: list[str] = []
+
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append("stats Deployment: " + message)
+
+    pod = stats["spec"]["template"]
+    spec = pod["spec"]
+    labels = pod["metadata"]["labels"]
+    [container] = spec["containers"]
+    check(stats["spec"]["replicas"] == 1, "replicas must be 1 (one leader computes)")
+    check(stats["spec"]["strategy"]["type"] == "Recreate", "strategy must be Recreate")
+    check(_matches(stats["spec"]["selector"]["matchLabels"], labels), "selector")
+    check(container["command"] == STATS_COMMAND, f"command {container['command']}")
+    check(container["args"] == STATS_ARGS, f"args {container['args']}")
+    check(container["image"] == proxy["image"], "image differs from the proxy's")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    proxy_volumes = {v["name"]: v for v in proxy_pod["volumes"]}
+    proxy_mounts = {m["mountPath"]: m["name"] for m in proxy["volumeMounts"]}
+    config = volumes.get(mounts.get("/etc/specproxy", ""), {}).get("configMap", {})
+    proxy_config = proxy_volumes[proxy_mounts["/etc/specproxy"]]["configMap"]
+    check(config.get("name") == proxy_config["name"], "config is not the proxies' ConfigMap")
+    env = {e["name"]: e for e in container["env"]}
+    proxy_env = {e["name"]: e for e in proxy["env"]}
+    check(
+        env.get("SPECPROXY_STORE__URL") == proxy_env["SPECPROXY_STORE__URL"],
+        "store URL is not the proxies' Secret",
+    )
+    cfg = tomllib.loads(config_toml(objects))
+    spill_dir = str(Path(cfg["store"]["spill_path"]).parent)
+    check("emptyDir" in volumes.get(mounts.get(spill_dir, ""), {}), "spill_path not on emptyDir")
+    check("emptyDir" in volumes.get(mounts.get("/tmp", ""), {}), "/tmp not on emptyDir")
+    security = spec["securityContext"]
+    check(security.get("runAsNonRoot") is True, "runAsNonRoot")
+    check(security.get("runAsUser") == dockerfile_uid(), "runAsUser != the Dockerfile's USER")
+    check(container["securityContext"].get("readOnlyRootFilesystem") is True, "readOnlyRootFs")
+    check(container["securityContext"].get("allowPrivilegeEscalation") is False, "privileges")
+    resources = container["resources"]
+    check({"cpu", "memory"} <= set(resources["requests"]), "resource requests")
+    check("memory" in resources["limits"], "memory limit")
+    check(all(env.get(v, {}).get("value") == "1" for v in BLAS_VARIABLES), "one BLAS thread")
+    selectors = [find(objects, "Service", "specproxy")["spec"]["selector"]]
+    selectors.append(find(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"])
+    selectors += [c["labelSelector"]["matchLabels"] for c in proxy_pod["topologySpreadConstraints"]]
+    check(not any(_matches(s, labels) for s in selectors), "a proxy selector selects its pods")
     return problems
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_objects_are_strictly_valid(overlay: str) -> None:
     objects = render(overlay)
-    assert {o["kind"] for o in objects} >= EXPECTED_KINDS
+    assert {o["kind"] for o in objects} >= OVERLAY_KINDS[overlay]
     errors = {f"{o['kind']}/{o['metadata']['name']}": schema_errors(o) for o in objects}
     assert {name: e for name, e in errors.items() if e} == {}
 
@@ -234,6 +328,76 @@ def test_a_mismatch_is_caught(breach: Callable[[list[Obj]], None], expected: str
     breach(objects)
     problems = workload_problems(objects)
     assert problems and all(expected in p for p in problems), problems
+
+
+def _stats(objects: list[Obj]) -> Obj:
+    stats = stats_deployment(objects)
+    assert stats is not None
+    return stats
+
+
+def _two_stats_replicas(objects: list[Obj]) -> None:
+    _stats(objects)["spec"]["replicas"] = 2
+
+
+def _rolling_stats(objects: list[Obj]) -> None:
+    _stats(objects)["spec"]["strategy"] = {"type": "RollingUpdate"}
+
+
+def _stats_args(objects: list[Obj]) -> None:
+    _stats(objects)["spec"]["template"]["spec"]["containers"][0]["args"] = ["--json"]
+
+
+def _stats_other_config(objects: list[Obj]) -> None:
+    volumes = _stats(objects)["spec"]["template"]["spec"]["volumes"]
+    next(v for v in volumes if v["name"] == "config")["configMap"]["name"] = "elsewhere"
+
+
+def _stats_selected_by_the_service(objects: list[Obj]) -> None:
+    _stats(objects)["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] = (
+        "proxy"
+    )
+
+
+def _proxies_compute_too(objects: list[Obj]) -> None:
+    _edit_config(objects, 'compute = "external"', 'compute = "child"')
+
+
+def _no_stats_deployment(objects: list[Obj]) -> None:
+    objects.remove(_stats(objects))
+
+
+@pytest.mark.parametrize(
+    ("breach", "expected"),
+    [
+        (_two_stats_replicas, "replicas must be 1"),
+        (_rolling_stats, "Recreate"),
+        (_stats_args, "args"),
+        (_stats_other_config, "ConfigMap"),
+        (_stats_selected_by_the_service, "selects its pods"),
+        (_proxies_compute_too, "compute must be external"),
+        (_no_stats_deployment, "needs the specproxy-stats Deployment"),
+    ],
+)
+def test_a_stats_deployment_mismatch_is_caught(
+    breach: Callable[[list[Obj]], None], expected: str
+) -> None:
+    objects = copy.deepcopy(render("production"))
+    assert workload_problems(objects) == []
+    breach(objects)
+    problems = workload_problems(objects)
+    assert problems and any(expected in p for p in problems), problems
+
+
+def test_the_demo_is_one_pod_that_computes_its_own_statistics() -> None:
+    objects = render("demo")
+    assert stats_deployment(objects) is None
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    assert find(objects, "Deployment", "specproxy")["spec"]["replicas"] == 1
+    assert tomllib.loads(config_toml(objects))["stats"]["compute"] == "child"
+    two = copy.deepcopy(objects)
+    find(two, "Deployment", "specproxy")["spec"]["replicas"] = 2
+    assert any("replicas must be 1" in p for p in workload_problems(two))
 
 
 def test_drain_is_aiohttps_default() -> None:

@@ -209,12 +209,12 @@ def test_memory_and_store_stay_bounded(live: LiveProxy) -> None:
     # upstream serves, or "other", however many strings the clients made up
     assert len(models) > 100
     assert set(stored_models(live.workdir / "store.db", "rollup_minutes")) <= {"tiny-llama", OTHER}
-    # The first half carries one-time costs (the stats job's first numpy/scipy runs, allocator
-    # arenas): +34 to +51 MiB on a calm machine, +103 MiB in all beside two CPU hogs. A leak grows
-    # with the requests, so the second half, which repeats the first's mix, must stay nearly flat
-    # (+5 MiB on a calm machine); retaining the hostile bodies or model strings would add
-    # gigabytes. Before `specproxy.malloc` fixed glibc's mmap threshold, the second half grew by
-    # up to 117 MiB on CI: every stats tick left its freed numpy buffers resident in the heap.
+    # The first half carries one-time costs (allocator arenas, warm caches). A leak grows with
+    # the requests, so the second half, which repeats the first's mix, must stay nearly flat;
+    # retaining the hostile bodies or model strings would add gigabytes. The statistics run in
+    # serve's stats process, not here: their numpy buffers no longer count in the proxy's RSS
+    # (when they did, the second half grew by up to 117 MiB on CI before glibc's thresholds
+    # were pinned).
     assert live.rss_half is not None
     assert rss_after - live.rss_before < 256 * MiB
     assert rss_after - live.rss_half < 64 * MiB, (live.rss_before, live.rss_half, rss_after)

@@ -137,3 +137,72 @@ async def test_two_workers_one_port_one_view_and_no_orphans() -> None:
             for w in workers:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w, signal.SIGKILL)
+
+
+def stats_processes(pids: list[int]) -> list[int]:
+    """Those of `pids` that run `specproxy stats --follow`."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if b"--follow" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                found.append(pid)
+    return found
+
+
+async def test_workers_share_one_stats_process_started_by_their_parent(tmp_path: Path) -> None:
+    """With a SQLite store and `compute = "child"`, the parent starts exactly one stats process
+    (no worker starts its own: they run as "external"); every worker serves its results; it
+    dies with the parent."""
+    port = _free_port()
+    dead = "http://127.0.0.1:9"  # the arms need not answer for the statistics
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "specproxy", "serve", "--workers", "2", "--port", str(port),
+        "--baseline", dead, "--speculative", dead, "--store", f"sqlite:///{tmp_path}/s.db",
+        cwd=tmp_path,
+        env={**os.environ, "SPECPROXY_STATS__INTERVAL_S": "0.5"},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    everyone: list[int] = []
+    try:
+        for _ in range(1200):  # a slow machine only takes longer
+            kids = children(proc.pid)
+            started = [k for k in kids if "SPECPROXY_WORKER_INDEX" in worker_environ(k)]
+            if len(kids) == 3 and stats_processes(kids) and len(started) == 2:  # all exec'ed
+                break
+            await asyncio.sleep(0.1)
+        kids = children(proc.pid)
+        [stats] = stats_processes(kids)
+        workers = [k for k in kids if k != stats]
+        assert len(workers) == 2
+        for worker in workers:
+            assert worker_environ(worker)["SPECPROXY_STATS__COMPUTE"] == "external"
+            assert not stats_processes(children(worker))  # no worker has a child of its own
+        connector = aiohttp.TCPConnector(force_close=True)  # a new connection each time
+        async with aiohttp.ClientSession(connector=connector) as session:
+            answers = 0
+            for _ in range(1200):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(url + "/api/stats") as resp:
+                        answers = answers + 1 if resp.status == 200 else 0
+                if answers >= 6:  # several in a row: whichever worker answered has it
+                    break
+                await asyncio.sleep(0.1)
+            assert answers >= 6
+        assert stats_processes(children(proc.pid)) == [stats]  # still the one
+        everyone = [*kids, *(c for k in kids for c in children(k))]
+        os.kill(proc.pid, signal.SIGKILL)  # no cleanup code runs in the parent
+        await proc.wait()
+        for _ in range(600):
+            if not any(alive(p) for p in everyone):
+                break
+            await asyncio.sleep(0.05)
+        assert not any(alive(p) for p in everyone), "a process outlived its parent"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for p in everyone:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)

@@ -1,4 +1,5 @@
-"""`specproxy stats` (`stats.cli`): compute once from a store, as JSON and as text."""
+"""`specproxy stats` (`stats.cli`): compute once from a store, as JSON and as text, with the
+settings stored with the run's latest result, the proxy's config file, or flags."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any, cast
 
+import numpy as np
 import pytest
 
 from specproxy.cli import main
-from specproxy.config import StoreConfig
-from specproxy.records import Arm, GpuSample
+from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
+from specproxy.records import Arm, GpuSample, RequestRecord
 from specproxy.scrape.dcgm import combine_readings, parse_dcgm
+from specproxy.stats.job.runner import StatsJob
 from tests.stats.job.runs import RUN
 from tests.stats.job.runs import records as _records
 
@@ -103,3 +107,125 @@ def test_cli_diagnoses_the_gpu_samples_the_store_holds(
     else:
         assert window["engine"]["speculative"]["gpu"] is None
         assert not codes & gpu_codes and skipped == gpu_codes
+
+
+def _slower_p99_records(n: int = 8000) -> list[RequestRecord]:
+    """Every speculative latency 10 % above the baseline's distribution, over ~67 minutes: its
+    anytime-valid P99 test says slower at p99_tolerance 0, inconclusive at 0.05."""
+    rng = np.random.default_rng(1)
+    out = []
+    for i in range(n):
+        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
+        e2e = float(rng.lognormal(0.0, 0.3)) * (1.1 if arm is Arm.SPECULATIVE else 1.0)
+        out.append(
+            RequestRecord(
+                request_id=f"q{i}",
+                run_id=RUN,
+                arm=arm,
+                t_start=1000.0 + i * 0.5,
+                model="m",
+                endpoint="chat.completions",
+                stream=True,
+                status=200,
+                e2e_s=e2e,
+                upstream_s=e2e,
+                ttft_s=e2e / 5,
+                tpot_s=e2e / 100,
+                prompt_tokens=20,
+                output_tokens=100,
+            )
+        )
+    return out
+
+
+LIVE = StatsConfig(
+    windows_s=(3600.0, None),
+    p99_tolerance=0.0,
+    alpha=0.04,
+    resamples=200,
+    seed=7,
+)
+
+
+async def _live_tick(db: str) -> dict[str, Any]:
+    """What a proxy served with `LIVE` computed and stored (the stats process's `run_once`)."""
+    from specproxy.store.factory import open_store
+
+    store = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
+    await store.start()
+    for rec in _slower_p99_records():
+        store.record(rec)
+    await store.flush()
+    job = StatsJob(
+        store,
+        run_id=RUN,
+        stats_cfg=LIVE,
+        warmup=WarmupConfig(requests=0),
+        clock=lambda: 1000.0 + 8000 * 0.5,
+    )
+    result = await job.run_once()
+    await job.close()
+    await store.close()
+    return cast(dict[str, Any], result)
+
+
+def _p99(result: dict[str, Any]) -> str:
+    verdict: str = result["results"]["all"]["all"]["metrics"]["e2e"]["sequential"]["p99"]["verdict"]
+    return verdict
+
+
+def test_once_reproduces_the_live_verdict_with_the_stored_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The defect: a proxy served with p99_tolerance = 0 said slower live, and `specproxy stats`
+    on the same store said inconclusive at the default 0.05."""
+    db = str(tmp_path / "s.db")
+    live = asyncio.run(_live_tick(db))
+    assert _p99(live) == "slower"
+    assert main(["stats", "--store", f"sqlite:///{db}", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"] == live["settings"]  # tolerance, alpha, resamples, seed, warm-up
+    assert list(out["results"]["all"]) == ["1h", "all"]  # the windows it compared
+    assert _p99(out) == "slower"
+    # same rows, same settings: the same estimates and verdicts (the bootstrap's draws also
+    # depend on the other windows, whose end the live tick took from its clock)
+    for metric, block in live["results"]["all"]["all"]["metrics"].items():
+        once = out["results"]["all"]["all"]["metrics"][metric]
+        assert once["verdict"] == block["verdict"], metric
+        for stat, ci in block["speedup"].items():
+            assert once["speedup"][stat]["estimate"] == ci["estimate"], (metric, stat)
+    # the config's settings instead (here the defaults): what it said before
+    assert main(["stats", "--store", f"sqlite:///{db}", "--json", "--settings", "config"]) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert own["settings"]["p99_tolerance"] == 0.05 and _p99(own) == "inconclusive"
+    # a flag wins over the stored settings
+    flags = ["--json", "--p99-tolerance", "0.05", "--resamples", "300"]
+    assert main(["stats", "--store", f"sqlite:///{db}", *flags]) == 0
+    flagged = json.loads(capsys.readouterr().out)
+    assert flagged["settings"]["p99_tolerance"] == 0.05 and flagged["settings"]["resamples"] == 300
+    assert flagged["settings"]["alpha"] == LIVE.alpha  # the rest stays stored
+
+
+def test_once_honours_the_proxys_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "s.db"
+    asyncio.run(_store_run(str(db)))  # records only, no stored result: the config's settings
+    config = tmp_path / "specproxy.toml"
+    config.write_text(
+        'baseline_url = "http://127.0.0.1:9"\nspeculative_url = "http://127.0.0.1:9"\n'
+        f'run_id = "{RUN}"\n[store]\nurl = "sqlite:///{db}"\n'
+        '[stats]\nresamples = 250\nwindows_s = ["all"]\nalpha = 0.02\n'
+    )
+    monkeypatch.setenv("SPECPROXY_STATS__SEED", "11")  # the environment applies as for serve
+    assert main(["stats", "--config", str(config), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["run_id"] == RUN and list(out["results"]["all"]) == ["all"]
+    settings = out["settings"]
+    assert (settings["resamples"], settings["alpha"], settings["seed"]) == (250, 0.02, 11)
+    assert main(["stats", "--config", str(config), "--json", "--alpha", "0.03"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["alpha"] == 0.03
+    bad = tmp_path / "bad.toml"
+    bad.write_text(config.read_text().replace("alpha = 0.02", "alpha = 0.9"))
+    assert main(["stats", "--config", str(bad)]) == 2
+    assert "stats.alpha" in capsys.readouterr().err

@@ -1,10 +1,19 @@
-"""The stats job wired into the proxy app: traffic in, /api/stats and the speedup gauges out."""
+"""The statistics wired into the proxy app: on memory:// the job runs inside (traffic in,
+/api/stats and the speedup gauges out); on a shared store the proxy only follows what a stats
+process stored, and never loads the statistics."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -13,9 +22,15 @@ from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpServer
 
 from specproxy.app import create_app
+from specproxy.appkeys import STATS_JOB
 from specproxy.config import ArmConfig, Config, ScrapeConfig, StatsConfig, StoreConfig, WarmupConfig
 from specproxy.emulator import EmulatorConfig, run_emulator
 from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.stats import context
+from specproxy.stats.job.supervisor import StatsChild
+from specproxy.store.factory import open_store
+from tests.fake_openai import FakeOpenAI
+from tests.proctree import descendants
 from tests.scrape.fakes import FakeMetricsServer
 
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
@@ -134,3 +149,109 @@ async def test_gpu_telemetry_of_an_arm_reaches_api_stats(aiohttp_server: Aiohttp
     assert window["engine"]["baseline"]["gpu"] is None
     codes = {r["code"] for r in window["diagnosis"]["reasons"]}
     assert {"memory_bandwidth_saturated", "thermal_throttling"} <= codes
+
+
+# ---- a proxy on a shared store: it follows, it does not compute ------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _proxy_imports(tmp_path: Path, compute: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.stats.proxy_imports", f"sqlite:///{tmp_path}/s.db", compute,
+         str(tmp_path / "spill.jsonl")],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    assert report["statuses"]["chat 200"] == 40 and report["statuses"]["/metrics"] == 200
+    return report
+
+
+@pytest.mark.parametrize("compute", ["external", "child"])
+def test_the_proxy_process_never_loads_numpy_or_scipy(tmp_path: Path, compute: str) -> None:
+    """Nothing of the statistics loads in a proxy whose store is shared, whether it starts a
+    stats process or not: the write path (records, summaries, the store) is numpy-free. With the
+    statistics inside the proxy (before `stats.job.process`), stats.* imported both."""
+    report = _proxy_imports(tmp_path, compute)
+    assert not report["loaded"]["scipy"], report["imports"]
+    assert not report["loaded"]["numpy"], report["imports"]
+    assert report["imports"] == []
+
+
+async def test_an_external_stats_process_result_is_served_and_nothing_starts(
+    tmp_path: Path,
+) -> None:
+    cfg = Config(
+        baseline_url="http://127.0.0.1:9",
+        speculative_url="http://127.0.0.1:9",
+        run_id="ext",
+        store=StoreConfig(url=f"sqlite:///{tmp_path}/s.db", spill_path=f"{tmp_path}/spill"),
+        stats=StatsConfig(interval_s=0.1, compute="external"),
+    )
+    registry = CollectorRegistry()
+    app = create_app(cfg, registry=registry)
+    async with TestClient(TestServer(app)) as client:
+        assert STATS_JOB not in app and not _follow_processes()
+        resp = await client.get("/api/stats")
+        assert resp.status == 503 and "no statistics yet" in await resp.text()
+        # what an external `specproxy stats --follow` writes into the shared store
+        other = open_store(cfg.store, run_id="ext")
+        await other.start()
+        now = time.time()
+        stored: dict[str, Any] = {"computed_at": now, "run_id": "ext", "results": {}}
+        await other.write_stats(run_id="ext", t=now, result=stored)
+        await other.close()
+        for _ in range(3000):  # a slow machine only takes longer
+            resp = await client.get("/api/stats")
+            if resp.status == 200:
+                break
+            await asyncio.sleep(0.02)
+        assert await resp.json() == stored
+        assert registry.get_sample_value("specproxy_stats_leader") == 0.0  # it does not compute
+        last = registry.get_sample_value("specproxy_stats_last_run_timestamp_seconds")
+        assert last == stored["computed_at"]
+
+
+async def test_the_proxy_answers_while_its_stats_process_keeps_crashing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aiohttp_server: AiohttpServer
+) -> None:
+    monkeypatch.setenv("FAKE_CHILD_OUT", str(tmp_path))
+    monkeypatch.setenv("FAKE_CHILD_MODE", "crash")
+    fake = Path(__file__).parent / "job" / "fake_stats_child.py"
+    monkeypatch.setattr(
+        context, "StatsChild", functools.partial(StatsChild, program=(sys.executable, str(fake)))
+    )
+    upstream = str((await aiohttp_server(FakeOpenAI(model="m").app())).make_url("")).rstrip("/")
+    cfg = Config(
+        baseline_url=upstream,
+        speculative_url=upstream,
+        store=StoreConfig(url=f"sqlite:///{tmp_path}/s.db", spill_path=f"{tmp_path}/spill"),
+    )
+    registry = CollectorRegistry()
+    async with TestClient(TestServer(create_app(cfg, registry=registry))) as client:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        for _ in range(200):  # until the stats process crashed at least twice
+            resp = await client.post("/v1/chat/completions", json=body)
+            assert resp.status == 200
+            await resp.read()
+            if _starts(tmp_path) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        assert _starts(tmp_path) >= 2  # started again after its crash
+        assert (await client.get("/healthz")).status == 200
+        assert (await client.get("/api/stats")).status == 503  # no result: said, not failed
+        assert registry.get_sample_value("specproxy_stats_leader") is None  # unknown
+
+
+def _starts(out: Path) -> int:
+    """How many times the stand-in stats process started (one record each)."""
+    return len(list(out.glob("*.json")))
+
+
+def _follow_processes() -> list[int]:
+    return [
+        pid
+        for pid, _ in descendants(os.getpid())
+        if b"--follow" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    ]

@@ -6,15 +6,16 @@ status (the supervisor above, systemd or Kubernetes, restarts the whole pod). Ea
 (`SPECPROXY_WORKER_DIR`/`SPECPROXY_WORKER_INDEX` in its environment) is a complete proxy:
 
 - it listens on the shared port with SO_REUSEPORT, so the kernel spreads connections;
-- it has its own store writer, engine scraper and endpoint pools; the stats job elects one
-  leader across workers through the store (`stats.leader`: PostgreSQL advisory lock, or a file
-  lock beside a SQLite database);
+- it has its own store writer, engine scraper and endpoint pools, and serves the statistics
+  the one stats process stores: with `[stats] compute = "child"` this parent starts that process
+  (`stats.job.supervisor.StatsChild`, restarted when it dies, stopped last) and runs the workers
+  with `SPECPROXY_STATS__COMPUTE=external`, so none starts its own;
 - it also listens on a private Unix socket in the worker directory, where its siblings read
   its own registry (`GET /metrics?local=1`); whichever worker answers a scrape merges every
   worker's page (`merge.merge_pages`). Each worker's registry stays a plain single-process one,
   so the request path's lock-free histograms are untouched.
 
-Workers get SIGKILL from the kernel when the parent dies, however it dies
+Workers and the stats process get SIGKILL from the kernel when the parent dies, however it dies
 (`children.die_with_parent`), so nothing is orphaned even after SIGKILL of the parent.
 """
 
@@ -33,6 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
@@ -40,7 +42,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from specproxy.children import die_with_parent
 from specproxy.fleet.merge import merge_pages
 
+if TYPE_CHECKING:
+    from specproxy.stats.job.supervisor import StatsChild
+
 __all__ = [
+    "STATS_COMPUTE_ENV",
     "WORKER_DIR_ENV",
     "WORKER_INDEX_ENV",
     "Worker",
@@ -50,6 +56,7 @@ __all__ = [
     "worker_argv",
 ]
 
+STATS_COMPUTE_ENV = "SPECPROXY_STATS__COMPUTE"
 WORKER_DIR_ENV = "SPECPROXY_WORKER_DIR"
 WORKER_INDEX_ENV = "SPECPROXY_WORKER_INDEX"
 _PEER_TIMEOUT_S = 5.0
@@ -91,8 +98,9 @@ def worker_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def supervise(argv: Sequence[str], workers: int) -> int:
-    """Run `python -m specproxy *argv` `workers` times until they exit; their exit status."""
+def supervise(argv: Sequence[str], workers: int, *, stats_child: StatsChild | None = None) -> int:
+    """Run `python -m specproxy *argv` `workers` times until they exit; their exit status.
+    `stats_child`: the stats process this parent runs for them (started first, stopped last)."""
     parent = os.getpid()
     directory = tempfile.mkdtemp(prefix="specproxy-workers-")
     procs: list[subprocess.Popen[bytes]] = []
@@ -101,6 +109,8 @@ def supervise(argv: Sequence[str], workers: int) -> int:
     def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
+        if stats_child is not None:
+            stats_child.terminate()
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signum)
@@ -108,8 +118,12 @@ def supervise(argv: Sequence[str], workers: int) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     status = 0
     try:
+        base_env = dict(os.environ)
+        if stats_child is not None:
+            stats_child.poll()  # starts it
+            base_env[STATS_COMPUTE_ENV] = "external"
         for index in range(workers):
-            env = {**os.environ, WORKER_DIR_ENV: directory, WORKER_INDEX_ENV: str(index)}
+            env = {**base_env, WORKER_DIR_ENV: directory, WORKER_INDEX_ENV: str(index)}
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "specproxy", *argv],
@@ -122,12 +136,16 @@ def supervise(argv: Sequence[str], workers: int) -> int:
             if dead is not None and not stopping:  # a worker died on its own: stop the rest
                 status = dead.returncode or 1
                 forward(signal.SIGTERM, None)
+            if stats_child is not None:
+                stats_child.poll()  # restarts it if it died
             time.sleep(_POLL_S)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if stats_child is not None:
+            stats_child.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(directory, ignore_errors=True)

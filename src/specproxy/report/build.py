@@ -139,7 +139,7 @@ async def collect(
     last = history[-1][1] if history else None
     warmup = warmup or WarmupConfig()
     if last is not None:
-        settings, warmup = configs_of(last["settings"], settings, warmup)
+        settings, warmup = configs_of(last, settings, warmup)
     until = last["window_end"] if last is not None else None
     data = _gather(run_id, arrays, engine, settings, warmup, _unit_s(last), until=until)
     if last is None or not _consistent(last, data):

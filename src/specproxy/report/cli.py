@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
-from specproxy.report.build import write_report
+from specproxy.extras import require
 
 __all__ = ["configure", "run"]
 
@@ -30,6 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("matplotlib", "specproxy report")  # before anything is read or written
+    from specproxy.report.build import write_report
     from specproxy.store.sqlite import require_existing_store
 
     require_existing_store(args.store)

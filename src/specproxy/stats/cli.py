@@ -1,4 +1,11 @@
-"""`specproxy stats --store URL`: compute the comparison once from a store and print it.
+"""`specproxy stats`: compute the comparison once from a store and print it, or, with
+`--follow`, keep computing it (the process beside the proxies: `stats.job.process`).
+
+Settings (`stats.job.settings`): `--config` reads the same TOML as `specproxy serve` and the
+`SPECPROXY_*` variables apply as there. Once, by default, the settings stored with the run's
+latest result win over the config's (`--settings config` keeps the config's), so the analysis
+reproduces what the proxy said live; flags win over both. `--follow` computes with the config's
+settings, as the proxy's own stats process does.
 
 The text report gives, per model and window, the design, the sample sizes, each metric's verdict
 and speedup CIs, and the diagnosis; `--json` prints the full result (schema in `stats.result`).
@@ -8,24 +15,88 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import datetime
+import logging
+import os
+from typing import Any
 
-from specproxy.config import StatsConfig, StoreConfig
-from specproxy.stats.job.runner import compute_stats
+from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
+from specproxy.errors import ConfigError
+from specproxy.stats.job.follower import StatsHistory
+from specproxy.stats.job.settings import StatsSettings, child_settings, command_settings
 from specproxy.stats.result import P99Verdict, StatsResult, TwoSampleP99, to_json
 
 __all__ = ["configure", "run"]
 
+log = logging.getLogger(__name__)
+
+# flag destination -> [stats] setting it overrides
+_STATS_FLAGS = {
+    "resamples": "resamples",
+    "seed": "seed",
+    "alpha": "alpha",
+    "confidence": "confidence",
+    "p99_tolerance": "p99_tolerance",
+}
+# flag destination -> [warmup] setting it overrides
+_WARMUP_FLAGS = {"warmup_requests": "requests"}
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--store", default=StoreConfig().url, help="store URL (sqlite:///, postgresql://)"
+    add = parser.add_argument
+    add("--config", metavar="FILE.toml", help="the proxy's TOML config (store, run, [stats])")
+    add(
+        "--store",
+        metavar="URL",
+        help="store URL (sqlite:///, postgresql://) "
+        f"(default: the config's, else {StoreConfig().url})",
     )
-    parser.add_argument("--run-id", help="run to analyse (default: the only run, else 'default')")
-    parser.add_argument("--json", action="store_true", help="print the full JSON result")
-    parser.add_argument(
-        "--resamples", type=int, default=StatsConfig().resamples, help="bootstrap resamples"
+    add(
+        "--run-id", help="run to analyse (default: the config's, else the only run, else 'default')"
     )
-    parser.add_argument("--seed", type=int, default=StatsConfig().seed, help="bootstrap seed")
+    add("--json", action="store_true", help="print the full JSON result")
+    add(
+        "--settings",
+        choices=("stored", "config"),
+        default="stored",
+        help="once: the settings stored with the run's latest result over the config's, or the "
+        "config's alone",
+    )
+    add(
+        "--follow",
+        action="store_true",
+        help="keep computing every stats.interval_s while this "
+        "process leads the run, storing each result (until SIGTERM)",
+    )
+    add("--resamples", type=int, help="bootstrap resamples")
+    add("--seed", type=int, help="bootstrap seed")
+    add("--alpha", type=float, help="error rate of the anytime-valid tests")
+    add("--confidence", type=float, help="confidence level of the intervals")
+    add("--p99-tolerance", type=float, help="slower means spec P99 > baseline P99 x (1 + this)")
+    add("--warmup-requests", type=int, help="first requests per arm left out")
+    # serve's own stats process (stats.job.supervisor): never given by hand
+    add("--child-of", type=int, metavar="PID", help=argparse.SUPPRESS)
+    add("--status-fd", type=int, metavar="FD", help=argparse.SUPPRESS)
+
+
+def _with_flags(
+    args: argparse.Namespace, stats: StatsConfig, warmup: WarmupConfig
+) -> tuple[StatsConfig, WarmupConfig]:
+    """`stats` and `warmup` with the flags given (validated as the config is)."""
+
+    def given(flags: dict[str, str]) -> dict[str, Any]:
+        return {name: getattr(args, d) for d, name in flags.items() if getattr(args, d) is not None}
+
+    return (
+        dataclasses.replace(stats, **given(_STATS_FLAGS)),
+        dataclasses.replace(warmup, **given(_WARMUP_FLAGS)),
+    )
+
+
+def _flagged(args: argparse.Namespace, settings: StatsSettings) -> StatsSettings:
+    stats, warmup = _with_flags(args, settings.stats, settings.warmup)
+    return dataclasses.replace(settings, stats=stats, warmup=warmup)
 
 
 def _p99_line(p99: P99Verdict) -> str:
@@ -75,25 +146,66 @@ def _text_report(result: StatsResult) -> str:
     return "\n".join(lines)
 
 
-async def _run_once(args: argparse.Namespace) -> StatsResult:
+async def _latest_stored(store: StatsHistory, run_id: str) -> dict[str, Any] | None:
+    newest = await store.latest_stats(run_id=run_id)
+    return None if newest is None else newest[1]
+
+
+async def _run_once(args: argparse.Namespace, settings: StatsSettings) -> StatsResult:
+    from specproxy.stats.job.runner import compute_stats
+    from specproxy.stats.job.tick import configs_of
     from specproxy.store.factory import open_store
     from specproxy.store.sqlite import require_existing_store
 
-    stats_cfg = StatsConfig(resamples=args.resamples, seed=args.seed)  # validated before I/O
-    require_existing_store(args.store)
-    store = open_store(StoreConfig(url=args.store))
+    require_existing_store(settings.store.url)
+    store = open_store(settings.store)
     await store.start(read_only=True)
     try:
-        run_id = args.run_id
+        run_id = settings.run_id
         if run_id is None:
             runs = await store.run_ids()
             run_id = runs[0] if len(runs) == 1 else "default"
-        return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg)
+        stats_cfg, warmup = settings.stats, settings.warmup
+        stored = await _latest_stored(store, run_id) if args.settings == "stored" else None
+        if stored is not None:
+            stats_cfg, warmup = _with_flags(args, *configs_of(stored, stats_cfg, warmup))
+            at = datetime.datetime.fromtimestamp(float(stored["computed_at"]), datetime.UTC)
+            log.info(
+                "stats: the settings of the run's result stored at %s (p99_tolerance %g, "
+                "alpha %g, resamples %d); --settings config for the config's",
+                at.isoformat(timespec="seconds"),
+                stats_cfg.p99_tolerance,
+                stats_cfg.alpha,
+                stats_cfg.resamples,
+            )
+        return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg, warmup=warmup)
     finally:
         await store.close()
 
 
+def _follow(args: argparse.Namespace) -> int:
+    if args.child_of is not None:
+        from specproxy.children import die_with_parent
+        from specproxy.stats.job.supervisor import NICENESS
+
+        die_with_parent(args.child_of)  # first: it must not outlive serve, even a SIGKILLed one
+        os.nice(NICENESS)
+        settings = child_settings()
+    else:
+        settings = command_settings(args.config, store_url=args.store, run_id=args.run_id)
+    settings = _flagged(args, settings)
+    if settings.store.url.startswith("memory:"):
+        raise ConfigError("--follow needs a shared store: a memory:// store lives in one process")
+    from specproxy.stats.job.process import run_follow  # numpy, scipy: after die_with_parent
+
+    return run_follow(settings, status_fd=args.status_fd)
+
+
 def run(args: argparse.Namespace) -> int:
-    result = asyncio.run(_run_once(args))
+    if args.follow:
+        return _follow(args)
+    settings = command_settings(args.config, store_url=args.store, run_id=args.run_id)
+    settings = _flagged(args, settings)  # validated before any I/O
+    result = asyncio.run(_run_once(args, settings))
     print(to_json(result, indent=2) if args.json else _text_report(result))
     return 0

@@ -234,11 +234,11 @@ async def test_configs_of_a_stored_result_reproduce_its_settings() -> None:
     live = StatsConfig(p99_tolerance=0.0, alpha=0.01, resamples=500, windows_s=(600.0, None))
     warm = WarmupConfig(requests=7, restart_requests=3, restart_seconds=1.5)
     stored = json.loads(json.dumps(result_settings(live, warm)))
-    stats, warmup = configs_of(stored, StatsConfig(), WarmupConfig())
+    stats, warmup = configs_of({"settings": stored}, StatsConfig(), WarmupConfig())
     assert stats == dataclasses.replace(live, interval_s=StatsConfig().interval_s)
     assert warmup == warm
     # an older result without some keys keeps the given values for them
-    old = {"resamples": 300}
+    old = {"settings": {"resamples": 300}}
     assert configs_of(old, StatsConfig(), warm) == (StatsConfig(resamples=300), warm)
 
 

@@ -1,10 +1,11 @@
 """The periodic statistics job (`compute_stats` each interval) and its latest result.
 
-Every `stats.interval_s` the elected leader (`leader.Leadership`) computes a tick (`tick`), keeps
-each window's anytime-valid evidence across ticks (`DecisionMemory`), appends the result to the
-store's history and compacts the run's closed summaries; every other process serves the latest
-result the leader stored (same JSON, same `computed_at`), and asks again each interval, which is
-how it takes over within one interval when the leader dies.
+It runs in the process that computes (`specproxy stats --follow`, `process`; inside the proxy
+only for a `memory://` store). Every `stats.interval_s` the elected leader (`leader.Leadership`)
+computes a tick (`tick`), keeps each window's anytime-valid evidence across ticks
+(`DecisionMemory`), appends the result to the store's history and compacts the run's closed
+summaries; the others ask again every interval, which is how one takes over within an interval
+when the leader dies. Proxies serve the latest stored result (`follower.StatsFollower`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ log = logging.getLogger(__name__)
 
 
 class StatsJob:
-    """Runs `compute_stats` every `stats_cfg.interval_s` and keeps the latest result."""
+    """Runs `compute_stats` every `stats_cfg.interval_s` while it leads, and keeps the latest
+    result. `on_leadership` hears each change of leadership (the stats process reports it to
+    the proxy that started it)."""
 
     def __init__(
         self,
@@ -50,6 +53,7 @@ class StatsJob:
         leadership: Leadership | None = None,
         model_label: Callable[[str], str] | None = None,
         gpu_samples: Callable[[], Mapping[Arm, Sequence[GpuSample]]] | None = None,
+        on_leadership: Callable[[bool], None] | None = None,
     ) -> None:
         self._store = store
         self._gpu_samples = gpu_samples  # per-arm GPU samples, read each run; None: the store's
@@ -59,6 +63,7 @@ class StatsJob:
         self._warmup = warmup
         self._clock = clock
         self._leadership = leadership
+        self._on_leadership = on_leadership
         self.leader: bool | None = None  # None until the first interval asked
         self._latest: StatsResult | None = None
         self._memory = DecisionMemory()  # each window's anytime-valid evidence across ticks
@@ -78,11 +83,11 @@ class StatsJob:
         return self._executor
 
     def is_leader(self) -> bool | None:
-        """Whether this process computed the latest result (None before the first interval)."""
+        """Whether this process computes (None before the first interval)."""
         return self.leader
 
     def latest(self) -> StatsResult | None:
-        """The last result, None before the first run."""
+        """The last result this job computed, None before the first run."""
         return self._latest
 
     async def run_once(self) -> StatsResult:
@@ -117,21 +122,15 @@ class StatsJob:
             log.exception("stats: rollup compaction failed")
         return result
 
-    async def follow_once(self) -> StatsResult | None:
-        """Publish the latest result the leader stored (recent ones only: bounded read)."""
-        since = self._clock() - 3 * self._stats_cfg.interval_s - 60.0
-        latest = await self._store.latest_stats(run_id=self._run_id, newer_than=since)
-        if latest is not None:
-            self._latest = cast(StatsResult, latest[1])  # what a leader stored
-        return self._latest
-
     async def step(self) -> StatsResult | None:
-        """One interval: compute if this process leads, else serve the leader's result."""
+        """One interval: compute if this process leads (else wait for the next interval)."""
         leader = True if self._leadership is None else await self._leadership.is_leader()
         if leader != self.leader:
-            log.info("stats: this process is %s", "the leader" if leader else "a follower")
+            log.info("stats: this process is %s", "the leader" if leader else "waiting to lead")
             self.leader = leader
-        return await (self.run_once() if leader else self.follow_once())
+            if self._on_leadership is not None:
+                self._on_leadership(leader)
+        return await self.run_once() if leader else None
 
     async def _loop(self) -> None:
         while True:

@@ -10,7 +10,6 @@ seed is its key (base seed, segment, units), so identical data draws identical r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -283,26 +282,34 @@ def result_settings(stats_cfg: StatsConfig, warmup: WarmupConfig) -> Settings:
 
 
 def configs_of(
-    settings: Mapping[str, Any], stats: StatsConfig, warmup: WarmupConfig
+    result: Mapping[str, Any], stats: StatsConfig, warmup: WarmupConfig
 ) -> tuple[StatsConfig, WarmupConfig]:
     """The configuration a stored result was computed with (its `settings`), over `stats` and
-    `warmup` for what an older result lacks: offline analysis reproduces a live result. A value
-    the configuration would refuse is left at the given one."""
+    `warmup` for what an older result lacks: offline analysis reproduces a live result.
+
+    A result without `windows_s` in its settings (older versions) gives the windows it holds,
+    shortest first and the whole run last (PostgreSQL's JSONB keeps no key order). A stored
+    value is validated as the config's own: a tampered result raises `ConfigError`."""
+    settings = result.get("settings") or {}
     stats_keys = {"resamples", "confidence", "alpha", "p99_tolerance", "seed"}
-    chosen = {k: settings[k] for k in stats_keys if k in settings}
+    chosen: dict[str, Any] = {k: settings[k] for k in stats_keys if k in settings}
     if "windows_s" in settings:
         chosen["windows_s"] = tuple(settings["windows_s"])
+    else:
+        windows = (result.get("results") or {}).get("all")
+        if isinstance(windows, Mapping) and windows:
+            lengths = {w.get("window_s") for w in windows.values() if isinstance(w, Mapping)}
+            chosen["windows_s"] = tuple(sorted(lengths, key=lambda w: (w is None, w or 0.0)))
     moved = {
         "warmup_requests": "requests",
         "restart_warmup_requests": "restart_requests",
         "restart_warmup_seconds": "restart_seconds",
     }
     kept = {new: settings[old] for old, new in moved.items() if old in settings}
-    with contextlib.suppress(ConfigError, TypeError):
-        stats = dataclasses.replace(stats, **chosen)
-    with contextlib.suppress(ConfigError, TypeError):
-        warmup = dataclasses.replace(warmup, **kept)
-    return stats, warmup
+    try:
+        return dataclasses.replace(stats, **chosen), dataclasses.replace(warmup, **kept)
+    except TypeError as exc:  # a value of the wrong type, compared in a section's check
+        raise ConfigError(f"the stored result's settings are malformed: {exc}") from exc
 
 
 async def compute_stats(
