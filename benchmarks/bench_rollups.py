@@ -1,7 +1,7 @@
 """Cost of one stats tick (every window) on a run's rollup tiers, and of a tick on raw rows.
 
 Steady state built directly (no requests), as the stats leader's compaction leaves it at `now`
-with the default `store.rollup_fine_minutes` (6) and `store.rollup_minute_hours` (3):
+with `summary.tiering.FINE_MINUTES` (6) and `MINUTE_HOURS` (3):
   * hour blocks for every whole hour before the minute tier (coarse 0.5 % histograms, drawn as a
     multinomial of `rate * 3600` requests per hour from a lognormal whose median follows a daily
     load wave);
@@ -182,12 +182,7 @@ async def build_rollups(url: str, days: float, rate: float, end_minute: int) -> 
     """The steady state at minute `end_minute` (see the module docstring)."""
     rng = np.random.default_rng(0)
     per_minute = round(rate * 60)
-    defaults = StoreConfig()
-    bounds = CompactionBounds.at(
-        end_minute * 60.0,
-        fine_minutes=defaults.rollup_fine_minutes,
-        minute_hours=defaults.rollup_minute_hours,
-    )
+    bounds = CompactionBounds.at(end_minute * 60.0)
     first = end_minute - round(days * 1440)
     first -= first % HOUR_SPAN
     t0 = time.perf_counter()
@@ -252,7 +247,9 @@ async def _tick(
     read, decode = cache.read_s - read0, cache.decode_s - decode0
     refresh = cache.refresh_s - refresh0
     compact0 = time.perf_counter()
-    moved = await store.compact(run_id=RUN, now=now, fold=fold)  # after the result, as StatsJob
+    moved = await store.compact(
+        run_id=RUN, bounds=CompactionBounds.at(now), fold=fold
+    )  # as StatsJob
     compaction = time.perf_counter() - compact0
     bounds = {
         label: f"{w.get('grid_error_bound', 0.0):.2%}"

@@ -13,6 +13,7 @@ from specproxy.config import (
     StatsConfig,
     StoreConfig,
     TimeoutConfig,
+    WarmupConfig,
     load_toml,
     section,
 )
@@ -266,3 +267,26 @@ def test_a_table_on_its_own_is_validated_as_in_the_whole_config() -> None:
         section(StatsConfig, {"alpah": 0.1}, "stats")
     with pytest.raises(ConfigError, match=r"\[stats\] must be a table"):
         section(StatsConfig, 3, "stats")
+
+
+def test_settings_that_moved_still_work_and_say_where_they_went(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    data = {
+        "baseline_url": "http://b:1",
+        "speculative_url": "http://s:2",
+        "stats": {"warmup_requests": 7, "raw_rows_max": 10},
+        "scrape": {"warmup_requests": 3, "warmup_seconds": 1.5},
+        "store": {"rollup_fine_minutes": 10, "rollup_minute_hours": 2.0},
+    }
+    with caplog.at_level("WARNING", logger="specproxy.config"):
+        cfg = Config.from_mapping(data)
+    assert cfg.warmup == WarmupConfig(requests=7, restart_requests=3, restart_seconds=1.5)
+    said = caplog.text
+    assert "stats.warmup_requests moved to [warmup] requests" in said
+    assert "scrape.warmup_seconds moved to [warmup] restart_seconds" in said
+    for gone in ("stats.raw_rows_max", "store.rollup_fine_minutes", "store.rollup_minute_hours"):
+        assert f"{gone} is no longer a setting" in said
+    # the new place wins over the old one
+    both = {**data, "warmup": {"requests": 1}}
+    assert Config.from_mapping(both).warmup.requests == 1

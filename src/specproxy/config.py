@@ -150,11 +150,6 @@ class StoreConfig:
     retention_days: float | None = None
     # per-minute rollups (the statistics of big windows); kept longer than rows. None = keep
     rollup_retention_days: float | None = None
-    # rollup tiers (the stats leader compacts): fine 0.02 % per-minute rows for this many minutes
-    # after a minute, then one 0.5 % histogram per minute; after `rollup_minute_hours` hours those
-    # merge into one per clock hour (windows reaching them use whole hours)
-    rollup_fine_minutes: int = 6
-    rollup_minute_hours: float = 3.0
 
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
@@ -176,13 +171,6 @@ class StoreConfig:
             rollup is None or (self.retention_days is not None and rollup >= self.retention_days),
             "store.rollup_retention_days",
             "needs store.retention_days and must be at least it (rollups outlive raw rows)",
-        )
-        _check(self.rollup_fine_minutes >= 2, "store.rollup_fine_minutes", "must be >= 2")
-        _check(
-            self.rollup_minute_hours >= 1
-            and self.rollup_minute_hours * 60 >= self.rollup_fine_minutes,
-            "store.rollup_minute_hours",
-            "must be >= 1 and cover store.rollup_fine_minutes",
         )
 
 
@@ -462,6 +450,8 @@ MOVED: Final[dict[tuple[str, str], tuple[str, str] | None]] = {
     ("scrape", "warmup_requests"): ("warmup", "restart_requests"),
     ("scrape", "warmup_seconds"): ("warmup", "restart_seconds"),
     ("stats", "raw_rows_max"): None,
+    ("store", "rollup_fine_minutes"): None,  # summary.tiering.FINE_MINUTES
+    ("store", "rollup_minute_hours"): None,  # summary.tiering.MINUTE_HOURS
 }
 
 

@@ -49,7 +49,10 @@ async def test_short_demo_report_matches_api_stats(tmp_path: Path) -> None:
             shown = report["figure_data"]["latency"][metric][arm]
             assert shown["n"] == final["metrics"][metric]["n"][arm]
             summary = final["metrics"][metric]["summary"][arm]
-            assert shown["median"] == pytest.approx(summary["median"])
+            # the figure's median is the rows' own, the result's is read off the grid: they
+            # agree within the bound the window states
+            bound = final["grid_error_bound"]
+            assert shown["median"] == pytest.approx(summary["median"], rel=bound)
     html = (outcome.report_dir / "index.html").read_text()
     speedup = final["metrics"]["tpot"]["speedup"]["median"]
     estimate = speedup["estimate"]

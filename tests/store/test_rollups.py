@@ -33,6 +33,11 @@ from tests.summary.helpers import block_entries, merge_batches
 T0 = 1_700_000_040.0  # a minute boundary
 
 
+def at(now: float) -> CompactionBounds:
+    """A pass's bounds with 10 fine minutes and 1 hour of 1-minute blocks (the tests' tiers)."""
+    return CompactionBounds.at(now, fine_minutes=10, minute_hours=1.0)
+
+
 def _records(n: int, prefix: str = "r", seed: int = 1) -> list[RequestRecord]:
     rng = np.random.default_rng(seed)
     out = []
@@ -299,8 +304,8 @@ def _check_all(read: TierRead, records: list[RequestRecord], metric: str = "e2e"
 
 @pytest.fixture
 async def tiered(backend_url: str, tmp_path: Path) -> AsyncIterator[BufferedStore]:
-    """A store of every backend with 10 fine minutes and 1 hour of 1-minute blocks."""
-    cfg = store_config(backend_url, tmp_path, rollup_fine_minutes=10, rollup_minute_hours=1.0)
+    """A store of every backend (compacted with `at`'s bounds)."""
+    cfg = store_config(backend_url, tmp_path)
     store = open_store(cfg, run_id="run")
     await store.start()
     yield store
@@ -320,7 +325,7 @@ async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
     records = _spread(900, 3.0, "a", 1)
     await _write(store, records)
     now = T0 + 3 * 3600
-    assert await store.compact(fold=fold, run_id="run", now=now) > 0
+    assert await store.compact(fold=fold, run_id="run", bounds=at(now)) > 0
     bounds = CompactionBounds.at(now, fine_minutes=10, minute_hours=1.0)
     for metric in ROLLUP_METRICS:
         read = await _full(store, metric)
@@ -331,10 +336,10 @@ async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
         spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
         assert spans == {(True, 60), (False, 1)}  # hours before the bound, minutes after
     before = await _full(store)
-    assert await store.compact(fold=fold, run_id="run", now=now) == 0  # idempotent
+    assert await store.compact(fold=fold, run_id="run", bounds=at(now)) == 0  # idempotent
     assert _plain(await _full(store)) == _plain(before)
     # a later pass merges the 1-minute blocks that have aged into whole hours
-    assert await store.compact(fold=fold, run_id="run", now=now + 7200) > 0
+    assert await store.compact(fold=fold, run_id="run", bounds=at(now + 7200)) > 0
     later = await _full(store)
     _check_all(later, records)
     assert {span for _s, span, *_ in later.blocks} == {60}
@@ -347,7 +352,7 @@ async def test_late_rows_are_folded_at_the_next_pass_without_double_count(
     records = _spread(600, 3.0, "a", 1)
     await _write(store, records)
     now = T0 + 3 * 3600
-    await store.compact(fold=fold, run_id="run", now=now)
+    await store.compact(fold=fold, run_id="run", bounds=at(now))
     known = await _full(store)
     versions = TierVersions(
         {(s, sp, m, a): n for s, sp, m, a, n in known.blocks},
@@ -360,7 +365,7 @@ async def test_late_rows_are_folded_at_the_next_pass_without_double_count(
     read = await _full(store)
     _check_all(read, records + late)  # seen at once, as fine rows beside the blocks
     assert any(m < now // 60 - 10 for m, *_ in read.minutes)
-    assert await store.compact(fold=fold, run_id="run", now=now) > 0
+    assert await store.compact(fold=fold, run_id="run", bounds=at(now)) > 0
     folded = await _full(store)
     _check_all(folded, records + late)
     assert all(m >= now // 60 - 10 for m, *_ in folded.minutes)
@@ -375,7 +380,7 @@ async def test_late_rows_are_folded_at_the_next_pass_without_double_count(
 async def test_rollup_retention_removes_old_blocks(tiered: BufferedStore) -> None:
     store = tiered
     await _write(store, _spread(300, 3.0, "a", 1))
-    await store.compact(fold=fold, run_id="run", now=T0 + 3 * 3600)
+    await store.compact(fold=fold, run_id="run", bounds=at(T0 + 3 * 3600))
     cut = T0 + 3600 * 2
     await store.purge_rollups_older_than(cut)
     read = await _full(store)

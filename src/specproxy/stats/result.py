@@ -183,10 +183,11 @@ class Sequential(TypedDict):
     median_faster: bool
     median_slower: bool
     verdict: Verdict
-    # whole-run window of a running job (`stats.hysteresis`): bounds are the running intersection
-    # over ticks; None/0 elsewhere (sliding windows, one-off `specproxy stats`)
+    # what the window kept across a running job's ticks (`anytime.decision.DecisionMemory`): the
+    # whole run intersects its bounds over every tick, a sliding window over the ticks within its
+    # length; None/0 for a one-off `specproxy stats`
     hysteresis: str | None  # "first" | "intersected" | "reset"
-    hysteresis_ticks: int
+    hysteresis_ticks: int  # ticks the held evidence spans
     # the tests behind `verdict`: "p99_union_bound", "p99_two_sample", "p99_exceedance",
     # "median" (absent in
     # results stored before the two-sample P99 test was wired in)

@@ -114,13 +114,8 @@ class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, abc.ABC):
     async def _compact(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         """`compact` with its bounds: one transaction; return the rows taken."""
 
-    async def compact(self, *, run_id: str, now: float, fold: Fold) -> int:
+    async def compact(self, *, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         await self._ensure_open()
-        bounds = CompactionBounds.at(
-            now,
-            fine_minutes=self.cfg.rollup_fine_minutes,
-            minute_hours=self.cfg.rollup_minute_hours,
-        )
         return await self._compact(run_id, bounds, fold)
 
     def _rejects_rows(self, exc: BaseException) -> bool:

@@ -211,10 +211,10 @@ class SummaryReader(Protocol):
         order; only arms that have any."""
 
     @abc.abstractmethod
-    async def compact(self, *, run_id: str, now: float, fold: Fold) -> int:
-        """One compaction pass of the run's rollups at time `now` (bounds from the store's
-        config), taking rows, folding them with `fold` and writing the blocks in one
-        transaction; the rows taken. Only the stats leader calls it."""
+    async def compact(self, *, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
+        """One compaction pass of the run's rollups within `bounds`, taking rows, folding them
+        with `fold` and writing the blocks in one transaction; the rows taken. Only the stats
+        leader calls it."""
 
     @abc.abstractmethod
     async def run_ids(self) -> list[str]:

@@ -12,7 +12,6 @@ from specproxy.stats.estimate.blocklength import (
     MIN_BLOCKS,
     plan_blocks,
     politis_white_block_length,
-    unit_seconds,
 )
 
 
@@ -52,9 +51,3 @@ def test_plan_doubles_politis_white_and_keeps_min_blocks() -> None:
     assert short.block_units == 1 and short.blocks == 30 and short.reliable
     tiny = plan_blocks([series[:10]], 10)
     assert not tiny.reliable
-
-
-def test_unit_is_a_minute_or_a_200th_of_a_short_window() -> None:
-    assert unit_seconds(86400.0) == 60.0
-    assert unit_seconds(600.0) == 3.0
-    assert unit_seconds(10.0) == 1.0

@@ -26,11 +26,17 @@ from specproxy.store.factory import open_store
 from specproxy.summary.compaction import fold
 from specproxy.summary.grid import COARSE_ERROR_BOUND
 from specproxy.summary.minute import ROLLUP_METRICS, usable_for_rollup
+from specproxy.summary.tiering import CompactionBounds
 from tests.stats.oracles import adjusted_hc3
 
 RUN = "r"
 M0 = 1_000_000  # first minute (a whole hour)
 NO_WARMUP = WarmupConfig(requests=0, restart_requests=0, restart_seconds=0.0)
+
+
+def at(now: float) -> CompactionBounds:
+    """A pass's bounds with 10 fine minutes and 1 hour of 1-minute blocks (the tests' tiers)."""
+    return CompactionBounds.at(now, fine_minutes=10, minute_hours=1.0)
 
 
 def _records(first: int, minutes: int, per_minute: int, prefix: str) -> list[RequestRecord]:
@@ -66,8 +72,6 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     cfg = StoreConfig(
         url=url,
         spill_path=str(tmp_path / "spill.jsonl"),
-        rollup_fine_minutes=10,
-        rollup_minute_hours=1.0,
     )
     s = open_store(cfg, run_id=RUN)
     await s.start()
@@ -110,7 +114,7 @@ async def test_a_warm_cache_holds_what_a_cold_read_gets(store: BufferedStore) ->
         await _write(store, _records(first, 50, 4, f"s{step}-"))
         if step:  # late rows for minutes compacted at an earlier pass
             await _write(store, _records(M0 + 3 * step, 5, 2, f"late{step}-"))
-        await store.compact(fold=fold, run_id=RUN, now=(first + 50) * 60.0)
+        await store.compact(fold=fold, run_id=RUN, bounds=at((first + 50) * 60.0))
         await warm.refresh(store, RUN, tuple(ROLLUP_METRICS))
         cold = await _cold(store)
         assert _canonical(warm) == _canonical(cold), step
@@ -146,7 +150,7 @@ async def test_warm_and_cold_ticks_give_the_same_result(
         first = M0 + 60 * step
         await _write(store, _records(first, 60, 4, f"s{step}-"))
         now = (first + 60) * 60.0
-        await store.compact(fold=fold, run_id=RUN, now=now)
+        await store.compact(fold=fold, run_id=RUN, bounds=at(now))
         kwargs: dict[str, Any] = {"run_id": RUN, "stats_cfg": cfg, "warmup": NO_WARMUP}
         hot = await compute_stats(store, window_end=now, cache=warm, **kwargs)
         cold = await compute_stats(store, window_end=now, **kwargs)
@@ -161,7 +165,7 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
     records = _records(M0 + 7, 180, 20, "x")
     await _write(store, records)
     now = (M0 + 187) * 60.0
-    await store.compact(fold=fold, run_id=RUN, now=now)
+    await store.compact(fold=fold, run_id=RUN, bounds=at(now))
     cfg = StatsConfig(windows_s=(None,), resamples=200)
     result = await compute_stats(store, run_id=RUN, stats_cfg=cfg, warmup=NO_WARMUP, window_end=now)
     window: Any = result["results"]["all"]["all"]
@@ -243,7 +247,9 @@ async def test_a_refresh_reads_the_other_metrics_only_when_the_first_ones_counts
     """`go_on` sees the first metric's requests per arm as the tiers will hold them (blocks and
     fine minutes, compacted or not), and a refused `go_on` leaves the other metrics unread."""
     await _write(store, _records(M0, 90, 20, "g"))
-    await store.compact(fold=fold, run_id=RUN, now=(M0 + 85) * 60.0)  # hour and minute blocks
+    await store.compact(
+        fold=fold, run_id=RUN, bounds=at((M0 + 85) * 60.0)
+    )  # hour and minute blocks
     seen: list[dict[str, int]] = []
 
     def refuse(requests: dict[str, int]) -> bool:

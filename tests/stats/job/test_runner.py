@@ -178,6 +178,38 @@ async def test_only_the_leader_computes_and_another_takes_over(store: MemoryStor
     assert wait.closed
 
 
+async def test_a_new_leader_goes_on_from_the_stored_evidence(store: MemoryStore) -> None:
+    """A crossing the old leader kept stays with the new one (a process restart likewise), but
+    not across a change of alpha: evidence holds only at the level it was gathered for."""
+    old = StatsJob(store, run_id=RUN, stats_cfg=CFG, warmup=WARMUP, clock=lambda: 1160.0)
+    assert await old.step() is not None
+    key = ("all", "all", "ttft")
+    held = old._memory._kept[key].held
+    assert held is not None and not held.slower.rejected
+    crossed = dataclasses.replace(held, slower=EProcess(9.0, held.slower.boundary, True))
+    old._memory.recall(key, crossed, at=1160.0, span_s=None)
+    stored = await old.run_once()
+    assert stored["results"]["all"]["all"]["metrics"]["ttft"]["verdict"] == "slower"
+    await old.close()
+
+    new = StatsJob(store, run_id=RUN, stats_cfg=CFG, warmup=WARMUP, clock=lambda: 1160.0)
+    first = await new.step()
+    assert first is not None
+    seq = first["results"]["all"]["all"]["metrics"]["ttft"]["sequential"]
+    assert seq is not None and seq["hysteresis"] == "intersected"
+    assert first["results"]["all"]["all"]["metrics"]["ttft"]["verdict"] == "slower"
+    await new.close()
+
+    other_alpha = dataclasses.replace(CFG, alpha=CFG.alpha / 2)
+    fresh = StatsJob(store, run_id=RUN, stats_cfg=other_alpha, warmup=WARMUP, clock=lambda: 1160.0)
+    again = await fresh.step()
+    assert again is not None
+    seq = again["results"]["all"]["all"]["metrics"]["ttft"]["sequential"]
+    assert seq is not None and seq["hysteresis"] == "first"
+    assert again["results"]["all"]["all"]["metrics"]["ttft"]["verdict"] != "slower"
+    await fresh.close()
+
+
 async def test_a_new_leader_after_failover_diagnoses_the_gpu_samples_of_the_old_one(
     pg_url: str,  # noqa: F811 - the fixture
     aiohttp_server: AiohttpServer,

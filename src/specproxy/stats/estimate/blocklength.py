@@ -3,9 +3,11 @@
     B = clip(ceil(2 b_PW), 1, max(1, floor(M / MIN_BLOCKS)))
 
 M units in the window; b_PW the Politis-White (2004) automatic block length, with the
-Patton-Politis-White (2009) correction, of each arm's per-unit mean log latency (the larger of
-the two). Twice b_PW because an under-estimated variance costs coverage; the cap keeps at least
-`MIN_BLOCKS` blocks, and a window too short for them says its block interval is unreliable.
+Patton-Politis-White (2009) correction, the largest over the per-unit series given: each arm's
+mean log latency and each statistic's influence series (`ArmSample.unit_influence`), because a
+tail can stay correlated longer than the body. Twice b_PW because an under-estimated variance
+costs coverage; the cap keeps at least `MIN_BLOCKS` blocks, and a window too short for them says
+its block interval is unreliable.
 Derivation and measurements: docs/statistics.md.
 """
 
@@ -20,26 +22,16 @@ import numpy.typing as npt
 import scipy.fft
 
 from specproxy.stats.result import TimeBlocks
-from specproxy.summary.minute import ROLLUP_UNIT_S
 
 __all__ = [
     "MIN_BLOCKS",
-    "ROLLUP_UNIT_S",
     "BlockPlan",
     "plan_blocks",
     "politis_white_block_length",
-    "unit_seconds",
 ]
 
 MIN_BLOCKS: Final = 20
 COVERAGE_FACTOR: Final = 2.0
-_UNITS_PER_SHORT_WINDOW: Final = 200
-
-
-def unit_seconds(span_s: float) -> float:
-    """Time unit for raw rows: a minute, or span/200 (at least 1 s) for windows shorter than 200
-    minutes, so a short test run still has enough units for the block rule to work with."""
-    return min(ROLLUP_UNIT_S, max(1.0, span_s / _UNITS_PER_SHORT_WINDOW))
 
 
 def politis_white_block_length(series: npt.NDArray[np.float64]) -> float:

@@ -26,10 +26,11 @@ from specproxy.stats.anytime.decision import DecisionMemory
 from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.leader import Leadership
-from specproxy.stats.job.tick import compute_stats
+from specproxy.stats.job.tick import compute_stats, stored_evidence
 from specproxy.stats.result import StatsResult
 from specproxy.store.contract import StatsStore
 from specproxy.summary.compaction import fold
+from specproxy.summary.tiering import CompactionBounds
 
 __all__ = ["StatsJob", "compute_stats"]
 
@@ -117,7 +118,8 @@ class StatsJob:
         except Exception:  # history is best effort; the live result is already published
             log.exception("stats: could not write the history row")
         try:
-            await self._store.compact(run_id=self._run_id, now=self._clock(), fold=fold)
+            bounds = CompactionBounds.at(self._clock())
+            await self._store.compact(run_id=self._run_id, bounds=bounds, fold=fold)
         except Exception:  # retried next interval; the fine rows stay until then
             log.exception("stats: rollup compaction failed")
         return result
@@ -127,10 +129,24 @@ class StatsJob:
         leader = True if self._leadership is None else await self._leadership.is_leader()
         if leader != self.leader:
             log.info("stats: this process is %s", "the leader" if leader else "waiting to lead")
+            if leader:
+                await self._recall_stored()
             self.leader = leader
             if self._on_leadership is not None:
                 self._on_leadership(leader)
         return await self.run_once() if leader else None
+
+    async def _recall_stored(self) -> None:
+        """On taking the lead, start each window's memory from the run's last stored result
+        (another leader's, or this process's before a restart); a fresh memory otherwise."""
+        self._memory = DecisionMemory()
+        try:
+            newest = await self._store.latest_stats(run_id=self._run_id)
+        except Exception:  # the memory then starts empty: valid, only slower to decide
+            log.exception("stats: could not read the last stored result; starting afresh")
+            return
+        if newest is not None:
+            self._memory.seed(stored_evidence(newest[1], self._stats_cfg))
 
     async def _loop(self) -> None:
         while True:

@@ -51,6 +51,7 @@ __all__ = [
     "configs_of",
     "plan_tick",
     "result_settings",
+    "stored_evidence",
     "tiers_of",
     "warmup_rule",
     "window_label",
@@ -239,6 +240,34 @@ def compute_tick(
         "settings": result_settings(stats_cfg, warmup),
         "results": results,
     }
+
+
+def stored_evidence(
+    result: Mapping[str, Any], stats_cfg: StatsConfig
+) -> dict[tuple[str, str, str], tuple[float, Evidence]]:
+    """What each (segment, window, metric) held in a stored result, for `DecisionMemory.seed`: a
+    new leader (or a restarted stats process) goes on from its predecessor's evidence instead of
+    from nothing. Empty when the result was computed at another alpha or tolerance: evidence is
+    kept only at the level and against the null it was gathered for."""
+    settings = result.get("settings") or {}
+    same = (
+        settings.get("alpha") == stats_cfg.alpha
+        and settings.get("p99_tolerance") == stats_cfg.p99_tolerance
+    )
+    at = result.get("computed_at")
+    if not same or not isinstance(at, int | float):
+        return {}
+    out: dict[tuple[str, str, str], tuple[float, Evidence]] = {}
+    for segment, windows in (result.get("results") or {}).items():
+        for label, window in windows.items():
+            for metric, block in (window.get("metrics") or {}).items():
+                seq = block.get("sequential")
+                evidence = (
+                    Evidence.of_result(seq, stats_cfg.p99_tolerance) if seq is not None else None
+                )
+                if evidence is not None:
+                    out[(segment, label, metric)] = (float(at), evidence)
+    return out
 
 
 def _recall(
