@@ -33,6 +33,7 @@ from specproxy.errors import ConfigError
 from specproxy.store.registry import STORE_SCHEMES
 
 __all__ = [
+    "MOVED",
     "ArmConfig",
     "Config",
     "OutlierConfig",

@@ -15,9 +15,11 @@ Precedence, highest first: command-line flags > environment > config file > defa
 `env_settings` only reads and parses; the merged mapping is validated by `Config.from_mapping`,
 and `name_variable` adds the variable's name to a validation error about a setting it supplied.
 
-Other `SPECPROXY_*` variables that are not settings (e.g. SPECPROXY_VLLM_PYTHON for the test tier)
-are left alone when they have no double underscore; a `SPECPROXY_<X>__<Y>` variable is always a
-setting, so a misspelt section or key there is an error with the nearest valid name.
+A variable naming a setting that moved (`config.MOVED`) still works, as in the file, with a
+warning naming its new place. Other `SPECPROXY_*` variables that are not settings (e.g.
+SPECPROXY_VLLM_PYTHON for the test tier) are left alone when they have no double underscore; a
+`SPECPROXY_<X>__<Y>` variable is always a setting, so a misspelt section or key there is an error
+with the nearest valid name.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from specproxy.config import Config, did_you_mean
+from specproxy.config import MOVED, Config, did_you_mean
 from specproxy.errors import ConfigError
 
 __all__ = [
@@ -90,17 +92,26 @@ def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, 
                     f"{variable}: a nested table is one variable holding an inline TOML table, "
                     f"e.g. {example}='{{{leaf} = ...}}'"
                 )
-            if key not in tables.get(section, {}):
+            moved = (section, key) in MOVED
+            if key not in tables.get(section, {}) and not moved:
                 _unknown(variable, tables)
         else:
             section, key = None, rest
             if key not in tables[None]:
                 continue  # not a setting (SPECPROXY_VLLM_PYTHON, ...)
-        value = _parse(variable, environ[variable], tables[section][key])
+        value = _parse(variable, environ[variable], _kind(tables, section, key))
         target = data if section is None else data.setdefault(section, {})
         target[key] = value
         sources[key if section is None else f"{section}.{key}"] = variable
     return data, sources
+
+
+def _kind(tables: Mapping[str | None, Mapping[str, Any]], section: str | None, key: str) -> Any:
+    """The type of a setting, or of the place a moved one went (`config.MOVED`; Any: gone)."""
+    if key in tables.get(section, {}):
+        return tables[section][key]
+    target = MOVED.get((section or "", key))
+    return Any if target is None else tables[target[0]][target[1]]
 
 
 def file_and_env(
