@@ -29,7 +29,7 @@ and rows after the result, and the child's peak RSS.
     .venv/bin/python benchmarks/bench_rollups.py --days 0 --raw-rows 43000        # raw rows
 
 With --raw-rows N: N records through `record()` into a SQLite store, then two row-path ticks and
-one tick of the same run from its rollups (`stats.raw_rows_max = 0`).
+one tick of the same run from its summaries (`tick.ROWS_MAX` set to 0 for it).
 """
 
 from __future__ import annotations
@@ -255,6 +255,7 @@ async def _tick(
         label: f"{w.get('grid_error_bound', 0.0):.2%}"
         for label, w in result["results"]["all"].items()
     }
+    sources = {label: w.get("source") for label, w in result["results"]["all"].items()}
     adjusted: dict[str, str | None] = {}
     for label, w in result["results"]["all"].items():
         adj = w["metrics"]["e2e"]["adjusted"]
@@ -262,7 +263,7 @@ async def _tick(
     return (
         f"wall {wall:.2f} s (refresh {refresh:.2f}: store read {read:.2f}, decode {decode:.2f}; "
         f"the rest {wall - refresh:.2f}), CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
-        f"then compaction {compaction:.2f} s ({moved:,} rows), source {result.get('source')}, "
+        f"then compaction {compaction:.2f} s ({moved:,} rows), sources {sources}, "
         f"grid bounds {bounds}, length adjustment {adjusted}, "
         f"peak RSS {_rss_mb():.0f} MB, host load {os.getloadavg()[0]:.1f}"
     )
