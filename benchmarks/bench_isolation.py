@@ -23,8 +23,11 @@ same run, is that floor); requests/s achieved; errors; how late the generator se
 for an on-phase how many results the stats process stored during the measured load and their
 median compute time (`duration_s`), which proves the ticks ran.
 
-`--taskset PROXY[:UPSTREAM[:LOAD]]` pins each to a CPU list (e.g. `0-1:2-3:4-7`; the stats
-process inherits the proxy's: on a small machine they compete for the same cores). Needs
+`--taskset PROXY[:UPSTREAM[:LOAD[:STATS]]]` pins each to a CPU list (e.g. `0-1:2-3:4-7`). Without
+STATS the stats process is serve's child and inherits the proxy's CPUs: they compete for the same
+cores, as on one small machine. With STATS (e.g. `0-1:2-3:4-7:8-9`) an on-phase runs the proxy
+with `compute = "external"` and `specproxy stats --follow` on the same config pinned to STATS:
+the Kubernetes layout, where the stats Deployment's pod has cores of its own. Needs
 aiohttp, numpy, scipy, prometheus-client (uvloop if installed); no network, no PostgreSQL.
 
     python3 benchmarks/bench_isolation.py --days 30 --rate 500 --seconds 60 --taskset 0-1:2-3:4-7
@@ -220,6 +223,7 @@ class Bench:
     args: argparse.Namespace
     proxy_cpus: set[int] | None
     load_cpus: set[int] | None
+    stats_cpus: set[int] | None
 
     def load(self, url: str) -> dict[str, Any]:
         a = self.args
@@ -232,35 +236,44 @@ class Bench:
         result: dict[str, Any] = json.loads(out.splitlines()[-1])
         return result
 
-    def start_proxy(self, stats: bool) -> tuple[subprocess.Popen[str], IO[str], str]:
-        """`specproxy serve` on the store: its stats process computing, or none at all."""
+    def start_proxy(self, stats: bool) -> tuple[list[subprocess.Popen[str]], IO[str], str]:
+        """`specproxy serve` on the store: its stats process computing (serve's child, or a
+        process of its own on `stats_cpus`), or none at all."""
         port = free_port()
+        child = stats and self.stats_cpus is None
         config = self.work / f"proxy-{port}.toml"
         config.write_text(
             f'baseline_url = "{self.upstream}"\nspeculative_url = "{self.upstream}"\n'
             f'port = {port}\nrun_id = "{RUN}"\n'
             f'[store]\nurl = "sqlite:///{self.db}"\nspill_path = "{self.work}/spill.jsonl"\n'
             f"[stats]\ninterval_s = {self.args.stats_interval}\n"
-            f'compute = "{"child" if stats else "external"}"\n'
+            f'compute = "{"child" if child else "external"}"\n'
         )
         log = open(self.work / f"proxy-{port}.log", "w")  # noqa: SIM115 - closed by the caller
         argv = ["-m", "specproxy", "serve", "--config", str(config)]
-        proc = spawn(argv, self.proxy_cpus, cwd=self.work, stdout=subprocess.DEVNULL, stderr=log)
-        return proc, log, f"http://127.0.0.1:{port}"
+        procs = [spawn(argv, self.proxy_cpus, cwd=self.work, stdout=subprocess.DEVNULL, stderr=log)]
+        if stats and not child:
+            follow = ["-m", "specproxy", "stats", "--follow", "--config", str(config)]
+            procs.append(
+                spawn(follow, self.stats_cpus, cwd=self.work, stdout=subprocess.DEVNULL, stderr=log)
+            )
+        return procs, log, f"http://127.0.0.1:{port}"
 
     @contextlib.asynccontextmanager
     async def proxy(self, stats: bool) -> AsyncIterator[str]:
-        proc, log, url = self.start_proxy(stats)
+        procs, log, url = self.start_proxy(stats)
         try:
-            await wait_ready(url + "/readyz", proc)
+            await wait_ready(url + "/readyz", procs[0])
             yield url
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    await asyncio.to_thread(proc.wait, 120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
             log.close()
 
 
@@ -308,8 +321,8 @@ async def run_bench(args: argparse.Namespace) -> None:
 
     assert bench_rollups.RUN == RUN
 
-    sets = [cpu_list(p) if p else None for p in (args.taskset or "").split(":")] + [None] * 3
-    proxy_cpus, upstream_cpus, load_cpus = sets[0], sets[1], sets[2]
+    sets = [cpu_list(p) if p else None for p in (args.taskset or "").split(":")] + [None] * 4
+    proxy_cpus, upstream_cpus, load_cpus, stats_cpus = sets[0], sets[1], sets[2], sets[3]
     work = Path(tempfile.mkdtemp(prefix="bench-isolation-"))
     db = work / "store.db"
     url = f"sqlite:///{db}"
@@ -326,12 +339,18 @@ async def run_bench(args: argparse.Namespace) -> None:
         assert upstream.stdout is not None
         port = int(upstream.stdout.readline().split()[1])
         base = f"http://127.0.0.1:{port}"
-        bench = Bench(work, db, base, args, proxy_cpus, load_cpus)
+        bench = Bench(work, db, base, args, proxy_cpus, load_cpus, stats_cpus)
+        where = (
+            "serve's child"
+            if stats_cpus is None
+            else f"its own, on CPUs {args.taskset.split(':')[3]}"
+        )
         print(
             f"added latency = client-observed - the upstream's fixed {args.delay_ms:g} ms; "
             f"open loop {args.rate:g} req/s over {args.concurrency} connections, half "
             f"streaming; {args.seconds:g} s per phase after {args.warmup:g} s of warm-up; "
-            f"stats.interval_s {args.stats_interval:g}; pinned {args.taskset or 'nowhere'}",
+            f"stats.interval_s {args.stats_interval:g}; pinned {args.taskset or 'nowhere'}; "
+            f"stats process: {where}",
             flush=True,
         )
         direct = await asyncio.to_thread(bench.load, base + "/v1/chat/completions")
@@ -370,7 +389,7 @@ def main() -> None:
     parser.add_argument("--rate-per-arm", type=float, default=1000.0, help="the store's req/s")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="the upstream's fixed delay")
     parser.add_argument("--stats-interval", type=float, default=0.25, help="stats.interval_s")
-    parser.add_argument("--taskset", metavar="PROXY[:UPSTREAM[:LOAD]]", help="CPU lists")
+    parser.add_argument("--taskset", metavar="PROXY[:UPSTREAM[:LOAD[:STATS]]]", help="CPU lists")
     args = parser.parse_args()
     if args.mode == "upstream":
         _run(run_upstream(args.delay_ms / 1000))
