@@ -151,23 +151,31 @@ def _fill(tier: ArmTier, unit: IntArray, key: IntArray, names: list[str], v: Flo
     """Add the values' fine units (one per (unit, key)) to `tier`."""
     if v.size == 0:
         return
-    group = (unit - int(unit.min())) * len(names) + key
+    first = int(unit.min())
+    group = (unit - first) * len(names) + key
     bins = bin_index(v)
     order = np.lexsort((bins, group))
     group, bins, v = group[order], bins[order], v[order]
-    starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
+    new_group = np.concatenate([[True], group[1:] != group[:-1]])
+    starts = np.flatnonzero(new_group)
     ends = np.append(starts[1:], group.size)
-    for a, z in zip(starts.tolist(), ends.tolist(), strict=True):
-        b_unique, b_counts = np.unique(bins[a:z], return_counts=True)
+    # runs of one (group, bin): each group's histogram is a slice of them, counted in one pass
+    runs = np.flatnonzero(new_group | np.concatenate([[True], bins[1:] != bins[:-1]]))
+    run_bins = bins[runs].astype(np.int64)
+    run_counts = np.diff(np.append(runs, bins.size)).astype(np.int64)
+    run_of_start = np.searchsorted(runs, starts)
+    run_of_end = np.append(run_of_start[1:], runs.size)
+    for a, z, ra, rz in zip(
+        starts.tolist(), ends.tolist(), run_of_start.tolist(), run_of_end.tolist(), strict=True
+    ):
         g = int(group[a])
-        fine_unit = g // len(names) + int(unit.min())
         values = v[a:z]
-        tier.fine[(fine_unit, names[g % len(names)])] = FineMinute(
+        tier.fine[(g // len(names) + first, names[g % len(names)])] = FineMinute(
             int(z - a),
             float(values.sum()),
             float(values @ values),
-            b_unique.astype(np.int64),
-            b_counts.astype(np.int64),
+            run_bins[ra:rz],
+            run_counts[ra:rz],
         )
 
 
