@@ -33,12 +33,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.store.pgcluster
 
-from specproxy.stats.clean import restart_times
 from tests.store.pgcluster import PgCluster, find_pg_bin
 
 from specproxy.config import StoreConfig
 from specproxy.records import Arm, EngineSample
 from specproxy.stats.diagnosis import EngineSummary, summarise_arms
+from specproxy.stats.warmup import restart_times
 from specproxy.store.factory import open_store
 from specproxy.summary.engine import MEAN_FIELDS
 

@@ -1,5 +1,5 @@
-"""Engine-sample aggregates and restart evidence (`engineagg`) against the per-sample functions
-the stats tick used before (`stats.clean.restart_times`, `stats.diagnosis.summarise_engine`)."""
+"""Engine-sample aggregates and restart evidence (`summary.engine`) against the per-sample functions
+the stats tick used before (`stats.warmup.restart_times`, `stats.diagnosis.summarise_engine`)."""
 
 from __future__ import annotations
 

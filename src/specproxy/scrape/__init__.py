@@ -3,7 +3,7 @@
 `parse` reads one scrape (both engine generations), `derive` turns two scrapes into an
 `EngineSample`, `loop` runs the periodic scrape on the proxy's sessions, `collector` exports the
 result on the proxy's registry, and `context` plugs the loop into the app's cleanup_ctx. Which
-requests a restart's warm-up window excludes is the stats job's rule (`stats.clean`).
+requests a restart's warm-up window excludes is the stats job's rule (`stats.warmup`).
 """
 
 from specproxy.scrape.collector import EngineCollector, register_engine_collector

@@ -157,7 +157,7 @@ def summarise_arms(
     since: float,
 ) -> dict[Arm, EngineSummary]:
     """Every arm's summary of the samples at or after `since` (the samples, or a view of them
-    that holds their aggregates, `engineagg.EngineView`); an arm missing from `gpu_samples` has
+    that holds their aggregates, `summary.engine.EngineView`); an arm missing from `gpu_samples` has
     no GPU telemetry configured (`gpu` None)."""
     gpu = gpu_samples or {}
     view = as_view(engine_samples)
@@ -181,7 +181,7 @@ def summarise_engine(
 def summarise_aggregate(
     agg: EngineAggregate, gpu_samples: Sequence[GpuSample] | None = None
 ) -> EngineSummary:
-    """`summarise_engine` of the samples `agg` aggregates (`engineagg`): means over up samples,
+    """`summarise_engine` of the samples `agg` aggregates (`summary.engine`): means over up samples,
     each ignoring unreported (None) and non-finite values."""
     return EngineSummary(
         samples=agg.samples,

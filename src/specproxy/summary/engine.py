@@ -7,7 +7,7 @@ replica every `scrape.interval_s`: 518,400 per arm per replica over 30 days):
     `stats.diagnosis.summarise_aggregate`): sums, counts and a maximum, so a store keeps them
     per hour as samples are written (`store.enginehours`) and answers a window with at most an
     hour of samples plus one row per hour, instead of handing every sample to Python;
-  * the dated restarts (`stats.clean.restart_times`), which depend only on each restarted sample,
+  * the dated restarts (`stats.warmup.restart_times`), which depend only on each restarted sample,
     the last good sample before it and the first failed scrape after that one
     (`restart_evidence`): a store reads those by indexed queries.
 
@@ -101,7 +101,7 @@ def aggregate_samples(samples: Iterable[EngineSample]) -> EngineAggregate:
 
 
 def restart_evidence(samples: Sequence[EngineSample], arm: Arm) -> list[EngineSample]:
-    """The samples of `arm` that `stats.clean.restart_times` reads to date its restarts, in time
+    """The samples of `arm` that `stats.warmup.restart_times` reads to date its restarts, in time
     order: each up sample marked restarted, the last up sample before it and the first failed
     scrape between those two. `restart_times` of these equals `restart_times` of all `samples`
     (time order, one sample per arm and time, as every store keeps them); a store selects the
@@ -134,7 +134,7 @@ class SampleView:
 
     @property
     def restart_samples(self) -> Sequence[EngineSample]:
-        """Samples enough for `stats.clean.restart_times` (here: all of them)."""
+        """Samples enough for `stats.warmup.restart_times` (here: all of them)."""
         return self.samples
 
     def aggregate(self, arm: Arm, since: float) -> EngineAggregate:

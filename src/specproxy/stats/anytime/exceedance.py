@@ -175,10 +175,10 @@ def predictable_thresholds(
     unit: IntArray, bins: IntArray, counts: IntArray, units: int
 ) -> FloatArray:
     """q_u per unit from the reference arm's fine-grid entries (unit, bin, count; a coarse entry
-    at its centre fine bin): the lower edge of the coarse bin (`loggrid.coarse_bin`) of the
-    ceil(0.99 n)-th smallest value pooled over units before the last refresh
-    point <= u (refreshed when the pool has grown by `_THRESHOLD_GROWTH`); NaN before
-    `MIN_BASELINE` values. Depends only on units < u."""
+    at its centre fine bin): the lower edge of the coarse bin (`summary.histogram.coarse_bin`)
+    of the ceil(0.99 n)-th smallest value pooled over units before the last refresh point <= u
+    (refreshed when the pool has grown by `_THRESHOLD_GROWTH`); NaN before `MIN_BASELINE`
+    values. Depends only on units < u."""
     q = np.full(units, np.nan)
     if bins.size == 0 or units == 0:
         return q
