@@ -86,14 +86,10 @@ def pod_spec() -> dict[str, Any]:
     }
 
 
-def test_the_demo_pod_serves_on_its_container_port_with_its_exact_config() -> None:
-    spec = pod_spec()
-    # The config names the Services the namespace's /etc/hosts resolves.
-    for url in (line.split('"')[1] for line in spec["config"].splitlines() if "_url = " in line):
-        assert urlsplit(url).hostname in spec["hosts"]
-    assert spec["empty_dirs"] == ["/tmp", "/var/lib/specproxy"]
+def run_pod(spec: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+    """`spec` run by tests/deploy/pod_netns.py in a private network and mount namespace, under
+    the image's UID (setpriv); its report."""
     unshare = require_binary("unshare")
-    require_binary("ip")
     require_binary("setpriv")
     result = subprocess.run(
         [unshare, "--net", "--mount", "--", sys.executable, "-m", "tests.deploy.pod_netns"],
@@ -101,11 +97,22 @@ def test_the_demo_pod_serves_on_its_container_port_with_its_exact_config() -> No
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=240,
+        timeout=timeout_s,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def test_the_demo_pod_serves_on_its_container_port_with_its_exact_config() -> None:
+    spec = pod_spec()
+    # The config names the Services the namespace's /etc/hosts resolves.
+    for url in (line.split('"')[1] for line in spec["config"].splitlines() if "_url = " in line):
+        assert urlsplit(url).hostname in spec["hosts"]
+    assert spec["empty_dirs"] == ["/tmp", "/var/lib/specproxy"]
+    require_binary("ip")
+    report = run_pod(spec, timeout_s=240)
     context = report.pop("proxy_stderr_tail")
     assert report["root_read_only"]  # readOnlyRootFilesystem: only the emptyDirs are writable
     assert report["proxy_listening"], context
@@ -193,8 +200,6 @@ def test_the_stats_pod_computes_with_its_exact_command_and_config() -> None:
     with its emptyDirs, computes from the store the proxies write, stores results and exits 0 on
     SIGTERM within its grace period; a proxy with the same ConfigMap serves what it stored."""
     initdb = require_binary("initdb", *(p for p in [find_pg_bin("initdb")] if p))
-    unshare = require_binary("unshare")
-    require_binary("setpriv")
     objects = render("production")
     cluster = PgCluster(initdb)
     cluster.start()
@@ -203,17 +208,7 @@ def test_the_stats_pod_computes_with_its_exact_command_and_config() -> None:
         asyncio.run(_seed(url))
         spec = stats_pod_spec(objects, cluster, "stats_pod")
         assert spec["empty_dirs"] == ["/tmp", "/var/lib/specproxy"]
-        result = subprocess.run(
-            [unshare, "--net", "--mount", "--", sys.executable, "-m", "tests.deploy.pod_netns"],
-            input=json.dumps(spec),
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=400,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        report = json.loads(result.stdout)
+        report = run_pod(spec, timeout_s=400)
         context = report.pop("stderr_tail")
         assert report["root_read_only"]
         assert report["stored"] >= 2, context

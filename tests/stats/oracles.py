@@ -5,7 +5,8 @@ against (within the grid bound). They are test code: production reads only `ArmS
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +23,14 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 _CHUNK_ELEMENTS = 4_000_000
+
+
+# numpy's own statistic over an axis (scipy.stats.bootstrap's `statistic`)
+AXIS_STATISTICS: dict[str, Callable[..., Any]] = {
+    "median": lambda x, axis: np.median(x, axis=axis),
+    "mean": lambda x, axis: np.mean(x, axis=axis),
+    "p90": lambda x, axis: np.quantile(x, 0.9, axis=axis),
+}
 
 
 def point_statistic(values: FloatArray, statistic: str) -> float:

@@ -35,7 +35,6 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -391,13 +390,6 @@ def test_the_mean_of_large_arms_takes_the_poisson_bootstraps_normal_limit(
         assert abs(got.upper - exact.upper) < 0.1 * width
 
 
-FUNCS: dict[str, Callable[..., Any]] = {
-    "median": lambda x, axis: np.median(x, axis=axis),
-    "mean": lambda x, axis: np.mean(x, axis=axis),
-    "p90": lambda x, axis: np.quantile(x, 0.9, axis=axis),
-}
-
-
 @pytest.mark.parametrize("statistic", ["median", "mean", "p90"])
 def test_value_intervals_agree_with_scipys_percentile_bootstrap(statistic: str) -> None:
     rng = np.random.default_rng(1)
@@ -406,7 +398,7 @@ def test_value_intervals_agree_with_scipys_percentile_bootstrap(statistic: str) 
     ours = value_speedup_intervals(base, spec, statistics=[statistic], rng=rng, resamples=20_000)[
         statistic
     ]
-    f = FUNCS[statistic]
+    f = oracles.AXIS_STATISTICS[statistic]
     ref = stats.bootstrap(
         (base, spec),
         lambda x, y, axis: f(x, axis=axis) / f(y, axis=axis),

@@ -6,8 +6,6 @@ each replicate). Split traffic's intervals are `blockboot`'s (test_blockboot.py)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
@@ -21,12 +19,7 @@ from specproxy.stats.estimate.bootstrap import (
     percentile_interval,
 )
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS, STATISTICS
-
-FUNCS: dict[str, Callable[..., Any]] = {
-    "median": lambda x, axis: np.median(x, axis=axis),
-    "mean": lambda x, axis: np.mean(x, axis=axis),
-    "p90": lambda x, axis: np.quantile(x, 0.9, axis=axis),
-}
+from tests.stats import oracles
 
 
 @pytest.mark.parametrize("statistic", ["median", "mean", "p90"])
@@ -37,7 +30,7 @@ def test_paired_bootstrap_agrees_with_scipy_percentile(statistic: str) -> None:
     ours = paired_speedup_intervals(base, spec, statistics=[statistic], rng=rng, resamples=20_000)[
         statistic
     ]
-    f = FUNCS[statistic]
+    f = oracles.AXIS_STATISTICS[statistic]
     ref = stats.bootstrap(
         (base, spec),
         lambda x, y, axis: f(x, axis=axis) / f(y, axis=axis),

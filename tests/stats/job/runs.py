@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from pytest_aiohttp import AiohttpServer
 
-from specproxy.config import StatsConfig, WarmupConfig
+from specproxy.config import ArmConfig, Config, StatsConfig, WarmupConfig
 from specproxy.records import Arm, RequestRecord
+from tests.scrape.fakes import FakeMetricsServer
 
 RUN = "r1"
 DCGM = Path(__file__).resolve().parents[2] / "fixtures" / "dcgm-exporter"
@@ -41,6 +43,18 @@ def records(n: int, t0: float, speedup: float, seed: int) -> list[RequestRecord]
             )
         )
     return out
+
+
+async def hot_gpu_config(aiohttp_server: AiohttpServer) -> Config:
+    """A config whose speculative arm has a fake dcgm-exporter (port 0) serving the derived hot
+    page: GPU 0 at DRAM active 0.95 with reasons sw_thermal|hw_thermal; the baseline has none."""
+    exporter = FakeMetricsServer(body=(DCGM / "derived_h200_hot_saturated.prom").read_text())
+    url = str((await aiohttp_server(exporter.app())).make_url(""))
+    return Config(
+        speculative=ArmConfig(urls=("http://127.0.0.1:1",), dcgm_urls=(url,)),
+        baseline_url="http://127.0.0.1:2",
+        run_id=RUN,
+    )
 
 
 def typo_404() -> RequestRecord:

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from pytest_aiohttp import AiohttpServer
 
-from specproxy.config import ArmConfig, Config, StatsConfig, StoreConfig
+from specproxy.config import StatsConfig, StoreConfig
 from specproxy.records import Arm
 from specproxy.scrape.dcgmloop import GpuScraper
 from specproxy.stats.anytime.decision import EProcess
@@ -19,8 +19,7 @@ from specproxy.stats.job import tick
 from specproxy.stats.job.runner import StatsJob
 from specproxy.store.memory import MemoryStore
 from specproxy.store.postgres import PostgresStore
-from tests.scrape.fakes import FakeMetricsServer
-from tests.stats.job.runs import CFG, DCGM, RUN, WARMUP, records
+from tests.stats.job.runs import CFG, RUN, WARMUP, hot_gpu_config, records
 from tests.store.conftest import pg_cluster, pg_url  # noqa: F401 - fixtures
 
 
@@ -218,13 +217,7 @@ async def test_a_new_leader_after_failover_diagnoses_the_gpu_samples_of_the_old_
     # Two replicas on one real PostgreSQL. Replica A scrapes the (fake, port 0) dcgm-exporter of
     # the speculative arm and leads; it dies. Replica B starts afterwards with no scraper history
     # of its own, takes the lead, and still diagnoses the hot GPU from the stored samples.
-    exporter = FakeMetricsServer(body=(DCGM / "derived_h200_hot_saturated.prom").read_text())
-    url = str((await aiohttp_server(exporter.app())).make_url(""))
-    cfg = Config(
-        speculative=ArmConfig(urls=("http://127.0.0.1:1",), dcgm_urls=(url,)),
-        baseline_url="http://127.0.0.1:2",
-        run_id=RUN,
-    )
+    cfg = await hot_gpu_config(aiohttp_server)
     replica_a = PostgresStore(StoreConfig(url=pg_url, spill_path=str(tmp_path / "a")), run_id=RUN)
     await replica_a.start()
     for rec in records(1600, 1000.0, 1.5, 0):

@@ -157,16 +157,21 @@ def test_a_crashed_child_is_restarted_with_backoff(
     child.stop()
 
 
-async def test_a_child_that_ignores_sigterm_is_killed(
-    fake: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FAKE_CHILD_MODE", "stubborn")
+def running_fake(fake: Path) -> tuple[StatsChild, tuple[int, int]]:
+    """A started fake child once it runs, and its process (pid, start time)."""
     child = StatsChild(config(), program=(sys.executable, str(FAKE)))
     child.poll()
     pid = child.pid
     assert pid is not None
     wait_until(lambda: pid in records(fake), child)
-    proc = (pid, _start_time(pid))
+    return child, (pid, _start_time(pid))
+
+
+async def test_a_child_that_ignores_sigterm_is_killed(
+    fake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_CHILD_MODE", "stubborn")
+    child, proc = running_fake(fake)
     started = time.monotonic()
     await child.aclose(grace_s=0.5)
     assert not alive(proc)
@@ -174,12 +179,7 @@ async def test_a_child_that_ignores_sigterm_is_killed(
 
 
 def test_the_blocking_stop_of_the_workers_parent(fake: Path) -> None:
-    child = StatsChild(config(), program=(sys.executable, str(FAKE)))
-    child.poll()
-    pid = child.pid
-    assert pid is not None
-    wait_until(lambda: pid in records(fake), child)
-    proc = (pid, _start_time(pid))
+    child, proc = running_fake(fake)
     child.stop()
     assert not alive(proc) and child.pid is None
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from pytest_aiohttp import AiohttpServer
 
-from specproxy.config import ArmConfig, Config, StatsConfig, StoreConfig, WarmupConfig
+from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.fleet.models import OTHER, ModelLabels
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.scrape.dcgmloop import GpuScraper
@@ -21,8 +21,16 @@ from specproxy.stats.job.tick import compute_stats, configs_of, result_settings,
 from specproxy.store.memory import MemoryStore
 from specproxy.summary.engine import SampleView
 from specproxy.summary.grid import GRID_ERROR_BOUND
-from tests.scrape.fakes import FakeMetricsServer
-from tests.stats.job.runs import CFG, DCGM, RUN, T0, WARMUP, minute_records, records, typo_404
+from tests.stats.job.runs import (
+    CFG,
+    RUN,
+    T0,
+    WARMUP,
+    hot_gpu_config,
+    minute_records,
+    records,
+    typo_404,
+)
 from tests.summary.test_engine import random_engine_samples
 
 
@@ -107,13 +115,7 @@ async def test_gpu_telemetry_scraped_end_to_end_reaches_the_diagnosis(
     # A fake dcgm-exporter (port 0) serving the derived hot page: GPU 0 at DRAM active 0.95 with
     # reasons sw_thermal|hw_thermal. Only the speculative arm has telemetry. The scraper records
     # into the store and the job reads the samples back from it (no in-memory hand-over).
-    exporter = FakeMetricsServer(body=(DCGM / "derived_h200_hot_saturated.prom").read_text())
-    url = str((await aiohttp_server(exporter.app())).make_url(""))
-    cfg = Config(
-        speculative=ArmConfig(urls=("http://127.0.0.1:1",), dcgm_urls=(url,)),
-        baseline_url="http://127.0.0.1:2",
-        run_id=RUN,
-    )
+    cfg = await hot_gpu_config(aiohttp_server)
     now = [0.0]
     async with aiohttp.ClientSession() as session:
         scraper = GpuScraper(cfg, {arm: session for arm in Arm}, store, clock=lambda: now[0])
