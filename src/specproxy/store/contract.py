@@ -2,7 +2,8 @@
 
 `Sink` is what the proxy and the scrapers write through, `SummaryReader` what the stats process
 reads (and compacts), `History` the stats results, `Export` what the report, `specproxy export`
-and the benchmarks read; `Lifecycle` opens and closes. A caller annotates with the protocol it
+and the benchmarks read, `Control` the arm-control events every replica polls; `Lifecycle` opens
+and closes. A caller annotates with the protocol it
 uses. Every backend implements all of them: `buffered.BufferedStore` the sink half and the life
 cycle once, each backend module (`memory`, `sqlite`, `postgres`) the readers; the tests in
 tests/store/test_base.py run against every backend. Every method is safe to call from the event
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from specproxy.control.events import ArmEvent
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.summary.engine import StoredView
 from specproxy.summary.tiering import CompactionBounds
@@ -24,6 +26,7 @@ from specproxy.summary.tiering import CompactionBounds
 __all__ = [
     "BlockKey",
     "BlockTarget",
+    "Control",
     "EncodedBlock",
     "Export",
     "FineKey",
@@ -276,6 +279,19 @@ class Export(Protocol):
         usable_only: bool = False,
     ) -> dict[Arm, list[Row]]:
         """`SummaryReader.read_records`."""
+
+
+class Control(Protocol):
+    """Arm-control events (`specproxy.control.events`): appended by the admin API and the guarded
+    ramp, polled by every replica."""
+
+    @abc.abstractmethod
+    async def add_arm_event(self, event: ArmEvent) -> ArmEvent:
+        """Append one event; returns it with the id the store gave it (ids grow)."""
+
+    @abc.abstractmethod
+    async def arm_events(self, *, run_id: str, after_id: int = 0) -> list[ArmEvent]:
+        """The run's events with id > `after_id`, in id order."""
 
 
 class StatsStore(SummaryReader, History, Protocol):
