@@ -35,6 +35,7 @@ from specproxy import __version__
 from specproxy.errors import ErrorKind
 
 __all__ = [
+    "GATE_STATES",
     "LATENCY_BUCKETS",
     "TOKENS_PER_EVENT_BUCKETS",
     "TOKEN_BUCKETS",
@@ -106,6 +107,11 @@ SAMPLES = "specproxy_samples"  # + arm
 VERDICT = "specproxy_verdict"  # + metric
 VERDICT_STATES = ("faster", "inconclusive", "slower")
 P99_SLOWDOWN = "specproxy_p99_slowdown"  # + metric; 1 while the anytime-valid test rejects
+# The rollout gate of each window (`stats.gate`), a state set like the verdict:
+# specproxy_gate{model,window,specproxy_gate="pass"|"wait"|"fail"}; Argo Rollouts and Flagger
+# read it (deploy/kubernetes/gates/).
+GATE = "specproxy_gate"
+GATE_STATES = ("pass", "wait", "fail")
 # Recording rules (deploy/prometheus/rules/specproxy.rules.yml), fleet-wide 5-minute series.
 RECORDED_REQUEST_RATE = "arm:specproxy_requests:rate5m"
 RECORDED_FAILED_RATIO = "arm:specproxy_requests_failed:ratio_rate5m"

@@ -45,6 +45,12 @@ class StatsCollector(Collector):
             f" ({', '.join(names.VERDICT_STATES)}), 0 on the others.",
             labels=["model", "window", "metric"],
         )
+        gate = StateSetMetricFamily(
+            names.GATE,
+            "Rollout gate per window (E2E): pass (faster, or median and P99 not slower than"
+            " 1+tol), fail (slower), wait (neither yet); 1 on the current state.",
+            labels=["model", "window"],
+        )
         slowdown = GaugeMetricFamily(
             names.P99_SLOWDOWN,
             "1 while the anytime-valid P99 verdict is slower: speculative P99 > baseline P99"
@@ -73,6 +79,10 @@ class StatsCollector(Collector):
                 data_lag.add_metric([], float(lag))
             for model, windows in result["results"].items():
                 for window, res in windows.items():
+                    window_gate = res.get("gate")
+                    if window_gate is not None:
+                        state = window_gate["state"]
+                        gate.add_metric([model, window], {s: s == state for s in names.GATE_STATES})
                     for arm, n in res["samples"].items():
                         samples.add_metric([model, window, arm], float(n))
                     for metric, block in res["metrics"].items():
@@ -92,7 +102,7 @@ class StatsCollector(Collector):
                             for bound, value in bounds:
                                 if value is not None:
                                     speedup.add_metric([*labels, stat, bound], value)
-        yield from (speedup, samples, verdict, slowdown, last_run, data_lag)
+        yield from (speedup, samples, verdict, gate, slowdown, last_run, data_lag)
 
 
 def register_stats_collector(

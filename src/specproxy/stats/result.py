@@ -22,6 +22,8 @@ __all__ = [
     "Adjusted",
     "Diagnosis",
     "EngineArm",
+    "Gate",
+    "GateState",
     "GpuArm",
     "Interval",
     "Metric",
@@ -255,6 +257,18 @@ class Diagnosis(TypedDict):
     not_evaluated: NotRequired[list[Reason]]
 
 
+GateState = Literal["pass", "fail", "wait"]
+
+
+class Gate(TypedDict):
+    """A rollout gate on one window (`stats.gate`), for Argo Rollouts / Flagger: "fail" when the
+    E2E verdict is slower, "pass" when it is faster or the E2E median and P99 are shown not
+    slower than 1 + p99_tolerance, "wait" otherwise; `reasons` says which, in words."""
+
+    state: GateState
+    reasons: list[str]
+
+
 class WindowComparison(TypedDict):
     """The comparison of the arms over one window of one model (`stats.compare`)."""
 
@@ -278,6 +292,7 @@ class WindowResult(WindowComparison):
     unit_s: NotRequired[float]  # its time unit (bootstrap blocks hold whole units)
     span: NotRequired[list[float]]  # [start, end) of its units, Unix time
     grid_error_bound: NotRequired[float]  # worst relative error of a bound from the histograms
+    gate: NotRequired[Gate]  # the rollout gate (absent in results stored before 2026-12-02)
 
 
 class Settings(TypedDict):

@@ -26,6 +26,7 @@ from specproxy.records import Arm, GpuSample
 from specproxy.stats.anytime.decision import Decision, DecisionMemory, Evidence
 from specproxy.stats.compare import CompareSettings, Recall, compare_window
 from specproxy.stats.diagnosis import summarise_arms
+from specproxy.stats.gate import window_gate
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.frame import Frame, Tiers, WindowPlan, arm_window, segments_by_label
 from specproxy.stats.job.rows import ROW_COLUMNS, ROWS_MAX, Rows, known_label, row_unit
@@ -216,6 +217,7 @@ def compute_tick(
                 "unit_s": w.plan.unit_s,
                 "span": list(w.plan.span),
                 "grid_error_bound": w.plan.grid_error,
+                "gate": window_gate(comparison, stats_cfg.p99_tolerance),
             }
         return out
 
