@@ -1,6 +1,7 @@
 """Helpers for the deployment tests: the tools the dev extra installs, rendered Kustomize
 overlays, and strict schema validation of Kubernetes objects (built-in kinds against the pinned
-Kubernetes OpenAPI schema, Prometheus Operator kinds against the vendored CRD schemas)."""
+Kubernetes OpenAPI schema; Prometheus Operator, Argo Rollouts and Flagger kinds against the vendored
+CRD schemas)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ KUBERNETES_VERSION = "1.34.0"
 _CRDS = {
     "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
     "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
+    "AnalysisTemplate": "argoproj.io_analysistemplates.yaml",
+    "Rollout": "argoproj.io_rollouts.yaml",
+    "MetricTemplate": "flagger.app_crds.yaml",  # one file holds all of Flagger's CRDs
+    "Canary": "flagger.app_crds.yaml",
 }
 
 
@@ -86,7 +91,8 @@ def schema_errors(obj: dict[str, Any]) -> list[str]:
     """Every schema violation of one object, unknown fields included (strict)."""
     kind = obj.get("kind", "")
     if kind in _CRDS:
-        validator = jsonschema.Draft7Validator(_crd_schema(kind))
+        version = str(obj.get("apiVersion", "")).rpartition("/")[2]
+        validator = jsonschema.Draft7Validator(_crd_schema(kind, version))
         errors = [
             f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
             for e in validator.iter_errors(obj)
@@ -106,13 +112,16 @@ def _builtin_errors(obj: dict[str, Any]) -> list[str]:
 
 
 @functools.cache
-def _crd_schema(kind: str) -> dict[str, Any]:
-    """The CRD's v1 openAPIV3Schema, made strict the way the API server's strict field
-    validation is: an object with listed properties accepts no other key unless it says
-    x-kubernetes-preserve-unknown-fields."""
-    crd = yaml.safe_load((SCHEMAS / _CRDS[kind]).read_text(encoding="utf-8"))
-    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    schema: dict[str, Any] = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+def _crd_schema(kind: str, version: str) -> dict[str, Any]:
+    """The CRD's openAPIV3Schema of `version` (the object's apiVersion), made strict the way the
+    API server's strict field validation is: an object with listed properties accepts no other
+    key unless it says x-kubernetes-preserve-unknown-fields."""
+    docs = yaml.safe_load_all((SCHEMAS / _CRDS[kind]).read_text(encoding="utf-8"))
+    [crd] = [d for d in docs if d and d["spec"]["names"]["kind"] == kind]
+    served = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    assert served, f"{kind}: no version {version!r} in {_CRDS[kind]}"
+    [version_spec] = served
+    schema: dict[str, Any] = copy.deepcopy(version_spec["schema"]["openAPIV3Schema"])
     for node in _schemas(schema):
         if (
             "properties" in node
