@@ -6,10 +6,10 @@ that gate a canary on specproxy's rollout gate (`stats.gate`).
   fails.
 - The web provider's request (URL and Authorization header with the args resolved), its
   jsonPath and its conditions run against a REAL `/api/stats` answer: the app on a memory://
-  store, its own stats job, known-truth records (speculation 1.5x faster, or 1.5x slower), the
-  admin token on. The jsonPath is evaluated by kubectl's JSONPath printer (k8s.io/client-go
-  util/jsonpath, the package Argo's web provider uses); the conditions and the measurement /
-  metric phases by ports of Argo v1.9.1's `evaluate.EvaluateResult` and
+  store, its own stats job, known-truth records (speculation 1.5x faster, 1.5x slower, or the
+  same: A/A), the admin token on. The jsonPath is evaluated by kubectl's JSONPath printer
+  (k8s.io/client-go util/jsonpath, the package Argo's web provider uses); the conditions and
+  the measurement / metric phases by ports of Argo v1.9.1's `evaluate.EvaluateResult` and
   `analysis.assessMetricStatus` for the condition forms the templates use.
 - The Prometheus queries (Argo's and Flagger's, variables substituted) run in promtool's PromQL
   engine on the series the real collector exports, for each gate state, none, and replicas
@@ -355,7 +355,7 @@ async def _stats_body(
 
 @pytest.mark.parametrize(
     ("speedup", "state", "phase"),
-    [(1.5, "pass", "Successful"), (1 / 1.5, "fail", "Failed")],
+    [(1.5, "pass", "Successful"), (1 / 1.5, "fail", "Failed"), (1.0, "wait", "Inconclusive")],
 )
 async def test_the_web_metric_on_a_real_api_stats(
     stats_app: TestClient[web.Request, web.Application],
