@@ -347,3 +347,23 @@ async def test_replicas_writing_engine_samples_at_once_keep_the_hours_exact(
     finally:
         await asyncio.gather(*(s.close() for s in stores))
     assert all(s.dropped == 0 for s in stores)
+
+
+async def test_arm_events_are_stored_once_with_growing_ids_per_run(store: BufferedStore) -> None:
+    from specproxy.control.events import ALL_ARMS, ArmEvent
+
+    first = await store.add_arm_event(
+        ArmEvent(run_id="run", t=1.0, action="set", arm="speculative", weight=0.25, why="ramp")
+    )
+    other = await store.add_arm_event(ArmEvent(run_id="x", t=2.0, action="stop", arm=ALL_ARMS))
+    second = await store.add_arm_event(
+        ArmEvent(run_id="run", t=3.0, action="stop", arm=ALL_ARMS, who="alice", why="p99 up")
+    )
+    assert 0 < first.id < other.id < second.id
+    events = await store.arm_events(run_id="run")
+    assert events == [first, second]
+    assert events[0].weight == 0.25 and events[0].who == "admin" and events[0].why == "ramp"
+    assert events[1].who == "alice" and events[1].weight is None
+    assert await store.arm_events(run_id="run", after_id=first.id) == [second]
+    assert await store.arm_events(run_id="run", after_id=second.id) == []
+    assert await store.arm_events(run_id="x") == [other]
