@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpClient
-from aiohttp.test_utils import TestClient
 
 from specproxy.app import create_app
 from specproxy.appkeys import CONTROL, ROUTER, STORE

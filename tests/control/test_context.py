@@ -16,7 +16,6 @@ from pytest_aiohttp import AiohttpClient
 from specproxy.appkeys import CONTROL, ROUTER, STORE
 from tests.control.test_api import control_app, control_config
 from tests.fleet.test_workers import REPO, _free_port, children, worker_environ
-from tests.store.conftest import pg_cluster, pg_url  # noqa: F401 - fixtures
 from tests.test_app import closed_url
 
 # Generous: a bound on a hung test, never an assertion about how fast anything is.
