@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,7 @@ async def test_set_pause_resume_stop_start_through_the_api(
         ("/api/arms/nope", b'{"action": "pause"}', 404, "name"),
         ("/api/experiment", b'{"action": "pause"}', 400, "action"),
         ("/api/experiment", b"[]", 400, None),
+        ("/api/experiment", b"[" * 3000, 400, None),  # deeper than json's recursion
         (
             "/api/experiment",
             b'{"action": "stop", "why": "' + b"x" * MAX_BODY_BYTES + b'"}',
@@ -207,3 +208,21 @@ async def test_without_a_store_the_api_says_so(aiohttp_client: AiohttpClient) ->
     assert (await client.get("/api/arms")).status == 503
     resp = await client.post("/api/experiment", json={"action": "stop"})
     assert resp.status == 503 and (await resp.json())["error"]["type"] == "ServiceUnavailable"
+
+
+async def test_a_chunked_body_is_read_whole_and_bounded(
+    aiohttp_client: AiohttpClient, tmp_path: Path
+) -> None:
+    app = control_app(control_config(tmp_path))
+    client = await aiohttp_client(app)
+
+    async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    huge = chunks(b'{"action": "stop", "why": "', b"x" * MAX_BODY_BYTES, b'"}')
+    resp = await client.post("/api/experiment", data=huge)
+    assert resp.status == 413 and not app[CONTROL].state.stopped
+    small = chunks(b'{"action": ', b'"stop", "why": "in', b' pieces"}')
+    resp = await client.post("/api/experiment", data=small)
+    assert resp.status == 200 and (await resp.json())["event"]["why"] == "in pieces"

@@ -105,12 +105,12 @@ async def _change(
         return bad_request(request_id, message, "authorization")
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         return too_large(request_id, MAX_BODY_BYTES)
-    body = await request.content.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
+    body = await _read_bounded(request)
+    if body is None:
         return too_large(request_id, MAX_BODY_BYTES)
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return bad_request(request_id, "the body must be a JSON object")
     try:
         event = build(doc, control.run_id, who, time.time())
@@ -124,6 +124,18 @@ async def _change(
         message = f"the change was not stored, so nothing changed: {exc}"
         return json_error(503, "ServiceUnavailable", message, request_id)
     return _view(request, control, request_id, event=event_doc(stored))
+
+
+async def _read_bounded(request: web.Request) -> bytes | None:
+    """The whole body, or None once it is longer than `MAX_BODY_BYTES` (a chunked body has no
+    Content-Length to check first)."""
+    body = bytearray()
+    while len(body) <= MAX_BODY_BYTES:
+        chunk = await request.content.read(MAX_BODY_BYTES + 1 - len(body))
+        if not chunk:
+            return bytes(body)
+        body += chunk
+    return None
 
 
 def _view(
