@@ -3,8 +3,9 @@
 Ids come from the database (SQLite AUTOINCREMENT, PostgreSQL BIGSERIAL) and only grow, so a
 replica polls with `id > last_id`. On PostgreSQL an id is taken before its transaction commits:
 two writers at once could make id 7 visible before id 6, and a poller that saw 7 would skip 6
-for good. Inserts therefore take `INSERT_LOCK_SQL` first (a table lock that only other inserts
-wait for; reads never do), so ids become visible in order. SQLite has one writer at a time.
+for good. Inserts therefore take `INSERT_LOCK_SQL` first (a transaction-scoped advisory lock
+that only other inserts of events wait for; reads never do, and it needs no privilege beyond
+the INSERT), so ids become visible in order. SQLite has one writer at a time.
 """
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ from specproxy.control.events import ArmEvent
 from specproxy.store.queries import placeholders
 from specproxy.store.schema import Dialect
 
-__all__ = ["INSERT_LOCK_SQL", "event_from_row", "event_params", "insert_sql", "select_sql"]
+__all__ = [
+    "INSERT_LOCK_KEY",
+    "INSERT_LOCK_SQL",
+    "event_from_row",
+    "event_params",
+    "insert_sql",
+    "select_sql",
+]
 
 _COLUMNS: Final = "id, run_id, t, action, arm, weight, who, why"
-INSERT_LOCK_SQL: Final = "LOCK TABLE arm_events IN SHARE ROW EXCLUSIVE MODE"
+INSERT_LOCK_KEY: Final = 0x5BEC_0002  # beside postgres.MIGRATION_LOCK_KEY (0x5BEC_0001)
+INSERT_LOCK_SQL: Final = f"SELECT pg_advisory_xact_lock({INSERT_LOCK_KEY})"
 
 
 def insert_sql(dialect: Dialect) -> str:
