@@ -142,6 +142,7 @@ def test_an_arm_with_gpu_telemetry(tmp_path: Path) -> None:
         ({"speculative_url": "http://a:1", "baseline": {"dns": "a/b"}}, "baseline.dns"),
         ({"speculative_url": "http://a:1", "baseline": {"bogus": 1}}, "baseline.bogus"),
         ({**ARMS, "outlier": {"max_ejection_s": 1}}, "outlier.max_ejection_s"),
+        ({**ARMS, "control": {"poll_s": 0}}, "control.poll_s"),
         ({**ARMS, "model_allow": "m"}, "model_allow must be a list"),
         ({**ARMS, "model_allow": [""]}, "model_allow"),
         (

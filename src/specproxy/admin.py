@@ -5,9 +5,12 @@ The token comes from the environment, never from a flag (a flag shows in `ps` an
 mounted Kubernetes Secret). With a token set:
 
     GET /api/stats, GET /ui, /ui/*        need it
+    GET /api/arms                         needs it
     GET /metrics                          needs it when `protect_metrics = true` (a Prometheus
                                           scrape config can send it: `authorization: credentials`)
     anything that changes state           needs it: every method but GET/HEAD outside /v1/*
+                                          (POST /api/arms/NAME, /api/experiment: `control.api`;
+                                          without a token those take loopback clients only)
     GET /healthz, GET /readyz             stay open (probes carry no secrets)
     /v1/*                                 is the product: the client's Authorization goes upstream
 
@@ -38,6 +41,7 @@ __all__ = [
     "MIN_TOKEN_CHARS",
     "admin_guard",
     "authorized",
+    "basic_user",
     "load_admin_token",
 ]
 
@@ -85,14 +89,34 @@ def authorized(authorization: str | None, token: str) -> bool:
     if scheme == "bearer":
         given = credentials.strip()
     elif scheme == "basic":
-        try:
-            decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        basic = _basic(credentials)
+        if basic is None:
             return False
-        given = decoded.partition(":")[2]
+        given = basic[1]
     else:
         return False
     return hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8"))
+
+
+def basic_user(authorization: str | None) -> str | None:
+    """The user name of `Authorization: Basic` credentials, or None for any other header. The
+    token is one shared secret: this name is what the caller says, not an identity it proved."""
+    if not authorization:
+        return None
+    scheme, _, credentials = authorization.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    basic = _basic(credentials)
+    return basic[0] if basic is not None else None
+
+
+def _basic(credentials: str) -> tuple[str, str] | None:
+    try:
+        decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    user, _, password = decoded.partition(":")
+    return user, password
 
 
 def admin_guard(

@@ -15,11 +15,13 @@ their records, before any cleanup_ctx unwinds):
 3. fleet (`specproxy.fleet.context`): every arm's endpoint pool and DNS discovery (`FLEET`);
 4. scraper (`specproxy.scrape.context`): polls each arm's /metrics on `SESSIONS`, records engine
    samples into `RECORDER`;
-5. statistics (`specproxy.stats.context`, `with_stats=True`, needs the store): follows the
+5. arm control (`specproxy.control.context`, with the store): folds the stored arm events into the
+   app's `ROUTER` before the first request and polls for new ones (`CONTROL`);
+6. statistics (`specproxy.stats.context`, `with_stats=True`, needs the store): follows the
    results the stats process stores in `STORE` (and starts that process with
    `[stats] compute = "child"`; on memory:// the job runs here); sets `STATS`, until a result
    exists GET /api/stats answers 503;
-6. forwarder (on_startup): the request path, recording into whatever `RECORDER` is by then.
+7. forwarder (on_startup): the request path, recording into whatever `RECORDER` is by then.
 
 A new component is one cleanup_ctx appended at the marked spot in `create_app`, reading and
 setting keys it declares in `specproxy.appkeys`.
@@ -35,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from specproxy.admin import admin_guard
 from specproxy.appkeys import (
+    ADMIN_GUARDED,
     CONFIG,
     FLEET,
     FORWARDER,
@@ -42,16 +45,20 @@ from specproxy.appkeys import (
     METRICS_VIEW,
     RECORDER,
     REGISTRY,
+    ROUTER,
     SESSIONS,
     STATS,
 )
 from specproxy.config import Config
+from specproxy.control.api import add_control_routes
+from specproxy.control.context import control_ctx
 from specproxy.errors import error_body
 from specproxy.fleet.context import fleet_ctx
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
 from specproxy.proxy.limits import MAX_FIELD_BYTES, PARSER_MAX_HEADERS, quiet_parser_rejections
 from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.proxy.routing import Router
 from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx
@@ -102,11 +109,14 @@ def create_app(
     app[REGISTRY] = registry if registry is not None else CollectorRegistry()
     app[METRICS] = ProxyMetrics(app[REGISTRY])
     app[RECORDER] = recorder if recorder is not None else MemoryRecorder()
+    app[ROUTER] = Router(cfg.routing)
+    app[ADMIN_GUARDED] = admin_token is not None
 
     app.cleanup_ctx.append(_upstream_sessions)
     # ---- Extension point: components append their cleanup_ctx here, in start order. ----
     if with_store:
         app.cleanup_ctx.append(store_ctx)  # sets STORE and RECORDER; closes (flushes) last
+        app.cleanup_ctx.append(control_ctx)  # stored arm events -> ROUTER, polled: CONTROL
     app.cleanup_ctx.append(fleet_ctx)  # every arm's endpoint pool (+ DNS discovery): FLEET
     app.cleanup_ctx.append(scrape_ctx)  # each arm's /metrics (+ dcgm-exporters) via SESSIONS
     if with_stats:
@@ -123,6 +133,7 @@ def create_app(
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/api/stats", _stats)
     add_ui_routes(app)  # GET /ui: the live page polling /api/stats
+    add_control_routes(app)  # GET /api/arms, POST /api/arms/{name}, POST /api/experiment
     return app
 
 
@@ -154,6 +165,7 @@ async def _start_forwarder(app: web.Application) -> None:
         recorder=app[RECORDER],
         metrics=app[METRICS],
         fleet=app.get(FLEET),
+        router=app[ROUTER],
     )
 
 

@@ -11,9 +11,12 @@ Set by `create_app` before the app starts:
     METRICS    the proxy's `ProxyMetrics` on that registry
     RECORDER   where finished `RequestRecord`s go (an in-memory ring, an injected recorder, or
                the store once it has started)
+    ROUTER     the request path's `Router`, whose share runtime arm control changes
+    ADMIN_GUARDED  whether an admin token guards the admin surfaces (`specproxy.admin`)
 Set while the app starts (cleanup_ctx, in this order), then read by the later ones:
     SESSIONS   {Arm: ClientSession}, one pooled session per upstream for the app's life
     STORE      the open store (only `with_store=True`)
+    CONTROL    the replica's arm state, polled from the store (`control.live`; with the store)
     FLEET      every arm's endpoint pool and its DNS discovery (a test may set it before start)
     SCRAPER    the engine scraper (its per-arm states and restart times)
     GPU_SCRAPER  the dcgm-exporter scraper (latest GPU sample per arm; idle without dcgm_urls)
@@ -36,9 +39,11 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from specproxy.config import Config
+    from specproxy.control.live import ArmControl
     from specproxy.fleet.arms import Fleet
     from specproxy.metrics import ProxyMetrics
     from specproxy.proxy.lifecycle import Forwarder
+    from specproxy.proxy.routing import Router
     from specproxy.records import Arm, Recorder
     from specproxy.scrape.dcgmloop import GpuScraper
     from specproxy.scrape.loop import EngineScraper
@@ -47,7 +52,9 @@ if TYPE_CHECKING:
     from specproxy.store.buffered import BufferedStore
 
 __all__ = [
+    "ADMIN_GUARDED",
     "CONFIG",
+    "CONTROL",
     "FLEET",
     "FORWARDER",
     "GPU_SCRAPER",
@@ -55,6 +62,7 @@ __all__ = [
     "METRICS_VIEW",
     "RECORDER",
     "REGISTRY",
+    "ROUTER",
     "SCRAPER",
     "SESSIONS",
     "STATS",
@@ -77,6 +85,9 @@ GPU_SCRAPER: web.AppKey[GpuScraper] = web.AppKey("gpu_scraper")
 STATS_JOB: web.AppKey[StatsJob] = web.AppKey("stats_job")
 STATS: web.AppKey[StatsProvider] = web.AppKey("stats")
 FORWARDER: web.AppKey[Forwarder] = web.AppKey("forwarder")
+ROUTER: web.AppKey[Router] = web.AppKey("router")
+ADMIN_GUARDED: web.AppKey[bool] = web.AppKey("admin_guarded")
+CONTROL: web.AppKey[ArmControl] = web.AppKey("control")
 # `serve --workers N`: GET /metrics answers with this instead of the own registry (every
 # worker's page merged, `fleet.workers`); `?local=1` still reads the own registry.
 METRICS_VIEW: web.AppKey[Callable[[], Awaitable[bytes]]] = web.AppKey("metrics_view")

@@ -32,6 +32,7 @@ first steps:
                                        put it in front of your two servers
   specproxy stats                      the comparison so far, from the store
   specproxy report --out out/report    the HTML report with plots
+  specproxy arms stop                  the kill switch: every request to the baseline
 """
 
 EPILOG = "Run `specproxy COMMAND --help` for a command's options."
@@ -56,6 +57,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("specproxy.stats.cli", "compute the comparison once from a store"),
     "report": ("specproxy.report.cli", "write the HTML report with plots from a store"),
     "export": ("specproxy.store.cli", "export records as csv, parquet or jsonl"),
+    "arms": (
+        "specproxy.control.cli",
+        "see or change a running proxy's split: weights, pause, the kill switch",
+    ),
     "dashboards": ("specproxy.grafana.cli", "export or push the Grafana dashboards"),
     "deploy": (
         "specproxy.deploy.cli",

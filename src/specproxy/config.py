@@ -36,6 +36,7 @@ __all__ = [
     "MOVED",
     "ArmConfig",
     "Config",
+    "ControlConfig",
     "OutlierConfig",
     "RoutingConfig",
     "ScrapeConfig",
@@ -185,6 +186,19 @@ class ScrapeConfig:
     def __post_init__(self) -> None:
         _check(self.interval_s > 0, "scrape.interval_s", "must be > 0")
         _check(self.timeout_s > 0, "scrape.timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    """Runtime arm control (`specproxy.control`): how often each replica reads new arm events.
+
+    A change made through any replica is applied by every replica within `poll_s` plus the
+    store's write latency (the replica that took it applies it at once)."""
+
+    poll_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check(0 < self.poll_s <= 3600, "control.poll_s", "must be in (0, 3600]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +369,7 @@ class Config:
     baseline: ArmConfig | None = None  # the arm's endpoints; None: from baseline_url
     speculative: ArmConfig | None = None  # the arm's endpoints; None: from speculative_url
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
     model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
     protect_metrics: bool = False  # with an admin token (specproxy.admin), /metrics needs it too
 
@@ -411,6 +426,7 @@ class Config:
             "baseline": ArmConfig,
             "speculative": ArmConfig,
             "outlier": OutlierConfig,
+            "control": ControlConfig,
         }
         top: dict[str, Any] = {}
         for key, value in moved_settings(data).items():

@@ -93,6 +93,11 @@ GPU_SM_CLOCK = "specproxy_gpu_sm_clock_hertz"  # mean over GPUs
 GPU_TEMPERATURE = "specproxy_gpu_temperature_celsius"  # hottest GPU
 GPU_THERMAL_THROTTLED = "specproxy_gpu_thermal_throttled"  # 1 if any GPU has a thermal reason
 
+# Runtime arm control (`specproxy.control`): what this replica applies now.
+ARM_WEIGHT = "specproxy_arm_weight_ratio"  # gauge{arm}: its share; the baseline gets the rest
+EXPERIMENT_STOPPED = "specproxy_experiment_stopped"  # 1 while the kill switch is on
+CONTROL_POLL_FAILURES = "specproxy_control_poll_failures"  # counter -> ..._total
+
 # Store health.
 STORE_PENDING = "specproxy_store_pending"
 STORE_DROPPED = "specproxy_store_dropped"  # counter -> ..._total; must stay 0
@@ -258,6 +263,23 @@ class ProxyMetrics:
         )
         self.inflight = Gauge(
             INFLIGHT, "Requests in flight through the proxy, by arm.", ["arm"], registry=registry
+        )
+        self.arm_weight = Gauge(
+            ARM_WEIGHT,
+            "Share of the traffic each arm gets now (0 while paused or stopped; the baseline, "
+            "the control arm, gets the rest).",
+            ["arm"],
+            registry=registry,
+        )
+        self.experiment_stopped = Gauge(
+            EXPERIMENT_STOPPED,
+            "1 while the experiment is stopped (every request goes to the baseline).",
+            registry=registry,
+        )
+        self.control_poll_failures = Counter(
+            CONTROL_POLL_FAILURES,
+            "Reads of the arm-control events that failed (the replica kept its last state).",
+            registry=registry,
         )
 
 

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from specproxy.admin import load_admin_token
 from specproxy.app import create_app
-from specproxy.appkeys import METRICS_VIEW, REGISTRY
+from specproxy.appkeys import METRICS_VIEW, REGISTRY, ROUTER
 from specproxy.config import Config, load_toml
 from specproxy.config_env import file_and_env, name_variable, variable_name
 from specproxy.errors import ConfigError
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
             cfg.host,
             sock.getsockname()[1],
             cfg.speculative_url,
-            cfg.routing.speculative_share,
+            app[ROUTER].share,  # after the stored arm events (`specproxy arms`) were applied
             cfg.baseline_url,
         )
 

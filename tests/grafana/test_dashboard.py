@@ -100,6 +100,17 @@ def test_queries_name_only_metrics_the_proxy_exports() -> None:
         assert names <= allowed, f"{title}: unknown {names - allowed} in {expr!r}"
 
 
+def test_weight_changes_and_stops_are_annotated_from_exported_gauges() -> None:
+    annotations = build_dashboard()["annotations"]["list"]
+    exprs = {a["name"]: a["expr"] for a in annotations if "expr" in a}
+    assert f"changes({m.ARM_WEIGHT}" in exprs["arm weight changes"]
+    assert f"changes({m.EXPERIMENT_STOPPED}" in exprs["experiment stopped or started"]
+    allowed = exported_names() | {"ALERTS"}
+    for name, expr in exprs.items():
+        assert names_in(expr) and names_in(expr) <= allowed, name
+        assert 'instance=~"$instance"' in expr or name == "specproxy alerts"
+
+
 def test_required_panels_are_there() -> None:
     """The issue's panel list, each checked by the metric its query must read."""
     queries = panel_queries(build_dashboard())
@@ -136,6 +147,8 @@ def test_required_panels_are_there() -> None:
         m.GPU_THERMAL_THROTTLED,
         m.GPU_UTILIZATION_RATIO,
         m.GPU_TEMPERATURE,
+        m.ARM_WEIGHT,
+        m.EXPERIMENT_STOPPED,
     ):
         assert used(name), name
 

@@ -100,3 +100,46 @@ def test_mirror_fraction(fraction: float) -> None:
         assert hits == n * fraction
     else:
         assert binomtest(hits, n, fraction).pvalue > ALPHA
+
+
+def test_a_runtime_share_changes_the_weighted_draw() -> None:
+    router = Router(RoutingConfig(speculative_share=0.5, seed=11))
+    router.apply(0.1)
+    assert router.share == 0.1
+    n = 20_000
+    hits = sum(router.choose(NO_HEADERS) is Arm.SPECULATIVE for _ in range(n))
+    assert binomtest(hits, n, 0.1).pvalue > ALPHA
+    with pytest.raises(ValueError, match="share"):
+        router.apply(1.5)
+
+
+def test_raising_the_sticky_share_moves_only_baseline_keys() -> None:
+    cfg = RoutingConfig(mode="sticky", sticky_source="header", speculative_share=0.2)
+    router = Router(cfg)
+    keys = [f"user-{i}" for i in range(2000)]
+
+    def arms() -> dict[str, Arm]:
+        return {k: router.choose(CIMultiDict({"x-session-id": k})) for k in keys}
+
+    before = arms()
+    router.apply(0.6)
+    after = arms()
+    moved = [k for k in keys if before[k] is not after[k]]
+    assert moved  # some keys moved ...
+    assert all(before[k] is Arm.BASELINE and after[k] is Arm.SPECULATIVE for k in moved)
+    assert all(0.2 <= sticky_point(k) < 0.6 for k in moved)  # ... exactly those in between
+    router.apply(0.2)
+    assert arms() == before  # lowering it again sends the same keys back
+
+
+def test_a_treatment_turned_off_gets_nothing_forced_or_mirrored() -> None:
+    cfg = RoutingConfig(speculative_share=1.0, allow_forced_arm=True, mirror_fraction=1.0)
+    router = Router(cfg)
+    router.apply(1.0, on=False)
+    assert router.share == 0.0
+    forced = CIMultiDict({FORCED_ARM_HEADER: "speculative"})
+    assert router.choose(NO_HEADERS) is Arm.BASELINE
+    assert router.choose(forced) is Arm.BASELINE
+    assert not router.mirror()
+    router.apply(1.0)
+    assert router.choose(forced) is Arm.SPECULATIVE and router.mirror()

@@ -347,3 +347,63 @@ async def test_replicas_writing_engine_samples_at_once_keep_the_hours_exact(
     finally:
         await asyncio.gather(*(s.close() for s in stores))
     assert all(s.dropped == 0 for s in stores)
+
+
+async def test_arm_events_are_stored_once_with_growing_ids_per_run(store: BufferedStore) -> None:
+    from specproxy.control.events import ALL_ARMS, ArmEvent
+
+    first = await store.add_arm_event(
+        ArmEvent(run_id="run", t=1.0, action="set", arm="speculative", weight=0.25, why="ramp")
+    )
+    other = await store.add_arm_event(ArmEvent(run_id="x", t=2.0, action="stop", arm=ALL_ARMS))
+    second = await store.add_arm_event(
+        ArmEvent(run_id="run", t=3.0, action="stop", arm=ALL_ARMS, who="alice", why="p99 up")
+    )
+    assert 0 < first.id < other.id < second.id
+    events = await store.arm_events(run_id="run")
+    assert events == [first, second]
+    assert events[0].weight == 0.25 and events[0].who == "admin" and events[0].why == "ramp"
+    assert events[1].who == "alice" and events[1].weight is None
+    assert await store.arm_events(run_id="run", after_id=first.id) == [second]
+    assert await store.arm_events(run_id="run", after_id=second.id) == []
+    assert await store.arm_events(run_id="x") == [other]
+
+
+async def test_a_poller_by_id_misses_no_event_of_concurrent_writers(
+    durable_backend_url: str, tmp_path: Path
+) -> None:
+    """Ids become visible in order: reading `after_id` the newest seen never skips one that a
+    slower transaction commits later (PostgreSQL takes them before commit)."""
+    from specproxy.control.events import ArmEvent
+
+    writers = [
+        open_store(store_config(durable_backend_url, tmp_path / f"w{i}"), run_id="run")
+        for i in range(2)
+    ]
+    reader = open_store(store_config(durable_backend_url, tmp_path / "r"), run_id="run")
+    for st in (*writers, reader):
+        await st.start()
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def poll() -> None:
+        while True:
+            finished = done.is_set()
+            after = seen[-1] if seen else 0
+            seen.extend(e.id for e in await reader.arm_events(run_id="run", after_id=after))
+            if finished:
+                return
+            await asyncio.sleep(0)
+
+    async def write(st: BufferedStore, n: int) -> None:
+        for i in range(n):
+            await st.add_arm_event(ArmEvent("run", float(i), "set", "speculative", i / 100))
+
+    poller = asyncio.create_task(poll())
+    await asyncio.gather(*(write(st, 25) for st in writers for _ in range(2)))
+    done.set()
+    await poller
+    stored = [e.id for e in await reader.arm_events(run_id="run")]
+    assert len(stored) == 100 and seen == stored  # each once, none skipped, in id order
+    for st in (*writers, reader):
+        await st.close()

@@ -347,3 +347,30 @@ async def test_postgres_v7_store_gains_empty_moment_tables(pg_url: str, tmp_path
     await _pg_store_at(pg_url, 7, [statement.format(true="TRUE") for statement in V5_ROWS])
     await _check_v7_upgraded(pg_url, tmp_path)
     assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
+
+
+async def _check_v8_upgraded(url: str, tmp_path: Path) -> None:
+    """A v8 store keeps its rollups and gains the empty arm-event table of v9."""
+    from specproxy.control.events import ArmEvent
+
+    store = open_store(store_config(url, tmp_path))
+    await store.start()
+    rollups = await read_rollups(store, run_id="run", metric="e2e", until_minute=1)
+    assert rollups[Arm.BASELINE].n.tolist() == [1]
+    assert await store.arm_events(run_id="run") == []
+    added = await store.add_arm_event(ArmEvent("run", 1.0, "pause", "speculative"))
+    assert await store.arm_events(run_id="run") == [added]
+    await store.close()
+    assert store.dropped == 0
+
+
+async def test_sqlite_v8_store_gains_the_arm_event_table(tmp_path: Path) -> None:
+    db = tmp_path / "v8.db"
+    _sqlite_store_at(db, 8, [statement.format(true=1) for statement in V5_ROWS])
+    await _check_v8_upgraded(f"sqlite:///{db}", tmp_path)
+
+
+async def test_postgres_v8_store_gains_the_arm_event_table(pg_url: str, tmp_path: Path) -> None:
+    await _pg_store_at(pg_url, 8, [statement.format(true="TRUE") for statement in V5_ROWS])
+    await _check_v8_upgraded(pg_url, tmp_path)
+    assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))

@@ -9,8 +9,9 @@ An event changes one arm, or the whole experiment:
     start   *               the experiment runs again with the arms' weights
 
 A treatment arm's weight is its share of the traffic, as Flagger's and Argo Rollouts' `setWeight`
-is; the control arm serves the rest, so it has no weight of its own to set. `who` is the
-token's identity, or "guard" for the guarded ramp; `why` is free text, bounded.
+is; the control arm serves the rest, so it has no weight of its own to set. `who` is the name
+the caller gave (the admin token is one shared secret, so it is a claim, not an identity: the
+Basic user name, else "admin"), or "guard" for the guarded ramp; `why` is free text, bounded.
 """
 
 from __future__ import annotations

@@ -806,7 +806,69 @@ def _traffic_panels() -> list[_Panel]:
         ],
         options=_legend_options("lastNotNull", "max"),
     )
-    return [samples, requests, errors, p99_ratio, overhead, store, process]
+    arms = _Panel(
+        "timeseries",
+        "Arm shares and the kill switch",
+        "The share of the traffic each arm gets now (runtime arm control: `specproxy arms`),"
+        " and 1 while the experiment is stopped. Every proxy applies a change within one"
+        " [control] poll_s; the largest value over the selected proxies is shown.",
+        [
+            _Query(f"max by (arm) ({m.ARM_WEIGHT}{{{INSTANCE_SELECTOR}}})", "{{arm}}"),
+            _Query(f"max({m.EXPERIMENT_STOPPED}{{{INSTANCE_SELECTOR}}})", "stopped"),
+        ],
+        unit="percentunit",
+        width=8,
+        defaults=_timeseries(),
+        overrides=[
+            *_arm_colors(),
+            {
+                "matcher": {"id": "byName", "options": "stopped"},
+                "properties": [
+                    {"id": "color", "value": {"fixedColor": "red", "mode": "fixed"}},
+                    {"id": "unit", "value": "bool_on_off"},
+                    {"id": "custom.axisPlacement", "value": "right"},
+                ],
+            },
+        ],
+        options=_legend_options("lastNotNull"),
+    )
+    return [samples, requests, errors, p99_ratio, overhead, store, process, arms]
+
+
+# Annotations marking runtime changes of the split: any proxy's gauge changed within the window
+# (twice the step, so a change between two steps is never missed).
+ARM_ANNOTATIONS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "arm weight changes",
+        f"max by (arm) (changes({m.ARM_WEIGHT}{{{INSTANCE_SELECTOR}}}[2m])) > 0",
+        "purple",
+        "{{arm}}'s share changed",
+    ),
+    (
+        "experiment stopped or started",
+        f"max(changes({m.EXPERIMENT_STOPPED}{{{INSTANCE_SELECTOR}}}[2m])) > 0",
+        "red",
+        "experiment stopped or started",
+    ),
+)
+
+
+def _arm_annotations() -> list[Json]:
+    return [
+        {
+            "datasource": DATASOURCE,
+            "enable": True,
+            "expr": expr,
+            "iconColor": color,
+            "name": name,
+            "step": "60s",
+            "tagKeys": "arm",
+            "textFormat": title,
+            "titleFormat": title,
+            "useValueForTime": False,
+        }
+        for name, expr, color, title in ARM_ANNOTATIONS
+    ]
 
 
 ROWS: tuple[tuple[str, Callable[[], list[_Panel]]], ...] = (
@@ -951,6 +1013,7 @@ def build_dashboard() -> Json:
                     "titleFormat": "{{alertname}}",
                     "useValueForTime": False,
                 },
+                *_arm_annotations(),
             ]
         },
         "description": "Speculative-decoding A/B comparison through specproxy: verdicts and"

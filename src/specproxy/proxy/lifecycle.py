@@ -76,15 +76,17 @@ class Forwarder:
         metrics: ProxyMetrics,
         fleet: Fleet | None = None,
         transports: TransportFactory | None = None,
+        router: Router | None = None,
     ) -> None:
         """`transports` makes each endpoint's transports (default: `default_transports` over
-        `sessions`); tests pass one that returns `MockTransport`s."""
+        `sessions`); tests pass one that returns `MockTransport`s. `router`: the app's, whose
+        share `control.live` changes at run time (default: one of `cfg.routing`'s own)."""
         self._cfg = cfg
         self._run_id = cfg.run_id
         self._recorder = recorder
         fleet = fleet if fleet is not None else Fleet(cfg)
         self._observer = Observer(metrics, fleet.labels.label)
-        self._router = Router(cfg.routing)
+        self._router = router if router is not None else Router(cfg.routing)
         self._mirror_enabled = cfg.routing.mirror_fraction > 0
         self._inject_usage = cfg.inject_usage
         self._max_body = cfg.max_body_bytes

@@ -10,7 +10,8 @@ the spill file cannot be written either, rows beyond `MEMORY_FACTOR x max_buffer
 
 `BufferedStore` implements the `contract.Sink` and `contract.Lifecycle` protocols once, for every
 backend; a backend adds the `_open`, `_write`, `_close_backend`, `_purge`, `_purge_rollups` and
-`_compact` hooks and implements the readers (`SummaryReader`, `History`, `Export`).
+`_compact` hooks and implements the readers (`SummaryReader`, `History`, `Export`) and the
+arm-control events (`Control`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from specproxy.config import StoreConfig
 from specproxy.errors import StoreError
 from specproxy.records import EngineSample, GpuSample, RequestRecord
 from specproxy.store.contract import (
+    Control,
     Export,
     Fold,
     History,
@@ -53,7 +55,7 @@ PURGE_INTERVAL_S = 3600.0
 MEMORY_FACTOR: Final = 2
 
 
-class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, abc.ABC):
+class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, Control, abc.ABC):
     """The sink half and life cycle of every backend: buffer, flusher task, spill, counters and
     retention. A backend subclass adds the hooks and the readers."""
 

@@ -10,11 +10,13 @@ engine windows, which it sums from the samples themselves (exact, where SQL sums
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from specproxy.config import StoreConfig
+from specproxy.control.events import ArmEvent
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
 from specproxy.store.aggregates import (
@@ -67,6 +69,7 @@ class MemoryStore(BufferedStore):
         self._stats: list[tuple[str, float, dict[str, Any]]] = []
         self._blocks: dict[StoredBlockKey, tuple[int, bytes]] = {}  # (n, blob)
         self._tables = {a.table: AdditiveTable(a) for a in AGGREGATES}
+        self._arm_events: list[ArmEvent] = []
 
     def _table(self, aggregate: Aggregate) -> AdditiveTable:
         return self._tables[aggregate.table]
@@ -266,6 +269,20 @@ class MemoryStore(BufferedStore):
         if not rows or (newer_than is not None and rows[-1][0] <= newer_than):
             return None
         return rows[-1]
+
+    # -- Control --------------------------------------------------------------------------------
+
+    async def add_arm_event(self, event: ArmEvent) -> ArmEvent:
+        if self.fail_writes:
+            raise StoreError("memory store: simulated outage")
+        stored = dataclasses.replace(event, id=len(self._arm_events) + 1)
+        self._arm_events.append(stored)
+        return stored
+
+    async def arm_events(self, *, run_id: str, after_id: int = 0) -> list[ArmEvent]:
+        if self.fail_writes:
+            raise StoreError("memory store: simulated outage")
+        return [e for e in self._arm_events if e.run_id == run_id and e.id > after_id]
 
     # -- Export ---------------------------------------------------------------------------------
 

@@ -455,6 +455,36 @@ _V8_POSTGRESQL = (
     )""",
 )
 
+# Version 9: the arm-control events (`control.events.ArmEvent`): set a treatment's weight, pause,
+# resume, stop or start the experiment; appended by the admin API and the guarded ramp, polled by
+# every replica by id. Never purged by retention (a restart folds every event of its run).
+_V9_SQLITE = (
+    """CREATE TABLE IF NOT EXISTS arm_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        t REAL NOT NULL,
+        action TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        weight REAL,
+        who TEXT NOT NULL,
+        why TEXT NOT NULL DEFAULT ''
+    )""",
+    "CREATE INDEX IF NOT EXISTS arm_events_run_id ON arm_events (run_id, id)",
+)
+_V9_POSTGRESQL = (
+    """CREATE TABLE IF NOT EXISTS arm_events (
+        id BIGSERIAL PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        t DOUBLE PRECISION NOT NULL,
+        action TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        weight DOUBLE PRECISION,
+        who TEXT NOT NULL,
+        why TEXT NOT NULL DEFAULT ''
+    )""",
+    "CREATE INDEX IF NOT EXISTS arm_events_run_id ON arm_events (run_id, id)",
+)
+
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
@@ -465,6 +495,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "GPU samples", _V6_SQLITE, _V6_POSTGRESQL),
     Migration(7, "hourly engine aggregates", _V7_SQLITE, _V7_POSTGRESQL),
     Migration(8, "rollup moments of the length adjustment", _V8_SQLITE, _V8_POSTGRESQL),
+    Migration(9, "arm-control events", _V9_SQLITE, _V9_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -10,14 +10,17 @@ optional dependency (`specproxy[postgres]`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from specproxy.config import StoreConfig
+from specproxy.control.events import ArmEvent
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.store import armevents
 from specproxy.store.aggregates import (
     AGGREGATES,
     Inserted,
@@ -373,6 +376,22 @@ class PostgresStore(BufferedStore):
             )
         except Exception as exc:
             raise StoreError(f"cannot write stats: {exc}") from exc
+
+    async def add_arm_event(self, event: ArmEvent) -> ArmEvent:
+        await self._ensure_open()
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await conn.execute(armevents.INSERT_LOCK_SQL)  # ids visible in order
+                id_ = await conn.fetchval(
+                    armevents.insert_sql("postgresql"), *armevents.event_params(event)
+                )
+        except Exception as exc:
+            raise StoreError(f"cannot write arm event: {exc}") from exc
+        return dataclasses.replace(event, id=int(id_))
+
+    async def arm_events(self, *, run_id: str, after_id: int = 0) -> list[ArmEvent]:
+        rows = await self._fetch(armevents.select_sql("postgresql"), run_id, after_id)
+        return [armevents.event_from_row(tuple(r)) for r in rows]
 
     async def _fetch(self, sql: str, *params: Any) -> list[Any]:
         await self._ensure_open()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -28,8 +29,10 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from specproxy.config import StoreConfig
+from specproxy.control.events import ArmEvent
 from specproxy.errors import StoreError
 from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.store import armevents
 from specproxy.store.aggregates import (
     AGGREGATES,
     Inserted,
@@ -371,6 +374,20 @@ class SqliteStore(BufferedStore):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write stats: {exc}") from exc
 
+    async def add_arm_event(self, event: ArmEvent) -> ArmEvent:
+        await self._ensure_open()
+
+        def insert(conn: sqlite3.Connection) -> int:
+            cursor = conn.execute(armevents.insert_sql("sqlite"), armevents.event_params(event))
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
+        try:
+            id_ = await self._on_writer(self._in_transaction, insert)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write arm event: {exc}") from exc
+        return dataclasses.replace(event, id=id_)
+
     # -- reads (worker threads, own connections) -----------------------------------------------
 
     async def _read(self, fn: Callable[[sqlite3.Connection], _T], *, snapshot: bool = False) -> _T:
@@ -468,6 +485,13 @@ class SqliteStore(BufferedStore):
     async def run_ids(self) -> list[str]:
         def fetch(conn: sqlite3.Connection) -> list[str]:
             return [r for (r,) in conn.execute(RUN_IDS_SQL)]
+
+        return await self._read(fetch)
+
+    async def arm_events(self, *, run_id: str, after_id: int = 0) -> list[ArmEvent]:
+        def fetch(conn: sqlite3.Connection) -> list[ArmEvent]:
+            rows = conn.execute(armevents.select_sql("sqlite"), (run_id, after_id)).fetchall()
+            return [armevents.event_from_row(r) for r in rows]
 
         return await self._read(fetch)
 

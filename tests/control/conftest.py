@@ -1,0 +1,3 @@
+"""Fixtures of the arm-control tests: the store tests' real PostgreSQL cluster."""
+
+from tests.store.conftest import pg_cluster, pg_url  # noqa: F401 - fixtures
