@@ -361,18 +361,7 @@ async def _check_v8_upgraded(url: str, tmp_path: Path) -> None:
     old = await read_arrays(store, run_id="run", columns=["request_id", "rerouted_from"])
     assert list(old[Arm.BASELINE]["request_id"]) == ["v5-1"]
     assert old[Arm.BASELINE]["rerouted_from"][0] is None  # column added by v9
-    served = RequestRecord(
-        request_id="v9-1",
-        run_id="run",
-        arm=Arm.BASELINE,
-        t_start=130.0,
-        model="tiny",
-        endpoint="completions",
-        stream=True,
-        status=200,
-        e2e_s=2.0,
-        upstream_s=1.9,
-    )
+    served = make_record(1, arm=Arm.BASELINE, request_id="v9-1", t_start=130.0)
     store.record(served)
     store.record(
         dataclasses.replace(
@@ -398,13 +387,17 @@ async def _check_v8_upgraded(url: str, tmp_path: Path) -> None:
     assert store.dropped == 0
 
 
-async def test_sqlite_v8_store_gains_the_reroute_columns(tmp_path: Path) -> None:
-    db = tmp_path / "v8.db"
-    _sqlite_store_at(db, 8, [statement.format(true=1) for statement in V5_ROWS])
-    await _check_v8_upgraded(f"sqlite:///{db}", tmp_path)
-
-
-async def test_postgres_v8_store_gains_the_reroute_columns(pg_url: str, tmp_path: Path) -> None:
-    await _pg_store_at(pg_url, 8, [statement.format(true="TRUE") for statement in V5_ROWS])
-    await _check_v8_upgraded(pg_url, tmp_path)
-    assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+async def test_a_v8_store_gains_the_reroute_columns(
+    dialect: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    rows = V5_ROWS
+    if dialect == "sqlite":
+        url = f"sqlite:///{tmp_path / 'v8.db'}"
+        _sqlite_store_at(tmp_path / "v8.db", 8, [r.format(true=1) for r in rows])
+    else:
+        url = request.getfixturevalue("pg_url")
+        await _pg_store_at(url, 8, [r.format(true="TRUE") for r in rows])
+    await _check_v8_upgraded(url, tmp_path)
+    if dialect == "postgresql":
+        assert await _pg_versions(url) == list(range(1, SCHEMA_VERSION + 1))

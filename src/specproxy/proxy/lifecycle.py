@@ -22,6 +22,7 @@ The concerns live beside this module: `relay` (answer to the client), `shadow` (
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ from aiohttp import ClientSession, web
 from specproxy.config import Config
 from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
+from specproxy.fleet.pool import EndpointPool
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.endpoints import Upstreams
 from specproxy.proxy.headers import OutboundHeaders, response_headers, safe_path
@@ -69,6 +71,11 @@ MEASURED_ENDPOINTS: Final = {
 }
 
 
+def _up(pool: EndpointPool) -> float:
+    """`specproxy_arm_up`: 1 while the arm has an endpoint in rotation."""
+    return 0.0 if pool.down else 1.0
+
+
 class Forwarder:
     """Serves the proxied routes for one app; owns the routing RNG and the shadow tasks."""
 
@@ -91,8 +98,7 @@ class Forwarder:
         fleet = fleet if fleet is not None else Fleet(cfg)
         self._observer = Observer(metrics, fleet.labels.label)
         for arm in Arm:
-            pool = fleet.pool(arm)
-            metrics.arm_up.labels(arm.value).set_function(lambda p=pool: 0.0 if p.down else 1.0)
+            metrics.arm_up.labels(arm.value).set_function(functools.partial(_up, fleet.pool(arm)))
         fail_open = [arm for arm in Arm if cfg.arm_config(arm.value).on_down == "control"]
         self._router = Router(cfg.routing)
         self._mirror_enabled = cfg.routing.mirror_fraction > 0
