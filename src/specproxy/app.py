@@ -186,7 +186,8 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     """Ready when the control arm (baseline) can serve: one of its endpoints answers /health (an
-    arm is a pool: one live engine is enough). `arms` says which arm can serve.
+    arm is a pool: one live engine is enough). `arms` says which arm can serve; a fail-open
+    treatment whose every endpoint is ejected cannot, until a probe readmits one.
 
     A treatment arm that is down is no readiness failure when it fails open (`on_down =
     "control"`, the default): its requests go to the control, so the replica still serves every
@@ -203,7 +204,12 @@ async def _readyz(request: web.Request) -> web.Response:
     arms = list(Arm)
     fleet = app.get(FLEET)
 
+    def fails_open(arm: Arm) -> bool:
+        return not arm.is_control and cfg.arm_config(arm.value).on_down == "control"
+
     async def arm_ready(arm: Arm) -> bool:
+        if fleet is not None and fails_open(arm) and fleet.pool(arm).down:
+            return False  # its requests go to the control until a probe readmits an endpoint
         urls = fleet.endpoints(arm) if fleet is not None else (cfg.upstream_url(arm),)
         session = app[SESSIONS][arm]
         answers = await asyncio.gather(*(_reachable(session, url + "/health") for url in urls))
@@ -211,9 +217,6 @@ async def _readyz(request: web.Request) -> web.Response:
 
     results = await asyncio.gather(*(arm_ready(arm) for arm in arms))
     arm_status = {arm.value: ok for arm, ok in zip(arms, results, strict=True)}
-
-    def fails_open(arm: Arm) -> bool:
-        return not arm.is_control and cfg.arm_config(arm.value).on_down == "control"
 
     ready = all(ok for arm, ok in zip(arms, results, strict=True) if not fails_open(arm))
     degraded = [a.value for a, ok in zip(arms, results, strict=True) if not ok and fails_open(a)]

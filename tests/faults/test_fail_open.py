@@ -278,6 +278,7 @@ async def test_a_treatment_arm_killed_under_load_fails_open_and_comes_back(
     load.phase = "back_unprobed"
     await asyncio.gather(*(load.one(i) for i in range(8)))
     assert {s.arm for s in load.sent if s.phase == "back_unprobed"} == {"baseline"}
+    assert (await _readyz(client))[1]["degraded"] == ["speculative"]  # up, but not readmitted
     clock.now += MAX_EJECTION_S
     await app[SCRAPER].scrape_once()  # the probe readmits every endpoint
     assert not _down(pool) and not any(ep.ejected for ep in pool.endpoints)
