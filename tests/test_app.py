@@ -12,7 +12,7 @@ import prometheus_client
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from pytest_aiohttp import AiohttpClient
+from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from specproxy.app import create_app
 from specproxy.appkeys import (
@@ -26,7 +26,7 @@ from specproxy.appkeys import (
     STATS_JOB,
     STORE,
 )
-from specproxy.config import Config, StoreConfig
+from specproxy.config import ArmConfig, Config, OnDown, StoreConfig
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.records import Arm
 from specproxy.stats.result import StatsResult
@@ -154,4 +154,43 @@ async def test_probes_when_the_arms_are_down(aiohttp_client: AiohttpClient) -> N
         assert await resp.json() == {
             "ready": False,
             "arms": {"speculative": False, "baseline": False},
+            "degraded": ["speculative"],
         }
+
+
+@pytest.mark.parametrize(
+    ("up", "on_down", "status", "degraded"),
+    [
+        ({"baseline", "speculative"}, "control", 200, []),
+        ({"baseline"}, "control", 200, ["speculative"]),  # the treatment fails open
+        ({"baseline"}, "error", 503, []),  # ... unless it answers with its own errors
+        ({"speculative"}, "control", 503, []),  # the control down: never served by a treatment
+    ],
+)
+async def test_readiness_needs_the_control_arm_and_names_a_degraded_treatment(
+    aiohttp_client: AiohttpClient,
+    aiohttp_server: AiohttpServer,
+    up: set[str],
+    on_down: OnDown,
+    status: int,
+    degraded: list[str],
+) -> None:
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    health = web.Application()
+    health.router.add_get("/health", ok)
+    live = str((await aiohttp_server(health)).make_url("")).rstrip("/")
+    url = {arm: live if arm in up else closed_url() for arm in ("baseline", "speculative")}
+    cfg = Config(
+        baseline_url=url["baseline"],
+        speculative_url=url["speculative"],
+        speculative=ArmConfig(on_down=on_down),
+    )
+    app = create_app(cfg, recorder=MemoryRecorder(), with_store=False, with_stats=False)
+    client = await aiohttp_client(app)
+    async with client.get("/readyz") as resp:
+        assert resp.status == status
+        body = await resp.json()
+    assert body["arms"] == {"speculative": "speculative" in up, "baseline": "baseline" in up}
+    assert body["degraded"] == degraded and body["ready"] is (status == 200)

@@ -291,3 +291,17 @@ def test_settings_that_moved_still_work_and_say_where_they_went(
     # the new place wins over the old one
     both = {**data, "warmup": {"requests": 1}}
     assert Config.from_mapping(both).warmup.requests == 1
+
+
+def test_on_down_is_an_arm_setting_that_defaults_to_failing_open() -> None:
+    cfg = Config.from_mapping({**ARMS})
+    assert cfg.arm_config("speculative").on_down == "control"
+    table = Config.from_mapping(
+        {"baseline_url": "http://b:1", "speculative": {"urls": ["http://s:1"], "on_down": "error"}}
+    )
+    assert table.arm_config("speculative").on_down == "error"
+    assert Config.from_mapping(table.to_mapping()) == table
+    with pytest.raises(ConfigError, match=r"speculative\.on_down must be control or error"):
+        Config.from_mapping({**ARMS, "speculative": {"on_down": "nope"}})
+    with pytest.raises(ConfigError, match="speculative needs exactly one of urls"):
+        Config.from_mapping({"baseline_url": "http://b:1", "speculative": {"on_down": "error"}})

@@ -166,3 +166,12 @@ def test_a_nested_table_is_an_inline_toml_table() -> None:
     assert cfg.timeouts.for_arm("speculative").read_s == 30
     with pytest.raises(ConfigError, match=r"SPECPROXY_TIMEOUTS__SPECULATIVE='\{read_s = \.\.\.\}'"):
         env_settings({"SPECPROXY_TIMEOUTS__SPECULATIVE__READ_S": "30"})
+
+
+def test_on_down_from_the_environment_beside_the_shorthand_url() -> None:
+    cfg = serve.build_config(parse(), environ={**ARMS, "SPECPROXY_SPECULATIVE__ON_DOWN": "error"})
+    speculative = cfg.arm_config("speculative")
+    assert speculative.on_down == "error" and speculative.urls == ("http://s:2",)
+    assert cfg.arm_config("baseline").on_down == "control"  # the default: fail open
+    with pytest.raises(ConfigError, match="SPECPROXY_SPECULATIVE__ON_DOWN"):
+        serve.build_config(parse(), environ={**ARMS, "SPECPROXY_SPECULATIVE__ON_DOWN": "retry"})

@@ -45,3 +45,23 @@ def test_the_record_stores_the_bounded_name() -> None:
     assert RequestRecord.from_dict(_record("x\ud800" * 300).to_dict()).model == bound_model(
         "x\ud800" * 300
     )
+
+
+def test_a_rerouted_record_round_trips_and_is_not_comparable() -> None:
+    import dataclasses
+
+    from specproxy.records import RerouteReason
+
+    served = _record("m")
+    assert served.comparable
+    rerouted = dataclasses.replace(
+        served, rerouted_from=Arm.SPECULATIVE, reroute_reason=RerouteReason.CONNECT
+    )
+    assert not rerouted.comparable
+    row = rerouted.to_dict()
+    assert (row["rerouted_from"], row["reroute_reason"]) == ("speculative", "connect")
+    back = RequestRecord.from_dict(row)  # stored strings become the enums again
+    assert back == rerouted and back.rerouted_from is Arm.SPECULATIVE
+    assert back.reroute_reason is RerouteReason.CONNECT
+    assert Arm.BASELINE.is_control and not Arm.SPECULATIVE.is_control
+    assert Arm.SPECULATIVE.control is Arm.BASELINE

@@ -27,7 +27,7 @@ from specproxy.loadgen import LoadGenerator, RequestOptions, Target
 from specproxy.prompts import Prompt
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.proxy.sse import SSEScanner
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import Arm, RequestRecord, RerouteReason
 from specproxy.timing import RequestTimings, derive
 from tests.conftest import fixture_path
 
@@ -131,14 +131,18 @@ def test_record_carries_identity_and_measures() -> None:
         pair_id="p",
         shadow=True,
         engine_url="http://e:1",
+        rerouted_from=Arm.SPECULATIVE,
+        reroute_reason=RerouteReason.DOWN,
     )
     measured = {f.name for f in dataclasses.fields(m)}
     assert {k: v for k, v in rec.to_dict().items() if k in measured} == dataclasses.asdict(m)
     assert (rec.request_id, rec.arm, rec.pair_id, rec.shadow) == ("r1", Arm.BASELINE, "p", True)
     assert rec.engine_url == "http://e:1"
+    assert (rec.rerouted_from, rec.reroute_reason) == (Arm.SPECULATIVE, RerouteReason.DOWN)
     # every record field is either measured or identity: nothing is left at a silent default
     identity = {"request_id", "run_id", "arm", "t_start", "model", "endpoint", "stream"}
-    assert set(rec.to_dict()) == measured | identity | {"pair_id", "shadow", "engine_url"}
+    routing = {"pair_id", "shadow", "engine_url", "rerouted_from", "reroute_reason"}
+    assert set(rec.to_dict()) == measured | identity | routing
 
 
 # --------------------------------------------------------------------------- both paths

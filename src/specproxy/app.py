@@ -197,22 +197,44 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    """Ready when each arm has an endpoint that answers /health; the body says which arm has
-    none (an arm is a pool: one live engine is enough to serve it)."""
+    """Ready when the control arm (baseline) can serve: one of its endpoints answers /health (an
+    arm is a pool: one live engine is enough). `arms` says which arm can serve; a fail-open
+    treatment whose every endpoint is ejected cannot, until a probe readmits one.
+
+    A treatment arm that is down is no readiness failure when it fails open (`on_down =
+    "control"`, the default): its requests go to the control, so the replica still serves every
+    client; it is listed in `degraded` (and `specproxy_arm_up` and the SpecProxyTreatmentArmDown
+    alert say so). With `on_down = "error"` a treatment is needed as before.
+
+    The control down and a treatment up is not ready (503), and the control's requests are not
+    sent to the treatment: moving all production traffic onto an unproven configuration without
+    anyone deciding to would make the experiment the product. Kubernetes takes the replica out of
+    the Service instead, which is the outage the stable configuration alone would have had.
+    """
     app = request.app
+    cfg = app[CONFIG]
     arms = list(Arm)
     fleet = app.get(FLEET)
 
+    def fails_open(arm: Arm) -> bool:
+        return not arm.is_control and cfg.arm_config(arm.value).on_down == "control"
+
     async def arm_ready(arm: Arm) -> bool:
-        urls = fleet.endpoints(arm) if fleet is not None else (app[CONFIG].upstream_url(arm),)
+        if fleet is not None and fails_open(arm) and fleet.pool(arm).down:
+            return False  # its requests go to the control until a probe readmits an endpoint
+        urls = fleet.endpoints(arm) if fleet is not None else (cfg.upstream_url(arm),)
         session = app[SESSIONS][arm]
         answers = await asyncio.gather(*(_reachable(session, url + "/health") for url in urls))
         return any(answers)
 
     results = await asyncio.gather(*(arm_ready(arm) for arm in arms))
     arm_status = {arm.value: ok for arm, ok in zip(arms, results, strict=True)}
-    ready = all(results)
-    return web.json_response({"ready": ready, "arms": arm_status}, status=200 if ready else 503)
+
+    ready = all(ok for arm, ok in zip(arms, results, strict=True) if not fails_open(arm))
+    degraded = [a.value for a, ok in zip(arms, results, strict=True) if not ok and fails_open(a)]
+    return web.json_response(
+        {"ready": ready, "arms": arm_status, "degraded": degraded}, status=200 if ready else 503
+    )
 
 
 async def _reachable(session: ClientSession, url: str) -> bool:

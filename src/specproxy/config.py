@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 RoutingMode = Literal["weighted", "sticky"]
 StickySource = Literal["header", "user"]
 StatsCompute = Literal["child", "external"]
+OnDown = Literal["control", "error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +268,10 @@ class ArmConfig:
     dcgm_gpus: tuple[str, ...] = ()
     # with dcgm_urls on Kubernetes: only GPUs whose `pod` label starts with one of these; () = all
     dcgm_pods: tuple[str, ...] = ()
+    # A treatment arm with no healthy endpoint: "control" sends its requests to the control arm
+    # (fail open: recorded as rerouted, kept out of the comparison); "error" answers them with
+    # the arm's errors. The control arm (baseline) never fails over: this key is ignored there.
+    on_down: OnDown = "control"
     name: str = "arm"  # the arm, for error messages (set by Config)
 
     def __post_init__(self) -> None:
@@ -276,10 +281,11 @@ class ArmConfig:
         )
         object.__setattr__(self, "urls", tuple(self.urls))
         _check(
-            bool(self.urls) != (self.dns is not None),
+            not (self.urls and self.dns is not None),
             prefix,
             "needs exactly one of urls (a list of base URLs) or dns (a name to resolve)",
         )
+        _check(self.on_down in get_args(OnDown), f"{prefix}.on_down", "must be control or error")
         for url in self.urls:
             _check(
                 _is_str(url) and _is_http_url(url),
@@ -322,6 +328,11 @@ class ArmConfig:
             _check(
                 not getattr(self, key) or bool(self.dcgm_urls), f"{prefix}.{key}", "needs dcgm_urls"
             )
+
+    @property
+    def has_endpoints(self) -> bool:
+        """Whether the table names the endpoints (else the `<arm>_url` shorthand gives them)."""
+        return bool(self.urls) or self.dns is not None
 
     @property
     def first_url(self) -> str:
@@ -377,6 +388,16 @@ class Config:
         for arm in ("baseline", "speculative"):
             name = f"{arm}_url"
             url, pool = getattr(self, name), getattr(self, arm)
+            if pool is not None and not pool.has_endpoints:
+                # A table of settings only (on_down): the shorthand URL is its one endpoint.
+                _check(
+                    _is_http_url(url),
+                    arm,
+                    "needs exactly one of urls (a list of base URLs) or dns (a name to resolve)"
+                    f" (or {name} beside it)",
+                )
+                pool = dataclasses.replace(pool, urls=(url,))
+                url = ""
             _check(url == "" or pool is None, name, f"and [{arm}] cannot both be given")
             if pool is None:
                 _check(

@@ -64,7 +64,11 @@ UPSTREAM_ERRORS = "specproxy_upstream_errors"  # counter -> ..._total{arm,kind,m
 # The `kind` values it counts: failures of the engine's answer, not the client leaving or the
 # proxy cancelling a shadow.
 UPSTREAM_ERROR_KINDS: tuple[ErrorKind, ...] = tuple(k for k in ErrorKind if not k.verdict_free)
-SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (shadow cap reached)
+SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (cap reached, arm down)
+# Failing open: a treatment's request served by the control: ..._total{from,to,reason}, reason
+# one of records.RerouteReason's values (down, connect).
+REROUTED = "specproxy_rerouted_requests"
+ARM_UP = "specproxy_arm_up"  # gauge{arm}: 1 while the arm has an endpoint in rotation
 # The proxy answered itself (bad JSON, too deep, too large, bad method): ..._total{reason}.
 REJECTED = "specproxy_rejected_requests"  # reason: proxy.limits.Rejection's values
 INFLIGHT = "specproxy_inflight_requests"  # gauge{arm}
@@ -258,7 +262,21 @@ class ProxyMetrics:
         )
         self.shadow_skipped = Counter(
             SHADOW_SKIPPED,
-            "Mirrored requests skipped because the shadow concurrency cap was reached.",
+            "Mirrored requests skipped because the shadow concurrency cap was reached or the "
+            "shadow's arm (or the primary's, failing open) was down.",
+            registry=registry,
+        )
+        self.rerouted = Counter(
+            REROUTED,
+            "Requests routed to a treatment arm that was down, served by the control arm instead "
+            "(failing open; left out of the comparison), by reason (down, connect).",
+            ["from", "to", "reason"],
+            registry=registry,
+        )
+        self.arm_up = Gauge(
+            ARM_UP,
+            "1 while the arm has an endpoint in rotation (not every endpoint ejected), else 0.",
+            ["arm"],
             registry=registry,
         )
         self.inflight = Gauge(

@@ -26,6 +26,7 @@ __all__ = [
     "GpuSample",
     "Recorder",
     "RequestRecord",
+    "RerouteReason",
     "bound_model",
 ]
 
@@ -58,6 +59,23 @@ class Arm(enum.StrEnum):
     def other(self) -> Arm:
         return Arm.BASELINE if self is Arm.SPECULATIVE else Arm.SPECULATIVE
 
+    @property
+    def is_control(self) -> bool:
+        """The baseline is the control; every other arm is a treatment under test."""
+        return self is Arm.BASELINE
+
+    @property
+    def control(self) -> Arm:
+        """The control arm: where a fail-open treatment's requests go while it is down."""
+        return Arm.BASELINE
+
+
+class RerouteReason(enum.StrEnum):
+    """Why a request routed to a treatment was served by the control instead (fail open)."""
+
+    DOWN = "down"  # every endpoint of the treatment was ejected: it was never tried
+    CONNECT = "connect"  # no endpoint of the treatment could be connected to; nothing was sent
+
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
@@ -89,6 +107,10 @@ class RequestRecord:
 
     disconnected: bool = False  # the client went away before the response finished
     engine_url: str | None = None  # the arm's endpoint that served it (None: never sent)
+    # Failing open: the treatment the request was routed to, which was down, and why; `arm` is
+    # the control that answered. Such a request is in no comparison (not a sample of either arm).
+    rerouted_from: Arm | None = None
+    reroute_reason: RerouteReason | None = None
 
     def __post_init__(self) -> None:
         bounded = bound_model(self.model)
@@ -97,12 +119,33 @@ class RequestRecord:
         kind = self.error_kind
         if kind is not None and type(kind) is not ErrorKind:  # a stored or hand-made string
             object.__setattr__(self, "error_kind", ErrorKind(kind))
+        came = self.rerouted_from
+        if came is not None and type(came) is not Arm:
+            object.__setattr__(self, "rerouted_from", Arm(came))
+        reason = self.reroute_reason
+        if reason is not None and type(reason) is not RerouteReason:
+            object.__setattr__(self, "reroute_reason", RerouteReason(reason))
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the record may be a sample of its arm in a comparison: HTTP 200, no error
+        kind, the client still connected, and not rerouted (see `rerouted_from`)."""
+        return (
+            self.status == 200
+            and self.error_kind is None
+            and not self.disconnected
+            and self.rerouted_from is None
+        )
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)
         row["arm"] = self.arm.value
         if self.error_kind is not None:
             row["error_kind"] = self.error_kind.value
+        if self.rerouted_from is not None:
+            row["rerouted_from"] = self.rerouted_from.value
+        if self.reroute_reason is not None:
+            row["reroute_reason"] = self.reroute_reason.value
         return row
 
     @classmethod
@@ -116,7 +159,18 @@ RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 # Record fields that are booleans (SQLite stores 0/1) and text; the others are numbers.
 BOOL_COLUMNS: frozenset[str] = frozenset({"stream", "shadow", "disconnected"})
 TEXT_COLUMNS: frozenset[str] = frozenset(
-    {"request_id", "run_id", "arm", "model", "endpoint", "pair_id", "error_kind", "engine_url"}
+    {
+        "request_id",
+        "run_id",
+        "arm",
+        "model",
+        "endpoint",
+        "pair_id",
+        "error_kind",
+        "engine_url",
+        "rerouted_from",
+        "reroute_reason",
+    }
 )
 
 

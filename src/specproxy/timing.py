@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from specproxy.errors import ErrorKind
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import Arm, RequestRecord, RerouteReason
 
 __all__ = ["ContentEvents", "Measures", "RequestTimings", "derive"]
 
@@ -117,6 +117,8 @@ class Measures:
         pair_id: str | None = None,
         shadow: bool = False,
         engine_url: str | None = None,
+        rerouted_from: Arm | None = None,
+        reroute_reason: RerouteReason | None = None,
     ) -> RequestRecord:
         """The store row: these measurements plus who and what the request was."""
         return RequestRecord(
@@ -145,6 +147,8 @@ class Measures:
             error_kind=self.error_kind,
             disconnected=self.disconnected,
             engine_url=engine_url,
+            rerouted_from=rerouted_from,
+            reroute_reason=reroute_reason,
         )
 
 

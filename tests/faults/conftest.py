@@ -22,7 +22,7 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from specproxy.app import create_app
 from specproxy.appkeys import STORE
-from specproxy.config import Config, RoutingConfig, StoreConfig, TimeoutConfig
+from specproxy.config import ArmConfig, Config, OnDown, RoutingConfig, StoreConfig, TimeoutConfig
 from specproxy.records import RECORD_FIELDS
 from specproxy.stats.job.rows import usable_mask
 from specproxy.store.buffered import BufferedStore
@@ -102,11 +102,13 @@ def make_rig(
         *,
         speculative_url: str | None = None,
         store: dict[str, Any] | None = None,
+        on_down: OnDown = "control",
         **timeouts: Any,
     ) -> Rig:
         cfg = Config(
             baseline_url=faulty.url,
             speculative_url=speculative_url or faulty.url,
+            speculative=ArmConfig(on_down=on_down),
             run_id=RUN,
             routing=RoutingConfig(speculative_share=1.0),
             timeouts=TimeoutConfig(**{"read_s": 0.5, "total_s": 0.5, **timeouts}),

@@ -58,7 +58,8 @@ async def test_fault(
 ) -> None:
     timeouts = {"read_s": 10.0, "stream_total_s": 0.5} if fault == "drip" else {}
     spec = _closed_port_url() if fault == "refuse" else None
-    rig = await make_rig(speculative_url=spec, **timeouts)
+    # on_down = "error": the arm's own failure is the case here (failing open: test_fail_open)
+    rig = await make_rig(speculative_url=spec, on_down="error", **timeouts)
     for _ in range(REQUESTS):
         got_status, got_cut, body = await _send(rig.client, fault, stream)
         rig.sent += 1

@@ -24,6 +24,11 @@ def until(ep: Endpoint) -> float | None:
     return ep.ejected_until
 
 
+def down(pool: EndpointPool) -> bool:
+    """`pool.down` (a call, so that mypy does not narrow the property)."""
+    return pool.down
+
+
 def test_idle_pool_round_robins() -> None:
     pool = EndpointPool([A, B, C])
     seen = []
@@ -147,3 +152,23 @@ def test_no_verdict_leaves_the_streak_alone() -> None:
     assert pool.endpoints[0].failures == 1 and pool.endpoints[0].outstanding == 0
     pool.release(pool.acquire(), ok=False)
     assert pool.endpoints[0].ejected
+
+
+def test_a_pool_is_down_when_every_endpoint_is_ejected_and_up_again_after_a_probe() -> None:
+    clock = Clock()
+    pool = EndpointPool([A, B], OutlierConfig(eject_after_failures=1), clock=clock)
+    assert not down(pool)
+    pool.release(pool.acquire(), ok=False)  # A out, B still in rotation
+    assert not down(pool)
+    assert pool.acquire_other([B], panic=False) is None  # A is ejected: not without panic
+    other = pool.acquire_other([B])  # panic mode (the default) still offers it
+    assert other is not None and other.url == A
+    pool.release(other, ok=None)
+    pool.release(pool.acquire(), ok=False)  # B out too
+    assert down(pool)
+    pool.probe(A, ok=True)  # its ejection is not over yet: stays out
+    assert down(pool)
+    clock.now += 30.0
+    pool.probe(A, ok=True)  # every endpoint ejected: the probe readmits it all the same
+    assert not down(pool)
+    assert [pool.acquire().url for _ in range(2)] == [A, A]  # B stays out until its own probe

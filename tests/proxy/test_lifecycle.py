@@ -10,8 +10,10 @@ import aiohttp
 import pytest
 from scipy.stats import binomtest
 
-from specproxy.metrics import OUTPUT_TOKENS, REQUESTS, UPSTREAM_ERRORS
-from specproxy.records import Arm
+from specproxy.config import ArmConfig, OutlierConfig
+from specproxy.metrics import ARM_UP, OUTPUT_TOKENS, REQUESTS, REROUTED, UPSTREAM_ERRORS
+from specproxy.records import Arm, RerouteReason
+from specproxy.summary.minute import rollup_records
 from tests.conftest import fixture_path
 from tests.proxy.conftest import CHAT, SPEC_ONLY, Arms, MakeProxy, chat
 
@@ -80,7 +82,10 @@ async def test_upstream_refused_is_502(make_proxy: MakeProxy) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    proxy = await make_proxy(routing=SPEC_ONLY, speculative_url=closed)
+    # on_down = "error": the arm's own failure reaches the client (no failing open)
+    proxy = await make_proxy(
+        routing=SPEC_ONLY, speculative_url=closed, speculative=ArmConfig(on_down="error")
+    )
     async with proxy.client.post(CHAT, json=chat(stream=True)) as resp:
         assert resp.status == 502
         error = (await resp.json())["error"]
@@ -152,3 +157,54 @@ async def test_bad_bodies_get_openai_style_errors(make_proxy: MakeProxy) -> None
             assert error["code"] == status and error["message"]
             assert resp.headers["x-specproxy-request-id"]
     assert not proxy.recorder.records
+
+
+def _closed_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_a_treatment_that_cannot_be_reached_fails_open_to_the_control(
+    make_proxy: MakeProxy,
+) -> None:
+    proxy = await make_proxy(
+        routing={**SPEC_ONLY, "mirror_fraction": 1.0},
+        speculative_url=_closed_url(),
+        outlier=OutlierConfig(eject_after_failures=2),
+    )
+    for _ in range(4):
+        async with proxy.client.post(CHAT, json=chat(stream=True)) as resp:
+            assert resp.status == 200  # no error caused by the experiment
+            assert resp.headers["x-specproxy-arm"] == "baseline"  # who actually answered
+            assert resp.headers["x-fake-arm"] == "baseline"
+            await resp.read()
+    records = proxy.recorder.records
+    primaries = [r for r in records if not r.shadow]
+    assert [r.arm for r in primaries] == [Arm.BASELINE] * 4
+    assert all(r.rerouted_from is Arm.SPECULATIVE and r.status == 200 for r in primaries)
+    # Two refused connections ejected the one endpoint: then the arm is down, never tried.
+    assert [r.reroute_reason for r in primaries] == [RerouteReason.CONNECT] * 2 + [
+        RerouteReason.DOWN
+    ] * 2
+    assert all(r.pair_id is None for r in primaries)  # no pair with its own shadow
+    shadows = [r for r in records if r.shadow]
+    assert len(shadows) == 2 and all(r.arm is Arm.BASELINE for r in shadows)  # before the arm
+    # was known to be down; then the mirror is skipped
+    assert proxy.sample("specproxy_shadow_skipped_total") == 2
+    assert rollup_records(records).summaries == []  # kept out of the comparison
+    labels = {"from": "speculative", "to": "baseline"}
+    assert proxy.sample(REROUTED + "_total", {**labels, "reason": "connect"}) == 2
+    assert proxy.sample(REROUTED + "_total", {**labels, "reason": "down"}) == 2
+    assert proxy.sample(ARM_UP, {"arm": "speculative"}) == 0
+    assert proxy.sample(ARM_UP, {"arm": "baseline"}) == 1
+    assert proxy.sample("specproxy_request_duration_seconds_count") == 0  # no latency sample
+
+
+async def test_the_control_never_fails_over_to_a_treatment(make_proxy: MakeProxy) -> None:
+    proxy = await make_proxy(routing={"speculative_share": 0.0}, baseline_url=_closed_url())
+    async with proxy.client.post(CHAT, json=chat()) as resp:
+        assert resp.status == 502
+        assert resp.headers["x-specproxy-arm"] == "baseline"
+    rec = proxy.recorder.records[-1]
+    assert rec.arm is Arm.BASELINE and rec.rerouted_from is None and rec.error_kind == "connect"

@@ -24,7 +24,9 @@ from pytest_aiohttp import AiohttpServer
 
 from specproxy.app import create_app
 from specproxy.config import (
+    ArmConfig,
     Config,
+    OnDown,
     RoutingConfig,
     ScrapeConfig,
     StatsConfig,
@@ -132,12 +134,14 @@ def make_proxy(engines: Engines, aiohttp_server: AiohttpServer) -> MakeProxy:
         scrape_interval_s: float = 3600.0,
         urls: dict[Arm, str] | None = None,
         warmup: dict[str, Any] | None = None,
+        on_down: OnDown = "control",
         **routing: Any,
     ) -> Proxy:
         upstream = urls or engines.urls
         cfg = Config(
             baseline_url=upstream[Arm.BASELINE],
             speculative_url=upstream[Arm.SPECULATIVE],
+            speculative=ArmConfig(on_down=on_down),
             routing=RoutingConfig(**{"allow_forced_arm": True, "seed": 0, **routing}),
             scrape=ScrapeConfig(interval_s=scrape_interval_s),
             warmup=WarmupConfig(**{"restart_seconds": 0.0, **(warmup or {})}),

@@ -1,8 +1,8 @@
 """Restarting the real speculative engine under the proxy (runs last: it leaves a cold engine).
 
-While the engine is down the proxy answers 502 with an OpenAI-style body and /readyz says which
-arm is missing; once it is back, the scraper sees the new process start time, the warm-up window
-opens at the restart, and requests are recorded again.
+With `on_down = "error"` (no failing open), while the engine is down the proxy answers 502 with an
+OpenAI-style body and /readyz says which arm is missing; once it is back, the scraper sees the
+new process start time, the warm-up window opens at the restart, and requests are recorded again.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
     proxy = await make_proxy(
         scrape_interval_s=0.5,
         warmup={"restart_requests": WARMUP_REQUESTS, "restart_seconds": 0.0},
+        on_down="error",  # the arm's own failure reaches the client (no failing open)
     )
     scraper = proxy.app[SCRAPER]
     spec_state = scraper.states[Arm.SPECULATIVE]
@@ -74,6 +75,7 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
     assert status == 503 and ready == {
         "ready": False,
         "arms": {"speculative": False, "baseline": True},
+        "degraded": [],
     }
     assert (await post(proxy, Arm.BASELINE, texts[3]))[0] == 200  # the other arm still serves
     await eventually(lambda: spec_state.up is False)

@@ -36,8 +36,8 @@ def test_records_query_filters_in_the_where_clause_with_the_arm_second() -> None
     sql, params = records_sql(usable, "sqlite")
     assert sql == (
         'SELECT t_start, shadow AS "shadow [specproxy_bool]" FROM requests '
-        "WHERE run_id = ? AND arm = ? AND status = 200 AND error_kind IS NULL AND disconnected = 0 "
-        "ORDER BY t_start"
+        "WHERE run_id = ? AND arm = ? AND status = 200 AND error_kind IS NULL "
+        "AND rerouted_from IS NULL AND disconnected = 0 ORDER BY t_start"
     )
     assert params == ("r",)
     sql, _ = records_sql(usable, "postgresql")

@@ -364,6 +364,44 @@ async def _check_v8_upgraded(url: str, tmp_path: Path) -> None:
     assert store.dropped == 0
 
 
+async def _check_v8_rerouted(url: str, tmp_path: Path) -> None:
+    """A v8 store's rows read as not rerouted; a rerouted record is stored with its flag, read
+    back by every column, and left out of the usable rows and the rollups."""
+    import dataclasses
+
+    from specproxy.records import RerouteReason
+
+    store = open_store(store_config(url, tmp_path))
+    await store.start()
+    old = await read_arrays(store, run_id="run", columns=["request_id", "rerouted_from"])
+    assert list(old[Arm.BASELINE]["request_id"]) == ["v5-1"]
+    assert old[Arm.BASELINE]["rerouted_from"][0] is None  # column added by v10
+    served = make_record(1, arm=Arm.BASELINE, request_id="v9-1", t_start=130.0)
+    store.record(served)
+    store.record(
+        dataclasses.replace(
+            served,
+            request_id="v9-2",
+            t_start=131.0,
+            rerouted_from=Arm.SPECULATIVE,
+            reroute_reason=RerouteReason.DOWN,
+        )
+    )
+    await store.flush()
+    got = await read_arrays(
+        store, run_id="run", columns=["request_id", "rerouted_from", "reroute_reason"]
+    )
+    assert list(got[Arm.BASELINE]["request_id"]) == ["v5-1", "v9-1", "v9-2"]
+    assert list(got[Arm.BASELINE]["rerouted_from"]) == [None, None, "speculative"]
+    assert list(got[Arm.BASELINE]["reroute_reason"]) == [None, None, "down"]
+    usable = await store.read_records(run_id="run", columns=["request_id"], usable_only=True)
+    assert [r[0] for r in usable[Arm.BASELINE]] == ["v5-1", "v9-1"]
+    rollups = await read_rollups(store, run_id="run", metric="e2e", until_minute=3)
+    assert rollups[Arm.BASELINE].n.tolist() == [1, 1]  # minute 0 (v5-1) and 2 (v9-1 only)
+    await store.close()
+    assert store.dropped == 0
+
+
 async def test_sqlite_v8_store_gains_the_arm_event_table(tmp_path: Path) -> None:
     db = tmp_path / "v8.db"
     _sqlite_store_at(db, 8, [statement.format(true=1) for statement in V5_ROWS])
@@ -374,3 +412,19 @@ async def test_postgres_v8_store_gains_the_arm_event_table(pg_url: str, tmp_path
     await _pg_store_at(pg_url, 8, [statement.format(true="TRUE") for statement in V5_ROWS])
     await _check_v8_upgraded(pg_url, tmp_path)
     assert await _pg_versions(pg_url) == list(range(1, SCHEMA_VERSION + 1))
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+async def test_a_v8_store_gains_the_reroute_columns(
+    dialect: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    rows = V5_ROWS
+    if dialect == "sqlite":
+        url = f"sqlite:///{tmp_path / 'v8.db'}"
+        _sqlite_store_at(tmp_path / "v8.db", 8, [r.format(true=1) for r in rows])
+    else:
+        url = request.getfixturevalue("pg_url")
+        await _pg_store_at(url, 8, [r.format(true="TRUE") for r in rows])
+    await _check_v8_rerouted(url, tmp_path)
+    if dialect == "postgresql":
+        assert await _pg_versions(url) == list(range(1, SCHEMA_VERSION + 1))

@@ -64,6 +64,7 @@ def test_unusable_and_non_positive_values_are_left_out() -> None:
         _rec(1, 0.0, 1.0, tpot_s=0.0, ttft_s=math.nan),
         _rec(2, 0.0, 1.0, status=500),
         _rec(3, 0.0, 1.0, shadow=True),
+        _rec(4, 0.0, 1.0, rerouted_from=Arm.SPECULATIVE, reroute_reason="down"),  # failed open
     ]
     batch = rollup_records(recs)
     assert [s[1] for s in batch.summaries] == ["e2e"]

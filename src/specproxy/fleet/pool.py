@@ -13,8 +13,12 @@ Passive health is Envoy's outlier detection, consecutive-failure flavour: after
 that time is up it is not simply readmitted: it stays out until a probe (the scraper's next
 successful /metrics scrape of it) succeeds, so a client request is never the test of whether a
 dead engine came back. A success resets the failure streak. When every endpoint is ejected the
-pool routes to all of them (Envoy's panic mode): answering with errors from the engines beats
-refusing every request at the proxy.
+pool is `down`; by default it then routes to all of them (Envoy's panic mode): answering with
+errors from the engines beats refusing every request at the proxy. That is what the control arm
+does. A treatment that fails open (`on_down = "control"`) asks `down` first and sends its
+requests to the control instead, and passes `panic=False` so that an ejected endpoint is never
+chosen for it; the probes readmit its endpoints as they readmit any (a probe does not need an
+endpoint in rotation).
 """
 
 from __future__ import annotations
@@ -85,29 +89,35 @@ class EndpointPool:
         self._endpoints = [known.get(url) or Endpoint(url) for url in new]
         self._cursor %= len(self._endpoints)
 
+    @property
+    def down(self) -> bool:
+        """Whether every endpoint is ejected (no endpoint in rotation)."""
+        return all(ep.ejected_until is not None for ep in self._endpoints)
+
     def acquire(self) -> Endpoint:
         """The endpoint for the next request; counts it as outstanding until `release`."""
         best = self._choose(())
         assert best is not None  # the list is never empty and nothing is excluded
         return best
 
-    def acquire_other(self, exclude: Collection[str]) -> Endpoint | None:
-        """Like `acquire`, but never an endpoint in `exclude` (None when none is left).
+    def acquire_other(self, exclude: Collection[str], *, panic: bool = True) -> Endpoint | None:
+        """Like `acquire`, but never an endpoint in `exclude` (None when none is left); with
+        `panic=False` never an ejected one either.
 
         For a call that could not even connect: nothing was sent, so another endpoint may
         serve it.
         """
-        return self._choose(exclude)
+        return self._choose(exclude, panic=panic)
 
-    def _choose(self, exclude: Collection[str]) -> Endpoint | None:
+    def _choose(self, exclude: Collection[str], *, panic: bool = True) -> Endpoint | None:
         endpoints = self._endpoints
         n = len(endpoints)
         best: Endpoint | None = None
         start = self._cursor
-        for panic in (False, True):
+        for any_state in (False, True) if panic else (False,):
             for i in range(n):
                 ep = endpoints[(start + i) % n]
-                if (ep.ejected_until is not None and not panic) or ep.url in exclude:
+                if (ep.ejected_until is not None and not any_state) or ep.url in exclude:
                     continue
                 if best is None or ep.outstanding < best.outstanding:
                     best = ep

@@ -10,6 +10,14 @@ left the pool (DNS discovery) are closed once nothing was picked from them for a
 try the arm's other endpoints while the failure says nothing was sent (so a dead engine costs
 the clients only the calls that were already in flight on it), note the answer's status and
 failure in the call's `Trace`; then release or drop the connection and report the outcome.
+
+Failing open: a primary call to a treatment arm in `fail_open` (`on_down = "control"`) is
+rerouted to the control arm when the treatment is `down` (every endpoint ejected: it is not
+tried at all) or when none of its endpoints in rotation could be connected to (nothing was
+sent). Only never-sent failures are rerouted, so no request is ever sent twice; a timeout after
+sending, an HTTP error or a broken stream reaches the client as before. Such a treatment's
+ejected endpoints are never tried (no panic mode): the control serves instead. Shadows are never
+rerouted. The control arm itself never fails over to a treatment.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from specproxy.proxy.headers import OutboundHeaders
 from specproxy.proxy.trace import Trace
 from specproxy.proxy.transports.base import Reply, UpstreamTransport
 from specproxy.proxy.transports.select import Mode, TransportFactory, Transports
-from specproxy.records import Arm
+from specproxy.records import Arm, RerouteReason
 
 __all__ = ["EndpointClients", "Upstreams", "verdict"]
 
@@ -58,13 +66,25 @@ class EndpointClients:
 class Upstreams:
     """Every arm's endpoints with their clients, created on first use."""
 
-    def __init__(self, fleet: Fleet, transports: TransportFactory) -> None:
+    def __init__(
+        self, fleet: Fleet, transports: TransportFactory, fail_open: Collection[Arm] = ()
+    ) -> None:
+        """`fail_open`: the treatment arms whose calls the control serves while they are down."""
         self._fleet = fleet
         self._make = transports
+        self._fail_open = frozenset(a for a in fail_open if not a.is_control)
         # Per (arm, URL): an arm's transports carry its timeouts, even where arms share an engine.
         self._clients: dict[tuple[Arm, str], EndpointClients] = {}
         self._inflight: dict[tuple[Arm, str], int] = {}  # calls in flight per endpoint
         self._pruning: set[asyncio.Task[None]] = set()
+
+    def down(self, arm: Arm) -> bool:
+        """Whether every endpoint of `arm` is ejected."""
+        return self._fleet.pool(arm).down
+
+    def fails_open(self, arm: Arm) -> bool:
+        """Whether a primary call to `arm` goes to the control while `arm` is down."""
+        return arm in self._fail_open
 
     def pick(self, arm: Arm) -> tuple[Endpoint, EndpointClients]:
         """The endpoint for the next call to `arm` (counted in flight until `done`)."""
@@ -82,11 +102,25 @@ class Upstreams:
         return endpoint, clients
 
     def pick_other(
-        self, arm: Arm, tried: Collection[str]
+        self, arm: Arm, tried: Collection[str], *, panic: bool = True
     ) -> tuple[Endpoint, EndpointClients] | None:
-        """Another endpoint of `arm` than those `tried`, for a call that was never sent."""
-        endpoint = self._fleet.pool(arm).acquire_other(tried)
+        """Another endpoint of `arm` than those `tried`, for a call that was never sent
+        (`panic=False`: never an ejected one)."""
+        endpoint = self._fleet.pool(arm).acquire_other(tried, panic=panic)
         return None if endpoint is None else self._clients_for(arm, endpoint)
+
+    def _retry(
+        self, trace: Trace, tried: Collection[str]
+    ) -> tuple[Endpoint, EndpointClients] | None:
+        """Where a call that was never sent goes next: another endpoint of its arm, else (a
+        primary call to a fail-open treatment) the control arm, rerouting `trace`."""
+        arm = trace.arm
+        fail_open = not trace.shadow and arm in self._fail_open
+        other = self.pick_other(arm, tried, panic=not fail_open)
+        if other is not None or not fail_open:
+            return other
+        trace.reroute(RerouteReason.CONNECT)
+        return self.pick(trace.arm)
 
     def done(self, arm: Arm, endpoint: Endpoint, error_kind: ErrorKind | None) -> None:
         """The call ended with `error_kind` (None: success)."""
@@ -106,7 +140,10 @@ class Upstreams:
 
         A failure before the headers is noted in the trace (kind and the status the client
         gets) and raised; the endpoint the call ended on is `trace.engine` either way, for
-        `end`."""
+        `end`. A primary call to a fail-open treatment that is down goes to the control
+        (`trace.reroute`)."""
+        if not trace.shadow and trace.arm in self._fail_open and self.down(trace.arm):
+            trace.reroute(RerouteReason.DOWN)
         arm = trace.arm
         endpoint, clients = self.pick(arm)
         trace.engine = endpoint
@@ -118,12 +155,14 @@ class Upstreams:
                 break
             except UpstreamError as exc:
                 tried.append(endpoint.url)
-                other = self.pick_other(arm, tried) if exc.never_sent else None
+                other = self._retry(trace, tried) if exc.never_sent else None
                 if other is None:
                     trace.fail(exc.kind, exc.status)
                     raise
-                # Nothing was sent: the arm's next endpoint serves it.
+                # Nothing was sent: the arm's next endpoint (or the control's) serves it.
                 self.done(arm, endpoint, exc.kind)
+                if trace.arm is not arm:
+                    arm, tried = trace.arm, []
                 endpoint, clients = other
                 trace.engine = endpoint
                 trace.engine_url = endpoint.url

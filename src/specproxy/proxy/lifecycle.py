@@ -10,6 +10,11 @@ Failure mapping: refused/unreachable -> 502, connect or read timeout before the 
 same way for the client (no synthetic end); a client that goes away closes the upstream
 connection, which makes vLLM abort the generation.
 
+Failing open (`proxy.endpoints`): a request routed to a treatment arm that is down is served by
+the control arm (`[<arm>] on_down = "control"`, the default), recorded with `rerouted_from` and
+counted in `specproxy_rerouted_requests_total`; it is mirrored to no arm, since its shadow would
+be the control too. The control arm never fails over to a treatment.
+
 The concerns live beside this module: `relay` (answer to the client), `shadow` (mirrored calls),
 `headers`, `usage` (usage injection and reading), `observe` (Prometheus), `trace` (the record).
 """
@@ -17,6 +22,7 @@ The concerns live beside this module: `relay` (answer to the client), `shadow` (
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -28,6 +34,7 @@ from aiohttp import ClientSession, web
 from specproxy.config import Config
 from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
+from specproxy.fleet.pool import EndpointPool
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.endpoints import Upstreams
 from specproxy.proxy.headers import OutboundHeaders, response_headers, safe_path
@@ -64,6 +71,11 @@ MEASURED_ENDPOINTS: Final = {
 }
 
 
+def _up(pool: EndpointPool) -> float:
+    """`specproxy_arm_up`: 1 while the arm has an endpoint in rotation."""
+    return 0.0 if pool.down else 1.0
+
+
 class Forwarder:
     """Serves the proxied routes for one app; owns the routing RNG and the shadow tasks."""
 
@@ -84,15 +96,21 @@ class Forwarder:
         self._cfg = cfg
         self._run_id = cfg.run_id
         self._recorder = recorder
+        self._metrics = metrics
         fleet = fleet if fleet is not None else Fleet(cfg)
         self._observer = Observer(metrics, fleet.labels.label)
+        for arm in Arm:
+            metrics.arm_up.labels(arm.value).set_function(functools.partial(_up, fleet.pool(arm)))
+        fail_open = [arm for arm in Arm if cfg.arm_config(arm.value).on_down == "control"]
         self._router = router if router is not None else Router(cfg.routing)
         self._mirror_enabled = cfg.routing.mirror_fraction > 0
         self._inject_usage = cfg.inject_usage
         self._max_body = cfg.max_body_bytes
         # Each arm is a pool of endpoints; each endpoint has its own transports, chosen once per
         # mode (`transports.select`), e.g. the lean client for plain-http engines.
-        self._upstreams = Upstreams(fleet, transports or default_transports(sessions, cfg.timeouts))
+        self._upstreams = Upstreams(
+            fleet, transports or default_transports(sessions, cfg.timeouts), fail_open
+        )
         self._new_id = RequestIds()
         self._shadows = Shadows(
             upstreams=self._upstreams,
@@ -158,7 +176,11 @@ class Forwarder:
         strip_usage = stream and self._inject_usage and should_inject(doc)
         upstream_body = with_usage(doc, body) if strip_usage else body
         pair_id = None
-        if self._mirror_enabled and self._router.mirror():
+        if (
+            self._mirror_enabled
+            and self._router.mirror()
+            and not self._failing_open(arm)  # its shadow would go to the control as well
+        ):
             pair_id = request_id
             self._shadows.start(
                 arm.other,
@@ -242,6 +264,14 @@ class Forwarder:
                 upstream.close()
         return resp
 
+    def _failing_open(self, arm: Arm) -> bool:
+        """Whether a request for `arm` goes to the control now (a mirror of it is skipped)."""
+        upstreams = self._upstreams
+        if upstreams.fails_open(arm) and upstreams.down(arm):
+            self._observer.shadow_skipped()
+            return True
+        return False
+
     # ----------------------------------------------------------------------- primary path
 
     async def _primary(
@@ -293,3 +323,6 @@ class Forwarder:
             return
         self._recorder.record(rec)
         self._observer.observe(rec, trace.scanner.gaps if trace.scanner is not None else ())
+        came, reason = rec.rerouted_from, rec.reroute_reason
+        if came is not None and reason is not None:
+            self._metrics.rerouted.labels(came.value, rec.arm.value, reason.value).inc()

@@ -66,6 +66,8 @@ class Observer:
             if kind in UPSTREAM_ERROR_KINDS:
                 self._metrics.upstream_errors.labels(arm.value, kind, model).inc()
             return
+        if rec.rerouted_from is not None:  # failed open: no latency sample of either arm
+            return
         key = (arm, rec.endpoint, rec.stream, model)
         children = self._children.get(key)
         if children is None:

@@ -1,7 +1,8 @@
 """Mirrored ("shadow") calls: the same request sent to the other arm, read fully, never returned.
 
 A shadow runs as its own task, capped at `max_concurrent_shadows` (over the cap it is skipped and
-counted, never queued), and ends in one record with `shadow=True` and the primary's `pair_id`.
+counted, never queued; so is a shadow to an arm that is down: every endpoint ejected), and ends in
+one record with `shadow=True` and the primary's `pair_id`.
 Shutdown cancels the shadows still running; each still writes its record.
 """
 
@@ -74,7 +75,7 @@ class Shadows:
         stream: bool,
         pair_id: str,
     ) -> None:
-        if self._closing or len(self._tasks) >= self._cap:
+        if self._closing or len(self._tasks) >= self._cap or self._upstreams.down(arm):
             self._skipped()
             return
         if injected:

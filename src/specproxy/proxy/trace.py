@@ -2,7 +2,9 @@
 
 A `Trace` is mutable and private to the call (primary or shadow); `to_record` turns it into the
 immutable `RequestRecord` once, at the end, whatever happened, through `specproxy.timing.derive`
-(the load generator uses the same derivation).
+(the load generator uses the same derivation). A primary call to a treatment that was down and
+served by the control instead is `reroute`d: its arm becomes the control (so the response's
+`x-specproxy-arm` names who answered), and it is no member of a mirrored pair any more.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Final
 from specproxy.errors import ErrorKind
 from specproxy.fleet.pool import Endpoint
 from specproxy.proxy.sse import SSEScanner
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import Arm, RequestRecord, RerouteReason
 from specproxy.timing import RequestTimings, derive
 
 __all__ = ["STATUS_CLIENT_GONE", "RequestIds", "Trace"]
@@ -52,6 +54,8 @@ class Trace:
         "pair_id",
         "received",
         "request_id",
+        "reroute_reason",
+        "rerouted_from",
         "scanner",
         "shadow",
         "speculative",
@@ -95,6 +99,16 @@ class Trace:
         self.speculative: dict[str, Any] | None = None
         self.engine_url: str | None = None  # the arm's endpoint the call went to
         self.engine: Endpoint | None = None  # that endpoint, until its outcome is reported
+        self.rerouted_from: Arm | None = None  # the treatment it was routed to, when rerouted
+        self.reroute_reason: RerouteReason | None = None
+
+    def reroute(self, reason: RerouteReason) -> None:
+        """The arm this call was routed to is down: the control serves it instead. The pair it
+        was part of is left (its shadow went to the control too: it cannot pair with itself)."""
+        self.rerouted_from = self.arm
+        self.reroute_reason = reason
+        self.arm = self.arm.control
+        self.pair_id = None
 
     def fail(self, kind: ErrorKind, status: int | None = None) -> None:
         if self.error_kind is None:
@@ -126,4 +140,6 @@ class Trace:
             pair_id=self.pair_id,
             shadow=self.shadow,
             engine_url=self.engine_url,
+            rerouted_from=self.rerouted_from,
+            reroute_reason=self.reroute_reason,
         )

@@ -199,7 +199,8 @@ class SummaryReader(Protocol):
         """Request rows with since <= t_start < until per arm (both arms present), as tuples in
         `columns` order and t_start order, from one snapshot; shadow rows included. Values as
         recorded: numbers, str (arm and error kind as their values), bool, None. `usable_only`:
-        status 200, no error kind, client connected. An unknown column is a `StoreError`."""
+        status 200, no error kind, client connected, not rerouted (`RequestRecord.comparable`).
+        An unknown column is a `StoreError`."""
 
     @abc.abstractmethod
     async def read_engine(self, *, run_id: str, since: Sequence[float]) -> StoredView:

@@ -486,6 +486,17 @@ _V9_POSTGRESQL = (
 )
 
 
+# Version 10: failing open (issue 25): a request routed to a treatment that was down and served
+# by the control names the treatment and why; such rows are kept out of every comparison.
+_V10_SQLITE = (
+    "ALTER TABLE requests ADD COLUMN rerouted_from TEXT",
+    "ALTER TABLE requests ADD COLUMN reroute_reason TEXT",
+)
+_V10_POSTGRESQL = (
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS rerouted_from TEXT",
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS reroute_reason TEXT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
     Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
@@ -496,6 +507,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "hourly engine aggregates", _V7_SQLITE, _V7_POSTGRESQL),
     Migration(8, "rollup moments of the length adjustment", _V8_SQLITE, _V8_POSTGRESQL),
     Migration(9, "arm-control events", _V9_SQLITE, _V9_POSTGRESQL),
+    Migration(10, "rerouted requests (failing open)", _V10_SQLITE, _V10_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

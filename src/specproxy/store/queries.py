@@ -73,7 +73,7 @@ class RecordQuery:
     columns: tuple[str, ...]  # record fields
     since: float | None = None  # since <= t_start
     until: float | None = None  # t_start < until
-    usable_only: bool = False  # status 200, no error kind, not disconnected
+    usable_only: bool = False  # status 200, no error kind, not disconnected, not rerouted
 
     @classmethod
     def of(
@@ -99,10 +99,7 @@ class RecordQuery:
             and rec.arm is arm
             and (self.since is None or rec.t_start >= self.since)
             and (self.until is None or rec.t_start < self.until)
-            and (
-                not self.usable_only
-                or (rec.status == 200 and rec.error_kind is None and not rec.disconnected)
-            )
+            and (not self.usable_only or rec.comparable)
         )
 
 
@@ -118,7 +115,7 @@ def records_sql(query: RecordQuery, dialect: Dialect) -> Query:
             where.append(clause)
             params.append(value)
     if query.usable_only:
-        where.append("status = 200 AND error_kind IS NULL")
+        where.append("status = 200 AND error_kind IS NULL AND rerouted_from IS NULL")
         where.append("disconnected = 0" if dialect == "sqlite" else "NOT disconnected")
     columns = [
         f'{c} AS "{c} [{BOOL_CONVERTER}]"' if dialect == "sqlite" and c in BOOL_COLUMNS else c

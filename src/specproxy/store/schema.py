@@ -65,6 +65,8 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "error_kind",
     "disconnected",
     "engine_url",
+    "rerouted_from",
+    "reroute_reason",
 )
 ENGINE_COLUMNS: tuple[str, ...] = (
     "t",
@@ -127,6 +129,8 @@ def request_row(rec: RequestRecord) -> tuple[Any, ...]:
         rec.error_kind.value if rec.error_kind is not None else None,
         rec.disconnected,
         rec.engine_url,
+        rec.rerouted_from.value if rec.rerouted_from is not None else None,
+        rec.reroute_reason.value if rec.reroute_reason is not None else None,
     )
 
 

@@ -5,9 +5,10 @@ the fixed grid (`summary.grid`); per (run, minute, model, arm): the length adjus
 statistics (`MOMENT_SUMS`: n and the sums of u, v, u^2, v^2, uv, y, uy, vy, y^2 with y = log E2E,
 u = log output tokens, v = log prompt tokens). All are sums over requests, so the rollups of any
 replicas, batches and retries add up (`store.aggregates`). Rolled up: primary requests usable for
-the statistics (HTTP 200, no error kind, client connected) with a finite positive value; minute =
-floor(t_start / 60); the model is the store's bounded label (`Sink.label_models`), so a client
-naming a new model per request cannot make the rollups grow like the rows. Pure Python (it runs
+the statistics (HTTP 200, no error kind, client connected, not rerouted: `RequestRecord.comparable`)
+with a finite positive value; minute = floor(t_start / 60); the model is the store's bounded label
+(`Sink.label_models`), so a client naming a new model per request cannot make the rollups grow
+like the rows. Pure Python (it runs
 on the proxy's write path); its sums are numpy's, bit for bit (`pairwise_sum`).
 """
 
@@ -131,7 +132,7 @@ def minute_of(t: float) -> int:
 
 
 def usable_for_rollup(rec: RequestRecord) -> bool:
-    return rec.status == 200 and rec.error_kind is None and not rec.disconnected and not rec.shadow
+    return rec.comparable and not rec.shadow
 
 
 def as_is(model: str) -> str:

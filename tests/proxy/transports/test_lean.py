@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from specproxy.config import ArmConfig
 from specproxy.errors import UpstreamBroken, UpstreamConnectError
 from specproxy.proxy.transports.lean import UpstreamPool
 from tests.proxy.conftest import MakeProxy
@@ -366,7 +367,10 @@ async def test_proxy_maps_broken_non_stream_responses_to_502_with_one_record(
 async def test_proxy_non_stream_refused_is_502_connect(make_proxy: MakeProxy) -> None:
     async with serve(replying(OK)) as server:
         url = f"http://127.0.0.1:{server.port}"
-    proxy = await make_proxy(routing=SPEC_ONLY, speculative_url=url)
+    # on_down = "error": the refusal reaches the client (the default fails open to the control)
+    proxy = await make_proxy(
+        routing=SPEC_ONLY, speculative_url=url, speculative=ArmConfig(on_down="error")
+    )
     async with proxy.client.post(CHAT, json={"model": "m", "messages": []}) as resp:
         assert resp.status == 502
     rec = proxy.recorder.records[-1]

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpClient
 
-from specproxy.config import Config, RoutingConfig
+from specproxy.config import ArmConfig, Config, OnDown, RoutingConfig
 from specproxy.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import Forwarder
@@ -47,7 +47,12 @@ class Rig:
 
 class MakeRig(Protocol):
     async def __call__(
-        self, speculative: Handler, baseline: Handler, *, mirror_fraction: float = 0.0
+        self,
+        speculative: Handler,
+        baseline: Handler,
+        *,
+        mirror_fraction: float = 0.0,
+        on_down: OnDown = "control",
     ) -> Rig: ...
 
 
@@ -55,11 +60,18 @@ class MakeRig(Protocol):
 async def rig(aiohttp_client: AiohttpClient) -> AsyncIterator[MakeRig]:
     forwarders: list[Forwarder] = []
 
-    async def make(speculative: Handler, baseline: Handler, *, mirror_fraction: float = 0.0) -> Rig:
+    async def make(
+        speculative: Handler,
+        baseline: Handler,
+        *,
+        mirror_fraction: float = 0.0,
+        on_down: OnDown = "control",
+    ) -> Rig:
         cfg = Config(
             baseline_url="http://baseline.invalid:8000",
             speculative_url="http://speculative.invalid:8000",
             routing=RoutingConfig(speculative_share=1.0, mirror_fraction=mirror_fraction),
+            speculative=ArmConfig(on_down=on_down),
         )
         mocks = {Arm.SPECULATIVE: MockTransport(speculative), Arm.BASELINE: MockTransport(baseline)}
         recorder = MemoryRecorder()
@@ -112,7 +124,7 @@ async def test_a_failure_before_the_headers_is_recorded_alike_for_primary_and_sh
     def fails(request: MockRequest) -> MockReply:
         raise failure
 
-    r = await rig(fails, fails, mirror_fraction=1.0)
+    r = await rig(fails, fails, mirror_fraction=1.0, on_down="error")  # no failing open
     async with r.client.post(CHAT, json=chat(stream=True)) as resp:
         assert resp.status == status
         error = (await resp.json())["error"]
@@ -122,6 +134,41 @@ async def test_a_failure_before_the_headers_is_recorded_alike_for_primary_and_sh
     for rec in (primary, shadow):
         assert (rec.error_kind, rec.status) == (kind, status)
         assert rec.engine_url is not None and rec.n_events == 0
+
+
+@pytest.mark.parametrize(
+    ("failure", "status"), [(UpstreamTimeout("silent"), 504), (UpstreamBroken("garbage"), 502)]
+)
+async def test_only_a_call_never_sent_fails_open(
+    rig: MakeRig, failure: Exception, status: int
+) -> None:
+    """Refused: the control serves it (sent once, to the control). Timed out or broken after
+    sending: the client gets the treatment's error, and the control never sees the request."""
+
+    def refused(request: MockRequest) -> MockReply:
+        raise UpstreamConnectError("refused")
+
+    def fails(request: MockRequest) -> MockReply:
+        raise failure
+
+    r = await rig(refused, ok)
+    async with r.client.post(CHAT, json=chat(stream=True)) as resp:
+        assert resp.status == 200 and resp.headers["x-specproxy-arm"] == "baseline"
+        assert await resp.read() == b"".join(EVENTS)
+    (rec,) = await r.records(1)
+    assert (rec.arm, rec.rerouted_from, rec.reroute_reason) == (
+        Arm.BASELINE,
+        Arm.SPECULATIVE,
+        "connect",
+    )
+    assert len(r.mocks[Arm.BASELINE].requests) == 1
+
+    r = await rig(fails, ok)
+    async with r.client.post(CHAT, json=chat(stream=True)) as resp:
+        assert resp.status == status and resp.headers["x-specproxy-arm"] == "speculative"
+    (rec,) = await r.records(1)
+    assert rec.arm is Arm.SPECULATIVE and rec.rerouted_from is None
+    assert not r.mocks[Arm.BASELINE].requests  # never sent twice
 
 
 async def test_a_stream_cut_short_is_broken_for_primary_and_shadow(

@@ -44,7 +44,8 @@ ROW_COLUMNS: Final = (
 # Units a row window may take: divisors of a minute, so units nest in minutes.
 _UNITS_S: Final = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 10.0, 12.0, 15.0, 20.0, 30.0, 60.0)
 _UNITS_PER_WINDOW: Final = 200
-ROW_READ: Final = (*ROW_COLUMNS, "status", "error_kind", "disconnected")  # usable ones are kept
+# usable ones are kept (`usable_mask`)
+ROW_READ: Final = (*ROW_COLUMNS, "status", "error_kind", "disconnected", "rerouted_from")
 
 
 def row_unit(span_s: float) -> float:
@@ -55,7 +56,8 @@ def row_unit(span_s: float) -> float:
 
 
 def usable_mask(arrays: RowArrays) -> npt.NDArray[np.bool_]:
-    """Successful, complete requests: HTTP 200, no error kind, client still connected."""
+    """Successful, complete requests: HTTP 200, no error kind, client still connected, not
+    rerouted (a treatment's request the control answered while the treatment was down)."""
     n = len(arrays["t_start"])
     ok = np.ones(n, dtype=bool)
     if "status" in arrays:
@@ -64,6 +66,8 @@ def usable_mask(arrays: RowArrays) -> npt.NDArray[np.bool_]:
         ok &= np.array([e is None for e in arrays["error_kind"]], dtype=bool)
     if "disconnected" in arrays:
         ok &= ~np.asarray(arrays["disconnected"], dtype=bool)
+    if "rerouted_from" in arrays:
+        ok &= np.array([r is None for r in arrays["rerouted_from"]], dtype=bool)
     return ok
 
 
