@@ -60,6 +60,13 @@ def test_a_batch_that_keeps_growing_shows_in_tpot() -> None:
     assert [(g.arm, g.metric) for g in found] == [("baseline", "TPOT")]
 
 
+def test_a_burst_at_the_end_of_the_window_is_not_a_growing_queue() -> None:
+    # another process takes the CPU for the last 15 s: 4x slower, but nothing grew before
+    t, unit = _arrivals(8.0, 13)
+    ttft = np.where(t > 45.0, 0.12, 0.03)
+    assert latency_growth({"baseline": _window(ttft, np.full(t.size, 0.012), unit)}) == ()
+
+
 def test_too_few_requests_or_units_say_nothing() -> None:
     t, unit = _arrivals(8.0, 5)
     rising = 0.2 + 0.25 * t

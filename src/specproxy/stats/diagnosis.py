@@ -72,10 +72,10 @@ __all__ = [
 # a tenth of the target's size, as the emulator's default; an n-gram proposer costs ~0, so this
 # errs towards reporting low acceptance a little early for those
 DEFAULT_DRAFT_COST: Final = 0.1
-# Queueing: an arm's TTFT or TPOT median over the last third of the window's time, over the first
-# third's, at least this (a stationary load keeps it near 1: both are per-request rates, not
-# lengths), each third holding at least QUEUE_MIN_REQUESTS requests
-QUEUE_GROWTH: Final = 1.5
+# Queueing: an arm's TTFT or TPOT median rising from third to third of the window's time, the last
+# at least this times the first (a stationary load keeps it near 1: both are per-request rates,
+# not lengths), each third holding at least QUEUE_MIN_REQUESTS requests
+QUEUE_GROWTH: Final = 2.0
 QUEUE_MIN_REQUESTS: Final = 30
 HIGH_RUNNING_REQUESTS: Final = 32.0
 HIGH_KV_CACHE_USAGE: Final = 0.9

@@ -3,11 +3,13 @@
 An open-loop load (arrivals that do not wait for answers, as real traffic and the demo's Poisson
 load) above what an arm serves grows that arm's queue for as long as it lasts, and every
 request waits longer than the one before: latency rises steadily with time. Below capacity the
-queue stays short and latency is stationary. So the detector compares, per arm, the median
-TTFT and the median TPOT of the requests in the last third of the window's time span (the span
-its requests cover) with those of the first third: a ratio of at least
-`stats.diagnosis.QUEUE_GROWTH` on either, each third holding at least `QUEUE_MIN_REQUESTS`
-requests, is queueing. TTFT carries the wait of a request queued in front of the engine (vLLM's
+queue stays short and latency is stationary. So the detector splits the window's time span (the
+span its requests cover) in thirds and takes, per arm, the median TTFT and the median TPOT of
+each third's requests: a median that rises from third to third (by `QUEUE_STEP` at least), the
+last at least `stats.diagnosis.QUEUE_GROWTH` times the first, each third holding at least
+`QUEUE_MIN_REQUESTS` requests, is queueing. The middle third must rise too, so that a burst of
+contention at one end of the window (another process taking the CPU for a while) is not mistaken
+for a queue that grows. TTFT carries the wait of a request queued in front of the engine (vLLM's
 waiting requests); TPOT the slower steps of a batch that keeps growing (the emulator admits up
 to 256 sequences, so its queue is the batch). Both are per-request rates, unlike E2E they do
 not depend on how long the answers are, so a stationary mix of lengths keeps them flat.
@@ -29,9 +31,10 @@ from specproxy.stats.diagnosis import QUEUE_GROWTH, QUEUE_MIN_REQUESTS, LatencyG
 from specproxy.stats.sample import ArmSample, ArmWindow
 from specproxy.summary.histogram import bin_centres
 
-__all__ = ["QUEUE_METRICS", "latency_growth", "thirds_medians"]
+__all__ = ["QUEUE_METRICS", "QUEUE_STEP", "latency_growth", "thirds_medians"]
 
 QUEUE_METRICS: tuple[tuple[str, str], ...] = (("ttft", "TTFT"), ("tpot", "TPOT"))
+QUEUE_STEP = 1.1  # each third's median over the one before, at least
 
 
 def latency_growth(arms: Mapping[str, ArmWindow]) -> tuple[LatencyGrowth, ...]:
@@ -42,15 +45,16 @@ def latency_growth(arms: Mapping[str, ArmWindow]) -> tuple[LatencyGrowth, ...]:
             medians = thirds_medians(window.sample(metric))
             if medians is None:
                 continue
-            early, late = medians
-            if early > 0.0 and late >= QUEUE_GROWTH * early:
+            early, middle, late = medians
+            rises = middle >= QUEUE_STEP * early and late >= QUEUE_STEP * middle
+            if early > 0.0 and rises and late >= QUEUE_GROWTH * early:
                 out.append(LatencyGrowth(arm, label, early, late))
     return tuple(out)
 
 
-def thirds_medians(sample: ArmSample) -> tuple[float, float] | None:
-    """(median of the first third, median of the last third) of the time units holding values,
-    each a bin centre; None when the values span fewer than 3 units or a third holds fewer than
+def thirds_medians(sample: ArmSample) -> tuple[float, float, float] | None:
+    """The medians of the first, middle and last third of the time units holding values, each
+    a bin centre; None when the values span fewer than 3 units or a third holds fewer than
     `QUEUE_MIN_REQUESTS` values."""
     occupied = np.flatnonzero(sample.unit_n)
     if occupied.size < 3:
@@ -59,9 +63,10 @@ def thirds_medians(sample: ArmSample) -> tuple[float, float] | None:
     third = (last - first + 1) / 3.0
     early = _median(sample, sample.unit < first + third)
     late = _median(sample, sample.unit >= last + 1 - third)
-    if early is None or late is None:
+    middle = _median(sample, (sample.unit >= first + third) & (sample.unit < last + 1 - third))
+    if early is None or middle is None or late is None:
         return None
-    return early, late
+    return early, middle, late
 
 
 def _median(sample: ArmSample, mask: npt.NDArray[np.bool_]) -> float | None:
