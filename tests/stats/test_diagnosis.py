@@ -107,6 +107,24 @@ def test_low_acceptance_uses_the_measured_draft_cost() -> None:
     assert "low_acceptance" not in codes(fine)  # type: ignore[arg-type]
 
 
+def test_a_loaded_step_is_not_taken_for_the_drafts_cost() -> None:
+    # at a 256-sequence batch the emulated speculative step takes 5.4 target steps (verifying
+    # 5 tokens per sequence past the roofline knee): that is load, not low acceptance
+    steps = {"speculative_step_s": 0.216, "baseline_step_s": 0.040}
+    spec = EngineSummary(samples=10, **_at_alpha(0.8, requests_running=256.0))  # type: ignore[arg-type]
+    loaded = dataclasses.replace(_input(0.5, 0.4, 0.6), speculative=spec, **steps)
+    out = diagnose(loaded)
+    assert "high_load" in [r.code for r in out.reasons]
+    assert "low_acceptance" not in [r.code for r in out.reasons]
+    assert out.acceptance is not None and out.acceptance.draft_cost_source == "assumed"
+    queued = dataclasses.replace(
+        loaded,
+        speculative=EngineSummary(samples=10, **_at_alpha(0.8)),  # type: ignore[arg-type]
+        queueing=(LatencyGrowth("speculative", "TTFT", 1.0, 4.8),),
+    )
+    assert "low_acceptance" not in codes(queued)
+
+
 def test_low_acceptance_without_k_is_not_evaluated() -> None:
     out = diagnose(_input(0.9, 0.85, 0.95, acceptance_rate=0.05))
     assert "low_acceptance" not in [r.code for r in out.reasons]

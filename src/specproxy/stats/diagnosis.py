@@ -12,7 +12,8 @@ Low acceptance knows k (`acceptance_check`): a speculative step emits L tokens o
 mean acceptance length, else 1 + k x its accepted/drafted rate; for a per-token acceptance alpha,
 L = (1 - alpha^(k+1)) / (1 - alpha)) and costs 1 + k c target steps, so speculation can pay only
 while L > 1 + k c. c is measured where the records allow it (a speculative step's median time
-over a baseline step's is 1 + k c, `draft_step_share`), else `DEFAULT_DRAFT_COST` is assumed.
+over a baseline step's is 1 + k c, `draft_step_share`, while the target is memory bound: not at
+high load or while requests queue), else `DEFAULT_DRAFT_COST` is assumed.
 The implied c is not used there: solved from the measured speedup, it makes the rule read
 "speedup > 1" and says nothing about acceptance. The stats job exports L and 1 + k c as gauges
 (`stats.collector`), and the `SpecProxyLowAcceptance` alert compares those, so the rule exists
@@ -635,7 +636,14 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
             )
         )
     share = draft_step_share(d.speculative_step_s, d.baseline_step_s)
-    check = acceptance_check(spec, share)
+    running = spec.requests_running
+    kv = spec.kv_cache_usage
+    loaded = (running is not None and running >= HIGH_RUNNING_REQUESTS) or (
+        kv is not None and kv >= HIGH_KV_CACHE_USAGE
+    )
+    # At large batch (or a growing one) a speculative step also pays for verifying k + 1 tokens
+    # per sequence past the roofline knee: its time then overstates the draft's cost c.
+    check = acceptance_check(spec, None if loaded or d.queueing else share)
     not_evaluated: list[Reason] = []
     accepting = spec.acceptance_rate is None or spec.acceptance_rate > 0.0
     if check is not None and accepting and not check.pays:
@@ -661,11 +669,7 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "and compare again",
             )
         )
-    running = spec.requests_running
-    kv = spec.kv_cache_usage
-    if (running is not None and running >= HIGH_RUNNING_REQUESTS) or (
-        kv is not None and kv >= HIGH_KV_CACHE_USAGE
-    ):
+    if loaded:
         load = f"{running:.0f} running requests" if running is not None else "high load"
         kv_text = f", KV cache {kv:.0%} full" if kv is not None else ""
         reasons.append(
@@ -724,7 +728,7 @@ def _low_acceptance(check: AcceptanceCheck, rate: float | None) -> str:
     source = (
         "measured from the arms' step times"
         if check.draft_cost_source == "measured"
-        else "assumed: not measured without streamed requests on both arms"
+        else "assumed: not measured without streamed requests on both arms, nor at high load"
     )
     return (
         f"a speculative step yields {check.tokens_per_step:.2f} tokens ({how}; k = {check.k}), "
