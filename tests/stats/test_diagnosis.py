@@ -45,18 +45,21 @@ def test_implied_draft_cost_inverts_the_speedup_model() -> None:
     assert implied_draft_cost(0.0, 3.0, 4) is None
 
 
-def _at_alpha(
-    alpha: float, k: int = 4, **extra: float | int | None
-) -> dict[str, float | int | None]:
+def _at_alpha(alpha: float, k: int = 4, running: float | None = None) -> EngineSummary:
     """The speculative engine's figures for per-token acceptance alpha, as vLLM reports them:
     mean acceptance length L = 1 + alpha + ... + alpha^k, accepted/drafted = (L - 1) / k."""
     length = tokens_per_step(alpha, k)
-    return {
-        "acceptance_rate": (length - 1.0) / k,
-        "mean_acceptance_length": length,
-        "num_speculative_tokens": k,
-        **extra,
-    }
+    return EngineSummary(
+        samples=10,
+        acceptance_rate=(length - 1.0) / k,
+        mean_acceptance_length=length,
+        num_speculative_tokens=k,
+        requests_running=running,
+    )
+
+
+def _spec_input(speedup: float, lo: float, hi: float, spec: EngineSummary) -> DiagnosisInput:
+    return dataclasses.replace(_input(speedup, lo, hi), speculative=spec)
 
 
 def test_tokens_per_step_is_leviathans_closed_form_and_inverts() -> None:
@@ -71,7 +74,7 @@ def test_tokens_per_step_is_leviathans_closed_form_and_inverts() -> None:
 def test_low_acceptance_stays_silent_at_the_emulators_defaults(alpha: float) -> None:
     # k = 4 at alpha 0.5 (vLLM reports 23% of drafted tokens accepted) or 0.7 (44%, the issue's
     # "acceptance 44% (< 50%)"): 1.94 and 2.77 tokens per step, above 1 + 4 x 0.1
-    d = _input(1.9, 1.7, 2.1, **_at_alpha(alpha))
+    d = _spec_input(1.9, 1.7, 2.1, _at_alpha(alpha))
     assert (d.speculative.acceptance_rate or 1.0) < 0.5  # the old fixed threshold fired here
     out = diagnose(d)
     assert [r.code for r in out.reasons] == ["working"]
@@ -81,7 +84,7 @@ def test_low_acceptance_stays_silent_at_the_emulators_defaults(alpha: float) -> 
 
 
 def test_low_acceptance_fires_at_alpha_0_1_and_points_at_domain_or_temperature() -> None:
-    d = _input(0.9, 0.85, 0.95, **_at_alpha(0.1))  # 1.11 tokens per step < 1.4
+    d = _spec_input(0.9, 0.85, 0.95, _at_alpha(0.1))  # 1.11 tokens per step < 1.4
     out = diagnose(d)
     assert [r.code for r in out.reasons] == ["low_acceptance"]
     message = out.reasons[0].message
@@ -97,29 +100,34 @@ def test_low_acceptance_fires_at_alpha_0_1_and_points_at_domain_or_temperature()
 
 def test_low_acceptance_uses_the_measured_draft_cost() -> None:
     # a speculative step 50% longer than a target step: 1 + k c = 1.5 (c = 0.125)
-    steps = {"speculative_step_s": 0.030, "baseline_step_s": 0.020}
-    low = dataclasses.replace(_input(0.9, 0.85, 0.95, **_at_alpha(0.3)), **steps)  # 1.42
+    low = dataclasses.replace(  # 1.42 tokens per step
+        _spec_input(0.9, 0.85, 0.95, _at_alpha(0.3)),
+        speculative_step_s=0.030,
+        baseline_step_s=0.020,
+    )
     out = diagnose(low)
     assert "low_acceptance" in [r.code for r in out.reasons]
     assert out.acceptance is not None and out.acceptance.draft_cost == pytest.approx(0.125)
     assert "measured" in out.reasons[0].message
-    fine = dataclasses.replace(low, speculative=EngineSummary(samples=10, **_at_alpha(0.5)))
-    assert "low_acceptance" not in codes(fine)  # type: ignore[arg-type]
+    fine = dataclasses.replace(low, speculative=_at_alpha(0.5))
+    assert "low_acceptance" not in codes(fine)
 
 
 def test_a_loaded_step_is_not_taken_for_the_drafts_cost() -> None:
     # at a 256-sequence batch the emulated speculative step takes 5.4 target steps (verifying
     # 5 tokens per sequence past the roofline knee): that is load, not low acceptance
-    steps = {"speculative_step_s": 0.216, "baseline_step_s": 0.040}
-    spec = EngineSummary(samples=10, **_at_alpha(0.8, requests_running=256.0))  # type: ignore[arg-type]
-    loaded = dataclasses.replace(_input(0.5, 0.4, 0.6), speculative=spec, **steps)
+    loaded = dataclasses.replace(
+        _spec_input(0.5, 0.4, 0.6, _at_alpha(0.8, running=256.0)),
+        speculative_step_s=0.216,
+        baseline_step_s=0.040,
+    )
     out = diagnose(loaded)
     assert "high_load" in [r.code for r in out.reasons]
     assert "low_acceptance" not in [r.code for r in out.reasons]
     assert out.acceptance is not None and out.acceptance.draft_cost_source == "assumed"
     queued = dataclasses.replace(
         loaded,
-        speculative=EngineSummary(samples=10, **_at_alpha(0.8)),  # type: ignore[arg-type]
+        speculative=_at_alpha(0.8),
         queueing=(LatencyGrowth("speculative", "TTFT", 1.0, 4.8),),
     )
     assert "low_acceptance" not in codes(queued)
@@ -134,7 +142,7 @@ def test_low_acceptance_without_k_is_not_evaluated() -> None:
 
 def test_an_overloaded_window_gets_the_queueing_headline() -> None:
     rise = LatencyGrowth("baseline", "TTFT", 0.2, 3.0)
-    healthy = _input(3.19, 2.9, 3.5, **_at_alpha(0.7))
+    healthy = _spec_input(3.19, 2.9, 3.5, _at_alpha(0.7))
     loaded = dataclasses.replace(healthy, queueing=(rise,))
     out = diagnose(loaded)
     assert out.summary.startswith("overloaded: this comparison is measuring queueing, not spec")

@@ -20,11 +20,12 @@ one Python event loop, which carries every streamed event three times (emulator,
 One event per sequence per step, so the model also gives the event rate of a load
 (`ArmLoad.events_per_s`). The default load keeps both within bounds: each arm at most
 `DEMO_UTILISATION` of its modelled saturation, and at most `DEMO_EVENT_BUDGET` events per second
-in all. The budget comes from the CPU time (not the latency) of a demo run on a 2-core machine
-that other processes kept busy (load average 8): about 0.6 ms of CPU per event across the three
-hops, so 600 events per second take about a third of the one core the loop can use. At the old
-default (16 req/s with the prompts' own budgets, 1,850 events per second) the loop fell behind,
-the emulated steps stretched and the baseline's queue grew for the whole minute.
+in all. The budget comes from the CPU time (not the latency) of a 30-second demo run on a 2-core
+machine that other processes kept busy (load average 8): 16.8 s of CPU for about 16,000 events,
+start-up, stats and report included, so at most ~1 ms per event across the three hops, and 600
+events per second leave the loop room. At the old default (16 req/s with the prompts' own
+budgets, 1,850 events per second) the loop fell behind, the emulated steps stretched (baseline
+TPOT 97 ms where the model says 10) and the baseline's queue grew for the whole run.
 
 `--overload` keeps the default load and slows both arms' steps alike (the emulator's `slowdown`
 knob) until the slower arm's modelled saturation is the per-arm rate over `OVERLOAD_FACTOR`:
