@@ -304,15 +304,14 @@ def acceptance_check(spec: EngineSummary, step_share: float | None) -> Acceptanc
         length = 1.0 + k * spec.acceptance_rate  # accepted per draft = k x accepted per token
     if length is None or not math.isfinite(length):
         return None
-    measured = step_share is not None
-    cost = max(0.0, step_share) / k if step_share is not None else DEFAULT_DRAFT_COST
+    cost = DEFAULT_DRAFT_COST if step_share is None else max(0.0, step_share) / k
     return AcceptanceCheck(
         tokens_per_step=length,
         break_even=1.0 + k * cost,
         k=k,
         alpha=per_token_acceptance(length, k),
         draft_cost=cost,
-        draft_cost_source="measured" if measured else "assumed",
+        draft_cost_source="assumed" if step_share is None else "measured",
     )
 
 
@@ -722,16 +721,18 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
 
 def _low_acceptance(check: AcceptanceCheck, rate: float | None) -> str:
     """The low_acceptance reason: what a step yields, what it costs, where c came from."""
-    alpha = f"per-token acceptance ~{check.alpha:.2f}" if check.alpha is not None else ""
-    drafted = f"{rate:.0%} of drafted tokens accepted" if rate is not None else ""
-    how = ", ".join(x for x in (alpha, drafted) if x)
+    how = [f"k = {check.k}"]
+    if check.alpha is not None:
+        how.insert(0, f"per-token acceptance ~{check.alpha:.2f}")
+    if rate is not None:
+        how.insert(-1, f"{rate:.0%} of drafted tokens accepted")
     source = (
         "measured from the arms' step times"
         if check.draft_cost_source == "measured"
         else "assumed: not measured without streamed requests on both arms, nor at high load"
     )
     return (
-        f"a speculative step yields {check.tokens_per_step:.2f} tokens ({how}; k = {check.k}), "
+        f"a speculative step yields {check.tokens_per_step:.2f} tokens ({', '.join(how)}), "
         f"no more than the {check.break_even:.2f} target steps it costs (1 + k c, c = "
         f"{check.draft_cost:.2f} of a target pass, {source}): acceptance is too low to pay for "
         "the drafts. The draft does not predict this traffic; suspect a domain or temperature "
