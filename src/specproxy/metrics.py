@@ -121,6 +121,11 @@ P99_SLOWDOWN = "specproxy_p99_slowdown"  # + metric; 1 while the anytime-valid t
 # read it (deploy/kubernetes/gates/).
 GATE = "specproxy_gate"
 GATE_STATES = ("pass", "wait", "fail")
+# The diagnosis's low-acceptance rule (`stats.diagnosis.acceptance_check`): tokens a speculative
+# step yields, and the 1 + k c target steps it costs; the SpecProxyLowAcceptance alert compares
+# them, so the rule is computed in one place. Absent while k or acceptance is unknown.
+SPECULATION_TOKENS_PER_STEP = "specproxy_speculation_tokens_per_step"
+SPECULATION_BREAK_EVEN = "specproxy_speculation_break_even_tokens_per_step"
 # Recording rules (deploy/prometheus/rules/specproxy.rules.yml), fleet-wide 5-minute series.
 RECORDED_REQUEST_RATE = "arm:specproxy_requests:rate5m"
 RECORDED_FAILED_RATIO = "arm:specproxy_requests_failed:ratio_rate5m"

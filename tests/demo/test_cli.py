@@ -37,6 +37,8 @@ def _args(*argv: str) -> argparse.Namespace:
         (("--duration", "-1"), "--duration"),
         (("--acceptance", "1.5"), "--acceptance"),
         (("--speculative-tokens", "0"), "--speculative-tokens"),
+        (("--max-tokens", "-1"), "--max-tokens"),
+        (("--vllm", "http://a,http://b", "--overload"), "--overload"),
     ],
 )
 def test_bad_options(argv: tuple[str, ...], message: str) -> None:
@@ -51,7 +53,10 @@ def test_vllm_urls_are_split_and_real_servers_get_gentler_defaults() -> None:
     opts = cli.options_from_args(_args("--vllm-python", "/py", "--rate", "3", "--max-tokens", "9"))
     assert (opts.vllm_python, opts.rate, opts.max_tokens) == ("/py", 3.0, 9)
     emulated = cli.options_from_args(_args())
-    assert (emulated.rate, emulated.max_tokens) == (DemoOptions().rate, None)
+    assert (emulated.rate, emulated.max_tokens) == (DemoOptions().rate, 64)
+    assert not emulated.overload
+    own = cli.options_from_args(_args("--max-tokens", "0", "--overload"))
+    assert own.max_tokens is None and own.overload  # 0: the prompts' own budgets
 
 
 @pytest.mark.slow

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from specproxy import metrics
 from specproxy.grafana.dashboard import DASHBOARD_UID
-from specproxy.stats.diagnosis import BANDWIDTH_SATURATED, LOW_ACCEPTANCE, THERMAL_THROTTLE_SHARE
+from specproxy.stats.diagnosis import BANDWIDTH_SATURATED, THERMAL_THROTTLE_SHARE
 from tests.deploy.rulefiles import (
     PROMETHEUS_DIR,
     REPO,
@@ -171,15 +172,19 @@ def test_every_runbook_section_belongs_to_an_alert() -> None:
     assert set(_runbook_sections()) == {name.lower() for name in _alerts()}
 
 
-def test_low_acceptance_alert_uses_the_diagnosis_threshold() -> None:
-    """The alert and the diagnosis it points to agree on what "low" means."""
+def test_low_acceptance_alert_reads_the_diagnosis_rule() -> None:
+    """The alert and the diagnosis it points to agree on what "low" means: the alert compares
+    the two sides of the diagnosis's rule as the stats job exports them, no threshold of its own."""
     [rule] = [
         rule
         for group in load_rules()["groups"]
         for rule in group["rules"]
         if rule.get("alert") == "SpecProxyLowAcceptance"
     ]
-    assert rule["expr"].endswith(f"< {LOW_ACCEPTANCE}")
+    expr = " ".join(rule["expr"].split())
+    assert expr == (
+        f"{metrics.SPECULATION_TOKENS_PER_STEP} / {metrics.SPECULATION_BREAK_EVEN} <= 1"
+    )
 
 
 def test_gpu_alerts_use_the_diagnosis_thresholds() -> None:

@@ -175,3 +175,22 @@ def test_an_interval_within_a_few_grid_bounds_says_so() -> None:
     assert "within 5x of the 0.50%" in (coarse.get("interval_note") or "")
     fine = speedup_block(boot, 10**6, 10**6, 0.95, grid_error=0.0002)["median"]
     assert fine.get("interval_note") is None
+
+
+def test_an_overloaded_window_says_it_measures_queueing_and_a_healthy_one_does_not() -> None:
+    rng = np.random.default_rng(9)
+    control, treatment = _arms(rng, n=1200)
+    healthy = compare_window(control, treatment, engine=ENGINE, settings=SETTINGS, seed=[4])
+    assert "queueing" not in healthy["diagnosis"]["summary"]
+    assert healthy["diagnosis"]["queueing"] == []
+    # the baseline's queue grows for the whole window: each request waits 0.1 s per unit longer
+    unit = np.sort(rng.integers(0, UNITS, 1200))
+    e2e = np.exp(rng.normal(0.0, 0.3, 1200))
+    wait: FloatArray = 0.1 * unit.astype(np.float64)
+    queued = _window(e2e + wait, unit, ttft=0.1 + wait)
+    loaded = compare_window(queued, treatment, engine=ENGINE, settings=SETTINGS, seed=[4])
+    summary = loaded["diagnosis"]["summary"]
+    assert summary.startswith("overloaded: this comparison is measuring queueing, not spec")
+    assert "baseline TTFT" in summary
+    rises = {(g["arm"], g["metric"]) for g in loaded["diagnosis"]["queueing"]}
+    assert rises == {("baseline", "TTFT"), ("baseline", "TPOT")}  # this fixture's TPOT is E2E/50

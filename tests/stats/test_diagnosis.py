@@ -7,16 +7,20 @@ import pytest
 
 from specproxy.records import Arm, EngineSample, GpuSample
 from specproxy.stats.diagnosis import (
+    DEFAULT_DRAFT_COST,
     DiagnosisInput,
     EngineSummary,
     GpuSummary,
+    LatencyGrowth,
     MetricVerdict,
     diagnose,
     draft_step_share,
     implied_draft_cost,
+    per_token_acceptance,
     summarise_arms,
     summarise_engine,
     summarise_gpu,
+    tokens_per_step,
 )
 
 
@@ -41,11 +45,115 @@ def test_implied_draft_cost_inverts_the_speedup_model() -> None:
     assert implied_draft_cost(0.0, 3.0, 4) is None
 
 
-def test_low_acceptance_points_at_domain_or_temperature() -> None:
-    d = _input(0.9, 0.85, 0.95, acceptance_rate=0.3, mean_acceptance_length=1.9)
-    assert "low_acceptance" in codes(d)
-    assert "temperature" in diagnose(d).reasons[0].message
-    assert diagnose(d).summary.startswith("speculation hurts")
+def _at_alpha(alpha: float, k: int = 4, running: float | None = None) -> EngineSummary:
+    """The speculative engine's figures for per-token acceptance alpha, as vLLM reports them:
+    mean acceptance length L = 1 + alpha + ... + alpha^k, accepted/drafted = (L - 1) / k."""
+    length = tokens_per_step(alpha, k)
+    return EngineSummary(
+        samples=10,
+        acceptance_rate=(length - 1.0) / k,
+        mean_acceptance_length=length,
+        num_speculative_tokens=k,
+        requests_running=running,
+    )
+
+
+def _spec_input(speedup: float, lo: float, hi: float, spec: EngineSummary) -> DiagnosisInput:
+    return dataclasses.replace(_input(speedup, lo, hi), speculative=spec)
+
+
+def test_tokens_per_step_is_leviathans_closed_form_and_inverts() -> None:
+    for alpha in (0.1, 0.5, 0.7):
+        closed = (1 - alpha**5) / (1 - alpha)
+        assert tokens_per_step(alpha, 4) == pytest.approx(closed)
+        assert per_token_acceptance(closed, 4) == pytest.approx(alpha, abs=1e-9)
+    assert per_token_acceptance(0.9, 4) is None and per_token_acceptance(5.5, 4) is None
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7])
+def test_low_acceptance_stays_silent_at_the_emulators_defaults(alpha: float) -> None:
+    # k = 4 at alpha 0.5 (vLLM reports 23% of drafted tokens accepted) or 0.7 (44%, the issue's
+    # "acceptance 44% (< 50%)"): 1.94 and 2.77 tokens per step, above 1 + 4 x 0.1
+    d = _spec_input(1.9, 1.7, 2.1, _at_alpha(alpha))
+    assert (d.speculative.acceptance_rate or 1.0) < 0.5  # the old fixed threshold fired here
+    out = diagnose(d)
+    assert [r.code for r in out.reasons] == ["working"]
+    assert out.acceptance is not None and out.acceptance.pays
+    assert out.acceptance.break_even == pytest.approx(1.4)
+    assert out.acceptance.draft_cost_source == "assumed"
+
+
+def test_low_acceptance_fires_at_alpha_0_1_and_points_at_domain_or_temperature() -> None:
+    d = _spec_input(0.9, 0.85, 0.95, _at_alpha(0.1))  # 1.11 tokens per step < 1.4
+    out = diagnose(d)
+    assert [r.code for r in out.reasons] == ["low_acceptance"]
+    message = out.reasons[0].message
+    assert "1.11 tokens" in message and "1.40 target steps" in message
+    assert "~0.10" in message and "k = 4" in message
+    assert f"c = {DEFAULT_DRAFT_COST:.2f}" in message and "assumed" in message
+    assert "temperature" in message
+    assert out.summary.startswith("speculation hurts")
+    block = out.to_dict()["acceptance"]
+    assert block is not None and not block["pays"]
+    assert block["tokens_per_step"] == pytest.approx(1.1111)
+
+
+def test_low_acceptance_uses_the_measured_draft_cost() -> None:
+    # a speculative step 50% longer than a target step: 1 + k c = 1.5 (c = 0.125)
+    low = dataclasses.replace(  # 1.42 tokens per step
+        _spec_input(0.9, 0.85, 0.95, _at_alpha(0.3)),
+        speculative_step_s=0.030,
+        baseline_step_s=0.020,
+    )
+    out = diagnose(low)
+    assert "low_acceptance" in [r.code for r in out.reasons]
+    assert out.acceptance is not None and out.acceptance.draft_cost == pytest.approx(0.125)
+    assert "measured" in out.reasons[0].message
+    fine = dataclasses.replace(low, speculative=_at_alpha(0.5))
+    assert "low_acceptance" not in codes(fine)
+
+
+def test_a_loaded_step_is_not_taken_for_the_drafts_cost() -> None:
+    # at a 256-sequence batch the emulated speculative step takes 5.4 target steps (verifying
+    # 5 tokens per sequence past the roofline knee): that is load, not low acceptance
+    loaded = dataclasses.replace(
+        _spec_input(0.5, 0.4, 0.6, _at_alpha(0.8, running=256.0)),
+        speculative_step_s=0.216,
+        baseline_step_s=0.040,
+    )
+    out = diagnose(loaded)
+    assert "high_load" in [r.code for r in out.reasons]
+    assert "low_acceptance" not in [r.code for r in out.reasons]
+    assert out.acceptance is not None and out.acceptance.draft_cost_source == "assumed"
+    queued = dataclasses.replace(
+        loaded,
+        speculative=_at_alpha(0.8),
+        queueing=(LatencyGrowth("speculative", "TTFT", 1.0, 4.8),),
+    )
+    assert "low_acceptance" not in codes(queued)
+
+
+def test_low_acceptance_without_k_is_not_evaluated() -> None:
+    out = diagnose(_input(0.9, 0.85, 0.95, acceptance_rate=0.05))
+    assert "low_acceptance" not in [r.code for r in out.reasons]
+    assert [r.code for r in out.not_evaluated if r.code == "low_acceptance"] == ["low_acceptance"]
+    assert out.acceptance is None and out.to_dict()["acceptance"] is None
+
+
+def test_an_overloaded_window_gets_the_queueing_headline() -> None:
+    rise = LatencyGrowth("baseline", "TTFT", 0.2, 3.0)
+    healthy = _spec_input(3.19, 2.9, 3.5, _at_alpha(0.7))
+    loaded = dataclasses.replace(healthy, queueing=(rise,))
+    out = diagnose(loaded)
+    assert out.summary.startswith("overloaded: this comparison is measuring queueing, not spec")
+    assert "baseline TTFT median 200 ms -> 3.0 s, 15.0x" in out.summary
+    assert "queueing" in [r.code for r in out.reasons]
+    assert "working" not in [r.code for r in out.reasons]
+    assert out.to_dict()["queueing"] == [
+        {"arm": "baseline", "metric": "TTFT", "early_s": 0.2, "late_s": 3.0, "ratio": 15.0}
+    ]
+    calm = diagnose(healthy)
+    assert calm.summary.startswith("speculation helps") and "queueing" not in calm.summary
 
 
 def test_high_load_branch() -> None:
@@ -274,7 +382,15 @@ def _gpu(t: float, arm: Arm = Arm.SPECULATIVE, **kw: object) -> GpuSample:
 
 
 def _gpu_input(spec: GpuSummary | None, base: GpuSummary | None) -> DiagnosisInput:
-    d = _input(1.0, 0.9, 1.1, acceptance_rate=0.8, mean_acceptance_length=3.0, up_samples=10)
+    d = _input(
+        1.0,
+        0.9,
+        1.1,
+        acceptance_rate=0.8,
+        mean_acceptance_length=3.0,
+        up_samples=10,
+        num_speculative_tokens=4,
+    )
     return dataclasses.replace(
         d,
         speculative=dataclasses.replace(d.speculative, gpu=spec),

@@ -1,7 +1,7 @@
 """`specproxy demo`: flags -> `DemoOptions` -> `runner.run_demo`, then where the report went.
 
 With real vLLM (`--vllm` or `--vllm-python`) the defaults change to a gentler load, since real
-CPU servers share two cores.
+CPU servers share two cores. `--overload` (emulators only) forces an overloaded run.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from specproxy.demo.capacity import OVERLOAD_FACTOR
 from specproxy.demo.runner import DemoOptions, run_demo
 from specproxy.errors import ConfigError
 from specproxy.logs import use_console
@@ -53,7 +54,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-tokens",
         type=int,
-        help=f"cap on each prompt's output budget (default none; {REAL_MAX_TOKENS} on real vLLM)",
+        help=f"cap on each prompt's output budget (default {d.max_tokens} on the emulators, "
+        f"{REAL_MAX_TOKENS} on real vLLM; 0: the prompts' own budgets)",
+    )
+    add(
+        "--overload",
+        action="store_true",
+        help="emulators only: slow both arms' steps until the slower arm gets "
+        f"{OVERLOAD_FACTOR:g}x the requests it serves (by the emulator's model), to see what "
+        "the diagnosis says of a comparison that measures queueing",
     )
     add("--stats-interval", type=float, default=d.stats_interval_s, help="seconds between stats")
     add("--resamples", type=int, default=d.resamples, help="bootstrap resamples")
@@ -102,8 +111,14 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     real = urls is not None or args.vllm_python is not None
     rate = args.rate if args.rate is not None else (REAL_RATE if real else DemoOptions().rate)
     max_tokens = (
-        args.max_tokens if args.max_tokens is not None else (REAL_MAX_TOKENS if real else None)
+        args.max_tokens
+        if args.max_tokens is not None
+        else (REAL_MAX_TOKENS if real else DemoOptions().max_tokens)
     )
+    if max_tokens is not None and max_tokens < 0:
+        raise ConfigError("--max-tokens must be >= 0")
+    if real and args.overload:
+        raise ConfigError("--overload slows the emulated arms: not with --vllm or --vllm-python")
     if rate <= 0:
         raise ConfigError("--rate must be > 0")
     if args.duration <= 0:
@@ -125,7 +140,8 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         out=args.out,
         run_id=args.run_id,
         prompts=args.prompts,
-        max_tokens=max_tokens,
+        max_tokens=max_tokens or None,
+        overload=args.overload,
         stats_interval_s=args.stats_interval,
         resamples=args.resamples,
         seed=args.seed,

@@ -9,6 +9,12 @@ set. While it runs it shows a live terminal view and serves /ui, /metrics and /a
 (`_final_stats`), and writes the report (`specproxy[report]`: matplotlib) from the
 proxy's store while it is still open (so `--store memory://` works too). Without a terminal (CI)
 the live view becomes a periodic plain-text line.
+
+The emulated arms' default load stays below what they serve (`demo.capacity`: each arm at most
+half of its saturation by the emulator's timing model, and few enough streamed events for the
+one event loop the demo runs in); the start-up lines say where the load stands. `--overload`
+slows both emulated arms' steps alike until the slower one gets 1.5 times what it serves, so
+the run shows what the diagnosis says of a comparison that measures queueing.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -31,15 +37,26 @@ from rich.live import Live
 
 from specproxy.app import create_app
 from specproxy.appkeys import STATS, STATS_JOB, STORE
-from specproxy.config import Config, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
+from specproxy.demo.capacity import ArmLoad, arm_load, mean_lengths, overload_slowdown
 from specproxy.demo.view import ClientTally, plain_line, render
 from specproxy.errors import ConfigError
 from specproxy.extras import require
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
-from specproxy.prompts import load_prompts
+from specproxy.prompts import Prompt, load_prompts
 from specproxy.stats.result import StatsResult
 
-__all__ = ["DEFAULT_STORE", "DemoOptions", "DemoOutcome", "run_demo"]
+if TYPE_CHECKING:
+    from specproxy.emulator.config import EmulatorConfig
+
+__all__ = [
+    "DEFAULT_STORE",
+    "DemoOptions",
+    "DemoOutcome",
+    "emulated_loads",
+    "emulator_configs",
+    "run_demo",
+]
 
 DEFAULT_STORE = "sqlite:///specproxy-demo.db"
 _FINAL_SLACK_S = 60.0  # beyond 4 stats intervals: the stats process's start-up, a slow machine
@@ -63,7 +80,9 @@ class DemoOptions:
     out: str = "out/demo-report"
     run_id: str | None = None
     prompts: str | None = None
-    max_tokens: int | None = None
+    # cap on each prompt's output budget: 64 keeps the emulated default load's streamed events
+    # within the demo's event loop (`demo.capacity`); None: the prompts' own budgets
+    max_tokens: int | None = 64
     stats_interval_s: float = 5.0
     scrape_interval_s: float = 2.0
     resamples: int = 2000
@@ -71,6 +90,7 @@ class DemoOptions:
     time_scale: float = 1.0  # emulators only: < 1 runs the physics faster (tests)
     refresh_s: float = 1.0  # live view refresh
     plain_every_s: float = 10.0  # without a terminal: one status line this often
+    overload: bool = False  # emulators only: slow both arms until the slower one is overloaded
 
 
 @dataclass(slots=True)
@@ -97,8 +117,10 @@ async def run_demo(
     prompts = load_prompts(opts.prompts)
     run_id = opts.run_id or f"demo-{int(time.time())}"
     stop = asyncio.Event()
+    emulated = opts.vllm_urls is None and opts.vllm_python is None
+    slowdown = overload_slowdown(emulated_loads(opts, prompts)) if opts.overload else 1.0
     async with contextlib.AsyncExitStack() as stack:
-        spec_url, base_url = await stack.enter_async_context(_arms(opts, console))
+        spec_url, base_url = await stack.enter_async_context(_arms(opts, console, slowdown))
         cfg = _config(opts, run_id, spec_url, base_url)
         app = create_app(cfg, registry=CollectorRegistry())  # opens the store, scraper, stats
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
@@ -106,6 +128,8 @@ async def run_demo(
         proxy_url = await _listen(runner, opts.host, opts.port)
         stack.push_async_callback(runner.cleanup)
         _print_urls(console, proxy_url, spec_url, base_url, opts)
+        if emulated:
+            _print_load(console, emulated_loads(opts, prompts, slowdown), slowdown)
         if started is not None and not started.done():
             started.set_result(proxy_url)
         with _sigint_sets(stop):
@@ -149,8 +173,64 @@ async def run_demo(
     )
 
 
+def emulator_configs(
+    opts: DemoOptions, slowdown: float = 1.0
+) -> tuple[EmulatorConfig, EmulatorConfig]:
+    """(speculative, baseline) emulator settings of the demo's arms; slowed down (`--overload`),
+    without the warm-up's extra slowdown, whose first steps would otherwise finish nothing."""
+    from specproxy.emulator.config import EmulatorConfig
+
+    common: dict[str, Any] = {
+        "num_speculative_tokens": opts.speculative_tokens,
+        "acceptance": opts.acceptance,
+        "per_request_metrics": True,
+        "time_scale": opts.time_scale,
+        "slowdown": slowdown,
+    }
+    if slowdown > 1.0:
+        common["warmup_factor"] = 1.0
+    spec_cfg = EmulatorConfig(
+        speculative=True, per_request_spec_metrics="summary", seed=opts.seed + 1, **common
+    )
+    return spec_cfg, EmulatorConfig(speculative=False, seed=opts.seed + 2, **common)
+
+
+def emulated_loads(
+    opts: DemoOptions, prompts: list[Prompt], slowdown: float = 1.0
+) -> tuple[ArmLoad, ArmLoad]:
+    """(speculative, baseline): the model's view of the demo's load on emulated arms (the
+    proxy's default split, the prompts' mean lengths under `max_tokens`)."""
+    from specproxy.emulator.vocab import chat_prompt_ids
+
+    prompt_tokens, output_tokens = mean_lengths(
+        [len(chat_prompt_ids(p.messages)) for p in prompts],
+        [p.max_tokens for p in prompts],
+        opts.max_tokens,
+    )
+    share = RoutingConfig().speculative_share
+    spec_cfg, base_cfg = emulator_configs(opts, slowdown)
+    return (
+        arm_load(
+            spec_cfg.physics(),
+            opts.rate * share,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            max_num_seqs=spec_cfg.max_num_seqs,
+        ),
+        arm_load(
+            base_cfg.physics(),
+            opts.rate * (1.0 - share),
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            max_num_seqs=base_cfg.max_num_seqs,
+        ),
+    )
+
+
 @contextlib.asynccontextmanager
-async def _arms(opts: DemoOptions, console: Console) -> AsyncIterator[tuple[str, str]]:
+async def _arms(
+    opts: DemoOptions, console: Console, slowdown: float = 1.0
+) -> AsyncIterator[tuple[str, str]]:
     """(speculative URL, baseline URL): given, launched real vLLM, or in-process emulators."""
     if opts.vllm_urls is not None:
         yield opts.vllm_urls
@@ -163,19 +243,9 @@ async def _arms(opts: DemoOptions, console: Console) -> AsyncIterator[tuple[str,
         async with pair:
             yield pair.speculative_url, pair.baseline_url
         return
-    from specproxy.emulator.config import EmulatorConfig
     from specproxy.emulator.server import run_emulator
 
-    common: dict[str, Any] = {
-        "num_speculative_tokens": opts.speculative_tokens,
-        "acceptance": opts.acceptance,
-        "per_request_metrics": True,
-        "time_scale": opts.time_scale,
-    }
-    spec_cfg = EmulatorConfig(
-        speculative=True, per_request_spec_metrics="summary", seed=opts.seed + 1, **common
-    )
-    base_cfg = EmulatorConfig(speculative=False, seed=opts.seed + 2, **common)
+    spec_cfg, base_cfg = emulator_configs(opts, slowdown)
     async with run_emulator(spec_cfg) as spec_url, run_emulator(base_cfg) as base_url:
         yield spec_url, base_url
 
@@ -219,6 +289,25 @@ def _print_urls(console: Console, proxy: str, spec: str, base: str, opts: DemoOp
         f"load: Poisson {opts.rate:g} req/s for {opts.duration_s:g} s; Ctrl-C stops early "
         "and still writes the report"
     )
+
+
+def _print_load(console: Console, loads: tuple[ArmLoad, ArmLoad], slowdown: float) -> None:
+    """Where the load stands against what the emulated arms serve, by their model."""
+    spec, base = loads
+    if slowdown > 1.0:
+        console.print(
+            f"overload: both arms' steps {slowdown:.1f}x slower, so the speculative arm gets "
+            f"{spec.utilisation:.0%} and the baseline {base.utilisation:.0%} of what it serves "
+            "(emulator model): the queues grow, and the diagnosis should say so"
+        )
+        return
+    console.print(
+        f"model: {spec.rate:g} req/s per arm is {spec.utilisation:.0%} of what the speculative "
+        f"arm serves, {base.utilisation:.0%} of the baseline's; "
+        f"{spec.events_per_s + base.events_per_s:.0f} streamed events/s"
+    )
+    if max(spec.utilisation, base.utilisation) >= 1.0:
+        console.print("note: above what an arm serves: expect queueing, not a speedup")
 
 
 @contextlib.contextmanager

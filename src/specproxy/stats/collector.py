@@ -58,6 +58,19 @@ class StatsCollector(Collector):
             " e-process (mirrored pairs: the two-sample e-process), each at alpha/2.",
             labels=["model", "window", "metric"],
         )
+        tokens_per_step = GaugeMetricFamily(
+            names.SPECULATION_TOKENS_PER_STEP,
+            "Tokens a speculative step yields on average (vLLM's mean acceptance length, else"
+            " 1 + k x its accepted/drafted ratio), as the diagnosis reads it.",
+            labels=["model", "window"],
+        )
+        break_even = GaugeMetricFamily(
+            names.SPECULATION_BREAK_EVEN,
+            "1 + k x c: the target steps a speculative step costs (c, one draft pass over one"
+            " target pass, measured from step times or assumed); speculation can pay only while"
+            " the tokens per step exceed it.",
+            labels=["model", "window"],
+        )
         last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")
         data_lag = GaugeMetricFamily(
             names.STATS_DATA_LAG,
@@ -85,6 +98,10 @@ class StatsCollector(Collector):
                         gate.add_metric([model, window], {s: s == state for s in names.GATE_STATES})
                     for arm, n in res["samples"].items():
                         samples.add_metric([model, window, arm], float(n))
+                    check = res["diagnosis"].get("acceptance")
+                    if check is not None:
+                        tokens_per_step.add_metric([model, window], check["tokens_per_step"])
+                        break_even.add_metric([model, window], check["break_even_tokens_per_step"])
                     for metric, block in res["metrics"].items():
                         labels = [model, window, metric]
                         verdict.add_metric(
@@ -102,7 +119,8 @@ class StatsCollector(Collector):
                             for bound, value in bounds:
                                 if value is not None:
                                     speedup.add_metric([*labels, stat, bound], value)
-        yield from (speedup, samples, verdict, gate, slowdown, last_run, data_lag)
+        yield from (speedup, samples, verdict, gate, slowdown, tokens_per_step, break_even)
+        yield from (last_run, data_lag)
 
 
 def register_stats_collector(

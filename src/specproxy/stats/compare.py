@@ -25,6 +25,7 @@ from specproxy.stats.diagnosis import (
     Diagnosis,
     DiagnosisInput,
     EngineSummary,
+    LatencyGrowth,
     MetricVerdict,
     diagnose,
 )
@@ -35,6 +36,7 @@ from specproxy.stats.estimate.outliers import count_outliers
 from specproxy.stats.estimate.quantile import STATISTICS, samples_needed
 from specproxy.stats.estimate.rank import rank_tests
 from specproxy.stats.estimate.samplesize import samples_for_median_change
+from specproxy.stats.queueing import latency_growth
 from specproxy.stats.result import (
     METRICS,
     Metric,
@@ -117,7 +119,13 @@ def compare_window(
             metric, primary, chosen, exact, moments, settings, metric_seed(seed, metric), recall
         )
     steps = (_median(control.sample("step")), _median(treatment.sample("step")))
-    diagnosis = diagnose_metrics(metrics, engine, steps=steps, tolerance=settings.p99_tolerance)
+    diagnosis = diagnose_metrics(
+        metrics,
+        engine,
+        steps=steps,
+        tolerance=settings.p99_tolerance,
+        queueing=latency_growth({CONTROL: control, TREATMENT: treatment}),
+    )
     return {
         "design": design,
         "pairs": pairs.count if pairs is not None else 0,
@@ -307,6 +315,7 @@ def diagnose_metrics(
     *,
     steps: tuple[float | None, float | None] = (None, None),
     tolerance: float = DEFAULT_P99_TOLERANCE,
+    queueing: tuple[LatencyGrowth, ...] = (),
 ) -> Diagnosis:
     """The diagnosis tree on a window's metric blocks; `steps` = (control, treatment) median
     step times (streamed requests' mean gap between content events), None when not streamed.
@@ -334,5 +343,6 @@ def diagnose_metrics(
             ttft_share=share,
             baseline_step_s=steps[0],
             speculative_step_s=steps[1],
+            queueing=queueing,
         )
     )

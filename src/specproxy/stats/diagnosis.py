@@ -7,6 +7,22 @@ acceptance; high load; a costly draft (implied c, and the measured step share); 
 requests; GPU telemetry (bandwidth saturation, thermal throttling; `not_evaluated` without it);
 else it works. The headline never contradicts a verdict (`_headline`). The tree in full:
 docs/statistics.md.
+
+Low acceptance knows k (`acceptance_check`): a speculative step emits L tokens on average (vLLM's
+mean acceptance length, else 1 + k x its accepted/drafted rate; for a per-token acceptance alpha,
+L = (1 - alpha^(k+1)) / (1 - alpha)) and costs 1 + k c target steps, so speculation can pay only
+while L > 1 + k c. c is measured where the records allow it (a speculative step's median time
+over a baseline step's is 1 + k c, `draft_step_share`, while the target is memory bound: not at
+high load or while requests queue), else `DEFAULT_DRAFT_COST` is assumed.
+The implied c is not used there: solved from the measured speedup, it makes the rule read
+"speedup > 1" and says nothing about acceptance. The stats job exports L and 1 + k c as gauges
+(`stats.collector`), and the `SpecProxyLowAcceptance` alert compares those, so the rule exists
+here only.
+
+Overload (`queueing`, computed by `stats.queueing`): when an arm's latency rises steeply within
+the window, requests are waiting (an open-loop load above the arm's capacity grows its queue
+without bound), and the comparison measures the queues, not speculation: the headline says so
+first.
 """
 
 from __future__ import annotations
@@ -15,7 +31,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from specproxy.records import THERMAL_CLOCK_REASONS, Arm, EngineSample, GpuSample
 from specproxy.stats import result as schema
@@ -23,30 +39,45 @@ from specproxy.summary.engine import EngineAggregate, EngineView, aggregate_samp
 
 __all__ = [
     "BANDWIDTH_SATURATED",
+    "DEFAULT_DRAFT_COST",
     "HEADLINE_CODES",
     "HIGH_DRAFT_COST",
     "HIGH_DRAFT_STEP_SHARE",
     "HIGH_KV_CACHE_USAGE",
     "HIGH_RUNNING_REQUESTS",
-    "LOW_ACCEPTANCE",
+    "QUEUE_GROWTH",
+    "QUEUE_MIN_REQUESTS",
     "THERMAL_THROTTLE_SHARE",
+    "AcceptanceCheck",
     "Diagnosis",
     "DiagnosisInput",
     "EngineSummary",
     "GpuSummary",
+    "LatencyGrowth",
     "MetricVerdict",
     "Reason",
+    "acceptance_check",
     "diagnose",
     "draft_step_share",
     "headline",
     "implied_draft_cost",
+    "per_token_acceptance",
     "summarise_aggregate",
     "summarise_arms",
     "summarise_engine",
     "summarise_gpu",
+    "tokens_per_step",
 ]
 
-LOW_ACCEPTANCE: Final = 0.5
+# c (one draft pass / one target pass) where the records do not measure it: a draft model about
+# a tenth of the target's size, as the emulator's default; an n-gram proposer costs ~0, so this
+# errs towards reporting low acceptance a little early for those
+DEFAULT_DRAFT_COST: Final = 0.1
+# Queueing: an arm's TTFT or TPOT median rising from third to third of the window's time, the last
+# at least this times the first (a stationary load keeps it near 1: both are per-request rates,
+# not lengths), each third holding at least QUEUE_MIN_REQUESTS requests
+QUEUE_GROWTH: Final = 2.0
+QUEUE_MIN_REQUESTS: Final = 30
 HIGH_RUNNING_REQUESTS: Final = 32.0
 HIGH_KV_CACHE_USAGE: Final = 0.9
 HIGH_DRAFT_COST: Final = 0.2
@@ -216,6 +247,110 @@ def implied_draft_cost(speedup: float, acceptance_length: float, k: int) -> floa
     return (acceptance_length / speedup - 1.0) / k
 
 
+def tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens a speculative step emits at per-token acceptance `alpha` with k drafts:
+    1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha) (the bonus token included)."""
+    return sum(alpha**i for i in range(k + 1))
+
+
+def per_token_acceptance(length: float, k: int) -> float | None:
+    """The per-token acceptance alpha whose `tokens_per_step(alpha, k)` is `length` (bisection;
+    it rises monotonically from 1 at alpha 0 to k + 1 at alpha 1); None outside [1, k + 1]."""
+    if k <= 0 or not math.isfinite(length) or not 1.0 <= length <= k + 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if tokens_per_step(mid, k) < length else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceCheck:
+    """Does acceptance pay for the drafts? Tokens per speculative step against 1 + k c."""
+
+    tokens_per_step: float  # L: vLLM's mean acceptance length, else 1 + k x accepted/drafted
+    break_even: float  # 1 + k c: a speculative step's cost in target steps
+    k: int
+    alpha: float | None  # per-token acceptance implied by L and k
+    draft_cost: float  # c
+    draft_cost_source: Literal["measured", "assumed"]  # step timing, or DEFAULT_DRAFT_COST
+
+    @property
+    def pays(self) -> bool:
+        return self.tokens_per_step > self.break_even
+
+    def to_dict(self) -> schema.AcceptanceCheck:
+        return {
+            "tokens_per_step": self.tokens_per_step,
+            "break_even_tokens_per_step": self.break_even,
+            "k": self.k,
+            "alpha": self.alpha,
+            "draft_cost": self.draft_cost,
+            "draft_cost_source": self.draft_cost_source,
+            "pays": self.pays,
+        }
+
+
+def acceptance_check(spec: EngineSummary, step_share: float | None) -> AcceptanceCheck | None:
+    """The low-acceptance rule's inputs for the speculative arm; `step_share` is the measured
+    `draft_step_share` (k c, None: not measured). None without k (the engine exports no
+    per-position acceptance) or without any acceptance figure."""
+    k = spec.num_speculative_tokens
+    if not k:
+        return None
+    length = spec.mean_acceptance_length
+    if length is None and spec.acceptance_rate is not None:
+        length = 1.0 + k * spec.acceptance_rate  # accepted per draft = k x accepted per token
+    if length is None or not math.isfinite(length):
+        return None
+    cost = DEFAULT_DRAFT_COST if step_share is None else max(0.0, step_share) / k
+    return AcceptanceCheck(
+        tokens_per_step=length,
+        break_even=1.0 + k * cost,
+        k=k,
+        alpha=per_token_acceptance(length, k),
+        draft_cost=cost,
+        draft_cost_source="assumed" if step_share is None else "measured",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyGrowth:
+    """One arm's latency median, first third of the window's time against its last third
+    (`stats.queueing`): a steep rise says requests are queueing."""
+
+    arm: str
+    metric: str  # "TTFT" or "TPOT"
+    early_s: float
+    late_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.late_s / self.early_s if self.early_s > 0 else math.inf
+
+    def to_dict(self) -> schema.LatencyGrowth:
+        return {
+            "arm": self.arm,
+            "metric": self.metric,
+            "early_s": self.early_s,
+            "late_s": self.late_s,
+            "ratio": self.ratio,
+        }
+
+    def words(self) -> str:
+        return (
+            f"{self.arm} {self.metric} median {_secs(self.early_s)} -> {_secs(self.late_s)}, "
+            f"{self.ratio:.1f}x"
+        )
+
+
+def _secs(seconds: float) -> str:
+    if seconds < 0.01:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1.0 else f"{seconds:.1f} s"
+
+
 @dataclass(frozen=True, slots=True)
 class Reason:
     """One branch of the tree that fired: a stable code and a sentence."""
@@ -263,6 +398,9 @@ class DiagnosisInput:
     # per step) per arm, seconds; None when not streamed
     speculative_step_s: float | None = None
     baseline_step_s: float | None = None
+    # arms whose latency rose steeply within the window (`stats.queueing`); empty: none, or
+    # not enough requests to tell
+    queueing: tuple[LatencyGrowth, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +412,8 @@ class Diagnosis:
     implied_draft_cost: float | None = None
     draft_step_share: float | None = None  # measured: spec step / baseline step - 1
     not_evaluated: list[Reason] = field(default_factory=list)  # branches without their data
+    acceptance: AcceptanceCheck | None = None  # the low-acceptance rule's inputs
+    queueing: tuple[LatencyGrowth, ...] = ()  # the latency rises behind an overload headline
 
     def to_dict(self) -> schema.Diagnosis:
         return {
@@ -282,6 +422,8 @@ class Diagnosis:
             "implied_draft_cost": self.implied_draft_cost,
             "draft_step_share": self.draft_step_share,
             "not_evaluated": [{"code": r.code, "message": r.message} for r in self.not_evaluated],
+            "acceptance": self.acceptance.to_dict() if self.acceptance is not None else None,
+            "queueing": [g.to_dict() for g in self.queueing],
         }
 
 
@@ -424,11 +566,18 @@ def _headline(
 
 
 def headline(d: DiagnosisInput, reasons: list[Reason]) -> str:
-    """The summary sentence (`_headline`'s rules); appends its reasons (`HEADLINE_CODES`)."""
+    """The summary sentence (`_headline`'s rules); appends its reasons (`HEADLINE_CODES`). An
+    overloaded window (`d.queueing`) leads with that: its numbers measure queueing."""
     helps = math.isfinite(d.speedup_lower) and d.speedup_lower > 1.0
     hurts = math.isfinite(d.speedup_upper) and d.speedup_upper < 1.0
     ci = f"{d.metric} {d.statistic} {d.speedup:.2f}x [{d.speedup_lower:.2f}, {d.speedup_upper:.2f}]"
     summary, says_helps = _headline(d, ci, helps, hurts, reasons)
+    if d.queueing:
+        rises = "; ".join(g.words() for g in d.queueing)
+        return (
+            "overloaded: this comparison is measuring queueing, not speculation "
+            f"({rises} within the window); {summary}"
+        )
     if says_helps and not reasons:
         reasons.append(Reason("working", "speculation works as intended"))
     return summary
@@ -485,19 +634,41 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "randomly initialised draft, or a tokenizer mismatch)",
             )
         )
-    if spec.acceptance_rate is not None and 0.0 < spec.acceptance_rate < LOW_ACCEPTANCE:
-        reasons.append(
-            Reason(
-                "low_acceptance",
-                f"acceptance rate is {spec.acceptance_rate:.0%} (< 50%): the draft does not "
-                "predict this traffic; suspect a domain or temperature mismatch",
-            )
-        )
+    share = draft_step_share(d.speculative_step_s, d.baseline_step_s)
     running = spec.requests_running
     kv = spec.kv_cache_usage
-    if (running is not None and running >= HIGH_RUNNING_REQUESTS) or (
+    loaded = (running is not None and running >= HIGH_RUNNING_REQUESTS) or (
         kv is not None and kv >= HIGH_KV_CACHE_USAGE
-    ):
+    )
+    # At large batch (or a growing one) a speculative step also pays for verifying k + 1 tokens
+    # per sequence past the roofline knee: its time then overstates the draft's cost c.
+    check = acceptance_check(spec, None if loaded or d.queueing else share)
+    not_evaluated: list[Reason] = []
+    accepting = spec.acceptance_rate is None or spec.acceptance_rate > 0.0
+    if check is not None and accepting and not check.pays:
+        reasons.append(Reason("low_acceptance", _low_acceptance(check, spec.acceptance_rate)))
+    elif check is None and not no_spec_numbers and accepting:
+        not_evaluated.append(
+            Reason(
+                "low_acceptance",
+                "low acceptance not evaluated: the speculative engine exports no per-position "
+                "acceptance, so k (num_speculative_tokens) is unknown, and acceptance only "
+                "means something against the 1 + k c a speculative step costs",
+            )
+        )
+    if d.queueing:
+        reasons.append(
+            Reason(
+                "queueing",
+                f"requests are queueing: {'; '.join(g.words() for g in d.queueing)} between the "
+                "first and the last third of the window. A stationary load keeps these "
+                "per-request medians flat; a steady rise means the arm gets more requests than "
+                "it serves, so its latency grows with the queue and the comparison measures "
+                "the queues, not speculation. Lower the load (or raise the arm's capacity) "
+                "and compare again",
+            )
+        )
+    if loaded:
         load = f"{running:.0f} running requests" if running is not None else "high load"
         kv_text = f", KV cache {kv:.0%} full" if kv is not None else ""
         reasons.append(
@@ -516,7 +687,6 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "tokens, or prompt-lookup (n-gram) drafting if you are not already",
             )
         )
-    share = draft_step_share(d.speculative_step_s, d.baseline_step_s)
     if share is not None and share > HIGH_DRAFT_STEP_SHARE and not helps:
         reasons.append(
             Reason(
@@ -536,7 +706,6 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "speculation only speeds up decoding",
             )
         )
-    not_evaluated: list[Reason] = []
     _gpu_branches({"speculative": spec.gpu, "baseline": d.baseline.gpu}, reasons, not_evaluated)
     summary = headline(d, reasons)
     return Diagnosis(
@@ -545,6 +714,29 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
         implied_draft_cost=cost,
         draft_step_share=share,
         not_evaluated=not_evaluated,
+        acceptance=check,
+        queueing=d.queueing,
+    )
+
+
+def _low_acceptance(check: AcceptanceCheck, rate: float | None) -> str:
+    """The low_acceptance reason: what a step yields, what it costs, where c came from."""
+    how = [f"k = {check.k}"]
+    if check.alpha is not None:
+        how.insert(0, f"per-token acceptance ~{check.alpha:.2f}")
+    if rate is not None:
+        how.insert(-1, f"{rate:.0%} of drafted tokens accepted")
+    source = (
+        "measured from the arms' step times"
+        if check.draft_cost_source == "measured"
+        else "assumed: not measured without streamed requests on both arms, nor at high load"
+    )
+    return (
+        f"a speculative step yields {check.tokens_per_step:.2f} tokens ({', '.join(how)}), "
+        f"no more than the {check.break_even:.2f} target steps it costs (1 + k c, c = "
+        f"{check.draft_cost:.2f} of a target pass, {source}): acceptance is too low to pay for "
+        "the drafts. The draft does not predict this traffic; suspect a domain or temperature "
+        "mismatch, or use fewer speculative tokens"
     )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STATISTICS",
     "STATISTIC_LEVELS",
+    "AcceptanceCheck",
     "Adjusted",
     "Diagnosis",
     "EngineArm",
@@ -26,6 +27,7 @@ __all__ = [
     "GateState",
     "GpuArm",
     "Interval",
+    "LatencyGrowth",
     "Metric",
     "MetricResult",
     "MetricSpec",
@@ -247,6 +249,29 @@ class Reason(TypedDict):
     message: str
 
 
+class AcceptanceCheck(TypedDict):
+    """The low-acceptance rule's inputs (`stats.diagnosis.acceptance_check`): speculation can
+    pay only while tokens_per_step > break_even_tokens_per_step = 1 + k x draft_cost."""
+
+    tokens_per_step: float  # vLLM's mean acceptance length, else 1 + k x accepted/drafted
+    break_even_tokens_per_step: float
+    k: int
+    alpha: float | None  # per-token acceptance implied by tokens_per_step and k
+    draft_cost: float  # c, one draft pass / one target pass
+    draft_cost_source: Literal["measured", "assumed"]
+    pays: bool
+
+
+class LatencyGrowth(TypedDict):
+    """One arm's median, the window's first third against its last (`stats.queueing`)."""
+
+    arm: str
+    metric: str  # "TTFT" | "TPOT"
+    early_s: float
+    late_s: float
+    ratio: float
+
+
 class Diagnosis(TypedDict):
     summary: str
     reasons: list[Reason]
@@ -255,6 +280,9 @@ class Diagnosis(TypedDict):
     draft_step_share: NotRequired[float | None]
     # branches that could not be checked for lack of their data (e.g. no GPU telemetry)
     not_evaluated: NotRequired[list[Reason]]
+    # null: no k or no acceptance figure (absent in results stored before 12-02)
+    acceptance: NotRequired[AcceptanceCheck | None]
+    queueing: NotRequired[list[LatencyGrowth]]  # non-empty: overloaded, the headline says so
 
 
 GateState = Literal["pass", "fail", "wait"]
