@@ -398,7 +398,12 @@ def exported_gate_series(states: dict[str, GateState]) -> list[str]:
         "computed_at": 1.0,
         "results": {
             "all": {
-                window: {"samples": {}, "metrics": {}, "gate": {"state": s, "reasons": []}}
+                window: {
+                    "samples": {},
+                    "metrics": {},
+                    "diagnosis": {},
+                    "gate": {"state": s, "reasons": []},
+                }
                 for window, s in states.items()
             }
         },
