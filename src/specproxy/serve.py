@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         registry = app[REGISTRY]
 
         async def every_worker() -> bytes:
-            return await merged_metrics(registry, worker)
+            return await merged_metrics(registry, worker, token=admin_token)
 
         app[METRICS_VIEW] = every_worker
         sites = {"path": worker.socket}  # where the other workers read this one's registry

@@ -4,11 +4,12 @@ measured (RSS from /proc), and killed by pid; plus what its SQLite store holds."
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -44,6 +45,8 @@ class Serve:
         toml: str,
         *,
         preexec_fn: Callable[[], None] | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.workdir = workdir
@@ -52,11 +55,12 @@ class Serve:
         self.log = workdir / f"serve-{self.port}.log"
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "specproxy", "serve", "--config", str(config)],
+                [sys.executable, "-m", "specproxy", "serve", "--config", str(config), *args],
                 cwd=workdir,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 preexec_fn=preexec_fn,
+                env=None if env is None else {**os.environ, **env},
             )
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -84,9 +88,13 @@ class Serve:
                 await asyncio.sleep(0.1)
         raise AssertionError(f"serve not ready: {self.log.read_text()}")
 
-    async def metric(self, name: str) -> float:
+    async def metric(self, name: str, headers: Mapping[str, str] | None = None) -> float:
         """The sum of a metric's samples on /metrics (0 when absent)."""
-        async with aiohttp.ClientSession() as session, session.get(self.url + "/metrics") as resp:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(self.url + "/metrics", headers=headers) as resp,
+        ):
+            assert resp.status == 200, resp.status
             text = await resp.text()
         return sum(
             float(line.rsplit(" ", 1)[1])

@@ -1,8 +1,11 @@
 """`specproxy serve --workers N`: N proxy processes on one port, one /metrics view.
 
 The parent starts N copies of the same `serve` command and does nothing else: it forwards
-SIGTERM/SIGINT to them, and when one dies on its own it stops the others and exits with its
-status (the supervisor above, systemd or Kubernetes, restarts the whole pod). Each worker
+SIGTERM/SIGINT to them, reaps every one of them, and when any one dies on its own it stops the
+others and exits with its status (the supervisor above, systemd or Kubernetes, restarts the whole
+pod). It does not restart the one worker: the merged counters would drop by what that worker had
+counted, which Prometheus reads as a reset of the whole series and counts the survivors' totals
+again as new increase; a whole restart is a true reset that `rate()` handles. Each worker
 (`SPECPROXY_WORKER_DIR`/`SPECPROXY_WORKER_INDEX` in its environment) is a complete proxy:
 
 - it listens on the shared port with SO_REUSEPORT, so the kernel spreads connections;
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import glob
+import logging
 import os
 import shutil
 import signal
@@ -59,8 +63,10 @@ __all__ = [
 STATS_COMPUTE_ENV = "SPECPROXY_STATS__COMPUTE"
 WORKER_DIR_ENV = "SPECPROXY_WORKER_DIR"
 WORKER_INDEX_ENV = "SPECPROXY_WORKER_INDEX"
+log = logging.getLogger(__name__)
 _PEER_TIMEOUT_S = 5.0
 _POLL_S = 0.2
+_STOP_GRACE_S = 60.0  # after SIGTERM, a worker that has not exited by then is killed
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +137,24 @@ def supervise(argv: Sequence[str], workers: int, *, stats_child: StatsChild | No
                     preexec_fn=functools.partial(die_with_parent, parent),
                 )
             )
-        while any(proc.poll() is None for proc in procs):
-            dead = next((p for p in procs if p.returncode is not None), None)
-            if dead is not None and not stopping:  # a worker died on its own: stop the rest
-                status = dead.returncode or 1
+        stop_at: float | None = None
+        while True:
+            dead = [proc for proc in procs if proc.poll() is not None]  # poll() reaps each
+            if len(dead) == len(procs):
+                break
+            if dead and not stopping:  # a worker died on its own: stop the rest
+                status = dead[0].returncode or 1
+                log.error(
+                    "worker pid %d exited with status %d: stopping the other %d workers",
+                    dead[0].pid,
+                    dead[0].returncode,
+                    len(procs) - len(dead),
+                )
                 forward(signal.SIGTERM, None)
+            if stopping and stop_at is None:
+                stop_at = time.monotonic() + _STOP_GRACE_S
+            if stop_at is not None and time.monotonic() > stop_at:
+                break  # the finally below kills what is left
             if stats_child is not None:
                 stats_child.poll()  # restarts it if it died
             time.sleep(_POLL_S)
@@ -152,30 +171,41 @@ def supervise(argv: Sequence[str], workers: int, *, stats_child: StatsChild | No
     return status
 
 
-async def merged_metrics(registry: CollectorRegistry, worker: Worker) -> bytes:
+async def merged_metrics(
+    registry: CollectorRegistry, worker: Worker, *, token: str | None = None
+) -> bytes:
     """This worker's page merged with every sibling's (a sibling that does not answer is left
-    out: it is starting or stopping)."""
+    out: it is starting or stopping). `token`: the admin token, which a sibling's /metrics needs
+    with `protect_metrics = true` (the socket is private to the workers' directory, but its
+    requests pass the same guard as the TCP port's)."""
     own = await asyncio.to_thread(generate_latest, registry)
     peers = [
         path
         for path in glob.glob(os.path.join(worker.directory, "worker-*.sock"))
         if path != worker.socket
     ]
-    pages = [own.decode(), *[p for p in await asyncio.gather(*map(_local_page, peers)) if p]]
+    pages = [
+        own.decode(),
+        *[p for p in await asyncio.gather(*(_local_page(p, token) for p in peers)) if p],
+    ]
     if len(pages) == 1:
         return own
     return await asyncio.to_thread(merge_pages, pages)
 
 
-async def _local_page(path: str) -> str | None:
+async def _local_page(path: str, token: str | None) -> str | None:
     timeout = aiohttp.ClientTimeout(total=_PEER_TIMEOUT_S)
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     try:
         async with (
             aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=path), timeout=timeout
             ) as session,
-            session.get("http://worker/metrics", params={"local": "1"}) as resp,
+            session.get("http://worker/metrics", params={"local": "1"}, headers=headers) as resp,
         ):
-            return await resp.text() if resp.status == 200 else None
+            if resp.status != 200:
+                log.warning("worker socket %s answered /metrics with %d", path, resp.status)
+                return None
+            return await resp.text()
     except (aiohttp.ClientError, TimeoutError, OSError):
         return None
