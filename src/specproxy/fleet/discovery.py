@@ -5,6 +5,12 @@ makes this Kubernetes-native discovery without API access: `dns = "vllm-spec.ns.
 engine port. The resolver is injected (the default asks the system through `getaddrinfo`), so
 tests control what a name resolves to.
 
+Above `MAX_ENDPOINTS` addresses, each replica keeps the 64 that rank highest by rendezvous
+hashing of (its host name, the address): stable across refreshes (an address that comes or goes
+moves only itself in or out), and spread, since replicas with other host names keep other
+subsets, so the fleet as a whole reaches every pod (string order pinned every replica to the
+same 64, which could leave out the only live one).
+
 A failed or empty resolution keeps the last known endpoints: a DNS hiccup must not empty an arm,
 and requests to endpoints that really went away fail and get them ejected (`pool`).
 """
@@ -12,6 +18,7 @@ and requests to endpoints that really went away fail and get them ejected (`pool
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import logging
 import socket
@@ -19,7 +26,14 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from specproxy.tasks import cancel_and_wait
 
-__all__ = ["MAX_ENDPOINTS", "DnsDiscovery", "Resolver", "endpoint_url", "system_resolver"]
+__all__ = [
+    "MAX_ENDPOINTS",
+    "DnsDiscovery",
+    "Resolver",
+    "endpoint_url",
+    "rendezvous_pick",
+    "system_resolver",
+]
 
 logger = logging.getLogger("specproxy.fleet.discovery")
 
@@ -46,6 +60,17 @@ def endpoint_url(scheme: str, address: str, port: int) -> str:
     return f"{scheme}://{host}:{port}"
 
 
+def rendezvous_pick(urls: Sequence[str], keep: int, seed: str) -> tuple[str, ...]:
+    """The `keep` of `urls` with the highest rendezvous score for `seed`, in sorted order."""
+    if len(urls) <= keep:
+        return tuple(sorted(urls))
+
+    def score(url: str) -> bytes:
+        return hashlib.blake2b(f"{seed}\0{url}".encode(), digest_size=8).digest()
+
+    return tuple(sorted(sorted(urls, key=score, reverse=True)[:keep]))
+
+
 class DnsDiscovery:
     """Resolves `name` every `interval_s` and reports each changed endpoint list."""
 
@@ -58,6 +83,7 @@ class DnsDiscovery:
         on_change: Callable[[tuple[str, ...]], None],
         scheme: str = "http",
         resolver: Resolver = system_resolver,
+        seed: str | None = None,
     ) -> None:
         self._name = name
         self._port = port
@@ -65,6 +91,7 @@ class DnsDiscovery:
         self._on_change = on_change
         self._scheme = scheme
         self._resolver = resolver
+        self._seed = socket.gethostname() if seed is None else seed  # the pod's name
         self._urls: tuple[str, ...] = ()
         self._task: asyncio.Task[None] | None = None
 
@@ -87,12 +114,13 @@ class DnsDiscovery:
         urls = tuple(sorted({endpoint_url(self._scheme, a, self._port) for a in addresses}))
         if len(urls) > MAX_ENDPOINTS:
             logger.warning(
-                "%s resolved to %d addresses; using the first %d",
+                "%s resolved to %d addresses; using %d chosen by rendezvous hashing on %s",
                 self._name,
                 len(urls),
                 MAX_ENDPOINTS,
+                self._seed,
             )
-            urls = urls[:MAX_ENDPOINTS]
+            urls = rendezvous_pick(urls, MAX_ENDPOINTS, self._seed)
         if not urls:
             logger.warning(
                 "%s resolved to nothing, keeping %d endpoints", self._name, len(self._urls)
