@@ -56,7 +56,11 @@ from specproxy.errors import error_body
 from specproxy.fleet.context import fleet_ctx
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.lifecycle import MEASURED_ENDPOINTS, Forwarder
-from specproxy.proxy.limits import MAX_FIELD_BYTES, PARSER_MAX_HEADERS, quiet_parser_rejections
+from specproxy.proxy.limits import (
+    PARSER_MAX_HEADERS,
+    PARSER_MAX_LINE_BYTES,
+    quiet_parser_rejections,
+)
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.proxy.routing import Router
 from specproxy.proxy.timeouts import ArmTimeouts
@@ -102,8 +106,12 @@ def create_app(
     app = web.Application(
         middlewares=middlewares,
         client_max_size=cfg.max_body_bytes,
-        # aiohttp's own parser bounds (one header line, header lines), above proxy.limits' 431.
-        handler_args={"max_field_size": MAX_FIELD_BYTES, "max_headers": PARSER_MAX_HEADERS},
+        # aiohttp's own parser bounds (one line, header lines), above proxy.limits' JSON 431.
+        handler_args={
+            "max_line_size": PARSER_MAX_LINE_BYTES,
+            "max_field_size": PARSER_MAX_LINE_BYTES,
+            "max_headers": PARSER_MAX_HEADERS,
+        },
     )
     app[CONFIG] = cfg
     app[REGISTRY] = registry if registry is not None else CollectorRegistry()

@@ -7,8 +7,9 @@ Every client-controllable input of the proxied routes has a stated limit (README
                     and objects, the top level counting 1)      -> 400
     header bytes    MAX_HEADER_BYTES, names + values summed     -> 431
     header count    MAX_HEADERS                                 -> 431
-    one header      aiohttp's parser: MAX_FIELD_BYTES a line,
-                    PARSER_MAX_HEADERS lines                    -> 400 (aiohttp's own answer)
+    one line        MAX_FIELD_BYTES (header or request line)   -> 431 / 414 JSON
+    parser          aiohttp's parser: PARSER_MAX_LINE_BYTES a
+                    line, PARSER_MAX_HEADERS lines              -> 400 (aiohttp's own answer)
     method          ALLOWED_METHODS on /v1/* (what vLLM serves;
                     TRACE, PUT, DELETE, PATCH, OPTIONS, ...)    -> 405 with Allow
     model string    `records.MODEL_MAX_BYTES` bytes are stored (the request is still forwarded)
@@ -38,6 +39,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "MAX_JSON_DEPTH",
     "PARSER_MAX_HEADERS",
+    "PARSER_MAX_LINE_BYTES",
     "Rejection",
     "header_rejection",
     "json_too_deep",
@@ -47,7 +49,10 @@ __all__ = [
 MAX_JSON_DEPTH: Final = 128  # vLLM bodies nest < 10; a tool's JSON schema rarely passes 20
 MAX_HEADER_BYTES: Final = 64 * 1024  # nginx: 4 x 8 KiB buffers by default; Node.js: 16 KiB
 MAX_HEADERS: Final = 100  # Apache's LimitRequestFields
-MAX_FIELD_BYTES: Final = 64 * 1024  # one header line (aiohttp's parser, app.py)
+MAX_FIELD_BYTES: Final = 64 * 1024  # one header line or the request line (the proxy's bound)
+# aiohttp's parser bound on one line (app.py: max_line_size, max_field_size), twice the proxy's
+# so a line up to it reaches the JSON 431 with a request id; only past it is aiohttp's plain 400.
+PARSER_MAX_LINE_BYTES: Final = 2 * MAX_HEADER_BYTES
 PARSER_MAX_HEADERS: Final = 128  # header lines aiohttp's parser reads at all (its 400 beyond)
 ALLOWED_METHODS: Final = frozenset({"GET", "HEAD", "POST"})  # what vLLM serves on /v1/*
 ALLOW_HEADER: Final = ", ".join(sorted(ALLOWED_METHODS))
