@@ -5,6 +5,7 @@
      ├── UpstreamError                       an arm's engine could not serve a call
      │    ├── UpstreamConnectError           refused / unreachable; nothing was sent  -> HTTP 502
      │    ├── UpstreamTimeout (TimeoutError) connect, or a read, timed out            -> HTTP 504
+     │    │    └── UpstreamConnectTimeout     the connect timed out; nothing was sent
      │    └── UpstreamBroken                 closed, cut short or not HTTP/1.x        -> HTTP 502
      ├── StoreError                          the store failed (records are buffered, then spilled)
      └── ScrapeError                         an engine's /metrics could not be read or parsed
@@ -37,6 +38,7 @@ __all__ = [
     "StoreError",
     "UpstreamBroken",
     "UpstreamConnectError",
+    "UpstreamConnectTimeout",
     "UpstreamError",
     "UpstreamTimeout",
     "error_body",
@@ -129,6 +131,13 @@ class UpstreamTimeout(UpstreamError, TimeoutError):
 
     def client_message(self, arm: str) -> str:
         return f"the {arm} arm {self.summary}"
+
+
+class UpstreamConnectTimeout(UpstreamTimeout):
+    """Connecting to the engine timed out (a black-holed address); nothing was sent, so another
+    endpoint, or the control, may serve the request, as after a refused connection."""
+
+    never_sent = True
 
 
 class UpstreamBroken(UpstreamError):

@@ -101,6 +101,8 @@ GPU_THERMAL_THROTTLED = "specproxy_gpu_thermal_throttled"  # 1 if any GPU has a 
 ARM_WEIGHT = "specproxy_arm_weight_ratio"  # gauge{arm}: its share; the baseline gets the rest
 EXPERIMENT_STOPPED = "specproxy_experiment_stopped"  # 1 while the kill switch is on
 CONTROL_POLL_FAILURES = "specproxy_control_poll_failures"  # counter -> ..._total
+ENDPOINT_EVENTS = "specproxy_endpoint_events"  # counter -> ..._total
+ENDPOINT_EVENT_KINDS = ("ejected", "readmitted")
 
 # Store health.
 STORE_PENDING = "specproxy_store_pending"
@@ -302,6 +304,13 @@ class ProxyMetrics:
         self.control_poll_failures = Counter(
             CONTROL_POLL_FAILURES,
             "Reads of the arm-control events that failed (the replica kept its last state).",
+            registry=registry,
+        )
+        self.endpoint_events = Counter(
+            ENDPOINT_EVENTS,
+            "Engine endpoints ejected from an arm's pool after consecutive failures, and "
+            f"readmitted by a probe, by arm and event ({', '.join(ENDPOINT_EVENT_KINDS)}).",
+            ["arm", "event"],
             registry=registry,
         )
 

@@ -8,6 +8,7 @@ reports each scrape as a probe, and metrics map client model strings through `la
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 
@@ -29,14 +30,17 @@ class Fleet:
         *,
         resolver: Resolver = system_resolver,
         clock: Callable[[], float] = time.monotonic,
+        on_endpoint_event: Callable[[str, str, str], None] | None = None,
     ) -> None:
+        """`on_endpoint_event(arm, event, url)`: each pool's ejections and readmissions."""
         self.labels = ModelLabels(cfg.model_allow)
         self._pools: dict[Arm, EndpointPool] = {}
         self._discoveries: list[DnsDiscovery] = []
         for arm in Arm:
             arm_cfg = cfg.arm_config(arm)
             urls = [u.rstrip("/") for u in arm_cfg.urls] or [arm_cfg.first_url]
-            pool = EndpointPool(urls, cfg.outlier, clock=clock)
+            hook = None if on_endpoint_event is None else functools.partial(on_endpoint_event, arm)
+            pool = EndpointPool(urls, cfg.outlier, clock=clock, name=arm.value, on_event=hook)
             self._pools[arm] = pool
             if arm_cfg.dns is not None:
                 self._discoveries.append(

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from specproxy.appkeys import CONFIG, FLEET
+from specproxy.appkeys import CONFIG, FLEET, METRICS
 from specproxy.fleet.arms import Fleet
 
 __all__ = ["fleet_ctx"]
@@ -18,7 +18,12 @@ __all__ = ["fleet_ctx"]
 
 async def fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     if FLEET not in app:  # a fleet injected before start (tests: a controlled resolver) wins
-        app[FLEET] = Fleet(app[CONFIG])
+        events = app[METRICS].endpoint_events
+
+        def count(arm: str, event: str, url: str) -> None:
+            events.labels(arm=arm, event=event).inc()
+
+        app[FLEET] = Fleet(app[CONFIG], on_endpoint_event=count)
     fleet = app[FLEET]
     await fleet.start()
     try:

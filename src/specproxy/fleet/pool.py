@@ -23,10 +23,13 @@ endpoint in rotation).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from specproxy.config import OutlierConfig
+
+logger = logging.getLogger("specproxy.fleet.pool")
 
 __all__ = ["Endpoint", "EndpointPool"]
 
@@ -61,7 +64,13 @@ class EndpointPool:
         policy: OutlierConfig | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        name: str = "",
+        on_event: Callable[[str, str], None] | None = None,
     ) -> None:
+        """`name`: the arm's, for the log; `on_event(event, url)` hears each ejection
+        ("ejected") and readmission ("readmitted")."""
+        self._name = name
+        self._on_event = on_event
         self._policy = policy if policy is not None else OutlierConfig()
         self._clock = clock
         self._endpoints: list[Endpoint] = []
@@ -168,6 +177,9 @@ class EndpointPool:
         if ok:
             ep.ejected_until = None
             ep.failures = 0
+            logger.info("%s endpoint %s readmitted: a probe succeeded", self._name, url)
+            if self._on_event is not None:
+                self._on_event("readmitted", url)
         else:
             self._eject(ep)
 
@@ -176,3 +188,13 @@ class EndpointPool:
         policy = self._policy
         duration = min(policy.base_ejection_s * ep.ejections, policy.max_ejection_s)
         ep.ejected_until = self._clock() + duration
+        logger.warning(
+            "%s endpoint %s ejected for %.0f s after %d consecutive failures (ejection %d)",
+            self._name,
+            ep.url,
+            duration,
+            ep.failures,
+            ep.ejections,
+        )
+        if self._on_event is not None:
+            self._on_event("ejected", ep.url)

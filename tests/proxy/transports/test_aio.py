@@ -11,7 +11,13 @@ from aiohttp import web
 from multidict import CIMultiDict
 from pytest_aiohttp import AiohttpServer
 
-from specproxy.errors import UpstreamBroken, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from specproxy.errors import (
+    UpstreamBroken,
+    UpstreamConnectError,
+    UpstreamConnectTimeout,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from specproxy.proxy.headers import OutboundHeaders
 from specproxy.proxy.transports.aio import AiohttpTransport, upstream_error
 
@@ -23,7 +29,7 @@ HEADERS = OutboundHeaders(CIMultiDict({"X-Keep": "1", "Connection": "close"}))
     ("exc", "expected"),
     [
         (aiohttp.ServerTimeoutError("read"), UpstreamTimeout),
-        (aiohttp.ConnectionTimeoutError("connect"), UpstreamTimeout),
+        (aiohttp.ConnectionTimeoutError("connect"), UpstreamConnectTimeout),  # nothing sent
         (TimeoutError(), UpstreamTimeout),
         (
             aiohttp.ClientConnectorError(

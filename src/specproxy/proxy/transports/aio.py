@@ -18,10 +18,17 @@ from aiohttp import (
     ClientResponse,
     ClientSession,
     ClientTimeout,
+    ConnectionTimeoutError,
 )
 from yarl import URL
 
-from specproxy.errors import UpstreamBroken, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from specproxy.errors import (
+    UpstreamBroken,
+    UpstreamConnectError,
+    UpstreamConnectTimeout,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from specproxy.proxy.headers import OutboundHeaders
 
 __all__ = ["AiohttpReply", "AiohttpTransport", "upstream_error"]
@@ -33,7 +40,9 @@ def upstream_error(exc: BaseException) -> UpstreamError:
     """The `UpstreamError` an exception of aiohttp's client (or a timeout) stands for."""
     if isinstance(exc, UpstreamError):
         return exc
-    if isinstance(exc, TimeoutError):  # ServerTimeoutError, ConnectionTimeoutError, ...
+    if isinstance(exc, ConnectionTimeoutError):  # nothing was sent
+        return UpstreamConnectTimeout(str(exc))
+    if isinstance(exc, TimeoutError):  # ServerTimeoutError, SocketTimeoutError, ...
         return UpstreamTimeout(str(exc))
     if isinstance(exc, (ClientConnectorError, ConnectionRefusedError)):
         return UpstreamConnectError(str(exc))

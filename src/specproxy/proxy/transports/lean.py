@@ -35,7 +35,12 @@ from typing import Any, Final, cast
 from multidict import CIMultiDict
 from yarl import URL
 
-from specproxy.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
+from specproxy.errors import (
+    UpstreamBroken,
+    UpstreamConnectError,
+    UpstreamConnectTimeout,
+    UpstreamTimeout,
+)
 from specproxy.proxy.headers import OutboundHeaders
 
 __all__ = ["LeanTransport", "UpstreamPool", "UpstreamResponse"]
@@ -420,7 +425,8 @@ class UpstreamPool:
                 self.connect_timeout if connect_s is None else connect_s,
             )
         except TimeoutError:
-            raise UpstreamTimeout(f"connecting to {self.host}:{self.port} timed out") from None
+            msg = f"connecting to {self.host}:{self.port} timed out"
+            raise UpstreamConnectTimeout(msg) from None
         except OSError as exc:
             raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return conn
