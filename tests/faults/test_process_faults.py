@@ -5,6 +5,8 @@ SIGKILL's stated bound: records still in memory when the process dies are lost. 
 at most `store.max_buffer` rows in memory before it spills (the spill file survives the kill), a
 failed batch put back may add `store.batch_size` more, and one batch may be being written: at most
 max_buffer + 2 x batch_size records per SIGKILL.
+In an outage (a write has failed), every buffered and every new row goes to the spill file at once,
+whatever max_buffer is: a SIGKILL then loses at most the batch being written.
 """
 
 from __future__ import annotations
@@ -130,4 +132,53 @@ async def test_sigkill_during_a_store_outage_then_restart_replays_the_spill(
     os.kill(second.pid, signal.SIGTERM)
     assert await second.wait() == 0
     fault_row("SIGKILL in store outage + restart", f"{sent} x 200",
+              f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip
+
+
+async def test_sigkill_in_an_outage_below_max_buffer_loses_at_most_a_batch(
+    faulty: FaultUpstream, tmp_path: Path
+) -> None:
+    """With the default-sized memory buffer (far above what the outage sees), rows recorded in a
+    store outage go to the spill file as soon as the first write fails: a SIGKILL then loses at
+    most the batch being written (main kept them all in memory and lost every one)."""
+    db = tmp_path / "store.db"
+    toml = _toml(faulty, tmp_path, f"sqlite:///{db}?timeout=0.05").replace(
+        f"max_buffer = {MAX_BUFFER}", "max_buffer = 200000"
+    )
+    first = Serve(tmp_path, toml)
+    await first.ready()
+    rss_before = first.rss_bytes()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # store outage
+    sent = 200
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(sent):
+                headers = {"x-fault": "ok"}
+                async with session.post(first.url + CHAT, json=chat(), headers=headers) as r:
+                    assert r.status == 200
+                    await r.read()
+        for _ in range(100):  # 10 s: main never spills below max_buffer
+            if await first.metric("specproxy_store_spilled_total") >= sent - BATCH:
+                break
+            await asyncio.sleep(0.1)
+        rss_after = first.rss_bytes()
+        os.kill(first.pid, signal.SIGKILL)
+        assert await first.wait() == -signal.SIGKILL
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    second = Serve(tmp_path, toml)
+    await second.ready()
+    for _ in range(1200):
+        if await second.metric("specproxy_store_pending") == 0 and stored_rows(db, RUN):
+            break
+        await asyncio.sleep(0.1)
+    ids = [r[0] for r in stored_rows(db, RUN)]
+    assert len(ids) == len(set(ids))
+    lost = sent - len(ids)
+    assert 0 <= lost <= BATCH  # the stated bound in an outage: the batch being written
+    os.kill(second.pid, signal.SIGTERM)
+    assert await second.wait() == 0
+    fault_row("SIGKILL in store outage, max_buffer 200k", f"{sent} x 200",
               f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip

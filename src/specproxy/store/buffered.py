@@ -1,12 +1,16 @@
 """Batching, background flushing and spilling, shared by every backend.
 
-The proxy's hot path calls `record()`, which only appends to an in-memory deque (or, when the
-store has been failing long enough that `max_buffer` rows are waiting, appends one line to the
-local spill file). A background task writes batches at least every `flush_interval_s`. When a
-write fails the batch goes back to the buffer and the task retries with backoff; once writes work
-again the spill files are replayed. Nothing is ever discarded silently: `dropped` counts only rows
-the database refuses for good (kept in `<spill_path>.rejected`), unreadable spill lines, and, when
-the spill file cannot be written either, rows beyond `MEMORY_FACTOR x max_buffer` held in memory.
+The proxy's hot path calls `record()`, which only appends to an in-memory deque (or, during a
+store outage or once `max_buffer` rows are waiting, appends one line to the local spill file). A
+background task writes batches at least every `flush_interval_s`. When a write fails the store is
+down: the buffered rows (the failed batch included) go to the spill file at once, and so does
+every row recorded until a write works again, so a SIGKILL in an outage loses at most the rows
+recorded between the outage's start and the first failed write (one flush interval plus the
+backend's timeout of traffic) and the batch being written then. The task retries with backoff;
+once writes work again the spill files are replayed. Nothing is ever discarded silently:
+`dropped` counts only rows the database refuses for good (kept in `<spill_path>.rejected`),
+unreadable spill lines, and, when the spill file cannot be written either, rows beyond
+`MEMORY_FACTOR x max_buffer` held in memory.
 
 `BufferedStore` implements the `contract.Sink` and `contract.Lifecycle` protocols once, for every
 backend; a backend adds the `_open`, `_write`, `_close_backend`, `_purge`, `_purge_rollups` and
@@ -230,8 +234,8 @@ class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, Control, ab
                 # After close (late records on shutdown): straight to disk, replayed next start.
                 self._spill_rows([row])
                 return
-            if len(self._requests) + len(self._engine) >= self.cfg.max_buffer:
-                self._spill_rows([row])
+            if not self._healthy or len(self._requests) + len(self._engine) >= self.cfg.max_buffer:
+                self._spill_rows([row])  # in an outage, straight to disk: SIGKILL loses none
                 return
             queue.append(row)
             if len(queue) >= self.cfg.batch_size:
@@ -424,6 +428,18 @@ class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, Control, ab
                 log.exception("store flusher: unexpected error")
                 ok = False
             delay = self.cfg.flush_interval_s if ok else min(delay * 2, MAX_RETRY_DELAY_S)
+            if not ok and not self._healthy:
+                self._spill_outage()
+
+    def _spill_outage(self) -> None:
+        """The store is down: move what is buffered to the spill file, which survives SIGKILL
+        (rows the spill file refuses stay in memory, `_keep_in_memory`)."""
+        rows: list[Row] = [*self._requests, *self._engine]
+        if not rows:
+            return
+        self._requests.clear()
+        self._engine.clear()
+        self._spill_rows(rows)
 
     async def _maybe_purge(self) -> None:
         days = self.cfg.retention_days
