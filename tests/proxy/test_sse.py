@@ -185,16 +185,16 @@ def test_an_event_past_the_bound_stops_the_scan(strip: bool) -> None:
     events = [e + b"\n\n" for e in data.split(b"\n\n") if e]
     scanner = SSEScanner(strip_usage=strip, max_event_bytes=16 * 1024)
     scanner.feed(events[0] + events[1], 1.0)
-    assert scanner.n_events == 1 and not scanner.oversized
+    assert scanner.n_events == 1 and scanner.defect() == "malformed_stream"  # no [DONE] yet
     scanner.feed(b'data: {"choices":[{"delta":{"content":"', 2.0)
     out = []
     for i in range(100):
         out.append(scanner.feed(b"x" * 1024, 3.0 + i))
         assert len(scanner._buf) <= 16 * 1024 + 1024
-    assert scanner.oversized and not scanner._buf
+    assert scanner.defect() == "event_too_large" and not scanner._buf
     assert scanner.feed(b'"}}]}\n\n' + events[-1], 200.0) == (
         b"" if strip else b'"}}]}\n\n' + events[-1]
     )
     assert not scanner.done and scanner.n_events == 1  # nothing scanned past the bound
-    assert scanner.defect() == "event_too_large"
+    assert scanner.oversized
     assert out == ([b""] * 100 if strip else [b"x" * 1024] * 100)
