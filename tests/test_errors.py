@@ -65,10 +65,14 @@ def test_error_kinds_are_the_stored_strings() -> None:
         "http_5xx",
         "malformed_stream",
         "stream_error",
+        "event_too_large",
         "disconnected",
         "cancelled",
     ]
     assert ErrorKind("http_5xx") is ErrorKind.HTTP_5XX and ErrorKind.BROKEN.value == "broken"
+    # The proxy's own bound on one event, not the engine failing: no ejection, still counted.
+    assert not ErrorKind.EVENT_TOO_LARGE.engine_failure
+    assert not ErrorKind.EVENT_TOO_LARGE.verdict_free
     assert [ErrorKind.of_status(s) for s in (200, 399, 400, 499, 500)] == [
         None,
         None,

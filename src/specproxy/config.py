@@ -371,6 +371,7 @@ class Config:
     run_id: str = "default"
     inject_usage: bool = True  # ask upstream for the usage chunk, strip it if the client didn't
     max_body_bytes: int = 32 * 1024 * 1024
+    max_event_bytes: int = 1024 * 1024  # one SSE event from an engine; larger ends the stream
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -422,6 +423,7 @@ class Config:
         _check(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         _check(bool(self.run_id.strip()), "run_id", "must not be empty")
         _check(self.max_body_bytes > 0, "max_body_bytes", "must be > 0")
+        _check(self.max_event_bytes > 0, "max_event_bytes", "must be > 0")
 
     def upstream_url(self, arm: str) -> str:
         """The (first) base URL of an arm, without a trailing slash."""

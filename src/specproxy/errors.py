@@ -55,6 +55,7 @@ class ErrorKind(enum.StrEnum):
     HTTP_5XX = "http_5xx"  # the engine answered 5xx (passed through)
     MALFORMED_STREAM = "malformed_stream"  # a 200 event stream without its `data: [DONE]`
     STREAM_ERROR = "stream_error"  # a 200 event stream that carried an error object
+    EVENT_TOO_LARGE = "event_too_large"  # one event outgrew `max_event_bytes`: stream ended
     DISCONNECTED = "disconnected"  # the client went away first
     CANCELLED = "cancelled"  # the proxy cancelled a shadow call (shutdown)
 

@@ -1,12 +1,14 @@
-"""Faulty clients: 500 of them leaving mid-stream at once."""
+"""Faulty clients: 500 of them leaving mid-stream at once; 20 that never read."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
 
+from specproxy.proxy.transports.lean import LeanTransport
 from tests.faults.conftest import MakeRig, MiB, fault_row, rss_bytes
 from tests.proxy.conftest import CHAT, chat
 
@@ -49,3 +51,56 @@ async def test_disconnect_storm_mid_stream(make_rig: MakeRig) -> None:
     assert rss_after - rig.rss_before < 128 * MiB
     fault_row(f"disconnect storm ({CLIENTS} mid-stream)", "-", f"{CLIENTS} x disconnected", 0,
               rig.rss_before, rss_after)  # fmt: skip
+
+
+SLOW_READERS = 20
+
+
+@pytest.mark.parametrize("transport", ["lean", "aiohttp"])
+async def test_clients_that_do_not_read_hold_bounded_memory(
+    make_rig: MakeRig, monkeypatch: pytest.MonkeyPatch, transport: str
+) -> None:
+    """20 clients ask for a 20 MB stream and read nothing: the proxy stops reading the engine
+    (backpressure) instead of buffering the streams; when they leave, one record each."""
+    if transport == "aiohttp":  # the transport every non-plain-http engine gets
+        monkeypatch.setattr(LeanTransport, "usable", staticmethod(lambda url: False))
+    rig = await make_rig(read_s=60.0, total_s=120.0)
+    body = json.dumps(chat(stream=True)).encode()
+    request = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+        f"x-fault: big_sse\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    port = rig.server.port
+    assert port is not None
+    writers = []
+    for _ in range(SLOW_READERS):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)  # and never a read
+        writers.append(writer)
+    streamed, still = -1, 0
+    for _ in range(1200):  # until the engine's writes stall (or the streams fit the sockets)
+        await asyncio.sleep(0.05)
+        if rig.upstream.requests["big_sse"] == SLOW_READERS and rig.upstream.streamed == streamed:
+            still += 1
+            if still == 20:  # a second without progress
+                break
+        else:
+            streamed, still = rig.upstream.streamed, 0
+    rss_held = rss_bytes()
+    for writer in writers:
+        writer.transport.abort()
+    rig.sent = SLOW_READERS
+    for _ in range(600):
+        if len((await rig.rows())["request_id"]) == SLOW_READERS:
+            break
+        await asyncio.sleep(0.1)
+    rows = await rig.check_records({"disconnected"})
+    assert all(rows["disconnected"])
+    # Held per stream (tracemalloc): the lean reader's and the scanner's buffers (256 KiB each),
+    # the client transport's (~130 KiB), the gaps so far, and this test's own upstream's reader
+    # and writer (~0.5 MB); the rest waits in the sockets. Without backpressure the proxy took
+    # each engine stream whole: +347 MiB here.
+    assert rss_held - rig.rss_before < 64 * MiB, (rss_held - rig.rss_before) / MiB
+    fault_row(f"{SLOW_READERS} clients that do not read a 20 MB stream ({transport})",
+              "- (read nothing)", f"{SLOW_READERS} x disconnected", 0,
+              rig.rss_before, rss_held)  # fmt: skip

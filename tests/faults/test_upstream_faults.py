@@ -3,6 +3,7 @@ the right error_kind, never a usable sample, nothing lost, bounded memory."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -100,6 +101,38 @@ async def test_100_mb_answer_streams_through_in_bounded_memory(make_rig: MakeRig
     assert list(rows["status"]) == [200]
     assert rss_after - rig.rss_before < 64 * MiB  # relayed as it came, never held whole
     fault_row("100 MB answer", "200, all bytes", "1 x ok", 0, rig.rss_before, rss_after)
+
+
+@pytest.mark.parametrize("include_usage", [False, True], ids=["usage_stripped", "passthrough"])
+async def test_100_mb_event_ends_the_stream_cleanly(make_rig: MakeRig, include_usage: bool) -> None:
+    """One 100 MB SSE event: past `max_event_bytes` (1 MiB) the proxy closes the engine's
+    stream, finishes the client's response properly and records `event_too_large`."""
+    rig = await make_rig(total_s=120.0)
+    body = chat(stream=True, stream_options={"include_usage": True}) if include_usage else None
+    received = b""
+    async with rig.client.post(
+        CHAT, json=body or chat(stream=True), headers={"x-fault": "huge_event"}
+    ) as resp:
+        assert resp.status == 200
+        async for chunk in resp.content.iter_any():  # to a clean end: no ClientPayloadError
+            received += chunk
+    rig.sent += 1
+    rss_after = rss_bytes()
+    assert b"[DONE]" not in received
+    # Stripping usage holds the open event (dropped); passing through relays what came.
+    assert len(received) <= (2 * MiB if include_usage else 0)
+    rows = await rig.check_records({"event_too_large"})
+    assert list(rows["status"]) == [200]
+    for _ in range(100):
+        if rig.upstream.aborted:
+            break
+        await asyncio.sleep(0.05)
+    assert rig.upstream.aborted == 1  # the engine's stream was closed, not read to its end
+    assert rig.upstream.streamed < HUGE_BYTES // 4
+    assert rss_after - rig.rss_before < 64 * MiB
+    seen = f"200, {len(received) / MiB:.1f} MiB, clean end"
+    fault_row(f"100 MB event ({'passthrough' if include_usage else 'usage stripped'})", seen,
+              "1 x event_too_large", 0, rig.rss_before, rss_after)  # fmt: skip
 
 
 async def _hundred_mb() -> AsyncIterator[bytes]:

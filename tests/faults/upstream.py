@@ -19,9 +19,11 @@ the proxy's probes and scraper see a live engine. Faults (`FAULTS`):
     huge_body             a 100 MB JSON body (Content-Length), in 1 MiB writes
     slow_sse              the fixture stream, one event every SLOW_S (SIGTERM under load)
     endless_sse           content events every SLOW_S until the proxy hangs up (disconnects)
+    big_sse               a valid BIG_SSE_BYTES stream of content events (slow readers)
+    huge_event            one HUGE_BYTES content event in 1 MiB chunks, then [DONE]
 
-Counters say what happened on the upstream side: requests per fault, and streams that ended
-because the proxy closed the connection (`aborted`).
+Counters say what happened on the upstream side: requests per fault, streams that ended
+because the proxy closed the connection (`aborted`), and stream bytes written (`streamed`).
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ from typing import Final
 
 from tests.conftest import fixture_path
 
-__all__ = ["DRIP_S", "FAULTS", "HUGE_BYTES", "SLOW_S", "FaultUpstream"]
+__all__ = ["BIG_SSE_BYTES", "DRIP_S", "FAULTS", "HUGE_BYTES", "SLOW_S", "FaultUpstream"]
 
 DRIP_S: Final = 0.05
 SLOW_S: Final = 0.05
 HUGE_BYTES: Final = 100 * 1024 * 1024
+BIG_SSE_BYTES: Final = 20 * 1024 * 1024
 FAULTS: Final = (
     "ok",
     "sse",
@@ -59,6 +62,8 @@ FAULTS: Final = (
     "huge_body",
     "slow_sse",
     "endless_sse",
+    "big_sse",
+    "huge_event",
 )
 
 _SSE: Final = fixture_path("chat_stream_usage_baseline.sse").read_bytes()
@@ -99,6 +104,7 @@ class FaultUpstream:
     seed: int = 0
     requests: Counter[str] = field(default_factory=Counter)
     aborted: int = 0
+    streamed: int = 0
     open_connections: int = 0
     url: str = ""
     _server: asyncio.Server | None = None
@@ -230,7 +236,18 @@ class FaultUpstream:
                 writer.write(_chunk(event))
                 await self._drain(writer)
                 await asyncio.sleep(SLOW_S)
-        if fault == "slow_sse":
+        if fault == "big_sse":
+            batch = b"".join(_EVENTS[1:2] * 64)  # content events, one chunk of 64
+            for _ in range(BIG_SSE_BYTES // len(batch)):
+                await self._stream_chunk(writer, batch)
+            await self._stream_chunk(writer, _EVENTS[-1])  # data: [DONE]
+        elif fault == "huge_event":
+            await self._stream_chunk(writer, b'data: {"choices":[{"index":0,"delta":{"content":"')
+            block = b"x" * (1 << 20)
+            for _ in range(HUGE_BYTES >> 20):
+                await self._stream_chunk(writer, block)
+            await self._stream_chunk(writer, b'"}}]}\n\n' + _EVENTS[-1])
+        elif fault == "slow_sse":
             for event in _EVENTS:
                 writer.write(_chunk(event))
                 await self._drain(writer)
@@ -240,6 +257,11 @@ class FaultUpstream:
         writer.write(_LAST_CHUNK)
         await self._drain(writer)
         return True
+
+    async def _stream_chunk(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(_chunk(data))
+        await self._drain(writer)
+        self.streamed += len(data)
 
     async def _drain(self, writer: asyncio.StreamWriter) -> None:
         try:

@@ -174,3 +174,27 @@ def test_garbage_a_cut_stream_and_an_in_stream_error_are_defects() -> None:
     error = b'data: {"error": {"message": "engine died", "code": 500}}\n\ndata: [DONE]\n\n'
     first = data[: data.index(b"\n\n", 300) + 2]  # whole events, then the error
     assert scan([first, error], strip=False)[0].defect() == "stream_error"
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_an_event_past_the_bound_stops_the_scan(strip: bool) -> None:
+    """Events below the bound are scanned as usual; one still open past it (here 100 KiB in
+    1 KiB chunks, bound 16 KiB) marks the scanner oversized, is never held whole or parsed,
+    and makes the stream `event_too_large`."""
+    data = fixture_stream("chat_stream_usage_baseline.sse")
+    events = [e + b"\n\n" for e in data.split(b"\n\n") if e]
+    scanner = SSEScanner(strip_usage=strip, max_event_bytes=16 * 1024)
+    scanner.feed(events[0] + events[1], 1.0)
+    assert scanner.n_events == 1 and scanner.defect() == "malformed_stream"  # no [DONE] yet
+    scanner.feed(b'data: {"choices":[{"delta":{"content":"', 2.0)
+    out = []
+    for i in range(100):
+        out.append(scanner.feed(b"x" * 1024, 3.0 + i))
+        assert len(scanner._buf) <= 16 * 1024 + 1024
+    assert scanner.defect() == "event_too_large" and not scanner._buf
+    assert scanner.feed(b'"}}]}\n\n' + events[-1], 200.0) == (
+        b"" if strip else b'"}}]}\n\n' + events[-1]
+    )
+    assert not scanner.done and scanner.n_events == 1  # nothing scanned past the bound
+    assert scanner.oversized
+    assert out == ([b""] * 100 if strip else [b"x" * 1024] * 100)

@@ -106,6 +106,7 @@ class Forwarder:
         self._mirror_enabled = cfg.routing.mirror_fraction > 0
         self._inject_usage = cfg.inject_usage
         self._max_body = cfg.max_body_bytes
+        self._max_event = cfg.max_event_bytes
         # Each arm is a pool of endpoints; each endpoint has its own transports, chosen once per
         # mode (`transports.select`), e.g. the lean client for plain-http engines.
         self._upstreams = Upstreams(
@@ -297,7 +298,7 @@ class Forwarder:
                 )
             except UpstreamError as exc:
                 return await send_error(request, trace, exc)
-            return await relay(request, trace, upstream, strip_usage)
+            return await relay(request, trace, upstream, strip_usage, self._max_event)
         except asyncio.CancelledError:
             trace.disconnected = True
             trace.fail(ErrorKind.DISCONNECTED, STATUS_CLIENT_GONE)

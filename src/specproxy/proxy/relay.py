@@ -4,6 +4,13 @@ Upstream bytes reach the client as they arrive and unmodified (the one exception
 event the proxy itself asked for is removed, see `sse`). A stream that breaks mid-way is cut off
 the same way for the client (no synthetic end). "Last byte written" is a real timestamp: the
 response is finished here, not by aiohttp after the handler returns.
+
+Backpressure: a write waits (aiohttp drains every 64 KiB) while the client's transport is
+above its high-water mark, and no upstream read happens meanwhile; each transport then pauses
+reading its socket once its own buffer is full (`lean`: `_Connection`; aiohttp's reader
+likewise), so a client that does not read holds about one buffer per stream, not the stream.
+An event larger than `max_event_bytes` ends the stream: the upstream is closed, the client's
+response is finished properly (no reset), and the record is `event_too_large`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from specproxy.proxy.headers import (
     response_headers,
 )
 from specproxy.proxy.limits import ALLOW_HEADER, MAX_JSON_DEPTH
-from specproxy.proxy.sse import SSEScanner
+from specproxy.proxy.sse import MAX_EVENT_BYTES, SSEScanner
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, Trace
 from specproxy.proxy.transports.base import Reply
 from specproxy.proxy.usage import usage_of
@@ -45,27 +52,36 @@ _BUFFER_LIMIT: Final = 8 * 1024 * 1024  # non-stream bodies up to this size are 
 
 
 async def relay(
-    request: web.Request, trace: Trace, upstream: Reply, strip_usage: bool
+    request: web.Request,
+    trace: Trace,
+    upstream: Reply,
+    strip_usage: bool,
+    max_event_bytes: int = MAX_EVENT_BYTES,
 ) -> web.StreamResponse:
     """Send the upstream's answer to the client: streamed, or buffered when small and framed."""
     if is_event_stream(upstream.headers):
-        return await _stream(request, trace, upstream, strip_usage)
+        return await _stream(request, trace, upstream, strip_usage, max_event_bytes)
     return await _buffered(request, trace, upstream)
 
 
 async def _stream(
-    request: web.Request, trace: Trace, upstream: Reply, strip_usage: bool
+    request: web.Request,
+    trace: Trace,
+    upstream: Reply,
+    strip_usage: bool,
+    max_event_bytes: int = MAX_EVENT_BYTES,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(
         status=upstream.status,
         reason=upstream.reason,
         headers=response_headers(upstream.headers, trace.arm, trace.request_id),
     )
-    scanner = trace.scanner = SSEScanner(strip_usage=strip_usage)
+    scanner = trace.scanner = SSEScanner(strip_usage=strip_usage, max_event_bytes=max_event_bytes)
     # The per-event loop: a read, a clock reading, a byte scan, a write; names bound once.
     perf_counter = time.perf_counter
     readany = upstream.readany
-    feed = scanner.feed
+    # A large non-stream body comes here too: it has no events, and is never scanned (held).
+    feed = scanner.feed if is_event_stream(upstream.headers) else _unscanned
     try:
         await resp.prepare(request)
     except ConnectionError:
@@ -97,10 +113,15 @@ async def _stream(
                 trace.fail(ErrorKind.DISCONNECTED)
                 trace.e2e_end = perf_counter()
                 return resp
+        if scanner.oversized:
+            upstream.close()  # the rest of the stream is not read (`release` then closes)
+            break
     if now is not None:
         trace.upstream_end = now
     tail = scanner.finish()
-    if upstream.status == 200 and is_event_stream(upstream.headers):
+    if scanner.oversized:
+        trace.fail(ErrorKind.EVENT_TOO_LARGE)
+    elif upstream.status == 200 and is_event_stream(upstream.headers):
         defect = scanner.defect()  # relayed as it came, but never a usable sample
         if defect is not None:
             trace.fail(defect)
@@ -109,6 +130,10 @@ async def _stream(
         trace.fail(ErrorKind.DISCONNECTED)
     trace.e2e_end = perf_counter()
     return resp
+
+
+def _unscanned(chunk: bytes, now: float) -> bytes:
+    return chunk
 
 
 async def _buffered(request: web.Request, trace: Trace, upstream: Reply) -> web.StreamResponse:

@@ -113,6 +113,8 @@ class Shadows:
                 while chunk := await upstream.readany():
                     now = trace.upstream_end = perf_counter()
                     scanner.feed(chunk, now)
+                    if scanner.oversized:
+                        break  # `defect` says event_too_large; the connection is closed
                 scanner.finish()
                 defect = scanner.defect() if upstream.status == 200 else None
                 if defect is not None:

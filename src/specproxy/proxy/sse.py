@@ -12,6 +12,9 @@ would have sent without usage: the usage event is dropped, and, because vLLM sta
 `system_fingerprint` on the finish chunks instead of the usage chunk when usage is off, the
 usage chunk's raw fingerprint bytes are appended to each held finish event. Finish events are
 held back only until the next event arrives (for n=1 the usage chunk follows at once).
+
+One event is bounded (`max_event_bytes`, `Config.max_event_bytes`): an event still open past
+the bound marks the scanner `oversized` and it stops scanning; the relay then ends the stream.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from typing import Any
 
 from specproxy.errors import ErrorKind
 
-__all__ = ["SSEScanner", "count_token_ids"]
+__all__ = ["MAX_EVENT_BYTES", "SSEScanner", "count_token_ids"]
+
+MAX_EVENT_BYTES = 1024 * 1024  # the default bound on one event (`Config.max_event_bytes`)
 
 _DATA = b"data:"
 _DATA_SPACE = b"data: "
@@ -97,8 +102,12 @@ def _data_payload(event: bytes) -> bytes | None:
 class SSEScanner:
     """Feed it every upstream chunk with its arrival time; read the results when the stream ends."""
 
-    def __init__(self, *, strip_usage: bool = False) -> None:
+    def __init__(
+        self, *, strip_usage: bool = False, max_event_bytes: int = MAX_EVENT_BYTES
+    ) -> None:
         self.strip_usage = strip_usage
+        self.max_event_bytes = max_event_bytes
+        self.oversized = False  # an event outgrew `max_event_bytes`: scanning stopped
         self.first_content_at: float | None = None
         self.last_content_at: float | None = None
         self.last_event_at: float | None = None
@@ -119,7 +128,9 @@ class SSEScanner:
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Scan one chunk; return the bytes the client should get (the chunk itself unless
-        stripping usage)."""
+        stripping usage). Once `oversized`, it scans nothing more."""
+        if self.oversized:
+            return b"" if self.strip_usage else chunk
         if not self._sep_known:
             self._detect_separator(chunk)
         sep = self._sep
@@ -148,6 +159,10 @@ class SSEScanner:
             if start < len(chunk):
                 buf += chunk[start:] if start else chunk
         self._scan_from = len(buf) - n + 1 if len(buf) >= n else 0
+        if len(buf) > self.max_event_bytes:
+            self.oversized = True  # the open event is dropped, never parsed
+            buf.clear()
+            self._scan_from = 0
         if not self.strip_usage:
             return chunk
         out = b"".join(self._out)
@@ -158,7 +173,10 @@ class SSEScanner:
         """Why a stream that ended normally (HTTP 200, clean EOF) is still no usable sample, as
         an `error_kind`: an in-stream error object ("stream_error"), or no `data: [DONE]`, which
         vLLM always sends last ("malformed_stream": garbage, or a stream cut at an event
-        boundary). None for a complete stream."""
+        boundary), or an event past `max_event_bytes` ("event_too_large"). None for a
+        complete stream."""
+        if self.oversized:
+            return ErrorKind.EVENT_TOO_LARGE
         if self.error_event:
             return ErrorKind.STREAM_ERROR
         if not self.done:

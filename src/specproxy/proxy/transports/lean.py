@@ -22,6 +22,11 @@ Semantics kept from the aiohttp session it replaces on that path:
   than `idle_timeout_s` (below uvicorn's 5 s keep-alive) are not reused, which makes the race of
   writing into a connection the server is just closing rare.
 
+Backpressure: a connection stops reading its socket once `READ_HIGH_WATER` bytes wait in its
+buffer, and reads again when the reader took it below `READ_LOW_WATER` (asyncio's flow control,
+as aiohttp's own reader does): a relay that waits on a slow client holds one buffer per stream,
+and the engine's socket fills instead.
+
 It raises the errors of `specproxy.errors` itself: there is nothing to map at its boundary.
 """
 
@@ -43,7 +48,10 @@ from specproxy.errors import (
 )
 from specproxy.proxy.headers import OutboundHeaders
 
-__all__ = ["LeanTransport", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["READ_HIGH_WATER", "READ_LOW_WATER", "LeanTransport", "UpstreamPool", "UpstreamResponse"]
+
+READ_HIGH_WATER: Final = 256 * 1024  # buffered bytes at which a connection pauses reading
+READ_LOW_WATER: Final = 64 * 1024  # and below which it resumes
 
 _MAX_HEAD: Final = 64 * 1024  # status line + headers
 _MAX_CHUNK_LINE: Final = 4096
@@ -60,6 +68,7 @@ class _Connection(asyncio.Protocol):
         "deadline",
         "expiry",
         "idle_since",
+        "paused",
         "pool",
         "read_limit",
         "timer",
@@ -73,6 +82,7 @@ class _Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
+        self.paused = False  # reading paused: `buf` reached READ_HIGH_WATER
         self.idle_since = 0.0
         self.deadline: float | None = None  # loop time by which the current response must end
         self.read_limit: float | None = None  # longest silence within the current response
@@ -84,8 +94,19 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
+        buf = self.buf
+        buf += data
+        if len(buf) >= READ_HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
         self._wake()
+
+    def consumed(self) -> None:
+        """The reader took bytes from `buf`: read the socket again once it is low enough."""
+        if self.paused and len(self.buf) < READ_LOW_WATER and not self.closed:
+            self.paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool:
         self.closed = True
@@ -197,6 +218,8 @@ class UpstreamResponse:
         conn = self._conn
         while not self._done:
             piece = self._take(conn.buf)
+            if conn.paused:
+                conn.consumed()
             if piece:
                 return piece
             if self._ended(conn):

@@ -1,0 +1,535 @@
+"""The streaming face-off (issue 27): specproxy beside a bare aiohttp pass-through and nginx, each
+proxy alone on one core, before and after a change, in one go and without network.
+
+Roles (processes pinned with taskset; cores are taken modulo the machine's count, so the same
+command proves itself on a 2-core box at a tiny size):
+  upstream   nginx (from Debian packages unpacked with `dpkg -x` into `--prefix`) on its own
+             cores serving the recorded 13-event vLLM chat stream (`chat_stream_usage_spec.sse`,
+             unpaced) and the non-streaming body; nginx cannot pace, so the 1 ms paced stream
+             comes from raw-asyncio replay processes sharing one port (SO_REUSEPORT), the same
+             replay as `bench_proxy.py --role replay-upstream`;
+  proxies    the bare aiohttp pass-through (uvloop, `bench_proxy.py --role bare`), `specproxy
+             serve` from each `--tree` (e.g. before=main, after=the branch; its store a SQLite
+             file, its stats child on the same core) and nginx as a reverse proxy (keep-alive
+             upstream, no buffering), each on one core;
+  load       wrk (a Lua script for the POST) on cores of its own.
+
+Measured, for non-stream, unpaced and paced streams at each `--conc`: requests (streams) per
+second and wrk's p50/p99, `--reps` repetitions alternating the proxies, median; added p50
+latency (one connection, proxy minus direct); `specproxy serve --workers N` on N cores, req/s
+and its efficiency against N x one worker; the RSS of every serve process, idle and after load.
+It prints markdown tables and writes all figures as JSON (`--json`).
+
+    python benchmarks/faceoff.py --prefix /tmp/fo --tree before=../before --tree after=. \\
+        [--seconds 3] [--reps 3] [--conc 32,128] [--workers 1,2,4,8] [--json faceoff.json]
+
+On the 16-core device machine: carry the .debs (`apt-get download nginx wrk libluajit-5.1-2
+libluajit-5.1-common libssl3 libpcre2-8-0 zlib1g libcrypt1`) and both trees, `dpkg -x` each
+.deb into one prefix, and run the line above with the device's python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parent / "tests/fixtures/vllm-0.32.0-cpu"
+STREAM_FILE = FIXTURES / "chat_stream_usage_spec.sse"  # 13 events: content, usage, [DONE]
+BODY_FILE = FIXTURES / "chat_nonstream_spec.json"
+PATH = "/v1/chat/completions"
+MODES = ("nonstream", "unpaced", "paced")
+PACE_S = 0.001
+MODELS = '{"object":"list","data":[{"id":"tiny-llama"}]}'
+
+
+def cores(*wanted: int) -> str:
+    """The CPU list for taskset: `wanted`, modulo this machine's cores."""
+    n = os.cpu_count() or 1
+    return ",".join(sorted({str(c % n) for c in wanted}))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer in {deadline_s} s")
+
+
+# ------------------------------------------------------------------------------ processes
+
+
+@dataclass
+class Procs:
+    """Every process started here, each in its own session: killed as a group at the end."""
+
+    running: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, cmd: Sequence[str], cpu: str, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+        proc = subprocess.Popen(
+            ["taskset", "-c", cpu, *cmd],
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.running.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.running.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self.running):
+            self.stop(proc)
+
+
+def tree_rss(pid: int) -> dict[str, int]:
+    """VmRSS (KiB) of `pid` and every descendant, by `pid:name`."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out: dict[str, int] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            cmdline = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        rss = re.search(r"VmRSS:\s+(\d+)", status)
+        if rss is None or cmdline[0] in (b"taskset",):
+            continue
+        name = b" ".join(cmdline[1:4]).decode(errors="replace")[-40:]
+        out[f"{p}:{name}"] = int(rss.group(1))
+    return out
+
+
+# ------------------------------------------------------------------------------ nginx
+
+
+def nginx_conf(work: Path, workers: int, body: str) -> Path:
+    """A complete nginx config (no files of the package's own), every path under `work`."""
+    work.mkdir(parents=True, exist_ok=True)
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    temps = "".join(
+        f"    {kind}_temp_path {work}/{kind};\n"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    conf = work / "nginx.conf"
+    conf.write_text(
+        f"{user}worker_processes {workers};\npid {work}/nginx.pid;\n"
+        f"error_log {work}/error.log warn;\ndaemon off;\n"
+        "events { worker_connections 8192; multi_accept on; }\n"
+        "http {\n    access_log off;\n    keepalive_requests 1000000;\n"
+        f"    keepalive_timeout 60s;\n{temps}{body}}}\n"
+    )
+    return conf
+
+
+def upstream_server(port: int, root: Path) -> str:
+    """nginx serving the recorded stream and the non-stream body to POSTs (static files answer
+    a POST with 405: `error_page 405 =200 $uri` serves them anyway)."""
+    return f"""    server {{
+        listen 127.0.0.1:{port} reuseport backlog=4096;
+        root {root};
+        location ~ /health$ {{ return 200; }}
+        location ~ /metrics$ {{ default_type text/plain; return 200 ""; }}
+        location ~ /v1/models$ {{ default_type application/json; return 200 '{MODELS}'; }}
+        location = /stream{PATH} {{ default_type "text/event-stream; charset=utf-8";
+            error_page 405 =200 $uri; }}
+        location = /json{PATH} {{ default_type application/json; error_page 405 =200 $uri; }}
+    }}
+"""
+
+
+def proxy_server(port: int, upstream: str) -> str:
+    """nginx as a reverse proxy: keep-alive to the upstream, streamed (no buffering)."""
+    host, _, path = upstream.split("//", 1)[1].partition("/")
+    return f"""    upstream engine {{ server {host}; keepalive 512; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://engine/{path + "/" if path else ""};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+"""
+
+
+def run_paced(port: int, gap_s: float) -> None:
+    """One paced replay process; several share `port` (SO_REUSEPORT)."""
+    sys.path.insert(0, str(HERE.parent))
+    import uvloop
+
+    from benchmarks import bench_proxy
+
+    raw = STREAM_FILE.read_bytes()
+    events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+    chunks = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+    chunks[-1] += b"0\r\n\r\n"
+    head = (
+        b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+
+    def write(transport: Any, piece: bytes) -> None:
+        if not transport.is_closing():
+            transport.write(piece)
+
+    def answer(server: bench_proxy.RawServer, body: bytes) -> None:
+        server.transport.write(head)
+        loop = asyncio.get_running_loop()
+        for i, piece in enumerate(chunks):
+            loop.call_later((i + 1) * gap_s, write, server.transport, piece)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await loop.create_server(
+            lambda: bench_proxy.RawServer(answer), "127.0.0.1", port, backlog=4096, reuse_port=True
+        )
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# ------------------------------------------------------------------------------ wrk
+
+
+def lua(work: Path, stream: bool) -> Path:
+    body: dict[str, Any] = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}]}
+    if stream:
+        body["stream"] = True
+    script = work / f"post-{'stream' if stream else 'json'}.lua"
+    script.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(json.dumps(body, separators=(',', ':')))}\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+    return script
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def _seconds(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    assert match is not None, text
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class Wrk:
+    binary: list[str]
+    cpu: str
+    threads: int
+    env: dict[str, str]
+
+    def run(self, url: str, script: Path, conc: int, seconds: float) -> dict[str, float]:
+        """Requests/s, p50/p99 (s) and errors of one closed-loop wrk run."""
+        threads = max(1, min(self.threads, conc))
+        cmd = ["taskset", "-c", self.cpu, *self.binary, f"-t{threads}", f"-c{conc}"]
+        cmd += [
+            f"-d{max(1, round(seconds))}s",
+            "--latency",
+            "--timeout",
+            "10s",
+            "-s",
+            str(script),
+            url,
+        ]
+        env = {**os.environ, **self.env}
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+        rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+        pcts = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
+        errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        return {
+            "rps": rps,
+            "p50_s": _seconds(pcts["50"]),
+            "p99_s": _seconds(pcts["99"]),
+            "errors": errors + (int(non2xx.group(1)) if non2xx else 0),
+        }
+
+
+# ------------------------------------------------------------------------------ the face-off
+
+
+@dataclass
+class Rig:
+    args: argparse.Namespace
+    procs: Procs
+    work: Path
+    wrk: Wrk
+    nginx: list[str]
+    trees: dict[str, Path]
+    native: dict[str, str]
+    upstream_port: int = 0
+    paced_port: int = 0
+
+    def upstream_base(self, mode: str) -> str:
+        """The engine base URL a proxy is given (nginx tells the answers apart by a prefix)."""
+        if mode == "paced":
+            return f"http://127.0.0.1:{self.paced_port}"
+        prefix = "/json" if mode == "nonstream" else "/stream"
+        return f"http://127.0.0.1:{self.upstream_port}{prefix}"
+
+    def start_upstreams(self) -> None:
+        root = self.work / "www"
+        for prefix, src in (("stream", STREAM_FILE), ("json", BODY_FILE)):
+            target = root / prefix / PATH.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, target)
+        self.upstream_port = free_port()
+        conf = nginx_conf(self.work / "up", 4, upstream_server(self.upstream_port, root))
+        nginx = [*self.nginx, "-p", str(self.work / "up"), "-c", str(conf)]
+        self.procs.start(nginx, cores(0, 1, 2, 3), env=self.native)
+        self.paced_port = free_port()
+        for i in range(4):
+            self.procs.start(
+                [sys.executable, __file__, "--role", "paced", "--port", str(self.paced_port)],
+                cores(i),
+            )
+        wait_http(f"http://127.0.0.1:{self.upstream_port}/health")
+        wait_http(f"http://127.0.0.1:{self.paced_port}/health")
+
+    def start_proxy(
+        self, name: str, upstream: str, cpu: str, workers: int = 1
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        port = free_port()
+        if name == "bare":
+            cmd = [sys.executable, __file__, "--role", "bare", "--port", str(port)]
+            proc = self.procs.start([*cmd, "--upstream", upstream], cpu)
+        elif name == "nginx":
+            work = self.work / f"px-{port}"
+            conf = nginx_conf(work, 1, proxy_server(port, upstream))
+            proc = self.procs.start(
+                [*self.nginx, "-p", str(work), "-c", str(conf)], cpu, self.native
+            )
+        else:
+            tree = self.trees[name]
+            db = self.work / f"{name}-{port}.db"
+            cmd = [sys.executable, "-m", "specproxy", "serve", "--workers", str(workers)]
+            cmd += ["--port", str(port), "--baseline", upstream, "--speculative", upstream]
+            cmd += ["--store", f"sqlite:///{db}", "--log-level", "error"]
+            proc = self.procs.start(cmd, cpu, env={"PYTHONPATH": str(tree / "src")}, cwd=self.work)
+        base = f"http://127.0.0.1:{port}"
+        wait_http(base + ("/healthz" if name in self.trees else "/"))
+        time.sleep(1.0 if name in self.trees else 0.2)  # every worker listening
+        return proc, base
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def single_core(rig: Rig, results: dict[str, Any]) -> None:
+    args = rig.args
+    proxies = ["bare", *rig.trees, "nginx"]
+    for mode in MODES:
+        upstream = rig.upstream_base(mode)
+        script = lua(rig.work, stream=mode != "nonstream")
+        started = {
+            name: rig.start_proxy(name, upstream, cores(4 + i)) for i, name in enumerate(proxies)
+        }
+        for name in rig.trees:
+            results["memory"][f"{mode}/{name}/idle"] = tree_rss(started[name][0].pid)
+        # Added latency: one connection, each target in turn, proxy minus direct.
+        for _ in range(args.reps):
+            for name, target in [("direct", upstream), *((n, started[n][1]) for n in proxies)]:
+                run = rig.wrk.run(target + PATH, script, 1, args.latency_seconds)
+                results["latency"].setdefault(f"{mode}/{name}", []).append(run)
+        for conc in args.conc:
+            for rep in range(args.reps):
+                order = proxies if rep % 2 == 0 else proxies[::-1]  # alternating
+                for name in order:
+                    run = rig.wrk.run(started[name][1] + PATH, script, conc, args.seconds)
+                    results["throughput"].setdefault(f"{mode}/c{conc}/{name}", []).append(run)
+                    print(f"{mode} c{conc} rep{rep} {name}: {run['rps']:.0f}/s", flush=True)
+        for name in rig.trees:
+            results["memory"][f"{mode}/{name}/loaded"] = tree_rss(started[name][0].pid)
+        for proc, _ in started.values():
+            rig.procs.stop(proc)
+
+
+def multi_worker(rig: Rig, results: dict[str, Any]) -> None:
+    """`specproxy serve --workers N` on N cores, unpaced streams, 32 connections per worker."""
+    args = rig.args
+    upstream = rig.upstream_base("unpaced")
+    script = lua(rig.work, stream=True)
+    for n in args.workers:
+        for name in rig.trees:
+            proc, base = rig.start_proxy(name, upstream, cores(*range(4, 4 + n)), workers=n)
+            results["memory"][f"workers{n}/{name}/idle"] = tree_rss(proc.pid)
+            for _ in range(args.reps):
+                run = rig.wrk.run(base + PATH, script, 32 * n, args.seconds)
+                results["workers"].setdefault(f"{n}/{name}", []).append(run)
+                print(f"workers {n} {name}: {run['rps']:.0f}/s", flush=True)
+            results["memory"][f"workers{n}/{name}/loaded"] = tree_rss(proc.pid)
+            rig.procs.stop(proc)
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def tables(results: dict[str, Any], trees: Sequence[str], args: argparse.Namespace) -> str:
+    lines: list[str] = []
+    proxies = ["bare", *trees, "nginx"]
+    thr = results["throughput"]
+    lines.append("### Requests (streams) per second, one core each, median of "
+                 f"{args.reps} alternating repetitions ({args.seconds} s each)\n")  # fmt: skip
+    head = " | ".join(proxies) + " | " + " | ".join(f"{t}/bare" for t in trees)
+    lines += [f"| mode | conc | {head} | p50 / p99 ms ({', '.join(trees)}, bare) |",
+              "|" + " --- |" * (3 + len(proxies) + len(trees))]  # fmt: skip
+    for mode in MODES:
+        for conc in args.conc:
+            med = {
+                p: median([r["rps"] for r in thr.get(f"{mode}/c{conc}/{p}", [])]) for p in proxies
+            }
+            ratios = " | ".join(f"{med[t] / med['bare']:.2f}x" for t in trees)
+            pp = ", ".join(
+                "{:.2f} / {:.2f}".format(
+                    1e3 * median([r["p50_s"] for r in thr[f"{mode}/c{conc}/{p}"]]),
+                    1e3 * median([r["p99_s"] for r in thr[f"{mode}/c{conc}/{p}"]]),
+                )
+                for p in (*trees, "bare")
+            )
+            cells = " | ".join(f"{med[p]:.0f}" for p in proxies)
+            lines.append(f"| {mode} | {conc} | {cells} | {ratios} | {pp} |")
+    lines.append("\n### Added p50 latency, one connection (ms; proxy p50 minus direct p50)\n")
+    lines += ["| mode | " + " | ".join(proxies) + " |", "|" + " --- |" * (1 + len(proxies))]
+    lat = results["latency"]
+    for mode in MODES:
+        direct = median([r["p50_s"] for r in lat[f"{mode}/direct"]])
+        cells = " | ".join(
+            f"{1e3 * (median([r['p50_s'] for r in lat[f'{mode}/{p}']]) - direct):.3f}"
+            for p in proxies
+        )
+        lines.append(f"| {mode} | {cells} |")
+    if results["workers"]:
+        lines.append("\n### `--workers N`, unpaced streams, 32 connections per worker\n")
+        lines += ["| N | " + " | ".join(f"{t} streams/s | {t} efficiency | {t} RSS/worker idle, "
+                                        "loaded MiB" for t in trees) + " |",
+                  "|" + " --- |" * (1 + 3 * len(trees))]  # fmt: skip
+        for n in args.workers:
+            row: list[str] = []
+            for t in trees:
+                rps = median([r["rps"] for r in results["workers"][f"{n}/{t}"]])
+                one = median([r["rps"] for r in results["workers"].get(f"1/{t}", [])])
+                idle = sum(results["memory"][f"workers{n}/{t}/idle"].values()) / 1024 / n
+                loaded = sum(results["memory"][f"workers{n}/{t}/loaded"].values()) / 1024 / n
+                row.append(f"{rps:.0f} | {rps / (n * one):.2f} | {idle:.0f}, {loaded:.0f}")
+            lines.append(f"| {n} | " + " | ".join(row) + " |")
+    lines.append("\n### RSS of each serve process (MiB), one worker\n")
+    for key, procs in results["memory"].items():
+        if key.startswith(("unpaced/", "workers1/")):
+            listing = ", ".join(
+                f"{name.split(':', 1)[1]} {kib / 1024:.0f}" for name, kib in procs.items()
+            )
+            lines.append(f"- {key}: {sum(procs.values()) / 1024:.0f} total ({listing})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["paced", "bare"])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--upstream")
+    parser.add_argument("--prefix", type=Path, help="where the nginx and wrk .debs are unpacked")
+    parser.add_argument(
+        "--tree", action="append", default=[], metavar="NAME=PATH", help="a tree (before=...)"
+    )
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--latency-seconds", type=float, default=1.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128])
+    parser.add_argument(
+        "--workers", type=lambda s: [int(x) for x in s.split(",") if x], default=[1, 2, 4, 8]
+    )
+    parser.add_argument("--json", type=Path, default=Path("faceoff.json"))
+    args = parser.parse_args()
+    if args.role == "paced":
+        run_paced(args.port, PACE_S)
+        return
+    if args.role == "bare":
+        sys.path.insert(0, str(HERE.parent))
+        from benchmarks import bench_proxy
+
+        bench_proxy.run_bare(args.port, args.upstream)
+        return
+    assert args.prefix is not None, "--prefix is required"
+    trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.tree)}
+    libs = ":".join(
+        str(args.prefix / d) for d in ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
+    )
+    native = {"LD_LIBRARY_PATH": libs}  # nginx and wrk only: Python keeps its own libraries
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    procs = Procs()
+    results: dict[str, Any] = {"throughput": {}, "latency": {}, "workers": {}, "memory": {}}
+    results["setup"] = {"cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()}}
+    with tempfile.TemporaryDirectory(prefix="faceoff-") as tmp:
+        wrk = Wrk([str(args.prefix / "usr/bin/wrk")], cores(12, 13, 14, 15), 4, native)
+        rig = Rig(args, procs, Path(tmp), wrk,
+                  [str(args.prefix / "usr/sbin/nginx")], trees, native)  # fmt: skip
+        try:
+            rig.start_upstreams()
+            single_core(rig, results)
+            multi_worker(rig, results)
+        finally:
+            procs.stop_all()
+    args.json.write_text(json.dumps(results, indent=1))
+    print(tables(results, list(trees), args))
+
+
+if __name__ == "__main__":
+    main()
