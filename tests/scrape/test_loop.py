@@ -223,7 +223,7 @@ async def test_one_log_per_state_change(rig: Rig, caplog: pytest.LogCaptureFixtu
 
 async def test_restart_by_start_time_is_counted_and_recorded(rig: Rig) -> None:
     counts = EngineCounts(10, 40, 20, (8, 7, 3, 2), 100)
-    rig.spec.body = v1_text([counts], start_time=START)
+    rig.spec.body = v1_text([counts], start_time=990.0)  # started before the first scrape
     await rig.scraper.scrape_once()
     rig.clock.now += 10
     rig.spec.body = v1_text([EngineCounts(1, 4, 2, (1, 1, 0, 0), 9)], start_time=1005.0)

@@ -35,11 +35,26 @@ from specproxy.scrape.aggregate import ArmAggregate, EndpointState
 from specproxy.scrape.parse import EngineSnapshot, parse_metrics
 from specproxy.tasks import cancel_and_wait
 
-__all__ = ["MAX_BODY_BYTES", "ArmState", "EngineScraper", "describe_error", "fetch_text"]
+__all__ = [
+    "BALANCED_WARNING",
+    "MAX_BODY_BYTES",
+    "ArmState",
+    "EngineScraper",
+    "describe_error",
+    "fetch_text",
+]
 
 logger = logging.getLogger("specproxy.scrape")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a real /metrics page is ~100 kB; more is not vLLM
+# Logged once per URL (`aggregate.ArmAggregate.newly_balanced`), with the arm and the URL.
+BALANCED_WARNING = (
+    "engine %s: %s answers from more than one engine process (a load-balanced address, such as"
+    " a ClusterIP Service): its changes of process are not counted as restarts, and its gauges"
+    ' describe one engine at a time. Scrape every engine: set dns = "<headless Service>" in'
+    " this arm's table (a Service with clusterIP: None), or metrics_urls / metrics_dns when the"
+    " traffic goes through a gateway"
+)
 
 
 @dataclass(slots=True)
@@ -132,6 +147,8 @@ class EngineScraper:
         aggregate = self._aggregates[arm]
         known_restarts = len(aggregate.restart_times)
         sample = aggregate.update(t, by_url)
+        for url in aggregate.newly_balanced:
+            logger.warning(BALANCED_WARNING, arm, url)
         if not sample.up:
             reasons = sorted({r for r in results if isinstance(r, str)})
             return self._mark_down(state, t, "; ".join(reasons))
