@@ -418,6 +418,22 @@ def test_configmap_toml_loads_into_config(overlay: str, tmp_path: Path) -> None:
     assert cfg.store.spill_path.startswith("/var/lib/specproxy/")
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_arms_are_headless_services_resolved_per_engine(overlay: str) -> None:
+    """Behind a ClusterIP Service the scraper sees one engine of several per scrape: each arm
+    names a headless Service by `dns`; the demo's own arm Services are headless."""
+    objects = render(overlay)
+    cfg = tomllib.loads(config_toml(objects))
+    assert not [key for key in cfg if key.endswith("_url")], "an arm by one URL"
+    for arm in ("baseline", "speculative"):
+        assert cfg[arm].get("dns") and "urls" not in cfg[arm], arm
+        name = cfg[arm]["dns"].split(".")[0]
+        mine = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == name]
+        assert len(mine) == (overlay == "demo"), name  # the demo's emulators are in the overlay
+        for service in mine:
+            assert service["spec"].get("clusterIP") == "None", name
+
+
 def test_demo_store_secret_is_rendered_and_production_expects_one() -> None:
     demo = render("demo")
     secret = find(demo, "Secret", "specproxy-store")
