@@ -123,11 +123,19 @@ class RoundRobinBalancer:
     backends: Sequence[str]
     session: aiohttp.ClientSession
     picks: dict[str, int] = field(default_factory=dict)  # requests so far, by path
+    # a gateway's own /metrics (LiteLLM's, a router's), served instead of passing it on
+    own_metrics: str | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
+        if self.own_metrics is not None:
+            app.router.add_get("/metrics", self._metrics)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.picks[request.path] = self.picks.get(request.path, 0) + 1
+        return web.Response(text=self.own_metrics or "", content_type="text/plain")
 
     async def _forward(self, request: web.Request) -> web.Response:
         picks = self.picks.get(request.path, 0)

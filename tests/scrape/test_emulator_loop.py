@@ -213,3 +213,48 @@ async def test_two_emulators_behind_one_round_robin_url_are_no_restart(
     mean_j, _ = accepted_prefix_moments(ALPHA, K)
     for sample in samples[2:]:
         assert sample.acceptance_rate == pytest.approx(mean_j / K, abs=0.1)
+
+
+async def test_a_gateway_arm_is_scraped_at_its_engines(aiohttp_server: AiohttpServer) -> None:
+    """Traffic goes through a gateway (LiteLLM, a router: here one that balances over two
+    engines and has a /metrics of its own); `metrics_urls` names the engines, so acceptance is
+    read from them, each by itself, and the gateway's /metrics is never asked."""
+    cfg = EmulatorConfig(
+        speculative=True,
+        acceptance=ALPHA,
+        num_speculative_tokens=K,
+        time_scale=0.02,
+        seed=7,
+        acceptance_spread=0.0,
+    )
+    litellm = "# TYPE litellm_requests_metric counter\nlitellm_requests_metric_total 3.0\n"
+    async with (
+        run_emulator(cfg) as one,
+        run_emulator(cfg) as two,
+        aiohttp.ClientSession() as session,
+    ):
+        gateway = RoundRobinBalancer([one, two], session, own_metrics=litellm)
+        url = str((await aiohttp_server(gateway.app())).make_url("")).rstrip("/")
+        config = Config.from_mapping(
+            {
+                "speculative": {"urls": [url], "metrics_urls": [one, two]},
+                "baseline_url": one,
+                "scrape": {"timeout_s": 5.0},
+                "run_id": "gw",
+            }
+        )
+        recorder = ListRecorder()
+        scraper = EngineScraper(config, {arm: session for arm in Arm}, recorder)
+        pair = Pair(scraper, recorder, {Arm.SPECULATIVE: url, Arm.BASELINE: one}, session)
+        await scraper.scrape_once()
+        await generate(pair, Arm.SPECULATIVE, 16)  # 8 through the gateway to each engine
+        sample = (await scraper.scrape_once())[Arm.SPECULATIVE]
+    state = scraper.states[Arm.SPECULATIVE]
+    assert set(state.endpoints) == {one, two}
+    assert gateway.picks.get("/metrics", 0) == 0
+    assert gateway.picks["/v1/completions"] == 16
+    assert sample.up and state.snapshot is not None
+    assert state.snapshot.spec_format is SpecFormat.V1
+    mean_j, _ = accepted_prefix_moments(ALPHA, K)
+    assert sample.acceptance_rate == pytest.approx(mean_j / K, abs=0.1)
+    assert not any(ep.balanced for ep in state.endpoints.values())

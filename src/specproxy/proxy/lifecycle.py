@@ -36,6 +36,7 @@ from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.pool import EndpointPool
 from specproxy.metrics import ProxyMetrics
+from specproxy.proxy.armauth import every_arm_headers
 from specproxy.proxy.endpoints import Upstreams
 from specproxy.proxy.headers import OutboundHeaders, response_headers, safe_path
 from specproxy.proxy.limits import ALLOWED_METHODS, Rejection, header_rejection, json_too_deep
@@ -109,7 +110,10 @@ class Forwarder:
         # Each arm is a pool of endpoints; each endpoint has its own transports, chosen once per
         # mode (`transports.select`), e.g. the lean client for plain-http engines.
         self._upstreams = Upstreams(
-            fleet, transports or default_transports(sessions, cfg.timeouts), fail_open
+            fleet,
+            transports or default_transports(sessions, cfg.timeouts),
+            fail_open,
+            every_arm_headers(cfg),
         )
         self._new_id = RequestIds()
         self._shadows = Shadows(

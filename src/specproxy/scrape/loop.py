@@ -2,7 +2,10 @@
 
 An arm is a pool of engine endpoints (`fleet`): each round scrapes every endpoint, and
 `aggregate` keeps deltas and restarts per endpoint and sums them into the arm's sample. Each
-endpoint's scrape is also the health probe that readmits it to the pool after an ejection, and
+endpoint's scrape is also the health probe that readmits it to the pool after an ejection. An arm
+whose endpoints are a gateway (LiteLLM, a router) names its engines by `metrics_urls` or
+`metrics_dns`: those are scraped instead, and the gateway's ejected endpoints get a probe of
+their own (`_probe_gateways`). Each
 each round reads the served models (`/v1/models`) of one endpoint per arm for the bounded
 `model` label.
 
@@ -138,12 +141,17 @@ class EngineScraper:
     async def _scrape_arm(self, arm: Arm) -> EngineSample:
         state = self._states[arm]
         pool = self._fleet.pool(arm)
-        urls = pool.urls
+        urls = self._fleet.metrics_targets(arm)
         t = self._clock()
         results = await asyncio.gather(*(self._scrape_endpoint(arm, url, t) for url in urls))
         by_url = dict(zip(urls, results, strict=True))
-        for url, result in by_url.items():
-            pool.probe(url, ok=not isinstance(result, str))
+        if self._fleet.scrapes_endpoints(arm):
+            for url, result in by_url.items():
+                pool.probe(url, ok=not isinstance(result, str))
+        else:
+            await self._probe_gateways(arm)
+        if not urls:
+            return self._mark_down(state, t, "no engine to scrape yet (metrics_dns unresolved)")
         aggregate = self._aggregates[arm]
         known_restarts = len(aggregate.restart_times)
         sample = aggregate.update(t, by_url)
@@ -164,6 +172,24 @@ class EngineScraper:
             raise
         except Exception as exc:  # the loop must survive anything a remote server sends
             return describe_error(exc)
+
+    async def _probe_gateways(self, arm: Arm) -> None:
+        """Probe the ejected endpoints of an arm scraped elsewhere (a gateway in front of its
+        engines) that are due: any HTTP answer below 500 to GET /v1/models readmits one (a 401
+        is a gateway that is up and wants a key the probe does not send)."""
+        pool = self._fleet.pool(arm)
+        for endpoint in pool.due_for_probe():
+            timeout = aiohttp.ClientTimeout(total=self._config.scrape.timeout_s)
+            try:
+                async with self._sessions[arm].get(
+                    endpoint.url + "/v1/models", timeout=timeout
+                ) as resp:
+                    ok = resp.status < 500
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # refused, timed out, garbage: still down
+                ok = False
+            pool.probe(endpoint.url, ok=ok)
 
     async def _refresh_models(self) -> None:
         """The models the arms serve, from one up endpoint each, for the bounded label."""
