@@ -42,6 +42,7 @@ __all__ = [
     "ScrapeConfig",
     "StatsConfig",
     "StoreConfig",
+    "TelemetryConfig",
     "TimeoutConfig",
     "WarmupConfig",
     "did_you_mean",
@@ -220,6 +221,43 @@ class ControlConfig:
 
     def __post_init__(self) -> None:
         _check(0 < self.poll_s <= 3600, "control.poll_s", "must be in (0, 3600]")
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    """Traces and the access log (`proxy.tracing`, `proxy.accesslog`), both off by default.
+
+    With `otlp_traces_endpoint` every measured request is a server span with a client span for
+    its upstream call, exported over OTLP/HTTP (`pip install 'specproxy[otel]'`) and propagated
+    upstream (`traceparent`), so vLLM's own spans (`--otlp-traces-endpoint`) join the trace."""
+
+    otlp_traces_endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/traces
+    service_name: str = "specproxy"  # the spans' service.name
+    # One JSON line per request on the logger `specproxy.access` (stderr): arm, status, e2e,
+    # TTFT, error kind. Bounded: at most access_log_per_s lines a second for answered requests
+    # and as many again for errors (a flood of one never hides the other); a line after dropped
+    # ones says how many.
+    access_log: bool = False
+    access_log_per_s: float = 100.0
+
+    def __post_init__(self) -> None:
+        endpoint = self.otlp_traces_endpoint
+        _check(
+            endpoint is None or (_is_str(endpoint) and _is_http_url(endpoint)),
+            "telemetry.otlp_traces_endpoint",
+            f"must be an absolute http(s) URL (…/v1/traces), got {endpoint!r}",
+        )
+        _check(
+            _is_str(self.service_name) and bool(self.service_name.strip()),
+            "telemetry.service_name",
+            "must be a non-empty string",
+        )
+        _check(isinstance(self.access_log, bool), "telemetry.access_log", "must be true or false")
+        _check(
+            0 < self.access_log_per_s <= 100_000,
+            "telemetry.access_log_per_s",
+            "must be in (0, 100000]",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,6 +547,7 @@ class Config:
     speculative: ArmConfig | None = None  # the arm's endpoints; None: from speculative_url
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
     protect_metrics: bool = False  # with an admin token (specproxy.admin), /metrics needs it too
 
@@ -576,6 +615,7 @@ class Config:
             "speculative": ArmConfig,
             "outlier": OutlierConfig,
             "control": ControlConfig,
+            "telemetry": TelemetryConfig,
         }
         top: dict[str, Any] = {}
         for key, value in moved_settings(data).items():

@@ -113,6 +113,13 @@ class OutboundHeaders:
     def of(cls, request: web.BaseRequest) -> OutboundHeaders:
         return cls(request.headers, request.raw_headers)
 
+    def adding(self, added: Sequence[tuple[str, str]]) -> OutboundHeaders:
+        """These headers with `added` replacing the client's of their names (a span's
+        `traceparent`, say); self if there are none."""
+        if not added:
+            return self
+        return OutboundHeaders(self._headers, self._raw, (*self._added, *added))
+
     def for_arm(self, arm: ArmHeaders) -> OutboundHeaders:
         """These headers as sent to an arm with `arm`'s own added (self if it adds none)."""
         if arm.empty:
