@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system programs the integration tests drive for real: PostgreSQL (store tests),
-# Prometheus + promtool (dashboard queries and alert rules), Chromium (the live page), and
+# Prometheus + promtool (dashboard queries and alert rules), amtool (the Compose stack's
+# Alertmanager config), Chromium (the live page), and
 # iproute2/util-linux (ip, unshare, setpriv: the Kubernetes pod run in a private namespace).
 # Idempotent: does nothing when they are already there.
 set -euo pipefail
@@ -8,6 +9,7 @@ set -euo pipefail
 missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v amtool >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # tests/deploy/test_pod.py runs the rendered pod in its own network/mount namespace.
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
@@ -27,4 +29,5 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # Debian starts services on install; tests run their own instances on free ports.
 service postgresql stop >/dev/null 2>&1 || true
 service prometheus stop >/dev/null 2>&1 || true
+service prometheus-alertmanager stop >/dev/null 2>&1 || true
 pkill -x prometheus >/dev/null 2>&1 || true

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -305,3 +306,45 @@ def test_on_down_is_an_arm_setting_that_defaults_to_failing_open() -> None:
         Config.from_mapping({**ARMS, "speculative": {"on_down": "nope"}})
     with pytest.raises(ConfigError, match="speculative needs exactly one of urls"):
         Config.from_mapping({"baseline_url": "http://b:1", "speculative": {"on_down": "error"}})
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ({"metrics_urls": ["http://e:8000"], "metrics_dns": "e"}, "metrics_urls or metrics_dns"),
+        ({"metrics_urls": ["e:8000"]}, "speculative.metrics_urls must be absolute"),
+        ({"metrics_urls": ["http://e:1", "http://e:1"]}, "metrics_urls has duplicates"),
+        ({"metrics_dns": "a/b"}, "speculative.metrics_dns must be a host name"),
+        ({"metrics_port": 0}, "speculative.metrics_port"),
+        ({"headers": {"Authorization": "Bearer x"}}, "api_key_file or api_key_env"),
+        ({"headers": {"Host": "x"}}, "may not set Host"),
+        ({"headers": {"X-Specproxy-Arm": "x"}}, "may not set"),
+        ({"headers": {"bad name": "x"}}, "bad header name"),
+        ({"headers": {"X-A": "a\r\nX-B: b"}}, "without CR, LF or NUL"),
+        ({"headers": ["X-A"]}, "speculative.headers must be a table"),
+        ({"api_key_file": "/k", "api_key_env": "K"}, "api_key_file or api_key_env, not both"),
+        ({"api_key_env": ""}, "speculative.api_key_env must be a non-empty string"),
+        ({"authorization": "arm"}, '"arm" needs an API key'),
+        ({"authorization": "both"}, "must be client or arm"),
+    ],
+)
+def test_arm_gateway_settings_are_validated(table: dict[str, object], expected: str) -> None:
+    data = {"baseline_url": "http://b:1", "speculative": {"urls": ["http://gw:4000"], **table}}
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        Config.from_mapping(data)
+
+
+def test_an_arm_behind_a_gateway_keeps_its_engines_and_round_trips() -> None:
+    data = {
+        "baseline_url": "http://b:1",
+        "speculative": {
+            "urls": ["http://gw:4000"],
+            "metrics_urls": ["http://e1:8000", "http://e2:8000"],
+            "headers": {"X-Tenant": "t"},
+            "api_key_env": "KEY",
+        },
+    }
+    cfg = Config.from_mapping(data)
+    arm = cfg.arm_config("speculative")
+    assert arm.scrapes_elsewhere and arm.has_api_key and arm.headers == {"X-Tenant": "t"}
+    assert Config.from_mapping(cfg.to_mapping()) == cfg

@@ -175,3 +175,40 @@ def test_on_down_from_the_environment_beside_the_shorthand_url() -> None:
     assert cfg.arm_config("baseline").on_down == "control"  # the default: fail open
     with pytest.raises(ConfigError, match="SPECPROXY_SPECULATIVE__ON_DOWN"):
         serve.build_config(parse(), environ={**ARMS, "SPECPROXY_SPECULATIVE__ON_DOWN": "retry"})
+
+
+def test_a_setting_from_a_file_as_mounted_secrets_give_it(tmp_path: Path) -> None:
+    secret = tmp_path / "url"
+    secret.write_text("postgresql://u:p@db/specproxy\n", encoding="utf-8")  # Secrets end in \n
+    data, sources = env_settings({"SPECPROXY_STORE__URL_FILE": str(secret)})
+    assert data == {"store": {"url": "postgresql://u:p@db/specproxy"}}
+    assert sources == {"store.url": "SPECPROXY_STORE__URL_FILE"}
+    top, _ = env_settings({"SPECPROXY_BASELINE_URL_FILE": str(secret)})
+    assert top == {"baseline_url": "postgresql://u:p@db/specproxy"}
+    # a setting whose own name ends in _file is that setting, not a file of another
+    own, _ = env_settings({"SPECPROXY_SPECULATIVE__API_KEY_FILE": "/run/key"})
+    assert own == {"speculative": {"api_key_file": "/run/key"}}
+    # typed settings parse as their variable would
+    (tmp_path / "days").write_text("7\n", encoding="utf-8")
+    typed, _ = env_settings({"SPECPROXY_STORE__RETENTION_DAYS_FILE": str(tmp_path / "days")})
+    assert typed == {"store": {"retention_days": 7}}
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        (
+            {"SPECPROXY_STORE__URL_FILE": "FILE", "SPECPROXY_STORE__URL": "sqlite:///x.db"},
+            "SPECPROXY_STORE__URL_FILE and SPECPROXY_STORE__URL are both set",
+        ),
+        ({"SPECPROXY_STORE__URL_FILE": "/nonexistent/url"}, "cannot read /nonexistent/url"),
+        ({"SPECPROXY_STORE__URLS_FILE": "FILE"}, "is not a specproxy setting"),
+    ],
+)
+def test_a_bad_file_variable_is_one_clear_error(
+    tmp_path: Path, environ: dict[str, str], expected: str
+) -> None:
+    (tmp_path / "f").write_text("x", encoding="utf-8")
+    environ = {k: str(tmp_path / "f") if v == "FILE" else v for k, v in environ.items()}
+    with pytest.raises(ConfigError, match=expected):
+        env_settings(environ)

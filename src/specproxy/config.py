@@ -42,6 +42,7 @@ __all__ = [
     "ScrapeConfig",
     "StatsConfig",
     "StoreConfig",
+    "TelemetryConfig",
     "TimeoutConfig",
     "WarmupConfig",
     "did_you_mean",
@@ -56,6 +57,26 @@ RoutingMode = Literal["weighted", "sticky"]
 StickySource = Literal["header", "user"]
 StatsCompute = Literal["child", "external"]
 OnDown = Literal["control", "error"]
+ArmAuthorization = Literal["client", "arm"]
+# Header names an arm's `headers` may not set: the API key has its own settings, the rest are
+# hop-by-hop, recomputed per request or the proxy's own.
+_RESERVED_ARM_HEADERS: Final = frozenset(
+    {
+        "authorization",
+        "connection",
+        "content-length",
+        "expect",
+        "host",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_TOKEN_CHARS: Final = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +224,43 @@ class ControlConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    """Traces and the access log (`proxy.tracing`, `proxy.accesslog`), both off by default.
+
+    With `otlp_traces_endpoint` every measured request is a server span with a client span for
+    its upstream call, exported over OTLP/HTTP (`pip install 'specproxy[otel]'`) and propagated
+    upstream (`traceparent`), so vLLM's own spans (`--otlp-traces-endpoint`) join the trace."""
+
+    otlp_traces_endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/traces
+    service_name: str = "specproxy"  # the spans' service.name
+    # One JSON line per request on the logger `specproxy.access` (stderr): arm, status, e2e,
+    # TTFT, error kind. Bounded: at most access_log_per_s lines a second for answered requests
+    # and as many again for errors (a flood of one never hides the other); a line after dropped
+    # ones says how many.
+    access_log: bool = False
+    access_log_per_s: float = 100.0
+
+    def __post_init__(self) -> None:
+        endpoint = self.otlp_traces_endpoint
+        _check(
+            endpoint is None or (_is_str(endpoint) and _is_http_url(endpoint)),
+            "telemetry.otlp_traces_endpoint",
+            f"must be an absolute http(s) URL (…/v1/traces), got {endpoint!r}",
+        )
+        _check(
+            _is_str(self.service_name) and bool(self.service_name.strip()),
+            "telemetry.service_name",
+            "must be a non-empty string",
+        )
+        _check(isinstance(self.access_log, bool), "telemetry.access_log", "must be true or false")
+        _check(
+            0 < self.access_log_per_s <= 100_000,
+            "telemetry.access_log_per_s",
+            "must be in (0, 100000]",
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class WarmupConfig:
     """What each arm leaves out of the statistics while its engine warms up (`stats.warmup`)."""
 
@@ -272,6 +330,22 @@ class ArmConfig:
     # (fail open: recorded as rerouted, kept out of the comparison); "error" answers them with
     # the arm's errors. The control arm (baseline) never fails over: this key is ignored there.
     on_down: OnDown = "control"
+    # The arm's endpoints may be a gateway or router (LiteLLM, production-stack's router): then
+    # scrape the engines behind it directly, by base URL or by a (headless Service) name
+    # resolved at metrics_port; () / None = scrape the arm's endpoints themselves.
+    metrics_urls: tuple[str, ...] = ()
+    metrics_dns: str | None = None
+    metrics_port: int = 8000  # with metrics_dns
+    # Extra headers on every request to this arm (a gateway's tenant or routing headers); they
+    # replace a client's header of the same name. Never Authorization: see api_key_file.
+    headers: dict[str, str] = field(default_factory=dict)
+    # The arm's API key (sent as `Authorization: Bearer <key>`), read at start-up from a file
+    # (a mounted Secret) or from the environment variable named here; never a flag.
+    api_key_file: str | None = None
+    api_key_env: str | None = None
+    # With a key: "client" keeps a client's own Authorization and sends the key only for
+    # clients without one; "arm" replaces every client's Authorization with the key.
+    authorization: ArmAuthorization = "client"
     name: str = "arm"  # the arm, for error messages (set by Config)
 
     def __post_init__(self) -> None:
@@ -328,6 +402,98 @@ class ArmConfig:
             _check(
                 not getattr(self, key) or bool(self.dcgm_urls), f"{prefix}.{key}", "needs dcgm_urls"
             )
+        self._check_metrics_targets()
+        self._check_headers()
+
+    def _check_metrics_targets(self) -> None:
+        prefix = self.name
+        _check(
+            isinstance(self.metrics_urls, (list, tuple)),
+            f"{prefix}.metrics_urls",
+            "must be a list of base URLs",
+        )
+        object.__setattr__(self, "metrics_urls", tuple(self.metrics_urls))
+        _check(
+            not (self.metrics_urls and self.metrics_dns is not None),
+            prefix,
+            "takes metrics_urls or metrics_dns, not both",
+        )
+        for url in self.metrics_urls:
+            _check(
+                _is_str(url) and _is_http_url(url),
+                f"{prefix}.metrics_urls",
+                f"must be absolute http(s) URLs of engines, got {url!r}",
+            )
+        _check(
+            len(set(self.metrics_urls)) == len(self.metrics_urls),
+            f"{prefix}.metrics_urls",
+            "has duplicates",
+        )
+        if self.metrics_dns is not None:
+            _check(
+                _is_str(self.metrics_dns)
+                and bool(self.metrics_dns.strip())
+                and "/" not in self.metrics_dns,
+                f"{prefix}.metrics_dns",
+                "must be a host name",
+            )
+        _check(0 < self.metrics_port <= 65535, f"{prefix}.metrics_port", "must be in [1, 65535]")
+
+    def _check_headers(self) -> None:
+        prefix = self.name
+        _check(isinstance(self.headers, Mapping), f"{prefix}.headers", "must be a table")
+        object.__setattr__(self, "headers", dict(self.headers))
+        for key, value in self.headers.items():
+            _check(
+                _is_str(key) and bool(key) and set(key.lower()) <= _TOKEN_CHARS,
+                f"{prefix}.headers",
+                f"has a bad header name {key!r}",
+            )
+            _check(
+                key.lower() not in _RESERVED_ARM_HEADERS
+                and not key.lower().startswith("x-specproxy-"),
+                f"{prefix}.headers",
+                f"may not set {key} (an API key: api_key_file or api_key_env)"
+                if key.lower() == "authorization"
+                else f"may not set {key}",
+            )
+            _check(
+                _is_str(value) and not any(c in value for c in "\r\n\0"),
+                f"{prefix}.headers",
+                f"{key} must be a string without CR, LF or NUL",
+            )
+        _check(
+            self.api_key_file is None or self.api_key_env is None,
+            prefix,
+            "takes api_key_file or api_key_env, not both",
+        )
+        for key in ("api_key_file", "api_key_env"):
+            value = getattr(self, key)
+            _check(
+                value is None or (_is_str(value) and bool(value.strip())),
+                f"{prefix}.{key}",
+                "must be a non-empty string",
+            )
+        _check(
+            self.authorization in get_args(ArmAuthorization),
+            f"{prefix}.authorization",
+            "must be client or arm",
+        )
+        _check(
+            self.authorization == "client" or self.has_api_key,
+            f"{prefix}.authorization",
+            '= "arm" needs an API key (api_key_file or api_key_env)',
+        )
+
+    @property
+    def has_api_key(self) -> bool:
+        """Whether the arm has an API key of its own (read at start-up)."""
+        return self.api_key_file is not None or self.api_key_env is not None
+
+    @property
+    def scrapes_elsewhere(self) -> bool:
+        """Whether /metrics is read from other URLs than the arm's endpoints (a gateway arm)."""
+        return bool(self.metrics_urls) or self.metrics_dns is not None
 
     @property
     def has_endpoints(self) -> bool:
@@ -382,6 +548,7 @@ class Config:
     speculative: ArmConfig | None = None  # the arm's endpoints; None: from speculative_url
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
     protect_metrics: bool = False  # with an admin token (specproxy.admin), /metrics needs it too
 
@@ -450,6 +617,7 @@ class Config:
             "speculative": ArmConfig,
             "outlier": OutlierConfig,
             "control": ControlConfig,
+            "telemetry": TelemetryConfig,
         }
         top: dict[str, Any] = {}
         for key, value in moved_settings(data).items():

@@ -11,6 +11,12 @@ every other value is written as it would be in TOML (`true`, `0.25`, `[300, 3600
 an inline table for a nested table: `SPECPROXY_TIMEOUTS__SPECULATIVE='{read_s = 30}'`), and
 an empty value unsets an optional setting (`SPECPROXY_STORE__RETENTION_DAYS=` keeps everything).
 
+Any setting can also come from a file, for Secrets mounted as files: `SPECPROXY_<...>_FILE`
+names the file whose text (without its trailing newline) is the value, as if it had been set
+directly (`SPECPROXY_STORE__URL_FILE=/run/secrets/store-url`). Setting both the variable and its
+`_FILE` is an error; a setting whose own name ends in `_file` (`[<arm>] api_key_file`) is that
+setting.
+
 Precedence, highest first: command-line flags > environment > config file > defaults.
 `env_settings` only reads and parses; the merged mapping is validated by `Config.from_mapping`,
 and `name_variable` adds the variable's name to a validation error about a setting it supplied.
@@ -35,6 +41,8 @@ from specproxy.config import MOVED, Config, did_you_mean
 from specproxy.errors import ConfigError
 
 __all__ = [
+    "FILE_SUFFIX",
+    "MAX_VALUE_FILE_BYTES",
     "PREFIX",
     "env_settings",
     "file_and_env",
@@ -45,6 +53,8 @@ __all__ = [
 
 PREFIX = "SPECPROXY_"
 _SEP = "__"
+FILE_SUFFIX = "_file"  # SPECPROXY_STORE__URL_FILE=/run/secrets/url: the value from a file
+MAX_VALUE_FILE_BYTES = 64 * 1024
 
 
 def setting_fields() -> dict[str | None, dict[str, Any]]:
@@ -82,6 +92,14 @@ def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, 
         if not variable.startswith(PREFIX):
             continue
         rest = variable[len(PREFIX) :].lower()
+        raw = environ[variable]
+        target_key = _file_target(rest, tables)
+        if target_key is not None:  # SPECPROXY_STORE__URL_FILE: the value is that file's text
+            if PREFIX + target_key.upper() in environ:
+                raise ConfigError(
+                    f"{variable} and {PREFIX + target_key.upper()} are both set: give one"
+                )
+            rest, raw = target_key, _read_value_file(variable, raw)
         section: str | None
         if _SEP in rest:
             section, key = rest.split(_SEP, 1)
@@ -99,11 +117,40 @@ def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, 
             section, key = None, rest
             if key not in tables[None]:
                 continue  # not a setting (SPECPROXY_VLLM_PYTHON, ...)
-        value = _parse(variable, environ[variable], _kind(tables, section, key))
+        value = _parse(variable, raw, _kind(tables, section, key))
         target = data if section is None else data.setdefault(section, {})
         target[key] = value
         sources[key if section is None else f"{section}.{key}"] = variable
     return data, sources
+
+
+def _file_target(rest: str, tables: Mapping[str | None, Mapping[str, Any]]) -> str | None:
+    """For `<setting>_file` (lower case, after the prefix) that is not itself a setting: the
+    setting it names, else None."""
+    if not rest.endswith(FILE_SUFFIX):
+        return None
+    target = rest[: -len(FILE_SUFFIX)]
+    section, _, key = target.rpartition(_SEP) if _SEP in target else ("", "", target)
+    own = section or None
+    whole_section, _, whole_key = rest.rpartition(_SEP) if _SEP in rest else ("", "", rest)
+    if whole_key in tables.get(whole_section or None, {}):
+        return None  # a setting of its own (`[<arm>] api_key_file`)
+    return target if key in tables.get(own, {}) else None
+
+
+def _read_value_file(variable: str, path: str) -> str:
+    """The text of the file a `..._FILE` variable names, without its trailing newline."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_VALUE_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{variable}: cannot read {path}: {exc.strerror}") from exc
+    if len(data) > MAX_VALUE_FILE_BYTES:
+        raise ConfigError(f"{variable}: {path} exceeds {MAX_VALUE_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{variable}: {path} is not UTF-8") from exc
 
 
 def _kind(tables: Mapping[str | None, Mapping[str, Any]], section: str | None, key: str) -> Any:

@@ -4,7 +4,7 @@ error a command gives when its extra is missing.
 `pip install specproxy` is the proxy and the statistics (aiohttp, numpy, scipy, ...). The rest is
 opt-in: `specproxy[report]` (matplotlib: `specproxy report` and the demo's final report),
 `specproxy[parquet]` (pyarrow: `specproxy export --format parquet`), `specproxy[postgres]`
-(asyncpg), `specproxy[grafana]` (pushing dashboards).
+(asyncpg), `specproxy[grafana]` (pushing dashboards), `specproxy[otel]` (OpenTelemetry traces).
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from specproxy.errors import ConfigError
 __all__ = ["EXTRAS", "require"]
 
 # importable module -> the extra that installs it
-EXTRAS = {"matplotlib": "report", "pyarrow": "parquet", "asyncpg": "postgres"}
+EXTRAS = {
+    "matplotlib": "report",
+    "pyarrow": "parquet",
+    "asyncpg": "postgres",
+    "opentelemetry.sdk": "otel",
+}
 
 
 def require(module: str, purpose: str) -> None:

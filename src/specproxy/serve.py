@@ -28,6 +28,7 @@ from specproxy.config import Config, load_toml
 from specproxy.config_env import file_and_env, name_variable, variable_name
 from specproxy.errors import ConfigError
 from specproxy.fleet.workers import merged_metrics, supervise, this_worker, worker_argv
+from specproxy.proxy.armauth import every_arm_headers
 from specproxy.stats.job.supervisor import StatsChild, needs_stats_process
 
 __all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
@@ -162,6 +163,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
+    every_arm_headers(cfg)  # an arm's unreadable API key: one line, before anything starts
     worker = this_worker()
     if args.workers < 1:
         raise ConfigError("--workers must be >= 1")

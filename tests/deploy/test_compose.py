@@ -10,6 +10,7 @@ import copy
 import json
 import shlex
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import yaml
 from specproxy.config import Config
 from specproxy.config_env import env_settings
 from specproxy.emulator import cli as emulator_cli
+from tests.conftest import require_binary
 from tests.deploy.kube import REPO, SCHEMAS
 from tests.deploy.rulefiles import promtool
 
@@ -107,7 +109,9 @@ def test_an_unknown_key_fails_the_schema(where: tuple[str, ...], key: str) -> No
 def test_services_healthchecks_restart_and_named_volumes() -> None:
     doc = compose()
     services = doc["services"]
-    assert {"specproxy", "postgres", "prometheus", "grafana"} <= set(profile(doc, None))
+    assert {"specproxy", "postgres", "prometheus", "alertmanager", "grafana"} <= set(
+        profile(doc, None)
+    )
     for name, service in services.items():
         assert service.get("restart") in ("unless-stopped", "always"), name
         assert service["healthcheck"]["test"], name
@@ -119,7 +123,7 @@ def test_services_healthchecks_restart_and_named_volumes() -> None:
             if not source.startswith((".", "/")):
                 used.add(source)
     assert used == declared
-    for stateful in ("specproxy", "postgres", "prometheus", "grafana"):
+    for stateful in ("specproxy", "postgres", "prometheus", "alertmanager", "grafana"):
         assert any(v.split(":")[0] in declared for v in services[stateful]["volumes"]), stateful
 
 
@@ -249,3 +253,39 @@ def test_grafana_provisions_the_datasource_and_the_dashboard() -> None:
     )
     url = urlsplit(datasource["datasources"][0]["url"])
     assert url.hostname in names(compose()) and url.port == 9090
+
+
+def test_the_alerts_reach_the_stacks_alertmanager(tmp_path: Path) -> None:
+    """Prometheus sends its alerts to the Compose Alertmanager, whose mounted config amtool
+    accepts, and Grafana shows them (its Alertmanager datasource)."""
+    doc = compose()
+    prometheus = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
+    [target] = [
+        t
+        for am in prometheus["alerting"]["alertmanagers"]
+        for static in am["static_configs"]
+        for t in static["targets"]
+    ]
+    host, port = target.rsplit(":", 1)
+    alertmanager = doc["services"][host]
+    assert f"127.0.0.1:{port}/-/ready" in alertmanager["healthcheck"]["test"][-1]
+    mounts = dict(
+        v.rsplit(":", 1)[0].split(":", 1) for v in alertmanager["volumes"] if v.startswith(".")
+    )
+    [config] = [a.split("=", 1)[1] for a in alertmanager["command"] if a.startswith("--config")]
+    source = {target: source for source, target in mounts.items()}[config]
+    checked = subprocess.run(
+        [require_binary("amtool"), "check-config", str(COMPOSE_DIR / source)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    routes = yaml.safe_load((COMPOSE_DIR / source).read_text())
+    assert routes["route"]["receiver"] in {r["name"] for r in routes["receivers"]}
+    datasources = yaml.safe_load(
+        (COMPOSE_DIR / "grafana" / "datasources" / "prometheus.yml").read_text()
+    )["datasources"]
+    [am] = [d for d in datasources if d["type"] == "alertmanager"]
+    assert am["url"] == f"http://{target}"

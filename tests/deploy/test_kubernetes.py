@@ -35,7 +35,10 @@ EXPECTED_KINDS = {
     "PrometheusRule",
 }
 # production: proxies that scale, and the stats Deployment; demo: one SQLite pod, no autoscaler
-OVERLAY_KINDS = {"demo": EXPECTED_KINDS, "production": EXPECTED_KINDS | {"HorizontalPodAutoscaler"}}
+OVERLAY_KINDS = {
+    "demo": EXPECTED_KINDS,
+    "production": EXPECTED_KINDS | {"HorizontalPodAutoscaler", "NetworkPolicy"},
+}
 STATS_COMMAND = ["specproxy", "stats"]
 STATS_ARGS = ["--follow", "--config", "/etc/specproxy/specproxy.toml"]
 # aiohttp's graceful shutdown: run_app waits this long for in-flight requests (serve.run keeps it).
@@ -416,6 +419,89 @@ def test_configmap_toml_loads_into_config(overlay: str, tmp_path: Path) -> None:
         cfg.host == "0.0.0.0" and cfg.port == proxy_container(objects)["ports"][0]["containerPort"]
     )
     assert cfg.store.spill_path.startswith("/var/lib/specproxy/")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_arms_are_headless_services_resolved_per_engine(overlay: str) -> None:
+    """Behind a ClusterIP Service the scraper sees one engine of several per scrape: each arm
+    names a headless Service by `dns`; the demo's own arm Services are headless."""
+    objects = render(overlay)
+    cfg = tomllib.loads(config_toml(objects))
+    assert not [key for key in cfg if key.endswith("_url")], "an arm by one URL"
+    for arm in ("baseline", "speculative"):
+        assert cfg[arm].get("dns") and "urls" not in cfg[arm], arm
+        name = cfg[arm]["dns"].split(".")[0]
+        mine = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == name]
+        assert len(mine) == (overlay == "demo"), name  # the demo's emulators are in the overlay
+        for service in mine:
+            assert service["spec"].get("clusterIP") == "None", name
+
+
+def network_problems(objects: list[Obj]) -> list[str]:
+    """The production NetworkPolicy: it selects the proxy and stats pods; in, only the proxy's
+    http port; out, the arms (their namespace and port from specproxy.toml), PostgreSQL and
+    DNS over UDP and TCP."""
+    problems: list[str] = []
+    policy = find(objects, "NetworkPolicy", "specproxy")["spec"]
+    selector = policy["podSelector"]["matchLabels"]
+    pods = [find(objects, "Deployment", "specproxy")]
+    stats = stats_deployment(objects)
+    pods += [stats] if stats is not None else []
+    for pod in pods:
+        if not _matches(selector, pod["spec"]["template"]["metadata"]["labels"]):
+            problems.append(f"the policy does not select {pod['metadata']['name']}")
+    if set(policy["policyTypes"]) != {"Ingress", "Egress"}:
+        problems.append("policyTypes must be Ingress and Egress")
+    ports = {p["name"] for p in proxy_container(objects)["ports"]}
+    for rule in policy["ingress"]:
+        if not rule.get("from") or any(p["port"] not in ports for p in rule["ports"]):
+            problems.append(f"an ingress rule open to all or to a port the proxy lacks: {rule}")
+
+    def allowed(port: int, protocol: str, namespace: str | None = None) -> bool:
+        by_name = {"kubernetes.io/metadata.name": namespace}
+        for rule in policy["egress"]:
+            if not any(p["port"] == port and p["protocol"] == protocol for p in rule["ports"]):
+                continue
+            peers = [peer.get("namespaceSelector", {}).get("matchLabels") for peer in rule["to"]]
+            if namespace is None or by_name in peers:
+                return True
+        return False
+
+    cfg = tomllib.loads(config_toml(objects))
+    for arm in ("baseline", "speculative"):
+        namespace = cfg[arm]["dns"].split(".")[1]
+        if not allowed(cfg[arm]["port"], "TCP", namespace):
+            problems.append(f"no egress to the {arm} arm ({namespace}:{cfg[arm]['port']})")
+    if not allowed(5432, "TCP"):
+        problems.append("no egress to PostgreSQL (5432)")
+    if not (allowed(53, "UDP") and allowed(53, "TCP")):
+        problems.append("no egress to DNS (53 over UDP and TCP)")
+    return problems
+
+
+def test_the_production_network_policy_fits_the_pods_and_the_config() -> None:
+    assert network_problems(render("production")) == []
+
+
+def _policy(objects: list[Obj]) -> Obj:
+    spec: Obj = find(objects, "NetworkPolicy", "specproxy")["spec"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("breach", "expected"),
+    [
+        (lambda o: _policy(o)["egress"].pop(), "DNS"),
+        (lambda o: _policy(o)["egress"].pop(0), "baseline arm"),
+        (lambda o: _policy(o)["ingress"][0].pop("from"), "open to all"),
+        (lambda o: _policy(o)["podSelector"]["matchLabels"].update(x="y"), "does not select"),
+    ],
+)
+def test_a_network_policy_gap_is_caught(breach: Callable[[list[Obj]], None], expected: str) -> None:
+    objects = copy.deepcopy(render("production"))
+    breach(objects)
+    problems = network_problems(objects)
+    assert problems and any(expected in p for p in problems), problems
 
 
 def test_demo_store_secret_is_rendered_and_production_expects_one() -> None:

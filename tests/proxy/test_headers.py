@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Literal
 
 import pytest
+from multidict import CIMultiDict
 
+from specproxy.config import ArmConfig
+from specproxy.proxy.headers import ArmHeaders, OutboundHeaders
 from tests.proxy.conftest import CHAT, SPEC_ONLY, Arms, MakeProxy, chat
 
 
@@ -62,3 +66,59 @@ async def test_never_an_open_proxy(arms: Arms, make_proxy: MakeProxy, target: st
     await writer.wait_closed()
     assert status_line.split()[1] in (b"400", b"404")
     assert not arms.baseline.seen and not arms.speculative.seen
+
+
+@pytest.mark.parametrize("stream", [False, True])  # the lean client and aiohttp's
+@pytest.mark.parametrize(
+    ("authorization", "client_auth", "expected"),
+    [
+        ("client", "Bearer sk-client", "Bearer sk-client"),  # the client's own is kept
+        ("client", None, "Bearer sk-arm"),  # a client without one gets the arm's key
+        ("arm", "Bearer sk-client", "Bearer sk-arm"),  # the arm's key replaces the client's
+    ],
+)
+async def test_an_arms_headers_and_api_key_reach_only_that_arm(
+    arms: Arms,
+    make_proxy: MakeProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    stream: bool,
+    authorization: Literal["client", "arm"],
+    client_auth: str | None,
+    expected: str,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("GATEWAY_KEY", "sk-arm")
+    own = ArmConfig(
+        headers={"X-Tenant": "spec-team", "X-Keep-Me": "arm"},
+        api_key_env="GATEWAY_KEY",
+        authorization=authorization,
+    )
+    proxy = await make_proxy(routing=SPEC_ONLY, speculative=own)
+    headers = {"X-Keep-Me": "client", **({"Authorization": client_auth} if client_auth else {})}
+    async with proxy.client.post(CHAT, json=chat(stream=stream), headers=headers) as resp:
+        assert resp.status == 200
+        await resp.read()
+    seen = arms.speculative.seen[-1]["headers"]
+    assert seen["Authorization"] == expected
+    assert seen["X-Tenant"] == "spec-team"
+    assert seen["X-Keep-Me"] == "arm"  # the arm's header replaces the client's, once
+    # the baseline arm has none of it (passthrough goes there)
+    async with proxy.client.get("/v1/models") as resp:
+        assert resp.status == 200
+    base_seen = {k.lower() for k in arms.baseline.seen[-1]["headers"]}
+    assert "x-tenant" not in base_seen and "authorization" not in base_seen
+    assert "sk-arm" not in caplog.text
+
+
+def test_for_arm_renders_the_same_headers_for_both_transports() -> None:
+    raw = [(b"X-Keep-Me", b"client"), (b"Authorization", b"Bearer c"), (b"Accept", b"*/*")]
+    parsed = CIMultiDict([(k.decode(), v.decode()) for k, v in raw])
+    own = ArmHeaders({"X-Keep-Me": "arm"}, "sk-k", replace_authorization=True)
+    for out in (OutboundHeaders(parsed, raw).for_arm(own), OutboundHeaders(parsed).for_arm(own)):
+        lines = out.lines().decode().split("\r\n")[:-1]
+        assert sorted(lines) == sorted(f"{k}: {v}" for k, v in out.multidict().items())
+        assert sorted(lines) == ["Accept: */*", "Authorization: Bearer sk-k", "X-Keep-Me: arm"]
+    plain = OutboundHeaders(parsed, raw)
+    assert plain.for_arm(ArmHeaders()) is plain  # an arm that adds nothing costs nothing
+    assert "sk-k" not in repr(own)

@@ -1,4 +1,5 @@
-"""Test doubles for the scraper: V1 /metrics text, a fake /metrics server and a list recorder."""
+"""Test doubles for the scraper: V1 /metrics text, a fake /metrics server, a list recorder and a
+round-robin balancer."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import aiohttp
 from aiohttp import web
 
 from specproxy.records import EngineSample, GpuSample, RequestRecord
@@ -110,3 +112,44 @@ class ListRecorder:
 
     def record_gpu(self, sample: GpuSample) -> None:
         self.gpu_samples.append(sample)
+
+
+@dataclass
+class RoundRobinBalancer:
+    """One URL in front of several backends, each request to the next one (a ClusterIP Service
+    or any load balancer): GETs and POSTs are passed on, bodies read whole. The rotation is kept
+    per path, so the scrapes of /metrics take turns whatever else is asked in between."""
+
+    backends: Sequence[str]
+    session: aiohttp.ClientSession
+    picks: dict[str, int] = field(default_factory=dict)  # requests so far, by path
+    # a gateway's own /metrics (LiteLLM's, a router's), served instead of passing it on
+    own_metrics: str | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        if self.own_metrics is not None:
+            app.router.add_get("/metrics", self._metrics)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.picks[request.path] = self.picks.get(request.path, 0) + 1
+        return web.Response(text=self.own_metrics or "", content_type="text/plain")
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        picks = self.picks.get(request.path, 0)
+        self.picks[request.path] = picks + 1
+        backend = self.backends[picks % len(self.backends)]
+        body = await request.read()
+        async with self.session.request(
+            request.method, backend + request.path_qs, data=body or None, headers=_passed(request)
+        ) as resp:
+            data = await resp.read()
+            return web.Response(body=data, status=resp.status, content_type=resp.content_type)
+
+
+def _passed(request: web.Request) -> dict[str, str]:
+    return {
+        k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")
+    }

@@ -84,7 +84,7 @@ def test_a_vanished_endpoint_is_no_counter_reset() -> None:
 
 def test_a_real_restart_of_one_endpoint_is_one_restart_and_its_delta_is_void() -> None:
     a = agg()
-    a.update(0.0, {A: v1(0, 100, 400, 300), B: v1(0, 100, 400, 100)})
+    a.update(0.0, {A: v1(0, 100, 400, 300), B: v1(0, 100, 400, 100, start=-50.0)})
     s = a.update(10.0, {A: v1(10, 110, 440, 330), B: v1(10, 2, 8, 1, start=7.0)})
     assert s.restarted
     assert a.restart_times == [7.0]
@@ -97,7 +97,7 @@ def test_a_real_restart_of_one_endpoint_is_one_restart_and_its_delta_is_void() -
 
 def test_a_down_endpoint_keeps_the_arm_up_and_dates_its_restart_by_its_failures() -> None:
     a = agg()
-    a.update(0.0, {A: v1(0, 10, 40, 20), B: v1(0, 10, 40, 20)})
+    a.update(0.0, {A: v1(0, 10, 40, 20), B: v1(0, 10, 40, 20, start=-50.0)})
     s = a.update(10.0, {A: v1(10, 20, 80, 40), B: "refused"})
     assert s.up and s.acceptance_rate == pytest.approx(0.5)
     assert a.endpoints[B].up is False and a.endpoints[B].error == "refused"
@@ -187,3 +187,46 @@ def test_real_text_through_the_parser() -> None:
     s = a.update(5.0, {A: parse_metrics(after, t=5.0), B: parse_metrics(other, t=5.0)})
     assert s.acceptance_rate == pytest.approx(20 / 40)
     assert s.position_acceptance == pytest.approx((5 / 10, 3 / 10, 2 / 10, 0.0))
+
+
+def test_a_load_balanced_url_is_no_restart_and_measures_each_process_by_itself() -> None:
+    a = agg()
+    # two engines behind one URL, both running long before the first scrape
+    a.update(0.0, {A: v1(0, 100, 400, 300, start=-500.0)})
+    s = a.update(10.0, {A: v1(10, 2000, 8000, 1000, start=-900.0)})
+    assert not s.restarted and a.restart_times == [] and s.acceptance_rate is None
+    assert a.newly_balanced == [A] and a.endpoints[A].balanced
+    # each process against its own last scrape: 100 drafts / 400 tokens / 200 accepted
+    s = a.update(20.0, {A: v1(20, 200, 800, 500, start=-500.0)})
+    assert a.newly_balanced == [] and not s.restarted
+    assert s.acceptance_rate == pytest.approx(200 / 400)
+    s = a.update(30.0, {A: v1(30, 2010, 8040, 1010, start=-900.0)})
+    assert s.acceptance_rate == pytest.approx(10 / 40)
+    assert s.generation_tokens_per_s is None  # one engine's rate is not the URL's
+    assert a.restart_times == []
+
+
+def test_a_new_pod_behind_a_balancer_is_one_restart_then_the_old_one_shows_the_balancer() -> None:
+    a = agg()
+    a.update(0.0, {A: v1(0, 100, 400, 300, start=-500.0)})
+    s = a.update(10.0, {A: v1(10, 1, 4, 2, start=5.0)})  # started after the last scrape
+    assert s.restarted and a.restart_times == [5.0]  # a fresh engine: its warm-up is excluded
+    s = a.update(20.0, {A: v1(20, 110, 440, 330, start=-500.0)})  # the old process again
+    assert not s.restarted and a.restart_times == [5.0]
+    assert a.newly_balanced == [A]
+
+
+def test_balanced_and_direct_endpoints_together_sum_only_the_direct_gauges() -> None:
+    a = agg()
+    gauges = {"requests_running": 3.0}
+    a.update(0.0, {A: v1(0, 1, 4, 2, start=-500.0, **gauges), B: v1(0, 1, 4, 2, start=-50.0)})
+    a.update(10.0, {A: v1(10, 1, 4, 2, start=-900.0, **gauges), B: v1(10, 1, 4, 2, start=-50.0)})
+    s = a.update(
+        20.0,
+        {
+            A: v1(20, 1, 4, 2, start=-500.0, **gauges),
+            B: v1(20, 1, 4, 2, start=-50.0, requests_running=1.0),
+        },
+    )
+    assert a.endpoints[A].balanced and not a.endpoints[B].balanced
+    assert s.requests_running == 1.0

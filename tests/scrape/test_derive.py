@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from specproxy.records import Arm, EngineSample
-from specproxy.scrape.derive import derive_sample, is_restart, restart_time
+from specproxy.scrape.derive import (
+    START_SLACK_S,
+    Change,
+    classify_change,
+    derive_sample,
+    is_restart,
+    restart_time,
+)
 from specproxy.scrape.parse import EngineSnapshot, SpecFormat, parse_metrics
 from tests.conftest import fixture_path
 from tests.scrape.fakes import EngineCounts, v1_text
@@ -208,3 +215,24 @@ def test_restart_after_failed_scrapes_is_not_dated_before_the_first_failure() ->
     assert restart_time(prev, cur) == 19.4
     assert restart_time(prev, cur, first_failed=20.0) == 20.0
     assert restart_time(prev, v1(30, process_start_time=25.0), first_failed=20.0) == 25.0
+
+
+def test_a_change_of_process_is_a_restart_only_when_it_can_be_one() -> None:
+    prev = v1(100.0, process_start_time=50.0, num_drafts=10.0)
+    # a newer process that started after the previous scrape: a restart
+    assert classify_change(prev, v1(110.0, process_start_time=105.0), ()) is Change.RESTART
+    # within the slack before it (vLLM's start time reads ~1 s early): still one
+    early = 100.0 - START_SLACK_S + 1
+    assert classify_change(prev, v1(110.0, process_start_time=early), ()) is Change.RESTART
+    # an older process, one running long before the previous scrape, or one seen before behind
+    # this URL: another engine answering, never a restart
+    assert classify_change(prev, v1(110.0, process_start_time=40.0), ()) is Change.OTHER_ENGINE
+    assert classify_change(prev, v1(110.0, process_start_time=60.0), ()) is Change.OTHER_ENGINE
+    assert classify_change(prev, v1(110.0, process_start_time=105.0), {105.0}) is (
+        Change.OTHER_ENGINE
+    )
+    # the same process: its counters decide
+    same = v1(110.0, process_start_time=50.0, num_drafts=12.0)
+    assert classify_change(prev, same, ()) is Change.NONE
+    reset = v1(110.0, process_start_time=50.0, num_drafts=1.0)
+    assert classify_change(prev, reset, ()) is Change.RESTART

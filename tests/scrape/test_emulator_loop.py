@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
+from pytest_aiohttp import AiohttpServer
 
 from specproxy.config import Config, ScrapeConfig
 from specproxy.emulator.config import EmulatorConfig, MetricsVersion
@@ -33,7 +34,7 @@ from specproxy.emulator.server import run_emulator
 from specproxy.records import Arm
 from specproxy.scrape.loop import EngineScraper
 from specproxy.scrape.parse import SpecFormat
-from tests.scrape.fakes import ListRecorder
+from tests.scrape.fakes import ListRecorder, RoundRobinBalancer
 
 ALPHA = 0.7
 K = 4
@@ -166,3 +167,94 @@ async def test_emulator_restart_is_detected(pair: Pair) -> None:
     assert any(s.restarted for s in pair.recorder.engine_samples)
     third = await scraper.scrape_once()  # the new life is steady again
     assert not third[Arm.SPECULATIVE].restarted
+
+
+async def test_two_emulators_behind_one_round_robin_url_are_no_restart(
+    aiohttp_server: AiohttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ClusterIP Service in front of two engines: each scrape of its URL reaches the next one.
+    The first scrape reaches the newer process, so the second scrape shows an older one: another
+    engine, never a restart; the warning names the dns form once; acceptance is still measured,
+    each process against its own previous scrape."""
+    cfg = EmulatorConfig(
+        speculative=True,
+        acceptance=ALPHA,
+        num_speculative_tokens=K,
+        time_scale=0.02,
+        seed=7,
+        acceptance_spread=0.0,
+    )
+    async with run_emulator(cfg) as older, aiohttp.ClientSession() as session:
+        await asyncio.sleep(0.05)  # two distinct process start times
+        async with run_emulator(cfg) as newer:
+            balancer = RoundRobinBalancer([newer, older], session)
+            url = str((await aiohttp_server(balancer.app())).make_url("")).rstrip("/")
+            config = Config(
+                speculative_url=url,
+                baseline_url=older,
+                scrape=ScrapeConfig(timeout_s=5.0),
+                run_id="lb",
+            )
+            recorder = ListRecorder()
+            scraper = EngineScraper(config, {arm: session for arm in Arm}, recorder)
+            pair = Pair(scraper, recorder, {Arm.SPECULATIVE: url, Arm.BASELINE: older}, session)
+            samples = []
+            for _ in range(4):
+                samples.append((await scraper.scrape_once())[Arm.SPECULATIVE])
+                await generate(pair, Arm.SPECULATIVE, 8)  # 4 to each engine
+    assert scraper.restart_times(Arm.SPECULATIVE) == ()
+    assert not any(s.restarted for s in recorder.engine_samples)
+    assert scraper.states[Arm.SPECULATIVE].endpoints[url].balanced
+    warnings = [r.getMessage() for r in caplog.records if "load-balanced" in r.getMessage()]
+    assert len(warnings) == 1 and 'dns = "<headless Service>"' in warnings[0]
+    assert url in warnings[0]
+    # scrapes 3 and 4 each see the process of scrapes 1 and 2 again: deltas of 8 requests of
+    # one engine, near E[j] / k (0.44; a sum over ~400 drafts, so within 0.1 by far)
+    mean_j, _ = accepted_prefix_moments(ALPHA, K)
+    for sample in samples[2:]:
+        assert sample.acceptance_rate == pytest.approx(mean_j / K, abs=0.1)
+
+
+async def test_a_gateway_arm_is_scraped_at_its_engines(aiohttp_server: AiohttpServer) -> None:
+    """Traffic goes through a gateway (LiteLLM, a router: here one that balances over two
+    engines and has a /metrics of its own); `metrics_urls` names the engines, so acceptance is
+    read from them, each by itself, and the gateway's /metrics is never asked."""
+    cfg = EmulatorConfig(
+        speculative=True,
+        acceptance=ALPHA,
+        num_speculative_tokens=K,
+        time_scale=0.02,
+        seed=7,
+        acceptance_spread=0.0,
+    )
+    litellm = "# TYPE litellm_requests_metric counter\nlitellm_requests_metric_total 3.0\n"
+    async with (
+        run_emulator(cfg) as one,
+        run_emulator(cfg) as two,
+        aiohttp.ClientSession() as session,
+    ):
+        gateway = RoundRobinBalancer([one, two], session, own_metrics=litellm)
+        url = str((await aiohttp_server(gateway.app())).make_url("")).rstrip("/")
+        config = Config.from_mapping(
+            {
+                "speculative": {"urls": [url], "metrics_urls": [one, two]},
+                "baseline_url": one,
+                "scrape": {"timeout_s": 5.0},
+                "run_id": "gw",
+            }
+        )
+        recorder = ListRecorder()
+        scraper = EngineScraper(config, {arm: session for arm in Arm}, recorder)
+        pair = Pair(scraper, recorder, {Arm.SPECULATIVE: url, Arm.BASELINE: one}, session)
+        await scraper.scrape_once()
+        await generate(pair, Arm.SPECULATIVE, 16)  # 8 through the gateway to each engine
+        sample = (await scraper.scrape_once())[Arm.SPECULATIVE]
+    state = scraper.states[Arm.SPECULATIVE]
+    assert set(state.endpoints) == {one, two}
+    assert gateway.picks.get("/metrics", 0) == 0
+    assert gateway.picks["/v1/completions"] == 16
+    assert sample.up and state.snapshot is not None
+    assert state.snapshot.spec_format is SpecFormat.V1
+    mean_j, _ = accepted_prefix_moments(ALPHA, K)
+    assert sample.acceptance_rate == pytest.approx(mean_j / K, abs=0.1)
+    assert not any(ep.balanced for ep in state.endpoints.values())

@@ -223,7 +223,7 @@ async def test_one_log_per_state_change(rig: Rig, caplog: pytest.LogCaptureFixtu
 
 async def test_restart_by_start_time_is_counted_and_recorded(rig: Rig) -> None:
     counts = EngineCounts(10, 40, 20, (8, 7, 3, 2), 100)
-    rig.spec.body = v1_text([counts], start_time=START)
+    rig.spec.body = v1_text([counts], start_time=990.0)  # started before the first scrape
     await rig.scraper.scrape_once()
     rig.clock.now += 10
     rig.spec.body = v1_text([EngineCounts(1, 4, 2, (1, 1, 0, 0), 9)], start_time=1005.0)
@@ -359,3 +359,44 @@ async def test_every_endpoint_of_an_arm_is_scraped_and_summed(
             registry.get_sample_value(metrics.ENGINE_RESTARTS + "_total", {"arm": "speculative"})
             == 0.0
         )
+
+
+async def test_a_gateway_arm_scrapes_its_engines_and_probes_the_gateway_by_itself(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    """`metrics_urls`: the engines are scraped, never the gateway; the gateway's ejected
+    endpoint is readmitted by its own probe (GET /v1/models: any answer below 500)."""
+    engine = FakeMetricsServer(body=v1_text([EngineCounts(10, 40, 20)], start_time=START))
+    gateway = FakeMetricsServer(body="litellm_requests_metric_total 1\n", models=["m"])
+    base = FakeMetricsServer(body=v1_text([EngineCounts()], spec=False))
+    servers = [await aiohttp_server(s.app()) for s in (engine, gateway, base)]
+    url_engine, url_gateway, url_base = (str(s.make_url("")).rstrip("/") for s in servers)
+    config = Config.from_mapping(
+        {
+            "speculative": {"urls": [url_gateway], "metrics_urls": [url_engine]},
+            "baseline_url": url_base,
+            "outlier": {"eject_after_failures": 1, "base_ejection_s": 1, "max_ejection_s": 1},
+        }
+    )
+    clock = FakeClock()
+    fleet = Fleet(config, clock=clock)
+    pool = fleet.pool(Arm.SPECULATIVE)
+    pool.release(pool.acquire(), ok=False)  # a failed request ejects the gateway
+
+    def down() -> bool:  # a call, so that mypy does not narrow pool.down between the scrapes
+        return pool.down
+
+    async with aiohttp.ClientSession() as session:
+        scraper = EngineScraper(config, {arm: session for arm in Arm}, fleet=fleet, clock=clock)
+        samples = await scraper.scrape_once()
+        assert samples[Arm.SPECULATIVE].up and down()  # not due yet: no probe
+        clock.now += 2
+        await scraper.scrape_once()
+        assert not down()  # the gateway answered /v1/models
+        assert set(scraper.states[Arm.SPECULATIVE].endpoints) == {url_engine}
+        assert gateway.hits == 0 and engine.hits == 2
+        pool.release(pool.acquire(), ok=False)
+        await servers[1].close()  # the gateway is gone: its probe is refused
+        clock.now += 2
+        await scraper.scrape_once()
+        assert down()  # a refused probe ejects it again

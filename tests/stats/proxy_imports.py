@@ -1,11 +1,12 @@
-"""Run a proxy in this fresh process and report which of its modules imported numpy or scipy.
+"""Run a proxy in this fresh process and report which of its modules imported numpy, scipy or
+OpenTelemetry (traces are off).
 
 Started by tests/stats/test_context.py as `python -m tests.stats.proxy_imports STORE_URL COMPUTE`
 (a process of its own: the test process has numpy loaded already). Before anything of specproxy
 is imported it wraps `__import__`, then builds `create_app(cfg)` with that store, serves it on
 port 0 in front of an upstream in this same process (plain aiohttp, no numpy), sends plain and
 streaming requests, reads /api/stats, /ui and /metrics, waits for the store to take the records
-and prints one JSON object: every (importing module, imported module) of numpy or scipy, and
+and prints one JSON object: every (importing module, imported module) of those, and
 whether each is in `sys.modules` at the end.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 IMPORTS: list[tuple[str, str]] = []
 _real_import = builtins.__import__
-_HEAVY = ("numpy", "scipy")
+_HEAVY = ("numpy", "scipy", "opentelemetry")  # the last: traces are off here
 
 
 def _watching_import(name: str, globals: Any = None, *args: Any, **kwargs: Any) -> Any:

@@ -174,6 +174,8 @@ def test_the_proxy_process_never_loads_numpy_or_scipy(tmp_path: Path, compute: s
     stats process or not: the write path (records, summaries, the store) is numpy-free. With the
     statistics inside the proxy (before `stats.job.process`), stats.* imported both."""
     report = _proxy_imports(tmp_path, compute)
+    # nor OpenTelemetry, with traces off (the default): `proxy.tracing` imports it only when on
+    assert not report["loaded"]["opentelemetry"], report["imports"]
     assert not report["loaded"]["scipy"], report["imports"]
     assert not report["loaded"]["numpy"], report["imports"]
     assert report["imports"] == []

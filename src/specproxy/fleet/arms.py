@@ -2,8 +2,9 @@
 
 `Fleet` holds one `EndpointPool` per arm (the configured URLs, or the addresses a DNS name
 resolves to, re-resolved every `refresh_s`) and the bounded `model` labels fed by the scraper.
-The request path balances over `pool(arm)`, the scraper scrapes every `endpoints(arm)` and
-reports each scrape as a probe, and metrics map client model strings through `labels`.
+The request path balances over `pool(arm)`, the scraper scrapes every `metrics_targets(arm)`
+(the endpoints themselves, reported as probes, unless the arm names the engines behind a gateway
+by `metrics_urls` or `metrics_dns`), and metrics map client model strings through `labels`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Fleet:
         """`on_endpoint_event(arm, event, url)`: each pool's ejections and readmissions."""
         self.labels = ModelLabels(cfg.model_allow)
         self._pools: dict[Arm, EndpointPool] = {}
+        self._metrics: dict[Arm, tuple[str, ...]] = {}  # arms scraped elsewhere than served
         self._discoveries: list[DnsDiscovery] = []
         for arm in Arm:
             arm_cfg = cfg.arm_config(arm)
@@ -53,6 +55,20 @@ class Fleet:
                         on_change=pool.update,
                     )
                 )
+            if arm_cfg.metrics_urls:
+                self._metrics[arm] = tuple(u.rstrip("/") for u in arm_cfg.metrics_urls)
+            elif arm_cfg.metrics_dns is not None:
+                self._metrics[arm] = ()  # until the name first resolves
+                self._discoveries.append(
+                    DnsDiscovery(
+                        arm_cfg.metrics_dns,
+                        arm_cfg.metrics_port,
+                        interval_s=arm_cfg.refresh_s,
+                        scheme=arm_cfg.scheme,
+                        resolver=resolver,
+                        on_change=functools.partial(self._set_metrics, arm),
+                    )
+                )
 
     @property
     def pools(self) -> Mapping[Arm, EndpointPool]:
@@ -64,6 +80,17 @@ class Fleet:
     def endpoints(self, arm: Arm) -> tuple[str, ...]:
         """The arm's endpoint base URLs now (no trailing slash)."""
         return self._pools[arm].urls
+
+    def metrics_targets(self, arm: Arm) -> tuple[str, ...]:
+        """The base URLs whose /metrics describe the arm's engines now."""
+        return self._metrics[arm] if arm in self._metrics else self._pools[arm].urls
+
+    def scrapes_endpoints(self, arm: Arm) -> bool:
+        """Whether the arm's engines are scraped at its endpoints (each scrape is a probe)."""
+        return arm not in self._metrics
+
+    def _set_metrics(self, arm: Arm, urls: tuple[str, ...]) -> None:
+        self._metrics[arm] = urls
 
     async def start(self) -> None:
         """Resolve every DNS arm once (so the first requests have its pods), then keep at it."""

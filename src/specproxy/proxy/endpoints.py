@@ -10,6 +10,8 @@ left the pool (DNS discovery) are closed once nothing was picked from them for a
 try the arm's other endpoints while the failure says nothing was sent (so a dead engine costs
 the clients only the calls that were already in flight on it), note the answer's status and
 failure in the call's `Trace`; then release or drop the connection and report the outcome.
+Each try carries the headers of the arm it goes to (`headers.ArmHeaders`: its own headers and
+API key), so a call rerouted to the control is sent with the control's.
 
 Failing open: a primary call to a treatment arm in `fail_open` (`on_down = "control"`) is
 rerouted to the control arm when the treatment is `down` (every endpoint ejected: it is not
@@ -23,12 +25,12 @@ rerouted. The control arm itself never fails over to a treatment.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.pool import Endpoint
-from specproxy.proxy.headers import OutboundHeaders
+from specproxy.proxy.headers import ArmHeaders, OutboundHeaders
 from specproxy.proxy.trace import Trace
 from specproxy.proxy.transports.base import Reply, UpstreamTransport
 from specproxy.proxy.transports.select import Mode, TransportFactory, Transports
@@ -67,10 +69,16 @@ class Upstreams:
     """Every arm's endpoints with their clients, created on first use."""
 
     def __init__(
-        self, fleet: Fleet, transports: TransportFactory, fail_open: Collection[Arm] = ()
+        self,
+        fleet: Fleet,
+        transports: TransportFactory,
+        fail_open: Collection[Arm] = (),
+        arm_headers: Mapping[Arm, ArmHeaders] | None = None,
     ) -> None:
-        """`fail_open`: the treatment arms whose calls the control serves while they are down."""
+        """`fail_open`: the treatment arms whose calls the control serves while they are down;
+        `arm_headers`: what each arm adds to the headers it is sent (none by default)."""
         self._fleet = fleet
+        self._arm_headers = dict(arm_headers or {})
         self._make = transports
         self._fail_open = frozenset(a for a in fail_open if not a.is_control)
         # Per (arm, URL): an arm's transports carry its timeouts, even where arms share an engine.
@@ -122,6 +130,10 @@ class Upstreams:
         trace.reroute(RerouteReason.CONNECT)
         return self.pick(trace.arm)
 
+    def _headers_to(self, arm: Arm, headers: OutboundHeaders) -> OutboundHeaders:
+        own = self._arm_headers.get(arm)
+        return headers if own is None else headers.for_arm(own)
+
     def done(self, arm: Arm, endpoint: Endpoint, error_kind: ErrorKind | None) -> None:
         """The call ended with `error_kind` (None: success)."""
         self._inflight[(arm, endpoint.url)] -= 1
@@ -151,7 +163,8 @@ class Upstreams:
         tried: list[str] = []
         while True:
             try:
-                reply = await clients.transports[mode].send(method, target, body, headers)
+                sent = self._headers_to(arm, headers)
+                reply = await clients.transports[mode].send(method, target, body, sent)
                 break
             except UpstreamError as exc:
                 tried.append(endpoint.url)

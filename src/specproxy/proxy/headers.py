@@ -4,6 +4,12 @@ Hop-by-hop headers (and those named by the client's `Connection` header) never c
 length is recomputed by whoever writes the body; `x-specproxy-arm` and `x-specproxy-request-id`
 are set by the proxy on every answer (an upstream that sends them, e.g. another specproxy, is
 overridden). The forced-arm header is the proxy's own business and is not forwarded either.
+
+An arm may add headers of its own (`ArmHeaders`: `[<arm>].headers` and its API key), applied to
+the client's as `OutboundHeaders.for_arm` on the way to that arm: its headers replace a client's
+of the same name; its key is `Authorization: Bearer <key>`, sent where the client sent no
+Authorization (`authorization = "client"`, the default: the client's own is kept) or instead of
+the client's (`"arm"`). An arm without either costs nothing: `for_arm` returns the same object.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from specproxy.records import Arm
 __all__ = [
     "ARM_HEADER",
     "REQUEST_ID_HEADER",
+    "ArmHeaders",
     "OutboundHeaders",
     "is_event_stream",
     "response_headers",
@@ -49,6 +56,36 @@ _DROP_REQUEST_BYTES: Final = frozenset(name.encode() for name in _DROP_REQUEST)
 _DROP_RESPONSE: Final = _HOP_BY_HOP | {"content-length", ARM_HEADER, REQUEST_ID_HEADER}
 
 
+class ArmHeaders:
+    """What one arm adds to the headers it is sent: its own ones and its API key."""
+
+    __slots__ = ("api_key", "empty", "headers", "replace_authorization")
+
+    def __init__(
+        self,
+        headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        *,
+        replace_authorization: bool = False,
+    ) -> None:
+        self.headers = tuple((headers or {}).items())
+        self.api_key = api_key
+        self.replace_authorization = replace_authorization and api_key is not None
+        self.empty = not self.headers and api_key is None
+
+    def added(self, client_authorization: bool) -> list[tuple[str, str]]:
+        """The headers to add (each replacing the client's of its name), given whether the
+        client sent an Authorization header."""
+        out = list(self.headers)
+        if self.api_key is not None and (self.replace_authorization or not client_authorization):
+            out.append(("Authorization", f"Bearer {self.api_key}"))
+        return out
+
+    def __repr__(self) -> str:  # never the key
+        names = [name for name, _ in self.headers]
+        return f"ArmHeaders({names}, api_key={'set' if self.api_key else None})"
+
+
 class OutboundHeaders:
     """The client's headers that go upstream, rendered on demand for the transport that sends
     them: raw `name: value\\r\\n` lines (the lean transport) or a `CIMultiDict` (aiohttp's).
@@ -58,13 +95,17 @@ class OutboundHeaders:
     rejected CR/LF in them).
     """
 
-    __slots__ = ("_headers", "_lines", "_multidict", "_raw")
+    __slots__ = ("_added", "_headers", "_lines", "_multidict", "_raw")
 
     def __init__(
-        self, headers: Mapping[str, str], raw: Sequence[tuple[bytes, bytes]] | None = None
+        self,
+        headers: Mapping[str, str],
+        raw: Sequence[tuple[bytes, bytes]] | None = None,
+        added: Sequence[tuple[str, str]] = (),
     ) -> None:
         self._headers = headers
         self._raw = raw
+        self._added = tuple(added)  # an arm's own, replacing the client's of their names
         self._lines: bytes | None = None
         self._multidict: CIMultiDict[str] | None = None
 
@@ -72,11 +113,28 @@ class OutboundHeaders:
     def of(cls, request: web.BaseRequest) -> OutboundHeaders:
         return cls(request.headers, request.raw_headers)
 
+    def adding(self, added: Sequence[tuple[str, str]]) -> OutboundHeaders:
+        """These headers with `added` replacing the client's of their names (a span's
+        `traceparent`, say); self if there are none."""
+        if not added:
+            return self
+        return OutboundHeaders(self._headers, self._raw, (*self._added, *added))
+
+    def for_arm(self, arm: ArmHeaders) -> OutboundHeaders:
+        """These headers as sent to an arm with `arm`'s own added (self if it adds none)."""
+        if arm.empty:
+            return self
+        added = arm.added("Authorization" in self._headers)
+        return OutboundHeaders(self._headers, self._raw, (*self._added, *added))
+
     def _dropped(self) -> frozenset[str]:
         connection = self._headers.get("Connection")
-        if not connection:
-            return _DROP_REQUEST
-        return _DROP_REQUEST | {token.strip().lower() for token in connection.split(",")}
+        drop = _DROP_REQUEST
+        if connection:
+            drop = drop | {token.strip().lower() for token in connection.split(",")}
+        if self._added:
+            drop = drop | {name.lower() for name, _ in self._added}
+        return drop
 
     def multidict(self) -> CIMultiDict[str]:
         """The forwarded headers, for aiohttp's client."""
@@ -85,6 +143,7 @@ class OutboundHeaders:
             self._multidict = CIMultiDict(
                 (k, v) for k, v in self._headers.items() if k.lower() not in drop
             )
+            self._multidict.extend(self._added)
         return self._multidict
 
     def lines(self) -> bytes:
@@ -102,15 +161,17 @@ class OutboundHeaders:
                         for name, value in self._raw
                         if name.lower() not in drop
                     ]
+                    + [f"{k}: {v}\r\n".encode() for k, v in self._added]
                 )
         return self._lines
 
     def _dropped_bytes(self) -> frozenset[bytes]:
         connection = self._headers.get("Connection")
-        if not connection:
+        if not connection and not self._added:
             return _DROP_REQUEST_BYTES
-        tokens = {t.strip().lower().encode("latin-1") for t in connection.split(",")}
-        return _DROP_REQUEST_BYTES | tokens
+        tokens = {t.strip().lower().encode("latin-1") for t in (connection or "").split(",")}
+        added = {name.lower().encode() for name, _ in self._added}
+        return _DROP_REQUEST_BYTES | (tokens - {b""}) | added
 
 
 def response_headers(

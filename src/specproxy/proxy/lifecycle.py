@@ -36,8 +36,15 @@ from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.pool import EndpointPool
 from specproxy.metrics import ProxyMetrics
+from specproxy.proxy.accesslog import AccessLog
+from specproxy.proxy.armauth import every_arm_headers
 from specproxy.proxy.endpoints import Upstreams
-from specproxy.proxy.headers import OutboundHeaders, response_headers, safe_path
+from specproxy.proxy.headers import (
+    REQUEST_ID_HEADER,
+    OutboundHeaders,
+    response_headers,
+    safe_path,
+)
 from specproxy.proxy.limits import ALLOWED_METHODS, Rejection, header_rejection, json_too_deep
 from specproxy.proxy.observe import Observer
 from specproxy.proxy.relay import (
@@ -55,10 +62,11 @@ from specproxy.proxy.relay import (
 from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
 from specproxy.proxy.shadow import Shadows
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
+from specproxy.proxy.tracing import open_tracing
 from specproxy.proxy.transports.base import Reply
 from specproxy.proxy.transports.select import Mode, TransportFactory, default_transports
 from specproxy.proxy.usage import should_inject, with_usage
-from specproxy.records import Arm, Recorder
+from specproxy.records import Arm, Recorder, RequestRecord
 
 __all__ = ["MEASURED_ENDPOINTS", "Forwarder"]
 
@@ -110,9 +118,15 @@ class Forwarder:
         # Each arm is a pool of endpoints; each endpoint has its own transports, chosen once per
         # mode (`transports.select`), e.g. the lean client for plain-http engines.
         self._upstreams = Upstreams(
-            fleet, transports or default_transports(sessions, cfg.timeouts), fail_open
+            fleet,
+            transports or default_transports(sessions, cfg.timeouts),
+            fail_open,
+            every_arm_headers(cfg),
         )
         self._new_id = RequestIds()
+        self._tracing = open_tracing(cfg.telemetry)  # None: off, nothing of OpenTelemetry loaded
+        telemetry = cfg.telemetry
+        self._access = AccessLog(telemetry.access_log_per_s) if telemetry.access_log else None
         self._shadows = Shadows(
             upstreams=self._upstreams,
             new_id=self._new_id,
@@ -128,6 +142,8 @@ class Forwarder:
         """Cancel shadows still running; each still writes its record."""
         await self._shadows.close()
         await self._upstreams.close()
+        if self._tracing is not None:
+            await asyncio.to_thread(self._tracing.close)  # exports the spans left
 
     @property
     def active_shadows(self) -> int:
@@ -286,7 +302,11 @@ class Forwarder:
         inflight = self._observer.inflight
         inflight[arm] += 1
         upstream: Reply | None = None
+        headers = OutboundHeaders.of(request)
+        spans = None if self._tracing is None else self._tracing.start(request.headers, trace)
         try:
+            if spans is not None:
+                headers = headers.adding(spans.upstream_start(trace))
             trace.upstream_start = time.perf_counter()
             try:
                 upstream = await self._upstreams.send(
@@ -294,7 +314,7 @@ class Forwarder:
                     Mode.measured(trace.stream),
                     request.path,
                     body,
-                    OutboundHeaders.of(request),
+                    headers,
                 )
             except UpstreamError as exc:
                 return await send_error(request, trace, exc)
@@ -306,24 +326,39 @@ class Forwarder:
         finally:
             inflight[arm] -= 1
             self._upstreams.end(trace, upstream)
-            self._finish(trace)
+            if spans is not None:
+                spans.upstream_end(trace)
+            rec = self._record(trace)
+            if spans is not None:
+                spans.end(trace, rec)
+            if self._access is not None and rec is not None:
+                self._access.request(rec)
 
     # ----------------------------------------------------------------------- recording
 
     def _reject(self, reason: Rejection, response: web.Response) -> web.Response:
-        """A request the proxy answers itself: counted by reason, never forwarded or recorded."""
+        """A request the proxy answers itself: counted by reason, never forwarded or recorded
+        (the access log has its line)."""
         self._observer.rejected(reason)
+        if self._access is not None:
+            request_id = response.headers.get(REQUEST_ID_HEADER, "")
+            self._access.rejected(request_id, response.status, reason.value)
         return response
 
     def _finish(self, trace: Trace) -> None:
         """Hand the record to the recorder and the Prometheus collectors; never raises."""
+        self._record(trace)
+
+    def _record(self, trace: Trace) -> RequestRecord | None:
+        """`_finish`, returning the record (None if it could not be made)."""
         try:
             rec = trace.to_record(self._run_id)
         except Exception:  # a bug here must not lose the response; log it loudly
             log.exception("could not build the record of request %s", trace.request_id)
-            return
+            return None
         self._recorder.record(rec)
         self._observer.observe(rec, trace.scanner.gaps if trace.scanner is not None else ())
         came, reason = rec.rerouted_from, rec.reroute_reason
         if came is not None and reason is not None:
             self._metrics.rerouted.labels(came.value, rec.arm.value, reason.value).inc()
+        return rec

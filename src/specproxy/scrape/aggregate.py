@@ -13,6 +13,12 @@ arm. Only an endpoint whose own start time changed, or whose own counter went do
 restart. An endpoint that fails a scrape keeps its last good snapshot, and the failure streak
 dates a restart seen when it comes back (`derive.restart_time`).
 
+One URL that answers from several engines (a load-balanced Service: `derive.classify_change`)
+is marked `balanced` and listed once in `newly_balanced` (the scraper warns). From then on none
+of its changes is a restart, and its counters are compared only with the last scrape of the
+same process (by start time), so its acceptance stays a ratio of real deltas; its gauges and
+token rate describe one engine of several and are not summed as the URL's.
+
 Pure: no I/O, the scrapes and their times are handed in.
 """
 
@@ -23,7 +29,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from specproxy.records import Arm, EngineSample
-from specproxy.scrape.derive import derive_sample, is_restart, restart_time
+from specproxy.scrape.derive import (
+    Change,
+    classify_change,
+    derive_sample,
+    is_restart,
+    restart_time,
+)
 from specproxy.scrape.parse import EngineSnapshot, SpecFormat
 
 __all__ = ["ArmAggregate", "EndpointState"]
@@ -40,6 +52,12 @@ class EndpointState:
     sample: EngineSample | None = None  # derived from its last good scrape
     first_failed: float | None = None  # first failed scrape since its last good one
     restarts: int = 0
+    balanced: bool = False  # answers from several engine processes (a load-balanced URL)
+    # The last scrape of each process seen behind this URL, by start time (the newest few).
+    by_start: dict[float, EngineSnapshot] = field(default_factory=dict)
+
+
+_KEPT_STARTS = 16  # process start times remembered per URL
 
 
 @dataclass(slots=True)
@@ -63,6 +81,7 @@ class ArmAggregate:
         self._run_id = run_id
         self._endpoints: dict[str, EndpointState] = {}
         self.restart_times: list[float] = []  # one per endpoint restart, dated per endpoint
+        self.newly_balanced: list[str] = []  # URLs found load-balanced in the last round
 
     @property
     def endpoints(self) -> Mapping[str, EndpointState]:
@@ -76,6 +95,7 @@ class ArmAggregate:
         for url in [u for u in self._endpoints if u not in results]:
             del self._endpoints[url]
         sums = _Sums()
+        self.newly_balanced = []
         restarted_starts: list[float | None] = []
         up_snapshots: list[EngineSnapshot] = []
         spec = False
@@ -88,17 +108,20 @@ class ArmAggregate:
                 continue
             prev = state.snapshot
             sample = derive_sample(prev, result, run_id=self._run_id, arm=self.arm)
-            if prev is not None and is_restart(prev, result):
-                self.restart_times.append(restart_time(prev, result, state.first_failed))
-                state.restarts += 1
-                restarted_starts.append(result.process_start_time)
-            elif prev is not None:
-                _add_deltas(sums, prev, result)
+            if prev is not None:
+                self._compare(state, prev, result, sums, restarted_starts)
             _add_v0(sums, result, sample)
             spec = spec or result.spec_format is not None
             state.up, state.error, state.snapshot, state.sample = True, None, result, sample
             state.first_failed = None
-            up_snapshots.append(result)
+            if result.process_start_time is not None:
+                _remember(state, result)
+            if not state.balanced:
+                up_snapshots.append(result)
+        if not up_snapshots:  # every URL is down, or load-balanced: one engine of several
+            up_snapshots = [
+                s.snapshot for s in self._endpoints.values() if s.up and s.snapshot is not None
+            ]
         if not up_snapshots:
             return EngineSample(t=t, run_id=self._run_id, arm=self.arm, up=False)
         acceptance, length, positions = _rates(sums) if spec else (None, None, None)
@@ -121,10 +144,56 @@ class ArmAggregate:
             process_start_time=max(starts) if starts else None,
         )
 
+    def _compare(
+        self,
+        state: EndpointState,
+        prev: EngineSnapshot,
+        cur: EngineSnapshot,
+        sums: _Sums,
+        restarted_starts: list[float | None],
+    ) -> None:
+        """Add `cur`'s deltas over `prev` (its URL's last good scrape) to `sums`, unless a
+        change lies between: a restart adds its start time to `restarted_starts`, another
+        engine behind the URL marks it `balanced`."""
+        if state.balanced:
+            base = state.by_start.get(cur.process_start_time or math.nan)
+            if base is not None and base.t < cur.t and not is_restart(base, cur):
+                _add_deltas(sums, base, cur, token_rate=False)
+            return
+        change = classify_change(prev, cur, state.by_start.keys() - {prev.process_start_time})
+        if change is Change.OTHER_ENGINE:
+            self._balance(state)
+        elif change is Change.RESTART:
+            self.restart_times.append(restart_time(prev, cur, state.first_failed))
+            state.restarts += 1
+            restarted_starts.append(cur.process_start_time)
+        else:
+            _add_deltas(sums, prev, cur)
 
-def _add_deltas(sums: _Sums, prev: EngineSnapshot, cur: EngineSnapshot) -> None:
+    def _balance(self, state: EndpointState) -> None:
+        state.balanced = True
+        self.newly_balanced.append(state.url)
+
+
+def _remember(state: EndpointState, snap: EngineSnapshot) -> None:
+    """Keep `snap` as the last scrape of its process (the newest `_KEPT_STARTS` processes)."""
+    assert snap.process_start_time is not None
+    state.by_start.pop(snap.process_start_time, None)
+    state.by_start[snap.process_start_time] = snap
+    while len(state.by_start) > _KEPT_STARTS:
+        del state.by_start[next(iter(state.by_start))]
+
+
+def _add_deltas(
+    sums: _Sums, prev: EngineSnapshot, cur: EngineSnapshot, *, token_rate: bool = True
+) -> None:
     """Add one endpoint's counter deltas since its previous scrape (no restart between)."""
-    if cur.t > prev.t and prev.generation_tokens is not None and cur.generation_tokens is not None:
+    if (
+        token_rate
+        and cur.t > prev.t
+        and prev.generation_tokens is not None
+        and cur.generation_tokens is not None
+    ):
         rate = (cur.generation_tokens - prev.generation_tokens) / (cur.t - prev.t)
         sums.tokens_per_s = (sums.tokens_per_s or 0.0) + rate
     if cur.spec_format is not SpecFormat.V1:

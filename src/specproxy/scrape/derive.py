@@ -12,16 +12,60 @@ ratio of the counters that the bug leaves intact (see `_v0_mean_acceptance_lengt
 
 A restart (the process start time changed, or any counter went down) voids the deltas of that
 interval: the sample is marked `restarted` and carries no rates.
+
+One URL can also answer from several engines: a ClusterIP Service or any load balancer in front
+of them. Its scrapes then change process between rounds, which reads like restarts that are not.
+`classify_change` tells the two apart: a process that started before the previous scrape (it was
+running while the URL answered from another one), an older process than the one just seen, or a
+start time seen before behind this URL is another engine, never a restart (a restarted engine
+never comes back to its old process). Only a newer process that started after the previous
+scrape can be a restart: behind a balancer that is an engine that just started (a new pod), whose
+warm-up is worth excluding anyway, and the balancer's next pick of an older one then shows it.
 """
 
 from __future__ import annotations
 
+import enum
 import math
+from collections.abc import Container
 
 from specproxy.records import Arm, EngineSample
 from specproxy.scrape.parse import EngineSnapshot, SpecFormat
 
-__all__ = ["date_restart", "derive_sample", "is_restart", "restart_time"]
+__all__ = [
+    "START_SLACK_S",
+    "Change",
+    "classify_change",
+    "date_restart",
+    "derive_sample",
+    "is_restart",
+    "restart_time",
+]
+
+# How much earlier than the previous scrape a restarted engine's start time may read: vLLM's
+# reads ~1 s early, and the proxy's and the engine's clocks differ by a little.
+START_SLACK_S = 5.0
+
+
+class Change(enum.Enum):
+    """What happened behind one URL between two of its scrapes."""
+
+    NONE = "none"  # the same process, its counters only went up
+    RESTART = "restart"  # the process start time moved on, or a counter went down
+    OTHER_ENGINE = "other_engine"  # another engine process answered: a load-balanced URL
+
+
+def classify_change(
+    prev: EngineSnapshot, cur: EngineSnapshot, seen_starts: Container[float]
+) -> Change:
+    """How `cur` relates to `prev`, the previous scrape of the same URL; `seen_starts` are the
+    process start times seen behind that URL before."""
+    before, now = prev.process_start_time, cur.process_start_time
+    if before is not None and now is not None and now != before:
+        if now in seen_starts or now < before or now < prev.t - START_SLACK_S:
+            return Change.OTHER_ENGINE
+        return Change.RESTART
+    return Change.RESTART if is_restart(prev, cur) else Change.NONE
 
 
 def is_restart(prev: EngineSnapshot, cur: EngineSnapshot) -> bool:

@@ -2,7 +2,10 @@
 
 An arm is a pool of engine endpoints (`fleet`): each round scrapes every endpoint, and
 `aggregate` keeps deltas and restarts per endpoint and sums them into the arm's sample. Each
-endpoint's scrape is also the health probe that readmits it to the pool after an ejection, and
+endpoint's scrape is also the health probe that readmits it to the pool after an ejection. An arm
+whose endpoints are a gateway (LiteLLM, a router) names its engines by `metrics_urls` or
+`metrics_dns`: those are scraped instead, and the gateway's ejected endpoints get a probe of
+their own (`_probe_gateways`). Each
 each round reads the served models (`/v1/models`) of one endpoint per arm for the bounded
 `model` label.
 
@@ -35,11 +38,26 @@ from specproxy.scrape.aggregate import ArmAggregate, EndpointState
 from specproxy.scrape.parse import EngineSnapshot, parse_metrics
 from specproxy.tasks import cancel_and_wait
 
-__all__ = ["MAX_BODY_BYTES", "ArmState", "EngineScraper", "describe_error", "fetch_text"]
+__all__ = [
+    "BALANCED_WARNING",
+    "MAX_BODY_BYTES",
+    "ArmState",
+    "EngineScraper",
+    "describe_error",
+    "fetch_text",
+]
 
 logger = logging.getLogger("specproxy.scrape")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a real /metrics page is ~100 kB; more is not vLLM
+# Logged once per URL (`aggregate.ArmAggregate.newly_balanced`), with the arm and the URL.
+BALANCED_WARNING = (
+    "engine %s: %s answers from more than one engine process (a load-balanced address, such as"
+    " a ClusterIP Service): its changes of process are not counted as restarts, and its gauges"
+    ' describe one engine at a time. Scrape every engine: set dns = "<headless Service>" in'
+    " this arm's table (a Service with clusterIP: None), or metrics_urls / metrics_dns when the"
+    " traffic goes through a gateway"
+)
 
 
 @dataclass(slots=True)
@@ -123,15 +141,22 @@ class EngineScraper:
     async def _scrape_arm(self, arm: Arm) -> EngineSample:
         state = self._states[arm]
         pool = self._fleet.pool(arm)
-        urls = pool.urls
+        urls = self._fleet.metrics_targets(arm)
         t = self._clock()
         results = await asyncio.gather(*(self._scrape_endpoint(arm, url, t) for url in urls))
         by_url = dict(zip(urls, results, strict=True))
-        for url, result in by_url.items():
-            pool.probe(url, ok=not isinstance(result, str))
+        if self._fleet.scrapes_endpoints(arm):
+            for url, result in by_url.items():
+                pool.probe(url, ok=not isinstance(result, str))
+        else:
+            await self._probe_gateways(arm)
+        if not urls:
+            return self._mark_down(state, t, "no engine to scrape yet (metrics_dns unresolved)")
         aggregate = self._aggregates[arm]
         known_restarts = len(aggregate.restart_times)
         sample = aggregate.update(t, by_url)
+        for url in aggregate.newly_balanced:
+            logger.warning(BALANCED_WARNING, arm, url)
         if not sample.up:
             reasons = sorted({r for r in results if isinstance(r, str)})
             return self._mark_down(state, t, "; ".join(reasons))
@@ -147,6 +172,24 @@ class EngineScraper:
             raise
         except Exception as exc:  # the loop must survive anything a remote server sends
             return describe_error(exc)
+
+    async def _probe_gateways(self, arm: Arm) -> None:
+        """Probe the ejected endpoints of an arm scraped elsewhere (a gateway in front of its
+        engines) that are due: any HTTP answer below 500 to GET /v1/models readmits one (a 401
+        is a gateway that is up and wants a key the probe does not send)."""
+        pool = self._fleet.pool(arm)
+        for endpoint in pool.due_for_probe():
+            timeout = aiohttp.ClientTimeout(total=self._config.scrape.timeout_s)
+            try:
+                async with self._sessions[arm].get(
+                    endpoint.url + "/v1/models", timeout=timeout
+                ) as resp:
+                    ok = resp.status < 500
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # refused, timed out, garbage: still down
+                ok = False
+            pool.probe(endpoint.url, ok=ok)
 
     async def _refresh_models(self) -> None:
         """The models the arms serve, from one up endpoint each, for the bounded label."""
