@@ -43,7 +43,7 @@ class ClientTally:
         if not result.ok:
             self.errors += 1
             return
-        arm = result.arm.value if result.arm is not None else "unknown"
+        arm = result.arm if result.arm is not None else "unknown"
         self.e2e.setdefault(arm, []).append(result.e2e_ns / 1e9)
         if result.ttft_ns is not None:
             self.ttft.setdefault(arm, []).append(result.ttft_ns / 1e9)
