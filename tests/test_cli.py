@@ -118,3 +118,33 @@ def test_read_only_commands_never_create_a_missing_store(
     assert done.stderr.strip().splitlines()[-1] == f"specproxy: error: no store at {url}"
     assert not db.exists()
     assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [
+        ("http://127.0.0.1:1,http://127.0.0.1:2", "urls = ["),
+        ("http://127.0.0.1:99999", "(scheme, host, port)"),
+        ("http://127.0.0.1:port", "(scheme, host, port)"),
+        ("http://:8000", "(scheme, host, port)"),
+    ],
+)
+def test_serve_refuses_a_bad_upstream_url_at_start_up_in_one_line(url: str, hint: str) -> None:
+    """Issue 28 item 5: a comma-separated list used to start, then answer every request with a
+    bare 500; each upstream URL is now checked (scheme, host, port) before anything starts."""
+    done = specproxy(
+        "serve",
+        "--baseline",
+        "http://127.0.0.1:9",
+        "--speculative",
+        url,
+        "--store",
+        "memory://",
+        "--port",
+        "0",
+        timeout=60,
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("specproxy: error: speculative_url must be an absolute http(s) URL")
+    assert hint in line and url in line

@@ -290,7 +290,7 @@ class ArmConfig:
             _check(
                 _is_str(url) and _is_http_url(url),
                 f"{prefix}.urls",
-                f"must be absolute http(s) URLs, got {url!r}",
+                f"must be absolute http(s) URLs (scheme, host, port), got {url!r}",
             )
         if self.dns is not None:
             _check(
@@ -403,7 +403,8 @@ class Config:
                 _check(
                     _is_http_url(url),
                     name,
-                    f"must be an absolute http(s) URL, got {url!r}"
+                    f"must be an absolute http(s) URL (scheme, host, port), got {url!r}"
+                    + _one_url_hint(url, arm)
                     if url
                     else f"is required (or a [{arm}] table with urls or dns)",
                 )
@@ -573,8 +574,25 @@ def _is_str(value: object) -> bool:
 
 
 def _is_http_url(url: str) -> bool:
+    """An absolute http(s) URL with a host and, if any, a numeric port in range: one URL, so a
+    comma-separated list (which urlsplit reads as one odd host) is refused at start-up."""
+    if any(c in url for c in ", \t\r\n"):
+        return False
     parts = urlsplit(url)
-    return parts.scheme in ("http", "https") and bool(parts.netloc)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        return False
+    return True
+
+
+def _one_url_hint(url: str, arm: str) -> str:
+    """What to say about a rejected URL that is really a list of them."""
+    if "," in url:
+        return f'; one URL here: several endpoints go in a [{arm}] table, urls = ["...", "..."]'
+    return ""
 
 
 def _check(ok: bool, name: str, message: str) -> None:
