@@ -16,7 +16,12 @@ from specproxy.errors import ConfigError
 __all__ = ["EXTRAS", "require"]
 
 # importable module -> the extra that installs it
-EXTRAS = {"matplotlib": "report", "pyarrow": "parquet", "asyncpg": "postgres"}
+EXTRAS = {
+    "matplotlib": "report",
+    "pyarrow": "parquet",
+    "asyncpg": "postgres",
+    "grafana_client": "grafana",
+}
 
 
 def require(module: str, purpose: str) -> None:
