@@ -305,3 +305,21 @@ def test_on_down_is_an_arm_setting_that_defaults_to_failing_open() -> None:
         Config.from_mapping({**ARMS, "speculative": {"on_down": "nope"}})
     with pytest.raises(ConfigError, match="speculative needs exactly one of urls"):
         Config.from_mapping({"baseline_url": "http://b:1", "speculative": {"on_down": "error"}})
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite:/x.db", "sqlite:///x.db"),  # one slash: it silently wrote ./x.db
+        ("sqlite:x.db", "sqlite:///x.db"),
+        ("x.db", "no scheme: for a SQLite file write sqlite:///x.db"),
+        ("/var/lib/specproxy.db", "sqlite:////var/lib/specproxy.db"),
+    ],
+)
+def test_a_store_url_without_sqlites_three_slashes_is_refused(url: str, message: str) -> None:
+    """Issue 28 item 5: `sqlite:/x.db` was accepted and wrote ./x.db."""
+    with pytest.raises(ConfigError, match=r"store\.url") as info:
+        StoreConfig(url=url)
+    assert message in str(info.value)
+    assert StoreConfig(url="sqlite:///x.db").url == "sqlite:///x.db"
+    assert StoreConfig(url="sqlite:////abs/x.db").url == "sqlite:////abs/x.db"

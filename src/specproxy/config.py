@@ -157,9 +157,21 @@ class StoreConfig:
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
         _check(
+            scheme != "",
+            "store.url",
+            f"has no scheme: for a SQLite file write sqlite:///{self.url}",
+        )
+        _check(
             scheme in STORE_SCHEMES,
             "store.url",
             f"scheme {scheme!r} is not one of {', '.join(f'{s}://' for s in STORE_SCHEMES)}",
+        )
+        rest = self.url[len(scheme) + 1 :]
+        _check(
+            scheme != "sqlite" or rest.startswith("//"),
+            "store.url",
+            f"{self.url!r} needs three slashes: sqlite:///{rest.lstrip('/')} (a relative file)"
+            f" or sqlite:////{rest.lstrip('/')} (an absolute one)",
         )
         _check(0 < self.flush_interval_s <= 1.0, "store.flush_interval_s", "must be in (0, 1]")
         _check(self.batch_size > 0, "store.batch_size", "must be > 0")
