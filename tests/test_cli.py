@@ -148,3 +148,17 @@ def test_serve_refuses_a_bad_upstream_url_at_start_up_in_one_line(url: str, hint
     (line,) = done.stderr.splitlines()
     assert line.startswith("specproxy: error: speculative_url must be an absolute http(s) URL")
     assert hint in line and url in line
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_option_has_help_that_states_its_default_once(name: str) -> None:
+    """Issue 28 item 5: 16 `emulate` flags had no help, and `serve --read-timeout` printed its
+    default twice."""
+    command = _command_parser(name)
+    for action in command._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        flag = action.option_strings[-1]
+        assert action.help, f"{name} {flag} has no help"
+        help_text = command._get_formatter()._expand_help(action)
+        assert help_text.count("(default") <= 1, f"{name} {flag}: {help_text!r}"

@@ -199,14 +199,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the speculative arm's num_speculative_tokens, for the calibration advice "
         "(default: read from its /metrics when driven directly)",
     )
-    parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    parser.add_argument(
+        "--endpoint",
+        choices=["chat", "completions"],
+        default="chat",
+        help="/v1/chat/completions or /v1/completions",
+    )
     parser.add_argument("--no-stream", action="store_true", help="non-streaming requests")
     parser.add_argument("--max-tokens", type=int, help="cap on each prompt's output budget")
     parser.add_argument(
         "--store", default=DEFAULT_STORE, help="where direct runs write rows ('none': nowhere)"
     )
     parser.add_argument("--run-id", help="default: bench-<unix time>")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrivals")
     parser.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     saved = parser.add_argument_group("vLLM result JSON (`vllm bench serve --save-result`)")
     saved.add_argument(
