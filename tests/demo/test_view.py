@@ -144,11 +144,11 @@ def test_diagnosis_reasons_wrap_and_are_never_cut() -> None:
 
     from specproxy.demo.view import ClientTally, render
 
-    result = _full_result()
+    result: Any = _full_result()
     window = result["results"]["all"]["all"]
     reason = "a reason long enough to need two lines at eighty columns, " * 2 + "and its point"
     window["diagnosis"]["reasons"] = [{"message": reason}]
     console = Console(record=True, width=80)
-    console.print(render(result, ClientTally(sent=1)))
+    console.print(render(cast(StatsResult, result), ClientTally(sent=1)))
     text = " ".join(console.export_text().split())
     assert reason in text
