@@ -27,6 +27,7 @@ class FakeOpenAI:
     acceptance: float = 0.75
     fail_every: int = 0  # every n-th request answers 500 (0: never)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # each request's headers
     drafts: int = 0
 
     def app(self) -> web.Application:
@@ -59,6 +60,7 @@ class FakeOpenAI:
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
         if self.fail_every and len(self.bodies) % self.fail_every == 0:
             return web.json_response({"error": {"message": "boom", "code": 500}}, status=500)
         max_tokens = int(body.get("max_tokens", 16))

@@ -118,3 +118,47 @@ def test_read_only_commands_never_create_a_missing_store(
     assert done.stderr.strip().splitlines()[-1] == f"specproxy: error: no store at {url}"
     assert not db.exists()
     assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [
+        ("http://127.0.0.1:1,http://127.0.0.1:2", "urls = ["),
+        ("http://127.0.0.1:99999", "(scheme, host, port)"),
+        ("http://127.0.0.1:port", "(scheme, host, port)"),
+        ("http://:8000", "(scheme, host, port)"),
+    ],
+)
+def test_serve_refuses_a_bad_upstream_url_at_start_up_in_one_line(url: str, hint: str) -> None:
+    """Issue 28 item 5: a comma-separated list used to start, then answer every request with a
+    bare 500; each upstream URL is now checked (scheme, host, port) before anything starts."""
+    done = specproxy(
+        "serve",
+        "--baseline",
+        "http://127.0.0.1:9",
+        "--speculative",
+        url,
+        "--store",
+        "memory://",
+        "--port",
+        "0",
+        timeout=60,
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("specproxy: error: speculative_url must be an absolute http(s) URL")
+    assert hint in line and url in line
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_option_has_help_that_states_its_default_once(name: str) -> None:
+    """Issue 28 item 5: 16 `emulate` flags had no help, and `serve --read-timeout` printed its
+    default twice."""
+    command = _command_parser(name)
+    for action in command._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        flag = action.option_strings[-1]
+        assert action.help, f"{name} {flag} has no help"
+        help_text = command._get_formatter()._expand_help(action)
+        assert help_text.count("(default") <= 1, f"{name} {flag}: {help_text!r}"

@@ -348,3 +348,21 @@ def test_an_arm_behind_a_gateway_keeps_its_engines_and_round_trips() -> None:
     arm = cfg.arm_config("speculative")
     assert arm.scrapes_elsewhere and arm.has_api_key and arm.headers == {"X-Tenant": "t"}
     assert Config.from_mapping(cfg.to_mapping()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite:/x.db", "sqlite:///x.db"),  # one slash: it silently wrote ./x.db
+        ("sqlite:x.db", "sqlite:///x.db"),
+        ("x.db", "no scheme: for a SQLite file write sqlite:///x.db"),
+        ("/var/lib/specproxy.db", "sqlite:////var/lib/specproxy.db"),
+    ],
+)
+def test_a_store_url_without_sqlites_three_slashes_is_refused(url: str, message: str) -> None:
+    """Issue 28 item 5: `sqlite:/x.db` was accepted and wrote ./x.db."""
+    with pytest.raises(ConfigError, match=r"store\.url") as info:
+        StoreConfig(url=url)
+    assert message in str(info.value)
+    assert StoreConfig(url="sqlite:///x.db").url == "sqlite:///x.db"
+    assert StoreConfig(url="sqlite:////abs/x.db").url == "sqlite:////abs/x.db"

@@ -31,7 +31,16 @@ def _without(module: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess[
 def test_the_runtime_dependencies_are_the_proxy_and_the_statistics() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     names = {d.split(">")[0].split("[")[0].split(";")[0].strip() for d in project["dependencies"]}
-    assert names == {"aiohttp", "prometheus-client", "numpy", "scipy", "rich", "uvloop"}
+    assert names == {
+        "aiohttp",
+        "multidict",
+        "yarl",
+        "prometheus-client",
+        "numpy",
+        "scipy",
+        "rich",
+        "uvloop",
+    }
     extras = project["optional-dependencies"]
     assert extras["report"] == ["matplotlib>=3.8"] and extras["parquet"] == ["pyarrow>=15"]
     assert set(EXTRAS.values()) <= set(extras)
@@ -69,3 +78,50 @@ def test_a_command_without_its_extra_is_one_clear_error(
         f"specproxy: error: {what} needs matplotlib: pip install 'specproxy[report]'"
     )
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+def _declared() -> set[str]:
+    """Every distribution pyproject names: the dependencies and each extra's (normalised)."""
+    import re
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    specs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        specs += extra
+    return {re.split(r"[<>=!~;\[ ]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
+
+
+def test_every_package_src_imports_is_declared() -> None:
+    """Issue 28 item 5: multidict, yarl and niquests were imported but not declared, so a bare
+    install worked only while aiohttp and grafana-client happened to pull them in."""
+    import ast
+    import importlib.metadata
+
+    distributions = importlib.metadata.packages_distributions()
+    imported: set[str] = set()
+    for path in (REPO / "src" / "specproxy").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"specproxy", "__future__"}
+    declared = _declared()
+    missing = {
+        module: distributions.get(module)
+        for module in sorted(third_party)
+        if not {d.lower().replace("_", "-") for d in distributions.get(module, [module])} & declared
+    }
+    assert missing == {}
+
+
+def test_dashboards_push_without_the_grafana_extra_is_one_clear_error(tmp_path: Path) -> None:
+    """Issue 28 item 5: it printed a 16-line ImportError traceback."""
+    done = _without(
+        "grafana_client", "dashboards", "push", "--grafana-url", "http://127.0.0.1:9", cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "specproxy: error: specproxy dashboards push needs grafana_client: "
+        "pip install 'specproxy[grafana]'"
+    ]

@@ -137,3 +137,77 @@ async def test_closed_loop_respects_concurrency(aiohttp_server: AiohttpServer) -
         results = await gen.run_closed_loop(3, count=12)
     assert len(results) == 12 and len(fake.bodies) == 12
     assert peak == 3
+
+
+def test_arrival_gaps_are_vllms_gamma() -> None:
+    """vLLM's `--burstiness`: gamma gaps of shape b and scale 1/(rate*b), so the mean gap is
+    1/rate for every b and the squared coefficient of variation is 1/b; b=1 is Poisson."""
+    from itertools import islice
+
+    from specproxy.loadgen import arrival_gaps
+
+    for b in (0.25, 1.0, 4.0):
+        gaps = np.array(list(islice(arrival_gaps(5.0, np.random.default_rng(0), b), 20000)))
+        assert gaps.mean() == pytest.approx(0.2, rel=0.05)
+        assert gaps.var() / gaps.mean() ** 2 == pytest.approx(1 / b, rel=0.1)
+    poisson = list(islice(poisson_gaps(5.0, np.random.default_rng(1)), 50))
+    assert list(islice(arrival_gaps(5.0, np.random.default_rng(1), 1.0), 50)) == poisson
+    with pytest.raises(ValueError, match="burstiness"):
+        next(arrival_gaps(1.0, np.random.default_rng(0), 0.0))
+
+
+async def test_each_target_has_its_own_closed_loop_pool(aiohttp_server: AiohttpServer) -> None:
+    """`concurrency` clients per target: a slow target never holds back a fast one's clients,
+    each target gets its share of the count, and the j-th request of each carries one prompt."""
+    fakes = {"slow": FakeOpenAI(event_delay_s=0.02), "fast": FakeOpenAI(event_delay_s=0.005)}
+    peaks: dict[str, int] = {}
+    targets = []
+    for name, fake in fakes.items():
+        app = fake.app()
+        active = [0]
+
+        def counting(name: str, active: list[int]) -> aiohttp.typedefs.Middleware:
+            @aiohttp.web.middleware
+            async def count(
+                request: aiohttp.web.Request, handler: aiohttp.typedefs.Handler
+            ) -> aiohttp.web.StreamResponse:
+                active[0] += 1
+                peaks[name] = max(peaks.get(name, 0), active[0])
+                try:
+                    return await handler(request)
+                finally:
+                    active[0] -= 1
+
+            return count
+
+        app.middlewares.append(counting(name, active))
+        targets.append(Target(str((await aiohttp_server(app)).make_url("")), name))
+    prompts = [Prompt(((("user", f"prompt {i}"),)), 4) for i in range(7)]
+    async with aiohttp.ClientSession() as session:
+        gen = LoadGenerator(session, targets, prompts, RequestOptions(model="m"), seed=5)
+        results = await gen.run_closed_loop(3, count=30)
+    assert sorted(r.index for r in results) == list(range(30))
+    assert len(fakes["slow"].bodies) == len(fakes["fast"].bodies) == 15
+    assert peaks == {"slow": 3, "fast": 3}
+    by_index = {r.index: r for r in results}
+    assert {by_index[i].arm for i in range(0, 30, 2)} == {"slow"}
+    assert {by_index[i].arm for i in range(1, 30, 2)} == {"fast"}
+    # paired by position: both targets drew the same prompt sequence
+    sent = {n: sorted(json.dumps(b["messages"]) for b in f.bodies) for n, f in fakes.items()}
+    assert sent["slow"] == sent["fast"]
+
+
+async def test_a_prompts_category_travels_in_its_header(aiohttp_server: AiohttpServer) -> None:
+    from specproxy.loadgen import CATEGORY_HEADER
+
+    fake = FakeOpenAI()
+    base = await _base(aiohttp_server, fake)
+    prompts = [Prompt((("user", "x"),), 4, category="math"), Prompt((("user", "y"),), 4)]
+    options = RequestOptions(model="m", category_header=CATEGORY_HEADER)
+    async with aiohttp.ClientSession() as session:
+        gen = LoadGenerator(session, [Target(base, "a")], prompts, options)
+        labelled = await gen.send(0, gen.targets[0], prompts[0])
+        await gen.send(1, gen.targets[0], prompts[1])
+    assert CATEGORY_HEADER == "x-specproxy-category"
+    assert fake.headers[0][CATEGORY_HEADER] == "math" and labelled.category == "math"
+    assert CATEGORY_HEADER not in fake.headers[1]

@@ -178,9 +178,21 @@ class StoreConfig:
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
         _check(
+            scheme != "",
+            "store.url",
+            f"has no scheme: for a SQLite file write sqlite:///{self.url}",
+        )
+        _check(
             scheme in STORE_SCHEMES,
             "store.url",
             f"scheme {scheme!r} is not one of {', '.join(f'{s}://' for s in STORE_SCHEMES)}",
+        )
+        rest = self.url[len(scheme) + 1 :]
+        _check(
+            scheme != "sqlite" or rest.startswith("//"),
+            "store.url",
+            f"{self.url!r} needs three slashes: sqlite:///{rest.lstrip('/')} (a relative file)"
+            f" or sqlite:////{rest.lstrip('/')} (an absolute one)",
         )
         _check(0 < self.flush_interval_s <= 1.0, "store.flush_interval_s", "must be in (0, 1]")
         _check(self.batch_size > 0, "store.batch_size", "must be > 0")
@@ -364,7 +376,7 @@ class ArmConfig:
             _check(
                 _is_str(url) and _is_http_url(url),
                 f"{prefix}.urls",
-                f"must be absolute http(s) URLs, got {url!r}",
+                f"must be absolute http(s) URLs (scheme, host, port), got {url!r}",
             )
         if self.dns is not None:
             _check(
@@ -571,7 +583,8 @@ class Config:
                 _check(
                     _is_http_url(url),
                     name,
-                    f"must be an absolute http(s) URL, got {url!r}"
+                    f"must be an absolute http(s) URL (scheme, host, port), got {url!r}"
+                    + _one_url_hint(url, arm)
                     if url
                     else f"is required (or a [{arm}] table with urls or dns)",
                 )
@@ -743,8 +756,25 @@ def _is_str(value: object) -> bool:
 
 
 def _is_http_url(url: str) -> bool:
+    """An absolute http(s) URL with a host and, if any, a numeric port in range: one URL, so a
+    comma-separated list (which urlsplit reads as one odd host) is refused at start-up."""
+    if any(c in url for c in ", \t\r\n"):
+        return False
     parts = urlsplit(url)
-    return parts.scheme in ("http", "https") and bool(parts.netloc)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        return False
+    return True
+
+
+def _one_url_hint(url: str, arm: str) -> str:
+    """What to say about a rejected URL that is really a list of them."""
+    if "," in url:
+        return f'; one URL here: several endpoints go in a [{arm}] table, urls = ["...", "..."]'
+    return ""
 
 
 def _check(ok: bool, name: str, message: str) -> None:

@@ -21,6 +21,7 @@ EXTRAS = {
     "pyarrow": "parquet",
     "asyncpg": "postgres",
     "opentelemetry.sdk": "otel",
+    "grafana_client": "grafana",
 }
 
 

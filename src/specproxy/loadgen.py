@@ -9,6 +9,13 @@ Two arrival models, because they answer different questions:
 - closed loop (`run_closed_loop`): a fixed number of clients, each sending its next request when
   the previous one finished; the classic benchmark for a given concurrency.
 
+With several targets (arms driven directly) each target gets its own stream, as if `vllm bench
+serve` ran against it alone: its own closed-loop clients (`concurrency` per target) or its own
+arrival process (`rate` per target), so a slow arm never holds back a fast one and per-arm
+throughputs differ as the servers do. The streams are paired: every target draws the same prompts
+in the same order, and in open loop the same arrival schedule. Arrivals are Poisson, or gamma with
+shape `burstiness` and mean gap 1/rate (`vllm bench serve --burstiness`).
+
 Every request is timed with `time.perf_counter` from just before the request is sent to the
 last byte of the response. Streams are scanned by the proxy's own `SSEScanner` and every result
 is derived by `specproxy.timing.derive`, so the harness and the proxy count the same content
@@ -40,15 +47,19 @@ from specproxy.timing import Measures, RequestTimings, derive
 
 __all__ = [
     "ARM_HEADER",
+    "ARM_NAME_MAX",
+    "CATEGORY_HEADER",
     "ClientResult",
     "Endpoint",
     "LoadGenerator",
     "RequestOptions",
     "Target",
+    "arrival_gaps",
     "poisson_gaps",
 ]
 
 ARM_HEADER = "x-specproxy-arm"  # response header naming the arm that served a proxied request
+CATEGORY_HEADER = "x-specproxy-category"  # request header: the prompt's category (bench sends it)
 Endpoint = Literal["chat.completions", "completions"]
 _PATHS: dict[str, str] = {
     "chat.completions": "/v1/chat/completions",
@@ -56,12 +67,17 @@ _PATHS: dict[str, str] = {
 }
 
 
+ARM_NAME_MAX = 64  # longest arm name taken from a response's x-specproxy-arm header
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
-    """An OpenAI-compatible base URL; `arm` labels a direct arm, None means the proxy decides."""
+    """An OpenAI-compatible base URL; `arm` names a direct arm, None means the proxy decides;
+    `control` marks the arm the others are compared with."""
 
     base_url: str
-    arm: Arm | None = None
+    arm: str | None = None
+    control: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +91,13 @@ class RequestOptions:
     max_tokens_cap: int | None = None  # clamp the prompts' own budgets (fast demos, tests)
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (fixed lengths)
     headers: tuple[tuple[str, str], ...] = ()
+    category_header: str | None = None  # carries each prompt's dataset category, if it has one
+
+    def request_headers(self, prompt: Prompt) -> dict[str, str]:
+        headers = {"content-type": "application/json", **dict(self.headers)}
+        if self.category_header and prompt.category is not None:
+            headers[self.category_header] = prompt.category
+        return headers
 
     def body(self, prompt: Prompt) -> dict[str, Any]:
         max_tokens = prompt.max_tokens
@@ -103,12 +126,13 @@ class ClientResult:
     same derivation the proxy uses, so a bench row and a proxy row mean the same thing."""
 
     index: int
-    arm: Arm | None
+    arm: str | None  # the arm's name; None: through a proxy that did not say
     t_start: float  # Unix time the request was sent
     temperature: float
     measures: Measures
-    lateness_ns: int = 0  # open loop: actual send time minus the Poisson schedule
+    lateness_ns: int = 0  # open loop: actual send time minus the arrival schedule
     parse_ns: int = 0  # harness time spent scanning the response
+    category: str | None = None  # the prompt's dataset category
 
     @property
     def ok(self) -> bool:
@@ -163,7 +187,7 @@ class ClientResult:
         return self.measures.record(
             request_id=uuid.uuid4().hex,
             run_id=run_id,
-            arm=self.arm,
+            arm=Arm(self.arm),
             t_start=self.t_start,
             model=options.model,
             endpoint=options.endpoint,
@@ -173,17 +197,42 @@ class ClientResult:
 
 def poisson_gaps(rate: float, rng: np.random.Generator) -> Iterator[float]:
     """Exponential inter-arrival gaps (seconds) of a Poisson process with `rate` per second."""
+    return arrival_gaps(rate, rng)
+
+
+def arrival_gaps(rate: float, rng: np.random.Generator, burstiness: float = 1.0) -> Iterator[float]:
+    """Inter-arrival gaps (seconds) at `rate` per second, as `vllm bench serve` draws them: gamma
+    with shape `burstiness` and scale 1 / (rate * burstiness), so the mean gap is 1 / rate
+    whatever the burstiness; 1 is a Poisson process, below 1 burstier, above 1 more regular."""
     if rate <= 0:
         raise ValueError("rate must be > 0")
+    if burstiness <= 0:
+        raise ValueError("burstiness must be > 0")
     while True:
-        yield float(rng.exponential(1.0 / rate))
+        if burstiness == 1.0:
+            yield float(rng.exponential(1.0 / rate))
+        else:
+            yield float(rng.gamma(burstiness, 1.0 / (rate * burstiness)))
 
 
 OnResult = Callable[[ClientResult], None]
 
 
+class _Stream:
+    """One target's own sequence of requests: its prompts (the same draws for every target, so
+    the arms are paired by position) and its running count."""
+
+    __slots__ = ("prompts", "sent", "slot", "target")
+
+    def __init__(self, target: Target, slot: int, seed: int) -> None:
+        self.target = target
+        self.slot = slot
+        self.prompts = np.random.default_rng(seed)
+        self.sent = 0
+
+
 class LoadGenerator:
-    """Sends prompts to one or more targets and times every response."""
+    """Sends prompts to one or more targets, each on its own stream, and times every response."""
 
     def __init__(
         self,
@@ -194,32 +243,39 @@ class LoadGenerator:
         *,
         seed: int = 0,
         max_inflight: int = 1024,
+        burstiness: float = 1.0,
     ) -> None:
         if not targets:
             raise ValueError("at least one target is needed")
         if not prompts:
             raise ValueError("at least one prompt is needed")
+        if burstiness <= 0:
+            raise ValueError("burstiness must be > 0")
         self.session = session
         self.targets = tuple(targets)
         self.prompts = tuple(prompts)
         self.options = options
-        self.max_inflight = max_inflight
+        self.max_inflight = max_inflight  # per target
+        self.burstiness = burstiness
         self.skipped = 0  # open-loop arrivals dropped because max_inflight was reached
-        self._rng = np.random.default_rng(seed)
-        self._index = 0
-        self._round: tuple[Prompt, list[int]] | None = None
+        self._seed = seed
+        self._runs = 0
+        self._streams = [_Stream(t, slot, seed) for slot, t in enumerate(self.targets)]
 
-    def _next(self) -> tuple[int, Target, Prompt]:
-        """Balanced rounds: each prompt (drawn at random) goes to every target once, in an
-        order shuffled per round, so the arms get the same prompts and counts within one."""
-        index = self._index
-        self._index += 1
-        slot = index % len(self.targets)
-        if slot == 0 or self._round is None:
-            prompt = self.prompts[int(self._rng.integers(len(self.prompts)))]
-            self._round = (prompt, [int(i) for i in self._rng.permutation(len(self.targets))])
-        prompt, order = self._round
-        return index, self.targets[order[slot]], prompt
+    def _next(self, stream: _Stream) -> tuple[int, Prompt]:
+        """The stream's next prompt and a result index unique over all streams; the j-th
+        request of every stream carries the same prompt."""
+        j = stream.sent
+        stream.sent += 1
+        prompt = self.prompts[int(stream.prompts.integers(len(self.prompts)))]
+        return j * len(self._streams) + stream.slot, prompt
+
+    def _budgets(self, count: int | None) -> list[int | None]:
+        """`count` requests in all, split as evenly as the targets allow."""
+        n = len(self._streams)
+        if count is None:
+            return [None] * n
+        return [count // n + (1 if i < count % n else 0) for i in range(n)]
 
     async def send(
         self, index: int, target: Target, prompt: Prompt, *, lateness_ns: int = 0
@@ -228,7 +284,7 @@ class LoadGenerator:
         opts = self.options
         url = target.base_url.rstrip("/") + _PATHS[opts.endpoint]
         body = json.dumps(opts.body(prompt)).encode()
-        headers = {"content-type": "application/json", **dict(opts.headers)}
+        headers = opts.request_headers(prompt)
         t_start = time.time()
         t0 = time.perf_counter()
         timings = RequestTimings(request_start=t0, upstream_start=t0)
@@ -238,8 +294,8 @@ class LoadGenerator:
             async with self.session.post(url, data=body, headers=headers) as resp:
                 timings.status = resp.status
                 served_by = resp.headers.get(ARM_HEADER)
-                if arm is None and served_by in (Arm.SPECULATIVE.value, Arm.BASELINE.value):
-                    arm = Arm(served_by)
+                if arm is None and served_by and len(served_by) <= ARM_NAME_MAX:
+                    arm = served_by
                 if resp.status >= 400:
                     await resp.read()
                     timings.fail(ErrorKind.HTTP_4XX if resp.status < 500 else ErrorKind.HTTP_5XX)
@@ -263,6 +319,7 @@ class LoadGenerator:
             measures=derive(timings, end),
             lateness_ns=lateness_ns,
             parse_ns=parse_ns,
+            category=prompt.category,
         )
 
     async def run_open_loop(
@@ -275,41 +332,53 @@ class LoadGenerator:
         on_result: OnResult | None = None,
         drain_timeout_s: float = 30.0,
     ) -> list[ClientResult]:
-        """Poisson arrivals at `rate`/s until `count` requests, `duration_s` or `stop`."""
+        """Arrivals at `rate`/s on each target (Poisson, or gamma with `burstiness`) until
+        `count` requests in all, `duration_s` or `stop`; every target gets the same schedule."""
         _check_bounds(count, duration_s, stop)
+        if rate <= 0:
+            raise ValueError("rate must be > 0")
         results: list[ClientResult] = []
-        inflight: set[asyncio.Task[ClientResult]] = set()
+        self._runs += 1
+        schedule_seed = (self._seed, self._runs)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        due = start
-        sent = 0
 
         def done(task: asyncio.Task[ClientResult]) -> None:
-            inflight.discard(task)
             if not task.cancelled() and task.exception() is None:
                 result = task.result()
                 results.append(result)
                 if on_result is not None:
                     on_result(result)
 
-        for gap in poisson_gaps(rate, self._rng):
-            due += gap
-            if count is not None and sent >= count:
-                break
-            if duration_s is not None and due - start >= duration_s:
-                break
-            if await _sleep_or_stop(due - loop.time(), stop):
-                break
-            if len(inflight) >= self.max_inflight:
-                self.skipped += 1
-                continue
-            index, target, prompt = self._next()
-            lateness = max(0, round((loop.time() - due) * 1e9))
-            task = asyncio.create_task(self.send(index, target, prompt, lateness_ns=lateness))
-            inflight.add(task)
-            task.add_done_callback(done)
-            sent += 1
-        await _drain(inflight, drain_timeout_s)
+        async def arrivals(stream: _Stream, budget: int | None) -> None:
+            inflight: set[asyncio.Task[ClientResult]] = set()
+            rng = np.random.default_rng(schedule_seed)
+            due = start
+            sent = 0
+            for gap in arrival_gaps(rate, rng, self.burstiness):
+                due += gap
+                if budget is not None and sent >= budget:
+                    break
+                if duration_s is not None and due - start >= duration_s:
+                    break
+                if await _sleep_or_stop(due - loop.time(), stop):
+                    break
+                if len(inflight) >= self.max_inflight:
+                    self.skipped += 1
+                    continue
+                index, prompt = self._next(stream)
+                lateness = max(0, round((loop.time() - due) * 1e9))
+                task = asyncio.create_task(
+                    self.send(index, stream.target, prompt, lateness_ns=lateness)
+                )
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+                task.add_done_callback(done)
+                sent += 1
+            await _drain(inflight, drain_timeout_s)
+
+        budgets = self._budgets(count)
+        await asyncio.gather(*(arrivals(s, b) for s, b in zip(self._streams, budgets, strict=True)))
         return sorted(results, key=lambda r: r.index)
 
     async def run_closed_loop(
@@ -321,35 +390,40 @@ class LoadGenerator:
         stop: asyncio.Event | None = None,
         on_result: OnResult | None = None,
     ) -> list[ClientResult]:
-        """`concurrency` clients back to back until `count` requests, `duration_s` or `stop`."""
+        """`concurrency` clients per target, back to back, until `count` requests in all,
+        `duration_s` or `stop`. Each target's clients are its own pool: they send only to it."""
         _check_bounds(count, duration_s, stop)
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         results: list[ClientResult] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + duration_s if duration_s is not None else None
-        budget = [count]
 
-        def claim() -> bool:
+        def claim(budget: list[int | None]) -> bool:
             if stop is not None and stop.is_set():
                 return False
             if deadline is not None and loop.time() >= deadline:
                 return False
-            if budget[0] is not None:
-                if budget[0] <= 0:
+            left = budget[0]
+            if left is not None:
+                if left <= 0:
                     return False
-                budget[0] -= 1
+                budget[0] = left - 1
             return True
 
-        async def client() -> None:
-            while claim():
-                index, target, prompt = self._next()
-                result = await self.send(index, target, prompt)
+        async def client(stream: _Stream, budget: list[int | None]) -> None:
+            while claim(budget):
+                index, prompt = self._next(stream)
+                result = await self.send(index, stream.target, prompt)
                 results.append(result)
                 if on_result is not None:
                     on_result(result)
 
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        pools = []
+        for stream, budget in zip(self._streams, self._budgets(count), strict=True):
+            shared = [budget]  # one budget per target, shared by that target's clients
+            pools += [client(stream, shared) for _ in range(concurrency)]
+        await asyncio.gather(*pools)
         return sorted(results, key=lambda r: r.index)
 
 

@@ -97,12 +97,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add(
         "--read-timeout",
         type=float,
-        help="a stream's longest upstream silence, seconds (default 120)",
+        help="a stream's longest upstream silence, seconds",
     )
     add(
         "--total-timeout",
         type=float,
-        help="a non-streaming call's deadline, seconds (default 600)",
+        help="a non-streaming call's deadline, seconds",
     )
     add(
         "--store",

@@ -162,3 +162,81 @@ def test_k_is_read_from_the_per_position_counters() -> None:
     assert speculative_k({Arm.SPECULATIVE: spec, Arm.BASELINE: base}) == 4
     assert speculative_k({Arm.BASELINE: base}) is None
     assert speculative_k({Arm.SPECULATIVE: base}) is None
+
+
+def _emulator_totals(text: str) -> dict[str, float]:
+    """The emulator's own counts and latency sums from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {
+        "vllm:e2e_request_latency_seconds_sum": "e2e_sum",
+        "vllm:e2e_request_latency_seconds_count": "n",
+        "vllm:request_queue_time_seconds_sum": "queue_sum",
+        "vllm:generation_tokens_total": "tokens",
+    }
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                out[wanted[sample.name]] = out.get(wanted[sample.name], 0.0) + sample.value
+    return out
+
+
+async def test_each_arm_its_own_pool_gives_each_its_own_throughput(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    """Issue 28 item 6: two emulators of different capacity (one sequence at a time against
+    eight) under 4 closed-loop clients per arm. With one shared pool both arms finished at the
+    pace of the slow one and their throughputs were equal by construction; with a pool per
+    arm, each arm's throughput follows its own server. Asserted against the emulators' own
+    reported latencies (Little's law: with the same clients per arm, throughput ratio = inverse
+    ratio of mean latencies) and token counts, not against wall-clock speed."""
+    import aiohttp
+
+    from specproxy.emulator.config import EmulatorConfig
+    from specproxy.emulator.server import create_emulator_app
+
+    small = EmulatorConfig(max_num_seqs=1, seed=1, warmup_requests=0)
+    large = EmulatorConfig(max_num_seqs=8, seed=2, warmup_requests=0)
+    urls = {}
+    for name, cfg in (("small", small), ("large", large)):
+        server = await aiohttp_server(create_emulator_app(cfg))
+        urls[name] = str(server.make_url("")).rstrip("/")
+    (block,) = await run_bench(
+        [Target(urls["small"], "small", control=True), Target(urls["large"], "large")],
+        prompts_path=None,
+        model=None,
+        requests=32,
+        concurrency=4,
+        rate=None,
+        warmup=0,
+        temperatures=[0.0],
+        endpoint="chat.completions",
+        stream=True,
+        max_tokens=8,
+        store_url=None,
+        run_id="cap",
+        seed=3,
+        console=Console(quiet=True),
+        ignore_eos=True,
+    )
+    async with aiohttp.ClientSession() as session:
+        totals = {}
+        for name, url in urls.items():
+            async with session.get(url + "/metrics") as resp:
+                totals[name] = _emulator_totals(await resp.text())
+    by_arm = {s.arm: s for s in block.arms}
+    assert block.control == "small" and list(block.comparisons) == ["large"]
+    for name in ("small", "large"):
+        # every measured request reached its own server, and each server counted it
+        assert by_arm[name].n == 16 == totals[name]["n"]
+        assert by_arm[name].output_tokens == 16 * 8 == totals[name]["tokens"]
+    # the small server queued its requests (one slot for four clients); the large one did not
+    assert totals["small"]["queue_sum"] > 0.5 * totals["small"]["e2e_sum"]
+    assert totals["large"]["queue_sum"] < 0.2 * totals["large"]["e2e_sum"]
+    throughput = {n: block.vllm[n]["request_throughput"] for n in ("small", "large")}
+    mean_e2e = {n: totals[n]["e2e_sum"] / totals[n]["n"] for n in ("small", "large")}
+    ratio = throughput["large"] / throughput["small"]
+    assert ratio > 2.0  # four sequences at a time against one
+    assert ratio == pytest.approx(mean_e2e["small"] / mean_e2e["large"], rel=0.3)
+    assert block.vllm["small"]["completed"] == block.vllm["large"]["completed"] == 16

@@ -51,7 +51,8 @@ def test_summary_per_arm() -> None:
     results = [_result(Arm.BASELINE, ms) for ms in (100, 200, 300)]
     results += [_result(Arm.SPECULATIVE, ms) for ms in (50, 60)]
     results.append(_result(Arm.SPECULATIVE, 1, ok=False))
-    spec, base = summarise(results)
+    spec, base = summarise(results, order=("speculative", "baseline"))
+    assert [s.arm for s in summarise(results)] == ["baseline", "speculative"]  # else by name
     assert spec.arm is Arm.SPECULATIVE and spec.n == 2 and spec.errors == 1
     assert base.e2e_p50_s == pytest.approx(0.2)
     assert base.tpot_p50_s == pytest.approx(0.2 * 0.9 / 8)
@@ -70,12 +71,14 @@ def test_speedups_carry_cis_and_never_a_p99_without_its_samples() -> None:
     rng = np.random.default_rng(1)
     results = [_result(Arm.SPECULATIVE, float(v)) for v in rng.lognormal(np.log(50), 0.2, 400)]
     results += [_result(Arm.BASELINE, float(v)) for v in rng.lognormal(np.log(100), 0.2, 400)]
-    ci = speedups(results, resamples=400)["e2e"]
+    ci = speedups(results, control="baseline", treatment="speculative", resamples=400)["e2e"]
     median, p99 = ci["median"], ci["p99"]
     assert median["status"] == "ok" and median["lower"] < 2.0 < median["upper"]
     assert median["lower"] <= median["estimate"] <= median["upper"]
     assert p99["status"] == "ok"  # 400 >= 368 per arm: a 95% P99 CI exists
-    few = speedups(results[:100] + results[400:500], resamples=200)["e2e"]
+    few = speedups(
+        results[:100] + results[400:500], control="baseline", treatment="speculative", resamples=200
+    )["e2e"]
     assert few["median"]["status"] == "ok"
     assert few["p99"] == {
         "status": "insufficient",
@@ -86,9 +89,55 @@ def test_speedups_carry_cis_and_never_a_p99_without_its_samples() -> None:
 def test_speedups_need_both_arms() -> None:
     from specproxy.bench.summary import speedups
 
-    assert speedups([_result(Arm.SPECULATIVE, 10.0)] * 5) == {}
+    assert (
+        speedups([_result(Arm.SPECULATIVE, 10.0)] * 5, control="baseline", treatment="speculative")
+        == {}
+    )
 
 
 def test_summary_totals_tokens_for_throughput() -> None:
     (spec,) = summarise([_result(Arm.SPECULATIVE, 10.0), _result(Arm.SPECULATIVE, 12.0)])
     assert spec.output_tokens == 18  # 9 completion tokens each
+
+
+def test_goodput_takes_vllms_syntax() -> None:
+    from specproxy.bench.summary import parse_goodput
+    from specproxy.errors import ConfigError
+
+    assert parse_goodput(["ttft:500", "tpot:50"]) == {"ttft": 500.0, "tpot": 50.0}
+    assert parse_goodput(["ttft:500,tpot:50,e2el:2000"]) == {
+        "ttft": 500.0,
+        "tpot": 50.0,
+        "e2el": 2000.0,
+    }
+    for bad in (["itl:5"], ["ttft"], ["ttft:-1"], ["ttft:abc"], ["ttft:nan"]):
+        with pytest.raises(ConfigError, match="KEY:MS"):
+            parse_goodput(bad)
+
+
+def test_a_good_request_meets_every_slo_and_the_summary_counts_them() -> None:
+    """vLLM's rule: good when TTFT, TPOT and E2E are each within their SLO (seconds here);
+    the helper's requests have TTFT = e2e/10 and TPOT = 0.9 * e2e / 8."""
+    from specproxy.bench.summary import is_good
+
+    fast, slow = _result(Arm.SPECULATIVE, 100.0), _result(Arm.SPECULATIVE, 400.0)
+    assert is_good(fast, {"ttft": 0.02, "e2el": 0.1})
+    assert not is_good(slow, {"ttft": 0.02})  # TTFT 40 ms
+    assert not is_good(slow, {"tpot": 0.04})  # TPOT 45 ms
+    assert is_good(slow, {"tpot": 0.05, "e2el": 0.4})
+    assert not is_good(_result(Arm.SPECULATIVE, 1.0, ok=False), {"e2el": 1.0})  # failed
+    (spec,) = summarise([fast, slow], goodput={"e2el": 0.2})
+    assert spec.good == 1
+    (none,) = summarise([fast, slow])
+    assert none.good is None  # no SLO, no goodput
+
+
+def test_summary_counts_requests_per_category() -> None:
+    from dataclasses import replace
+
+    results = [replace(_result(Arm.BASELINE, 10.0), category=c) for c in ("math", "code", "math")]
+    results.append(replace(_result(Arm.BASELINE, 10.0, ok=False), category="code"))  # failed
+    results.append(_result(Arm.BASELINE, 10.0))  # unlabelled
+    (base,) = summarise(results)
+    assert base.categories == {"code": 1, "math": 2}
+    assert base.n == 4

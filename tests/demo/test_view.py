@@ -136,3 +136,19 @@ def test_view_fits_an_80x24_pseudo_terminal() -> None:
     assert "12345" in body and "inconclusive" in body
     assert " speculative " in body and "1234.5 ms" in body and "61.0%" in body
     assert "not yet sure" in " ".join(body.split())  # the headline wraps, never cut
+
+
+def test_diagnosis_reasons_wrap_and_are_never_cut() -> None:
+    """Issue 28 item 5: the view cut diagnosis reasons at 80 columns."""
+    from rich.console import Console
+
+    from specproxy.demo.view import ClientTally, render
+
+    result: Any = _full_result()
+    window = result["results"]["all"]["all"]
+    reason = "a reason long enough to need two lines at eighty columns, " * 2 + "and its point"
+    window["diagnosis"]["reasons"] = [{"message": reason}]
+    console = Console(record=True, width=80)
+    console.print(render(cast(StatsResult, result), ClientTally(sent=1)))
+    text = " ".join(console.export_text().split())
+    assert reason in text

@@ -75,3 +75,36 @@ def test_load_from_file_and_missing_file(tmp_path: Path) -> None:
     path.write_text("\n\n")
     with pytest.raises(ConfigError, match="holds no prompts"):
         load_prompts(path)
+
+
+def test_rows_carry_a_bounded_category() -> None:
+    from specproxy.prompts import parse_prompts
+
+    (p,) = parse_prompts(['{"prompt": "2+2?", "category": "math"}'])
+    assert p.category == "math"
+    (q,) = parse_prompts(['{"prompt": "hi"}'])
+    assert q.category is None
+    for bad in ('"x y"', '""', f'"{"a" * 65}"', "3"):
+        with pytest.raises(ConfigError, match="category must be"):
+            parse_prompts([f'{{"prompt": "hi", "category": {bad}}}'])
+
+
+def test_the_specbench_set_covers_eight_categories() -> None:
+    from collections import Counter
+
+    from specproxy.prompts import specbench_prompts
+
+    counts = Counter(p.category for p in specbench_prompts())
+    assert counts == {
+        c: 6
+        for c in (
+            "coding",
+            "math",
+            "writing",
+            "qa",
+            "summarization",
+            "translation",
+            "reasoning",
+            "extraction",
+        )
+    }

@@ -63,6 +63,33 @@ def test_cli_rejects_a_bad_setting_before_touching_the_store(
     assert not os.path.exists(db)
 
 
+def test_an_unknown_run_id_exits_2_and_lists_the_runs(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28 item 5: `stats --run-id nosuchrun` printed empty windows and exited 0."""
+    db = f"{tmp_path}/s.db"
+    asyncio.run(_store_run(db))
+    assert main(["stats", "--store", f"sqlite:///{db}", "--run-id", "nosuchrun"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"specproxy: error: no run 'nosuchrun' in sqlite:///{db}; its runs: {RUN}"]
+
+
+def test_the_text_report_prints_times_as_utc_iso_8601(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28 item 5: the window end printed as Unix seconds."""
+    import datetime
+
+    db = f"{tmp_path}/s.db"
+    asyncio.run(_store_run(db))
+    assert main(["stats", "--store", f"sqlite:///{db}", "--json", "--resamples", "200"]) == 0
+    end = json.loads(capsys.readouterr().out)["window_end"]
+    assert main(["stats", "--store", f"sqlite:///{db}", "--resamples", "200"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    iso = datetime.datetime.fromtimestamp(end, datetime.UTC).isoformat(timespec="seconds")
+    assert first == f"run {RUN}: windows end at {iso.replace('+00:00', 'Z')}"
+
+
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
 
 

@@ -108,8 +108,14 @@ def _same(shown: str, value: Any) -> bool:
 
 
 def _check(dom: _Dom, result: StatsResult) -> None:
+    import datetime
+
     window = main_window(result)
     assert window is not None
+    # times in UTC ISO-8601, not the browser's local AM/PM (issue 28 item 5)
+    at = datetime.datetime.fromtimestamp(float(result["computed_at"]), datetime.UTC)
+    ((_, status),) = dom.find(id="status")
+    assert f"stats computed at {at.strftime('%Y-%m-%dT%H:%M:%SZ')}," in status, status
     metrics = window["metrics"]
     for arm in ARMS:
         row = {a["data-field"]: (a["data-value"], text) for a, text in _row_cells(dom, arm)}

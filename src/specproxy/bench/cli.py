@@ -1,11 +1,20 @@
 """`specproxy bench`: flags -> `harness.run_bench`, then one table per temperature.
 
+Arms: `--arm NAME=URL` repeated (n >= 2) with `--control NAME`, or the two-arm shorthand
+`--speculative URL --baseline URL` (the baseline is the control). Each arm runs its own stream,
+like `vllm bench serve` against it alone: `--max-concurrency` clients per arm (closed loop), or
+`--request-rate` arrivals per arm (open loop; `--burstiness`: gamma arrivals, vLLM's meaning).
+`--dataset specbench` (or a JSONL file with `category` fields) sends each prompt's category in
+`--category-header` (x-specproxy-category) and the summary counts requests per category.
+
 Per block it prints, per arm: n, errors, E2E p50/p99, TTFT and TPOT p50, tokens per event and
 acceptance; a P99 only once the arm has the samples its distribution-free 95% CI needs (368),
-else how many it lacks. Then the speedups (baseline / speculative) of E2E and TPOT, median and
-P99, each with its bootstrap CI from the stats module (`bench.summary.speedups`); throughput per
-arm and overall (requests/s, output tokens/s, total tokens/s, as `vllm bench serve` prints
-them, over the block's wall time); and the harness's own overhead.
+else how many it lacks. Then, per treatment, the speedups (control / treatment) of E2E and
+TPOT, median and P99, each with its bootstrap CI from the stats module (`bench.summary.speedups`);
+throughput per arm over its own duration and overall over the block's wall time (requests/s,
+output tokens/s, total tokens/s, as `vllm bench serve` prints them), goodput with `--goodput`,
+requests per category; and the harness's own overhead. `--save-result` writes each arm's
+figures under vLLM's result-JSON names (`bench.result`).
 
 After the blocks it prints the calibration advice (`bench.calibration`): the best setting by
 E2E median speedup with its CI, whether the runner-up is distinguishable, or "do not enable".
@@ -19,20 +28,29 @@ with `--json`; `specproxy calibrate A.json B.json ..` then advises over all of t
     temperature: float
     k: int | null                  the speculative arm's num_speculative_tokens (--k, else the
                                    number of per-position acceptance counters it exports)
-    concurrency: int | null        closed-loop clients of the block (null when open loop)
-    rate: float | null             open-loop arrivals per second (null when closed loop)
+    concurrency: int | null        closed-loop clients per arm (null when open loop)
+    rate: float | null             open-loop arrivals per second per arm (null when closed loop)
+    burstiness: float              the arrivals' gamma shape (1: Poisson)
     wall_s: float                  the block's wall-clock time
-    arms: [                        one per arm, speculative first ("proxy" through --proxy)
+    control: str | null            the control arm's name
+    goodput: {ttft|tpot|e2el: ms}  the SLOs given
+    arms: [                        one per arm in the order given ("proxy" through --proxy)
       {arm, n, errors, e2e_p50_s, e2e_p99_s, ttft_p50_s, tpot_p50_s, tokens_per_event,
        acceptance_rate,            what the table shows: the engine's counter deltas over the
        acceptance_source,          block ("engine") when scraped, else the mean per-request
                                    rate vLLM reported ("requests"), else null (no speculation)
        mean_acceptance_length, prompt_tokens, output_tokens,
-       throughput: {requests_per_s, output_tokens_per_s, total_tokens_per_s}}
+       duration_s,                 the arm's first send to its last byte
+       good: int | null,           requests within every --goodput SLO
+       categories: {category: n},  successful requests per dataset category
+       throughput: {requests_per_s, output_tokens_per_s, total_tokens_per_s}}  over duration_s
     ]
+    comparisons: {treatment: the speedups object below, against the control}
+    vllm: {arm: vLLM's result fields (`bench.result.arm_result`)}
     throughput: {requests_per_s, output_tokens_per_s, total_tokens_per_s}   all arms together
     speedups: {e2e|tpot: {median|p99: {status: "ok", estimate, lower, upper}
                                       | {status: "insufficient", n_needed: {arm: int}}}}
+                                   the sole treatment's; {} with one arm or several treatments
     engine_acceptance: {arm: float | null}
     overhead: {parse_p50_s, parse_p99_s, lateness_p50_s, lateness_p99_s, e2e_p50_s} | null
 
@@ -52,9 +70,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -62,32 +83,52 @@ from rich.table import Table
 
 from specproxy.bench.calibration import Advice, advise_sweep
 from specproxy.bench.harness import BlockResult, run_bench
-from specproxy.bench.summary import CONFIDENCE, ArmSummary, HarnessOverhead
+from specproxy.bench.result import result_filename, setup_fields
+from specproxy.bench.summary import CONFIDENCE, ArmSummary, HarnessOverhead, parse_goodput
 from specproxy.errors import ConfigError
-from specproxy.loadgen import Target
+from specproxy.loadgen import CATEGORY_HEADER, Target
+from specproxy.prompts import Prompt, load_prompts, specbench_prompts
 from specproxy.records import Arm
 from specproxy.stats.estimate.quantile import samples_needed
 
-__all__ = ["DEFAULT_STORE", "advice_lines", "configure", "run"]
+__all__ = ["DATASETS", "DEFAULT_STORE", "advice_lines", "configure", "run"]
 
 DEFAULT_STORE = "sqlite:///specproxy.db"
+DATASETS = ("prompts", "random", "specbench")  # --dataset names; anything else is a file
+_ARM_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("what to drive (one of)")
-    where.add_argument("--url", help="one OpenAI-compatible endpoint (label it with --arm)")
+    where.add_argument("--url", help="one OpenAI-compatible endpoint (label it with --arm NAME)")
+    where.add_argument(
+        "--arm",
+        action="append",
+        metavar="NAME=URL",
+        help="an arm driven directly, repeated for n arms (with --control); "
+        "with --url: NAME labels that endpoint (default baseline)",
+    )
     where.add_argument("--speculative", metavar="URL", help="speculative arm, driven directly")
-    where.add_argument("--baseline", metavar="URL", help="baseline arm, driven directly")
+    where.add_argument("--baseline", metavar="URL", help="baseline arm (the control), directly")
     where.add_argument("--proxy", metavar="URL", help="the specproxy proxy (it records itself)")
-    parser.add_argument("--arm", choices=[a.value for a in Arm], default=Arm.BASELINE.value)
+    parser.add_argument(
+        "--control", metavar="NAME", help="the --arm every other arm is compared with"
+    )
     parser.add_argument("--model", help="model name (default: the first of GET /v1/models)")
     parser.add_argument("--prompts", help="JSONL prompts: plain, chat messages or ShareGPT")
-    data = parser.add_argument_group("synthetic dataset (instead of --prompts)")
+    data = parser.add_argument_group("dataset (instead of --prompts)")
     data.add_argument(
         "--dataset",
-        choices=["prompts", "random"],
         default="prompts",
-        help="random: synthetic prompts of --input-len / --output-len tokens",
+        metavar="NAME|FILE",
+        help=f"{', '.join(DATASETS)}, or a JSONL file (its rows may carry a category); "
+        "specbench: the built-in categorized set; random: synthetic prompts of --input-len / "
+        "--output-len tokens (default: prompts, the packaged default set or --prompts)",
+    )
+    data.add_argument(
+        "--category-header",
+        default=CATEGORY_HEADER,
+        help="header that carries each prompt's category to the server (default: %(default)s)",
     )
     data.add_argument("--input-len", type=int, default=128, help="prompt tokens (random)")
     data.add_argument("--output-len", type=int, default=128, help="output tokens (random)")
@@ -105,8 +146,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--requests", type=int, default=1000, help="measured requests per block")
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=int, default=8, help="closed-loop clients")
-    load.add_argument("--rate", type=float, help="open-loop Poisson arrivals per second")
+    load.add_argument(
+        "--max-concurrency",
+        "--concurrency",
+        dest="concurrency",
+        type=int,
+        default=8,
+        help="closed-loop clients per arm, each arm its own pool (default: %(default)s)",
+    )
+    load.add_argument(
+        "--request-rate",
+        "--rate",
+        dest="rate",
+        type=float,
+        help="open-loop arrivals per second per arm (default: closed loop)",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="open loop: gamma arrivals of this shape, mean gap 1/rate (vLLM's meaning); "
+        "1: Poisson, < 1 burstier, > 1 more regular (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="KEY:MS",
+        help="SLOs for goodput as vLLM takes them, e.g. ttft:500 tpot:50 e2el:5000 "
+        "(or comma-separated); a request is good when it meets all of them",
+    )
     sweep = parser.add_mutually_exclusive_group()
     sweep.add_argument(
         "--rate-sweep",
@@ -131,13 +199,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the speculative arm's num_speculative_tokens, for the calibration advice "
         "(default: read from its /metrics when driven directly)",
     )
-    parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    parser.add_argument(
+        "--endpoint",
+        choices=["chat", "completions"],
+        default="chat",
+        help="/v1/chat/completions or /v1/completions",
+    )
     parser.add_argument("--no-stream", action="store_true", help="non-streaming requests")
     parser.add_argument("--max-tokens", type=int, help="cap on each prompt's output budget")
-    parser.add_argument("--store", default=DEFAULT_STORE, help="where direct runs write rows")
+    parser.add_argument(
+        "--store", default=DEFAULT_STORE, help="where direct runs write rows ('none': nowhere)"
+    )
     parser.add_argument("--run-id", help="default: bench-<unix time>")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrivals")
     parser.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
+    saved = parser.add_argument_group("vLLM result JSON (`vllm bench serve --save-result`)")
+    saved.add_argument(
+        "--save-result", action="store_true", help="write each arm's figures as vLLM names them"
+    )
+    saved.add_argument("--result-dir", help="directory of the result file (default: .)")
+    saved.add_argument(
+        "--result-filename",
+        help="default: specproxy-bench-{rate}qps[-concurrency{N}]-{model}-{date}.json",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,17 +229,11 @@ def run(args: argparse.Namespace) -> int:
     temperatures = _temperatures(args.temperatures)
     warmup = _warmup(args.warmup)
     loads = _loads(args)
-    prompt_set = None
-    if getattr(args, "dataset", "prompts") == "random":
-        from specproxy.prompts.synthetic import synthetic_prompts
-
-        prompt_set = synthetic_prompts(
-            args.num_prompts,
-            input_len=args.input_len,
-            output_len=args.output_len,
-            range_ratio=args.range_ratio,
-            seed=args.seed,
-        )
+    prompt_set = _prompt_set(args)
+    goodput = parse_goodput(args.goodput) if getattr(args, "goodput", None) else {}
+    burstiness = getattr(args, "burstiness", 1.0)
+    if not burstiness > 0:
+        raise ConfigError("--burstiness must be > 0")
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise ConfigError("--max-seconds must be > 0")
     if args.requests < 1:
@@ -182,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
             endpoint="chat.completions" if args.endpoint == "chat" else "completions",
             stream=not args.no_stream,
             max_tokens=args.max_tokens,
-            store_url=None if args.proxy else args.store,
+            store_url=None if args.proxy or args.store == "none" else args.store,
             run_id=args.run_id or f"bench-{int(time.time())}",
             seed=args.seed,
             console=console,
@@ -191,6 +269,9 @@ def run(args: argparse.Namespace) -> int:
             prompt_set=prompt_set,
             ignore_eos=getattr(args, "ignore_eos", False),
             k=k,
+            burstiness=burstiness,
+            goodput=goodput,
+            category_header=getattr(args, "category_header", CATEGORY_HEADER) or None,
         )
     )
     for block in blocks:
@@ -206,14 +287,86 @@ def run(args: argparse.Namespace) -> int:
     if any(b.speedups for b in blocks):  # nothing to advise on from one arm
         for line in advice_lines(advice):
             console.print(line, highlight=False)
-    if args.proxy is None:
+    if args.proxy is None and args.store != "none":
         console.print(
             f"rows written to {args.store} (run ids: {', '.join(b.run_id for b in blocks)})"
         )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"blocks": data, "calibration": [a.to_dict() for a in advice]}, fh, indent=2)
+    if getattr(args, "save_result", False):
+        path = _save_result(args, blocks, burstiness)
+        console.print(f"result written to {path}", highlight=False)
     return 0
+
+
+def _prompt_set(args: argparse.Namespace) -> list[Prompt] | None:
+    """The dataset by name (`DATASETS`) or as a JSONL file; None: --prompts or the default."""
+    name = getattr(args, "dataset", "prompts")
+    if name == "prompts":
+        return None
+    if name == "random":
+        from specproxy.prompts.synthetic import synthetic_prompts
+
+        return synthetic_prompts(
+            args.num_prompts,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            range_ratio=args.range_ratio,
+            seed=args.seed,
+        )
+    if name == "specbench":
+        return specbench_prompts()
+    if args.prompts:
+        raise ConfigError("give --dataset FILE or --prompts FILE, not both")
+    if not Path(name).is_file():
+        raise ConfigError(
+            f"--dataset {name!r} is neither a dataset name ({', '.join(DATASETS)}) nor a file"
+        )
+    return load_prompts(name)
+
+
+def _save_result(args: argparse.Namespace, blocks: list[BlockResult], burstiness: float) -> Path:
+    """`--save-result`: the run's setup and each block's per-arm figures, by vLLM's names."""
+    now = datetime.now(UTC)
+    date = now.strftime("%Y%m%d-%H%M%S")
+    model = args.model or _served_model(blocks)
+    doc = setup_fields(
+        date=date,
+        endpoint="chat.completions" if args.endpoint == "chat" else "completions",
+        model=model,
+        num_prompts=args.requests,
+        rate=args.rate,
+        burstiness=burstiness,
+        concurrency=args.concurrency if args.rate is None else None,
+    )
+    doc["goodput"] = blocks[0].goodput if blocks else {}
+    doc["control"] = blocks[0].control if blocks else None
+    doc["blocks"] = [
+        {
+            "run_id": b.run_id,
+            "temperature": b.temperature,
+            "max_concurrency": b.concurrency,
+            "request_rate": b.rate if b.rate is not None else "inf",
+            "arms": b.vllm,
+            "comparisons": b.comparisons,
+        }
+        for b in blocks
+    ]
+    name = args.result_filename or result_filename(
+        model=model, date=date, rate=args.rate, concurrency=doc["max_concurrency"]
+    )
+    path = Path(args.result_dir or ".") / name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write the result to {path}: {exc.strerror}") from exc
+    return path
+
+
+def _served_model(blocks: list[BlockResult]) -> str:
+    return blocks[0].model if blocks and blocks[0].model else "unknown"
 
 
 def advice_lines(advice: list[Advice]) -> list[str]:
@@ -233,17 +386,60 @@ def advice_lines(advice: list[Advice]) -> list[str]:
 
 
 def _targets(args: argparse.Namespace) -> list[Target]:
+    """What to drive: one endpoint, the proxy, or named arms (`--arm NAME=URL` / shorthand)."""
     direct = (args.speculative, args.baseline)
-    modes = sum(x is not None for x in (args.url, args.proxy)) + (any(direct) and 1)
-    if modes != 1:
-        raise ConfigError("give exactly one of --url, --proxy, or --speculative with --baseline")
+    arm = getattr(args, "arm", None)
+    given = [arm] if isinstance(arm, str) else list(arm or [])
+    pairs = [a for a in given if "=" in a]
+    labels = [a for a in given if "=" not in a]
+    modes = sum(x is not None for x in (args.url, args.proxy)) + bool(any(direct) or pairs)
+    if modes != 1 or (any(direct) and pairs):
+        raise ConfigError(
+            "give exactly one of --url, --proxy, --arm NAME=URL (repeated), "
+            "or --speculative with --baseline"
+        )
+    control = getattr(args, "control", None)
     if args.url:
-        return [Target(args.url, Arm(args.arm))]
+        if pairs or len(labels) > 1:
+            raise ConfigError("--url takes one label: --arm NAME")
+        return [Target(args.url, labels[0] if labels else Arm.BASELINE.value)]
+    if labels:
+        raise ConfigError(f"--arm {labels[0]!r}: give NAME=URL (a bare NAME labels --url)")
     if args.proxy:
         return [Target(args.proxy, None)]
+    if pairs:
+        return _named_arms(pairs, control)
     if not all(direct):
         raise ConfigError("--speculative and --baseline go together")
-    return [Target(args.speculative, Arm.SPECULATIVE), Target(args.baseline, Arm.BASELINE)]
+    if control is not None and control not in (Arm.SPECULATIVE, Arm.BASELINE):
+        raise ConfigError(f"--control {control!r} names no arm (speculative or baseline)")
+    control = control or Arm.BASELINE.value
+    return [
+        Target(args.speculative, Arm.SPECULATIVE.value, control == Arm.SPECULATIVE),
+        Target(args.baseline, Arm.BASELINE.value, control == Arm.BASELINE),
+    ]
+
+
+def _named_arms(pairs: list[str], control: str | None) -> list[Target]:
+    """`--arm NAME=URL` repeated: n >= 2 arms with distinct names, one of them `--control`."""
+    arms: dict[str, str] = {}
+    for pair in pairs:
+        name, _, url = pair.partition("=")
+        name, url = name.strip(), url.strip()
+        if not _ARM_NAME.fullmatch(name) or not url:
+            raise ConfigError(
+                f"--arm {pair!r}: give NAME=URL, NAME up to 32 letters, digits, _ or -"
+            )
+        if name in arms:
+            raise ConfigError(f"--arm {name!r} is given twice")
+        arms[name] = url
+    if len(arms) < 2:
+        raise ConfigError("--arm NAME=URL drives two or more arms (one endpoint: --url)")
+    if control is None:
+        raise ConfigError(f"name the control arm: --control one of {', '.join(arms)}")
+    if control not in arms:
+        raise ConfigError(f"--control {control!r} names no --arm ({', '.join(arms)})")
+    return [Target(url, name, name == control) for name, url in arms.items()]
 
 
 def _loads(args: argparse.Namespace) -> list[tuple[int, float | None]] | None:
@@ -301,7 +497,7 @@ def _warmup(text: str) -> int | None:
 
 def _acceptance(block: BlockResult, summary: ArmSummary) -> tuple[float | None, str | None]:
     """The acceptance shown for an arm, and where it came from (JSON: the same value)."""
-    name = summary.arm.value if summary.arm is not None else "proxy"
+    name = summary.arm if summary.arm is not None else "proxy"
     engine = block.engine_acceptance.get(name)
     if engine is not None:
         return engine, "engine"
@@ -330,7 +526,7 @@ def _block_table(block: BlockResult) -> Table:
         table.add_column(column, justify="right")
     table.add_column("acceptance", justify="right")
     for s in block.arms:
-        name = s.arm.value if s.arm is not None else "proxy"
+        name = s.arm if s.arm is not None else "proxy"
         acceptance, _ = _acceptance(block, s)
         table.add_row(
             name,
@@ -347,29 +543,49 @@ def _block_table(block: BlockResult) -> Table:
 
 
 def _speedup_lines(block: BlockResult) -> list[str]:
-    """One line per metric: median and P99 speedups with their 95% CIs, or what they lack."""
+    """Per treatment and metric: median and P99 speedups with their 95% CIs, or what they lack."""
     lines = []
-    for metric, label in (("e2e", "E2E"), ("tpot", "TPOT")):
-        cells = []
-        for stat, ci in block.speedups.get(metric, {}).items():
-            if ci["status"] == "ok":
-                cells.append(f"{stat} {ci['estimate']:.2f}x [{ci['lower']:.2f}, {ci['upper']:.2f}]")
-            else:
-                cells.append(f"{stat}: needs {max(ci['n_needed'].values())} more per arm")
-        if cells:
-            lines.append(f"{label} speedup (baseline / speculative, 95% CI): " + "; ".join(cells))
+    for treatment, comparison in block.comparisons.items():
+        for metric, label in (("e2e", "E2E"), ("tpot", "TPOT")):
+            cells = []
+            for stat, ci in comparison.get(metric, {}).items():
+                if ci["status"] == "ok":
+                    cells.append(
+                        f"{stat} {ci['estimate']:.2f}x [{ci['lower']:.2f}, {ci['upper']:.2f}]"
+                    )
+                else:
+                    cells.append(f"{stat}: needs {max(ci['n_needed'].values())} more per arm")
+            if cells:
+                lines.append(
+                    f"{label} speedup ({block.control} / {treatment}, 95% CI): " + "; ".join(cells)
+                )
     return lines
 
 
 def _throughput_lines(block: BlockResult) -> list[str]:
+    """Per arm over its own duration (each arm runs its own stream), then all arms over the
+    block's wall time; goodput with --goodput; requests per dataset category when labelled."""
     lines = []
     for s in block.arms:
-        t = _throughput(s.n, s.prompt_tokens, s.output_tokens, block.wall_s)
-        name = s.arm.value if s.arm is not None else "proxy"
+        t = _arm_throughput(s)
+        name = s.arm if s.arm is not None else "proxy"
         lines.append(_throughput_text(name, t))
+        if s.good is not None:
+            slo = ", ".join(f"{k} <= {v:g} ms" for k, v in block.goodput.items())
+            lines.append(
+                f"  goodput {name}: {t['requests_per_s'] * s.good / max(s.n, 1):.2f} req/s "
+                f"({s.good} of {s.n} requests within {slo})"
+            )
+        if s.categories:
+            counts = ", ".join(f"{c} {n}" for c, n in s.categories.items())
+            lines.append(f"  categories {name}: {counts}")
     if len(block.arms) > 1:
         lines.append(_throughput_text("all", _block_throughput(block)))
     return lines
+
+
+def _arm_throughput(s: ArmSummary) -> dict[str, float]:
+    return _throughput(s.n, s.prompt_tokens, s.output_tokens, s.duration_s)
 
 
 def _block_throughput(block: BlockResult) -> dict[str, float]:
@@ -411,10 +627,8 @@ def _jsonable(block: BlockResult) -> dict[str, Any]:
     """The documented --json object of one block (schema in the module docstring)."""
     data = asdict(block)
     for arm, summary in zip(data["arms"], block.arms, strict=True):
-        arm["arm"] = summary.arm.value if summary.arm is not None else "proxy"
+        arm["arm"] = summary.arm if summary.arm is not None else "proxy"
         arm["acceptance_rate"], arm["acceptance_source"] = _acceptance(block, summary)
-        arm["throughput"] = _throughput(
-            summary.n, summary.prompt_tokens, summary.output_tokens, block.wall_s
-        )
+        arm["throughput"] = _arm_throughput(summary)
     data["throughput"] = _block_throughput(block)
     return data

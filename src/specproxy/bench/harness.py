@@ -1,13 +1,16 @@
 """The offline harness behind `specproxy bench`: a controlled comparison without live traffic.
 
-It drives one endpoint (`--url`), two arms directly (`--speculative` + `--baseline`, balanced:
-each prompt goes to both arms in turn, `loadgen.LoadGenerator`; no proxy in between), or the
-proxy (`--proxy`). Warm-up requests are sent first and
-never recorded; then `--requests` requests per temperature, closed loop (`--concurrency`) or open
-loop (`--rate`). Direct runs write the same `RequestRecord` rows as the proxy into the store, so
-`specproxy stats` and `specproxy report` apply unchanged; through the proxy, the proxy records.
+It drives one endpoint (`--url`), n named arms directly (`--arm NAME=URL` with `--control`, or
+the two-arm shorthand `--speculative` + `--baseline`; no proxy in between), or the proxy
+(`--proxy`). Each direct arm runs its own stream (`loadgen.LoadGenerator`): its own closed-loop
+clients (`--max-concurrency` per arm) or its own arrivals (`--request-rate` per arm), with the same
+prompts in the same order on every arm. Warm-up requests are sent first and never recorded; then
+`--requests` requests per temperature (split evenly over the arms). Each treatment is compared
+with the control (`comparisons`; `speedups` is the sole treatment's, with two arms). Direct
+runs write the same `RequestRecord` rows as the proxy into the store, so `specproxy stats` and
+`specproxy report` apply unchanged; through the proxy, the proxy records.
 A temperature sweep gives each temperature its own run id (`<run-id>-t<temperature>`).
-Each block carries the speculative arm's k (num_speculative_tokens): as given (`--k`), else the
+Each block carries the (first) treatment's k (num_speculative_tokens): as given (`--k`), else the
 number of per-position acceptance counters its /metrics exports, so that blocks of several runs
 (one per speculative configuration) form a (k, temperature) sweep for `bench.calibration`.
 """
@@ -19,12 +22,14 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, cast
 
 import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from specproxy.bench.result import arm_result
 from specproxy.bench.summary import (
     ArmSummary,
     HarnessOverhead,
@@ -61,11 +66,19 @@ class BlockResult:
     overhead: HarnessOverhead | None
     engine_acceptance: dict[str, float | None]  # arm -> acceptance from /metrics deltas
     wall_s: float
-    # metric -> statistic -> CI or insufficient (`summary.speedups`); empty with one arm
+    # metric -> statistic -> CI or insufficient (`summary.speedups`) of the one treatment
+    # against the control; empty with one arm or with several treatments (see comparisons)
     speedups: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    concurrency: int | None = None  # the block's load: closed-loop clients, or
-    rate: float | None = None  # open-loop arrivals per second
-    k: int | None = None  # the speculative arm's num_speculative_tokens; None: unknown
+    concurrency: int | None = None  # the block's load: closed-loop clients per arm, or
+    rate: float | None = None  # open-loop arrivals per second per arm
+    k: int | None = None  # the (first) treatment's num_speculative_tokens; None: unknown
+    control: str | None = None  # the control arm's name (None: one arm, or the proxy)
+    comparisons: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
+    burstiness: float = 1.0  # open loop: the gamma shape of the arrivals (1: Poisson)
+    goodput: dict[str, float] = field(default_factory=dict)  # the SLOs, milliseconds
+    model: str | None = None  # the model served
+    # arm -> its figures under vLLM's result names (`bench.result.arm_result`)
+    vllm: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 async def run_bench(
@@ -90,13 +103,23 @@ async def run_bench(
     prompt_set: Sequence[Prompt] | None = None,
     ignore_eos: bool = False,
     k: int | None = None,
+    burstiness: float = 1.0,
+    goodput: dict[str, float] | None = None,
+    category_header: str | None = None,
 ) -> list[BlockResult]:
     """Warm up, then one measured block per temperature and load; rows go to `store_url`.
 
     `loads` is a sweep of (concurrency, rate) levels (default: the one given), each block
     bounded by `requests` and, if given, `max_seconds`. With several temperatures or loads each
     block gets its own run id: `<run-id>-t<temperature>` and `-c<clients>` / `-r<rate>`.
+    `goodput` holds SLOs in milliseconds (`summary.parse_goodput`); `category_header` names the
+    header that carries each prompt's dataset category.
     """
+    control = _control(targets)
+    names = [t.arm for t in targets if t.arm is not None]
+    treatments = [n for n in names if n != control] if control is not None else []
+    if store_url is not None:
+        _check_recordable(names)
     levels = list(loads) if loads else [(concurrency, rate)]
     prompts = list(prompt_set) if prompt_set is not None else load_prompts(prompts_path)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
@@ -110,12 +133,25 @@ async def run_bench(
             store = await _open_store(store_url)
         try:
             base = RequestOptions(
-                model=model, endpoint=endpoint, stream=stream, ignore_eos=ignore_eos
+                model=model,
+                endpoint=endpoint,
+                stream=stream,
+                ignore_eos=ignore_eos,
+                category_header=category_header,
             )
             if max_tokens is not None:
                 base = _with(base, max_tokens_cap=max_tokens)
             await _warm_up(
-                session, targets, prompts, base, warmup, concurrency, rate, seed, console
+                session,
+                targets,
+                prompts,
+                base,
+                warmup,
+                concurrency,
+                rate,
+                seed,
+                console,
+                burstiness,
             )
             blocks = []
             grid = [(t, load) for t in temperatures for load in levels]
@@ -126,7 +162,9 @@ async def run_bench(
                 if len(levels) > 1:
                     block_id += f"-r{arrivals:g}" if arrivals is not None else f"-c{clients}"
                 options = _with(base, temperature=temperature)
-                gen = LoadGenerator(session, targets, prompts, options, seed=seed + 1 + i)
+                gen = LoadGenerator(
+                    session, targets, prompts, options, seed=seed + 1 + i, burstiness=burstiness
+                )
                 before = await _scrape_all(session, targets)
                 t0 = time.perf_counter()
                 results = await _measured(
@@ -139,19 +177,36 @@ async def run_bench(
                         if r.arm is not None:
                             store.record(r.to_record(run_id=block_id, options=options))
                     await store.flush()
-                cis = await asyncio.to_thread(speedups, results, seed=seed + i)
+                comparisons = {}
+                for treatment in treatments:
+                    assert control is not None  # treatments exist only beside a control
+                    comparisons[treatment] = await asyncio.to_thread(
+                        partial(
+                            speedups, results, control=control, treatment=treatment, seed=seed + i
+                        )
+                    )
+                slo = {name: ms / 1e3 for name, ms in (goodput or {}).items()}
+                by_arm: dict[str, list[ClientResult]] = {}
+                for r in results:
+                    by_arm.setdefault(r.arm or "proxy", []).append(r)
                 blocks.append(
                     BlockResult(
                         run_id=block_id,
                         temperature=temperature,
-                        arms=summarise(results),
+                        arms=summarise(results, order=names, goodput=slo or None),
                         overhead=harness_overhead(results),
                         engine_acceptance=_engine_acceptance(before, after, block_id),
                         wall_s=wall,
-                        speedups=cis,
+                        speedups=comparisons[treatments[0]] if len(comparisons) == 1 else {},
                         concurrency=clients if arrivals is None else None,
                         rate=arrivals,
-                        k=k if k is not None else speculative_k(after),
+                        k=k if k is not None else _first_k(after, treatments),
+                        control=control,
+                        comparisons=comparisons,
+                        burstiness=burstiness,
+                        goodput=dict(goodput or {}),
+                        model=model,
+                        vllm={a: arm_result(rows, goodput or {}) for a, rows in by_arm.items()},
                     )
                 )
             return blocks
@@ -170,16 +225,17 @@ async def _warm_up(
     rate: float | None,
     seed: int,
     console: Console,
+    burstiness: float = 1.0,
 ) -> None:
     """Requests that are never recorded: a fixed count, or windows until latency is stable."""
     if warmup == 0:
         return
-    gen = LoadGenerator(session, targets, prompts, options, seed=seed)
+    gen = LoadGenerator(session, targets, prompts, options, seed=seed, burstiness=burstiness)
     if warmup is not None:
         await _drive(gen, warmup, concurrency, rate)
         console.print(f"warm-up: {warmup} requests sent and excluded")
         return
-    series: dict[Arm | None, list[float]] = {}
+    series: dict[str | None, list[float]] = {}
     sent = 0
     step = _WARMUP_WINDOW * len(targets)
     while sent < _WARMUP_MAX:
@@ -232,11 +288,11 @@ async def _measured(
         )
 
 
-async def _scrape_all(session: aiohttp.ClientSession, targets: Sequence[Target]) -> dict[Arm, Any]:
+async def _scrape_all(session: aiohttp.ClientSession, targets: Sequence[Target]) -> dict[str, Any]:
     """Each directly driven arm's /metrics, parsed; arms that do not answer are left out."""
     from specproxy.scrape.parse import parse_metrics
 
-    snapshots: dict[Arm, Any] = {}
+    snapshots: dict[str, Any] = {}
     for target in targets:
         if target.arm is None:
             continue
@@ -251,17 +307,47 @@ async def _scrape_all(session: aiohttp.ClientSession, targets: Sequence[Target])
     return snapshots
 
 
-def speculative_k(snapshots: dict[Arm, Any]) -> int | None:
-    """k as the speculative arm's /metrics shows it: one per-position acceptance counter per
-    draft position (V1 engines export them from start-up, zeros included); None when that arm
-    was not scraped (driven through the proxy) or exports no per-position counters (V0)."""
-    snap = snapshots.get(Arm.SPECULATIVE)
+def speculative_k(snapshots: dict[str, Any], arm: str = Arm.SPECULATIVE) -> int | None:
+    """k as an arm's /metrics shows it: one per-position acceptance counter per draft position
+    (V1 engines export them from start-up, zeros included); None when that arm was not scraped
+    (driven through the proxy) or exports no per-position counters (V0)."""
+    snap = snapshots.get(arm)
     positions = getattr(snap, "accepted_per_position", None)
     return len(positions) if positions else None
 
 
+def _first_k(snapshots: dict[str, Any], treatments: Sequence[str]) -> int | None:
+    return next((k for t in treatments if (k := speculative_k(snapshots, t)) is not None), None)
+
+
+def _control(targets: Sequence[Target]) -> str | None:
+    """The control arm's name: the target marked so, else (two-arm shorthand) the baseline."""
+    named = [t for t in targets if t.arm is not None]
+    marked = [t.arm for t in named if t.control]
+    if len(marked) > 1:
+        raise ConfigError(f"exactly one control arm, got {', '.join(map(str, marked))}")
+    if marked:
+        return marked[0]
+    if len(named) < 2:
+        return None
+    if any(t.arm == Arm.BASELINE for t in named):
+        return Arm.BASELINE.value
+    raise ConfigError("name the control arm (--control NAME)")
+
+
+def _check_recordable(names: Sequence[str]) -> None:
+    """The store's rows hold the two arms records.Arm knows until n-arm records land."""
+    known = {a.value for a in Arm}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(
+            f"the store records arms named {' or '.join(sorted(known))}; "
+            f"{', '.join(unknown)} cannot be recorded: pass --store none to bench these arms"
+        )
+
+
 def _engine_acceptance(
-    before: dict[Arm, Any], after: dict[Arm, Any], run_id: str
+    before: dict[str, Any], after: dict[str, Any], run_id: str
 ) -> dict[str, float | None]:
     """Acceptance over the block from each arm's counter deltas (what vLLM's bench reports)."""
     from specproxy.scrape.derive import derive_sample
@@ -271,9 +357,10 @@ def _engine_acceptance(
         prev = before.get(arm)
         if prev is None:
             continue
-        sample: EngineSample = derive_sample(prev, cur, run_id=run_id, arm=arm)
+        # Read for its acceptance only, never stored: the label is the arm's name as given.
+        sample: EngineSample = derive_sample(prev, cur, run_id=run_id, arm=cast(Arm, arm))
         if sample.acceptance_rate is not None:
-            out[arm.value] = sample.acceptance_rate
+            out[arm] = sample.acceptance_rate
     return out
 
 

@@ -2,27 +2,37 @@
 
 These are the quick numbers the harness prints at the end of each block; the full comparison
 (bootstrap CIs, verdicts) comes from the stats job over the same rows in the store.
+
+Arms are named (str). Each arm's throughput is over its own duration (its first send to its last
+byte), since every arm runs its own stream. Goodput follows `vllm bench serve --goodput`
+(vllm/benchmarks/serve.py, 0.32, `calculate_metrics`): a successful request is good when every
+SLO given holds (TTFT, TPOT with 0 for a single output token, E2E latency).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from specproxy.errors import ConfigError
 from specproxy.loadgen import ClientResult
-from specproxy.records import Arm
 
 __all__ = [
     "BENCH_STATISTICS",
+    "GOODPUT_METRICS",
     "ArmSummary",
     "HarnessOverhead",
     "harness_overhead",
+    "is_good",
+    "parse_goodput",
     "speedups",
     "summarise",
 ]
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # vLLM's names, SLOs in milliseconds
 
 BENCH_STATISTICS = ("median", "p99")
 CONFIDENCE = 0.95
@@ -32,7 +42,7 @@ CONFIDENCE = 0.95
 class ArmSummary:
     """Latency and acceptance of one arm (or of the proxy, arm None) over one block."""
 
-    arm: Arm | None
+    arm: str | None
     n: int
     errors: int
     e2e_p50_s: float | None
@@ -44,6 +54,9 @@ class ArmSummary:
     mean_acceptance_length: float | None
     prompt_tokens: int = 0  # totals over the successful requests (for throughput)
     output_tokens: int = 0
+    duration_s: float = 0.0  # the arm's first send to its last byte
+    good: int | None = None  # successful requests meeting every --goodput SLO; None: no SLO
+    categories: dict[str, int] = field(default_factory=dict)  # successful requests per category
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +75,55 @@ class HarnessOverhead:
         return self.parse_p50_s / self.e2e_p50_s if self.e2e_p50_s > 0 else 0.0
 
 
-def summarise(results: Iterable[ClientResult]) -> list[ArmSummary]:
-    """One summary per arm seen, speculative first."""
-    by_arm: dict[Arm | None, list[ClientResult]] = {}
+def summarise(
+    results: Iterable[ClientResult],
+    *,
+    order: Sequence[str] = (),
+    goodput: dict[str, float] | None = None,
+) -> list[ArmSummary]:
+    """One summary per arm seen: those named in `order` first (in that order), then the rest by
+    name, then the results of no arm."""
+    by_arm: dict[str | None, list[ClientResult]] = {}
     for r in results:
         by_arm.setdefault(r.arm, []).append(r)
-    order = {Arm.SPECULATIVE: 0, Arm.BASELINE: 1, None: 2}
-    return [_summary(arm, rows) for arm, rows in sorted(by_arm.items(), key=lambda i: order[i[0]])]
+    rank = {name: i for i, name in enumerate(order)}
+
+    def key(arm: str | None) -> tuple[int, int, str]:
+        if arm is None:
+            return (2, 0, "")
+        return (0, rank[arm], arm) if arm in rank else (1, 0, arm)
+
+    return [_summary(arm, by_arm[arm], goodput) for arm in sorted(by_arm, key=key)]
+
+
+def parse_goodput(pairs: Iterable[str]) -> dict[str, float]:
+    """`--goodput` as vLLM takes it: KEY:MS pairs (space- or comma-separated), KEY one of
+    ttft, tpot, e2el, MS a non-negative number of milliseconds (kept in milliseconds)."""
+    out: dict[str, float] = {}
+    for pair in (p for item in pairs for p in item.split(",") if p.strip()):
+        name, sep, value = pair.strip().partition(":")
+        try:
+            ms = float(value) if sep else float("nan")
+        except ValueError:
+            ms = float("nan")
+        if name not in GOODPUT_METRICS or not ms >= 0:
+            raise ConfigError(
+                f"--goodput takes KEY:MS pairs with KEY one of {', '.join(GOODPUT_METRICS)} "
+                f"and MS >= 0 milliseconds, got {pair.strip()!r}"
+            )
+        out[name] = ms
+    return out
+
+
+def is_good(result: ClientResult, slo_s: dict[str, float]) -> bool:
+    """A successful request within every SLO (seconds); TPOT counts as 0 for one output token,
+    as vLLM's goodput does."""
+    if not result.ok:
+        return False
+    m = result.measures
+    ttft = m.ttft_s if m.ttft_s is not None else m.e2e_s
+    values = {"ttft": ttft, "tpot": m.tpot_s or 0.0, "e2el": m.e2e_s}
+    return all(values[name] <= limit for name, limit in slo_s.items())
 
 
 def harness_overhead(results: Sequence[ClientResult]) -> HarnessOverhead | None:
@@ -87,8 +142,16 @@ def harness_overhead(results: Sequence[ClientResult]) -> HarnessOverhead | None:
     )
 
 
-def _summary(arm: Arm | None, rows: list[ClientResult]) -> ArmSummary:
+def _summary(
+    arm: str | None, rows: list[ClientResult], goodput: dict[str, float] | None
+) -> ArmSummary:
     ok = [r for r in rows if r.ok]
+    categories: dict[str, int] = {}
+    for r in ok:
+        if r.category is not None:
+            categories[r.category] = categories.get(r.category, 0) + 1
+    start = min(r.t_start for r in rows)
+    end = max(r.t_start + r.measures.e2e_s for r in rows)
     e2e = [r.e2e_ns / 1e9 for r in ok]
     ttft = [r.ttft_ns / 1e9 for r in ok if r.ttft_ns is not None]
     tpot = [r.measures.tpot_s for r in ok if r.measures.tpot_s is not None]
@@ -108,13 +171,21 @@ def _summary(arm: Arm | None, rows: list[ClientResult]) -> ArmSummary:
         ),
         prompt_tokens=sum(r.measures.prompt_tokens or 0 for r in ok),
         output_tokens=sum(r.measures.output_tokens or 0 for r in ok),
+        duration_s=end - start,
+        good=sum(is_good(r, goodput) for r in ok) if goodput else None,
+        categories=dict(sorted(categories.items())),
     )
 
 
 def speedups(
-    results: Sequence[ClientResult], *, seed: int = 0, resamples: int = 2000
+    results: Sequence[ClientResult],
+    *,
+    control: str,
+    treatment: str,
+    seed: int = 0,
+    resamples: int = 2000,
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Speedup = baseline / speculative of E2E and TPOT, median and P99, each with its bootstrap
+    """Speedup = control / treatment of E2E and TPOT, median and P99, each with its bootstrap
     CI from the stats module (`value_speedup_intervals`, the stats job's own), or
     {"status": "insufficient", "n_needed": {arm: more}} while an arm lacks the samples the
     statistic's distribution-free CI needs (a P99 needs 368 per arm at 95%)."""
@@ -122,7 +193,7 @@ def speedups(
     from specproxy.stats.estimate.quantile import samples_needed
 
     ok = [r for r in results if r.ok]
-    values: dict[str, dict[Arm, list[float]]] = {"e2e": {}, "tpot": {}}
+    values: dict[str, dict[str, list[float]]] = {"e2e": {}, "tpot": {}}
     for r in ok:
         if r.arm is None:
             continue
@@ -132,8 +203,8 @@ def speedups(
     out: dict[str, dict[str, dict[str, Any]]] = {}
     rng = np.random.default_rng(seed)
     for metric, by_arm in values.items():
-        base = np.asarray(by_arm.get(Arm.BASELINE, []), dtype=np.float64)
-        spec = np.asarray(by_arm.get(Arm.SPECULATIVE, []), dtype=np.float64)
+        base = np.asarray(by_arm.get(control, []), dtype=np.float64)
+        spec = np.asarray(by_arm.get(treatment, []), dtype=np.float64)
         if base.size == 0 or spec.size == 0:
             continue
         cis = value_speedup_intervals(
@@ -142,8 +213,8 @@ def speedups(
         out[metric] = {}
         for stat in BENCH_STATISTICS:
             needed = {
-                arm.value: samples_needed(stat, arr.size, CONFIDENCE)
-                for arm, arr in ((Arm.BASELINE, base), (Arm.SPECULATIVE, spec))
+                arm: samples_needed(stat, arr.size, CONFIDENCE)
+                for arm, arr in ((control, base), (treatment, spec))
             }
             if any(needed.values()):
                 out[metric][stat] = {"status": "insufficient", "n_needed": needed}

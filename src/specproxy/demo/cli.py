@@ -66,7 +66,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add("--stats-interval", type=float, default=d.stats_interval_s, help="seconds between stats")
     add("--resamples", type=int, default=d.resamples, help="bootstrap resamples")
-    add("--seed", type=int, default=d.seed)
+    add("--seed", type=int, default=d.seed, help="seed of the prompts and arrivals")
 
 
 def run(args: argparse.Namespace) -> int:

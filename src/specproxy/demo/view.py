@@ -24,8 +24,10 @@ from specproxy.stats.result import StatsResult
 
 __all__ = ["MAX_REASONS", "ClientTally", "plain_line", "render"]
 
-# The view fits an 80x24 terminal: two compact tables, the diagnosis and its first reasons.
+# The view fits an 80x24 terminal: two compact tables, the diagnosis and its first reasons,
+# each reason whole (wrapped), as many as fit in MAX_REASONS rows of VIEW_WIDTH columns.
 MAX_REASONS = 3
+VIEW_WIDTH = 80
 
 
 @dataclass(slots=True)
@@ -43,7 +45,7 @@ class ClientTally:
         if not result.ok:
             self.errors += 1
             return
-        arm = result.arm.value if result.arm is not None else "unknown"
+        arm = result.arm if result.arm is not None else "unknown"
         self.e2e.setdefault(arm, []).append(result.e2e_ns / 1e9)
         if result.ttft_ns is not None:
             self.ttft.setdefault(arm, []).append(result.ttft_ns / 1e9)
@@ -94,10 +96,15 @@ def render(stats: StatsResult | None, tally: ClientTally, *, title: str = "live"
     diagnosis = diagnosis_lines(stats)
     if diagnosis:
         parts.append(Text(diagnosis[0]))  # the headline wraps, never cut
+    shown, used = 0, 0
     for line in diagnosis[1 : 1 + MAX_REASONS]:
-        parts.append(Text(line, no_wrap=True, overflow="ellipsis"))
-    if len(diagnosis) > 1 + MAX_REASONS:
-        parts.append(Text(f"  (+{len(diagnosis) - 1 - MAX_REASONS} more in the report)"))
+        need = -(-len(line) // VIEW_WIDTH)  # wrapped, never cut: a reason's end is its point
+        if shown and used + need > MAX_REASONS:
+            break
+        parts.append(Text(line))
+        shown, used = shown + 1, used + need
+    if len(diagnosis) > 1 + shown:
+        parts.append(Text(f"  (+{len(diagnosis) - 1 - shown} more in the report)"))
     parts.append(Text(f"requests sent: {tally.sent}, client errors: {tally.errors}"))
     return Group(*parts)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from specproxy.errors import ConfigError
+from specproxy.extras import require
 from specproxy.grafana.dashboard import DASHBOARD_FILENAME, build_dashboard, dashboard_json
 
 __all__ = ["configure", "run"]
@@ -52,6 +53,7 @@ def _export(out: Path) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
+    require("grafana_client", "specproxy dashboards push")
     from specproxy.grafana.push import push_dashboards  # grafana-client is optional
 
     parts = urlsplit(args.grafana_url)

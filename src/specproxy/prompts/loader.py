@@ -10,25 +10,44 @@ tokens), and `load_prompts` reads the three common formats, one JSON object per 
 - ShareGPT: `{"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", ...}]}`;
   the conversation up to its last human turn is the prompt, and the length of the reply that
   follows (if any) sets the output budget, as `vllm bench serve` does.
+
+`specbench.jsonl` (`specbench_prompts`, `specproxy bench --dataset specbench`) is a SpecBench-like
+set written for specproxy (so it is under the project's licence): six prompts in each of eight
+categories (coding, math, writing, qa, summarization, translation, reasoning, extraction), since
+draft acceptance, and so the speedup, differs by domain.
+
+Any row may carry a `category` (a short label such as "coding" or "math": at most 64 characters
+of letters, digits and `_.-/`); `specproxy bench` sends it with each request in the
+`x-specproxy-category` header, so the proxy's per-category figures can be read off a bench run.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from specproxy.errors import ConfigError
 
-__all__ = ["DEFAULT_MAX_TOKENS", "Prompt", "default_prompts", "load_prompts", "parse_prompts"]
+__all__ = [
+    "CATEGORY_MAX",
+    "DEFAULT_MAX_TOKENS",
+    "Prompt",
+    "default_prompts",
+    "load_prompts",
+    "parse_prompts",
+]
 
 DEFAULT_MAX_TOKENS = 128
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 _SHAREGPT_ROLES |= {"system": "system", "chatgpt": "assistant", "bard": "assistant"}
 _MAX_SHAREGPT_TOKENS = 1024
+CATEGORY_MAX = 64
+_CATEGORY = re.compile(rf"[A-Za-z0-9_./-]{{1,{CATEGORY_MAX}}}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +56,7 @@ class Prompt:
 
     messages: tuple[tuple[str, str], ...]  # (role, content)
     max_tokens: int = DEFAULT_MAX_TOKENS
+    category: str | None = None  # the dataset's label for the prompt (coding, math, ...)
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
@@ -82,12 +102,29 @@ def load_prompts(path: str | Path | None = None) -> list[Prompt]:
 
 def default_prompts() -> list[Prompt]:
     """The prompt set shipped with the package (no download)."""
-    data = resources.files("specproxy.prompts").joinpath("default.jsonl")
-    text = data.read_text(encoding="utf-8")
-    return parse_prompts(text.splitlines(), source="default.jsonl")
+    return _packaged("default.jsonl")
+
+
+def specbench_prompts() -> list[Prompt]:
+    """The packaged categorized set (eight categories, six prompts each; no download)."""
+    return _packaged("specbench.jsonl")
+
+
+def _packaged(name: str) -> list[Prompt]:
+    text = resources.files("specproxy.prompts").joinpath(name).read_text(encoding="utf-8")
+    return parse_prompts(text.splitlines(), source=name)
 
 
 def _parse_row(row: Mapping[str, Any]) -> Prompt:
+    category = row.get("category")
+    if category is not None and not (isinstance(category, str) and _CATEGORY.fullmatch(category)):
+        raise ValueError(
+            f"category must be up to {CATEGORY_MAX} letters, digits or _.-/, got {category!r}"
+        )
+    return replace(_parse_prompt(row), category=category)
+
+
+def _parse_prompt(row: Mapping[str, Any]) -> Prompt:
     max_tokens = row.get("max_tokens", DEFAULT_MAX_TOKENS)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")

@@ -121,7 +121,7 @@ def _p99_line(p99: P99Verdict) -> str:
 
 
 def _text_report(result: StatsResult) -> str:
-    lines = [f"run {result['run_id']}: windows end at {result['window_end']:.0f}"]
+    lines = [f"run {result['run_id']}: windows end at {_utc(result['window_end'])}"]
     for model, windows in result["results"].items():
         for window, res in windows.items():
             n = res["samples"]
@@ -146,6 +146,11 @@ def _text_report(result: StatsResult) -> str:
     return "\n".join(lines)
 
 
+def _utc(t: float) -> str:
+    """A Unix time as UTC ISO-8601 to the second (`2026-12-04T13:15:00Z`)."""
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 async def _latest_stored(store: StatsHistory, run_id: str) -> dict[str, Any] | None:
     newest = await store.latest_stats(run_id=run_id)
     return None if newest is None else newest[1]
@@ -162,9 +167,12 @@ async def _run_once(args: argparse.Namespace, settings: StatsSettings) -> StatsR
     await store.start(read_only=True)
     try:
         run_id = settings.run_id
+        runs = await store.run_ids()
         if run_id is None:
-            runs = await store.run_ids()
             run_id = runs[0] if len(runs) == 1 else "default"
+        elif run_id not in runs:
+            held = f"its runs: {', '.join(runs)}" if runs else "it holds no runs"
+            raise ConfigError(f"no run {run_id!r} in {settings.store.url}; {held}")
         stats_cfg, warmup = settings.stats, settings.warmup
         stored = await _latest_stored(store, run_id) if args.settings == "stored" else None
         if stored is not None:

@@ -357,6 +357,7 @@ class Reason:
 
     code: str
     message: str
+    detail: str | None = None  # the statistics behind the sentence, for the JSON
 
 
 _NO_BOUNDS: Final = (math.nan, math.nan)
@@ -418,13 +419,17 @@ class Diagnosis:
     def to_dict(self) -> schema.Diagnosis:
         return {
             "summary": self.summary,
-            "reasons": [{"code": r.code, "message": r.message} for r in self.reasons],
+            "reasons": [_reason(r) for r in self.reasons],
             "implied_draft_cost": self.implied_draft_cost,
             "draft_step_share": self.draft_step_share,
-            "not_evaluated": [{"code": r.code, "message": r.message} for r in self.not_evaluated],
+            "not_evaluated": [_reason(r) for r in self.not_evaluated],
             "acceptance": self.acceptance.to_dict() if self.acceptance is not None else None,
             "queueing": [g.to_dict() for g in self.queueing],
         }
+
+
+def _reason(r: Reason) -> schema.Reason:
+    return {"code": r.code, "message": r.message, "detail": r.detail}
 
 
 HEADLINE_CODES: Final = frozenset(
@@ -466,16 +471,18 @@ def _evidence(v: MetricVerdict) -> str:
 
 
 def _ci_ahead(d: DiagnosisInput, helps: bool, reasons: list[Reason]) -> None:
-    """Why a fixed-sample interval that excludes 1 gives no verdict yet, in words."""
+    """Why a fixed-sample interval that excludes 1 gives no verdict yet: one plain sentence,
+    and the statistics behind it in `detail` (the JSON's)."""
     e2e = _e2e(d) or MetricVerdict("E2E", "inconclusive")
     direction = "above" if helps else "below"
     reasons.append(
         Reason(
             "ci_ahead_of_verdict",
-            f"the 95% interval of the {d.metric} {d.statistic} speedup is {direction} 1, but it is "
-            "a fixed-sample statement about this window; the anytime-valid E2E test, which stays "
-            "valid however often the dashboard is read and is therefore wider, has not crossed "
-            f"its bound yet{_evidence(e2e)}, so no verdict is given",
+            f"the 95% interval of the {d.metric} {d.statistic} speedup is {direction} 1, but "
+            "there is not yet enough data for a verdict that stays valid however often you look",
+            detail=f"the interval is a fixed-sample statement about this window; the "
+            "anytime-valid E2E test, which stays valid however often the dashboard is read and "
+            f"is therefore wider, has not crossed its bound yet{_evidence(e2e)}",
         )
     )
 

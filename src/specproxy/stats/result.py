@@ -246,7 +246,8 @@ class EngineArm(TypedDict):
 
 class Reason(TypedDict):
     code: str
-    message: str
+    message: str  # one plain sentence
+    detail: str | None  # the statistics behind it, where the sentence leaves them out
 
 
 class AcceptanceCheck(TypedDict):

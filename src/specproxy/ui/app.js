@@ -10,6 +10,11 @@ const ARMS = ["speculative", "baseline"];
 const params = new URLSearchParams(window.location.search);
 const INTERVAL_S = Math.max(0.2, Number(params.get("interval") || 2));
 
+// A Unix time as UTC ISO-8601 to the second ("2026-12-04T13:15:00Z"), whatever the browser's zone.
+function utcTime(t) {
+  return new Date(t * 1000).toISOString().slice(0, 19) + "Z";
+}
+
 function isNum(x) { return typeof x === "number" && Number.isFinite(x); }
 function fmtMs(s) { return isNum(s) ? (s * 1e3).toFixed(1) + " ms" : "-"; }
 function fmtRatio(x) { return isNum(x) ? x.toFixed(3) + "x" : "-"; }
@@ -148,7 +153,7 @@ async function poll() {
     renderSpeedups(win, metricLabels(result), statisticList(result));
     renderArms(win);
     const when = isNum(result.computed_at)
-      ? new Date(result.computed_at * 1000).toLocaleTimeString() : "?";
+      ? utcTime(result.computed_at) : "?";
     const run = result.run_id ? "run " + result.run_id + ", " : "";
     setStatus(run + "stats computed at " + when + ", design " + (win.design || "split"), false);
     document.body.setAttribute("data-computed-at", String(result.computed_at));

@@ -30,8 +30,7 @@ function niceTicks(lo, hi, count) {
 }
 
 function timeLabel(t, span) {
-  const d = new Date(t * 1000);
-  const hms = d.toTimeString().slice(0, 8);
+  const hms = new Date(t * 1000).toISOString().slice(11, 19);  // UTC, as the status line
   return span < 3600 ? hms : hms.slice(0, 5);
 }
 
