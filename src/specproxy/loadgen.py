@@ -238,7 +238,7 @@ class LoadGenerator:
             async with self.session.post(url, data=body, headers=headers) as resp:
                 timings.status = resp.status
                 served_by = resp.headers.get(ARM_HEADER)
-                if arm is None and served_by in (Arm.SPECULATIVE.value, Arm.BASELINE.value):
+                if arm is None and served_by in ("speculative", "baseline"):
                     arm = Arm(served_by)
                 if resp.status >= 400:
                     await resp.read()

@@ -126,7 +126,7 @@ def test_tables_print_cis_and_no_p99_without_its_samples() -> None:
     block = BlockResult(
         run_id="r",
         temperature=0.0,
-        arms=[arm(Arm.SPECULATIVE, 100, None), arm(Arm.BASELINE, 400, None)],
+        arms=[arm("speculative", 100, None), arm("baseline", 400, None)],
         overhead=None,
         engine_acceptance={"speculative": 0.61, "baseline": None},
         wall_s=10.0,

@@ -80,8 +80,10 @@ async def emulator_pair(version: MetricsVersion) -> AsyncIterator[Pair]:
             run_id="emu",
         )
         recorder = ListRecorder()
-        scraper = EngineScraper(config, {arm: session for arm in Arm}, recorder)
-        yield Pair(scraper, recorder, {Arm.SPECULATIVE: spec_url, Arm.BASELINE: base_url}, session)
+        scraper = EngineScraper(
+            config, {arm: session for arm in ("speculative", "baseline")}, recorder
+        )
+        yield Pair(scraper, recorder, {"speculative": spec_url, "baseline": base_url}, session)
 
 
 # Both engine generations: the emulator serves V0 names with `--metrics-version v0`.
@@ -113,15 +115,15 @@ async def generate(pair: Pair, arm: Arm, requests: int) -> None:
 async def test_derived_acceptance_matches_configured_alpha(pair: Pair) -> None:
     scraper = pair.scraper
     await scraper.scrape_once()
-    before = scraper.states[Arm.SPECULATIVE].snapshot
+    before = scraper.states["speculative"].snapshot
     assert before is not None
     await asyncio.gather(
-        generate(pair, Arm.SPECULATIVE, REQUESTS), generate(pair, Arm.BASELINE, REQUESTS // 4)
+        generate(pair, "speculative", REQUESTS), generate(pair, "baseline", REQUESTS // 4)
     )
     samples = await scraper.scrape_once()
-    after = scraper.states[Arm.SPECULATIVE].snapshot
+    after = scraper.states["speculative"].snapshot
     assert after is not None
-    sample = samples[Arm.SPECULATIVE]
+    sample = samples["speculative"]
     assert sample.up and not sample.restarted
     assert sample.acceptance_rate is not None and sample.mean_acceptance_length is not None
 
@@ -144,7 +146,7 @@ async def test_derived_acceptance_matches_configured_alpha(pair: Pair) -> None:
     assert abs(sample.acceptance_rate - mean_j / K) <= 4 * sd_j / (K * math.sqrt(n))
     assert abs(sample.mean_acceptance_length - (1 + mean_j)) <= 4 * sd_j / math.sqrt(n)
 
-    baseline = samples[Arm.BASELINE]
+    baseline = samples["baseline"]
     assert baseline.up
     assert baseline.acceptance_rate is None and baseline.position_acceptance is None
     assert baseline.generation_tokens_per_s is not None and baseline.generation_tokens_per_s > 0
@@ -152,17 +154,17 @@ async def test_derived_acceptance_matches_configured_alpha(pair: Pair) -> None:
 
 async def test_emulator_restart_is_detected(pair: Pair) -> None:
     scraper = pair.scraper
-    await generate(pair, Arm.SPECULATIVE, 4)
+    await generate(pair, "speculative", 4)
     first = await scraper.scrape_once()
-    url = pair.urls[Arm.SPECULATIVE] + "/emulator/restart"
+    url = pair.urls["speculative"] + "/emulator/restart"
     async with pair.session.post(url) as resp:
         assert resp.status == 200
     second = await scraper.scrape_once()
-    assert second[Arm.SPECULATIVE].restarted
-    assert not second[Arm.BASELINE].restarted
-    (when,) = scraper.restart_times(Arm.SPECULATIVE)
-    assert first[Arm.SPECULATIVE].t <= when <= second[Arm.SPECULATIVE].t
-    assert scraper.states[Arm.SPECULATIVE].restarts == 1
+    assert second["speculative"].restarted
+    assert not second["baseline"].restarted
+    (when,) = scraper.restart_times("speculative")
+    assert first["speculative"].t <= when <= second["speculative"].t
+    assert scraper.states["speculative"].restarts == 1
     assert any(s.restarted for s in pair.recorder.engine_samples)
     third = await scraper.scrape_once()  # the new life is steady again
-    assert not third[Arm.SPECULATIVE].restarted
+    assert not third["speculative"].restarted

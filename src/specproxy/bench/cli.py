@@ -65,7 +65,7 @@ from specproxy.bench.harness import BlockResult, run_bench
 from specproxy.bench.summary import CONFIDENCE, ArmSummary, HarnessOverhead
 from specproxy.errors import ConfigError
 from specproxy.loadgen import Target
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_ARMS, SHORTHAND_CONTROL, Arm
 from specproxy.stats.estimate.quantile import samples_needed
 
 __all__ = ["DEFAULT_STORE", "advice_lines", "configure", "run"]
@@ -79,7 +79,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--speculative", metavar="URL", help="speculative arm, driven directly")
     where.add_argument("--baseline", metavar="URL", help="baseline arm, driven directly")
     where.add_argument("--proxy", metavar="URL", help="the specproxy proxy (it records itself)")
-    parser.add_argument("--arm", choices=[a.value for a in Arm], default=Arm.BASELINE.value)
+    parser.add_argument("--arm", choices=SHORTHAND_ARMS, default=SHORTHAND_CONTROL)
     parser.add_argument("--model", help="model name (default: the first of GET /v1/models)")
     parser.add_argument("--prompts", help="JSONL prompts: plain, chat messages or ShareGPT")
     data = parser.add_argument_group("synthetic dataset (instead of --prompts)")
@@ -243,7 +243,7 @@ def _targets(args: argparse.Namespace) -> list[Target]:
         return [Target(args.proxy, None)]
     if not all(direct):
         raise ConfigError("--speculative and --baseline go together")
-    return [Target(args.speculative, Arm.SPECULATIVE), Target(args.baseline, Arm.BASELINE)]
+    return [Target(args.speculative, "speculative"), Target(args.baseline, "baseline")]
 
 
 def _loads(args: argparse.Namespace) -> list[tuple[int, float | None]] | None:
@@ -301,7 +301,7 @@ def _warmup(text: str) -> int | None:
 
 def _acceptance(block: BlockResult, summary: ArmSummary) -> tuple[float | None, str | None]:
     """The acceptance shown for an arm, and where it came from (JSON: the same value)."""
-    name = summary.arm.value if summary.arm is not None else "proxy"
+    name = summary.arm if summary.arm is not None else "proxy"
     engine = block.engine_acceptance.get(name)
     if engine is not None:
         return engine, "engine"
@@ -330,7 +330,7 @@ def _block_table(block: BlockResult) -> Table:
         table.add_column(column, justify="right")
     table.add_column("acceptance", justify="right")
     for s in block.arms:
-        name = s.arm.value if s.arm is not None else "proxy"
+        name = s.arm if s.arm is not None else "proxy"
         acceptance, _ = _acceptance(block, s)
         table.add_row(
             name,
@@ -365,7 +365,7 @@ def _throughput_lines(block: BlockResult) -> list[str]:
     lines = []
     for s in block.arms:
         t = _throughput(s.n, s.prompt_tokens, s.output_tokens, block.wall_s)
-        name = s.arm.value if s.arm is not None else "proxy"
+        name = s.arm if s.arm is not None else "proxy"
         lines.append(_throughput_text(name, t))
     if len(block.arms) > 1:
         lines.append(_throughput_text("all", _block_throughput(block)))
@@ -411,7 +411,7 @@ def _jsonable(block: BlockResult) -> dict[str, Any]:
     """The documented --json object of one block (schema in the module docstring)."""
     data = asdict(block)
     for arm, summary in zip(data["arms"], block.arms, strict=True):
-        arm["arm"] = summary.arm.value if summary.arm is not None else "proxy"
+        arm["arm"] = summary.arm if summary.arm is not None else "proxy"
         arm["acceptance_rate"], arm["acceptance_source"] = _acceptance(block, summary)
         arm["throughput"] = _throughput(
             summary.n, summary.prompt_tokens, summary.output_tokens, block.wall_s

@@ -255,7 +255,7 @@ def speculative_k(snapshots: dict[Arm, Any]) -> int | None:
     """k as the speculative arm's /metrics shows it: one per-position acceptance counter per
     draft position (V1 engines export them from start-up, zeros included); None when that arm
     was not scraped (driven through the proxy) or exports no per-position counters (V0)."""
-    snap = snapshots.get(Arm.SPECULATIVE)
+    snap = snapshots.get("speculative")
     positions = getattr(snap, "accepted_per_position", None)
     return len(positions) if positions else None
 
@@ -273,7 +273,7 @@ def _engine_acceptance(
             continue
         sample: EngineSample = derive_sample(prev, cur, run_id=run_id, arm=arm)
         if sample.acceptance_rate is not None:
-            out[arm.value] = sample.acceptance_rate
+            out[arm] = sample.acceptance_rate
     return out
 
 

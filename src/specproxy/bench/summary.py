@@ -67,7 +67,7 @@ def summarise(results: Iterable[ClientResult]) -> list[ArmSummary]:
     by_arm: dict[Arm | None, list[ClientResult]] = {}
     for r in results:
         by_arm.setdefault(r.arm, []).append(r)
-    order = {Arm.SPECULATIVE: 0, Arm.BASELINE: 1, None: 2}
+    order = {"speculative": 0, "baseline": 1, None: 2}
     return [_summary(arm, rows) for arm, rows in sorted(by_arm.items(), key=lambda i: order[i[0]])]
 
 
@@ -132,8 +132,8 @@ def speedups(
     out: dict[str, dict[str, dict[str, Any]]] = {}
     rng = np.random.default_rng(seed)
     for metric, by_arm in values.items():
-        base = np.asarray(by_arm.get(Arm.BASELINE, []), dtype=np.float64)
-        spec = np.asarray(by_arm.get(Arm.SPECULATIVE, []), dtype=np.float64)
+        base = np.asarray(by_arm.get("baseline", []), dtype=np.float64)
+        spec = np.asarray(by_arm.get("speculative", []), dtype=np.float64)
         if base.size == 0 or spec.size == 0:
             continue
         cis = value_speedup_intervals(
@@ -142,8 +142,8 @@ def speedups(
         out[metric] = {}
         for stat in BENCH_STATISTICS:
             needed = {
-                arm.value: samples_needed(stat, arr.size, CONFIDENCE)
-                for arm, arr in ((Arm.BASELINE, base), (Arm.SPECULATIVE, spec))
+                arm: samples_needed(stat, arr.size, CONFIDENCE)
+                for arm, arr in (("baseline", base), ("speculative", spec))
             }
             if any(needed.values()):
                 out[metric][stat] = {"status": "insufficient", "n_needed": needed}

@@ -21,7 +21,7 @@ __all__ = ["Fleet"]
 
 
 class Fleet:
-    """The endpoint pools of both arms, their DNS discovery, and the model labels."""
+    """The endpoint pools of every configured arm, their DNS discovery, and the model labels."""
 
     def __init__(
         self,
@@ -31,9 +31,11 @@ class Fleet:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.labels = ModelLabels(cfg.model_allow)
+        self.arms: tuple[Arm, ...] = cfg.arm_names  # the control first
+        self.control: Arm = cfg.control_arm
         self._pools: dict[Arm, EndpointPool] = {}
         self._discoveries: list[DnsDiscovery] = []
-        for arm in Arm:
+        for arm in self.arms:
             arm_cfg = cfg.arm_config(arm)
             urls = [u.rstrip("/") for u in arm_cfg.urls] or [arm_cfg.first_url]
             pool = EndpointPool(urls, cfg.outlier, clock=clock)

@@ -12,7 +12,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from pytest_aiohttp import AiohttpServer
 
 from specproxy.config import StatsConfig, StoreConfig
-from specproxy.records import Arm
 from specproxy.scrape.dcgmloop import GpuScraper
 from specproxy.stats.anytime.decision import EProcess
 from specproxy.stats.job import tick
@@ -224,7 +223,12 @@ async def test_a_new_leader_after_failover_diagnoses_the_gpu_samples_of_the_old_
         replica_a.record(rec)
     now = [0.0]
     async with aiohttp.ClientSession() as session:
-        scraper = GpuScraper(cfg, {arm: session for arm in Arm}, replica_a, clock=lambda: now[0])
+        scraper = GpuScraper(
+            cfg,
+            {arm: session for arm in ("speculative", "baseline")},
+            replica_a,
+            clock=lambda: now[0],
+        )
         for t in (1120.0, 1140.0, 1150.0):
             now[0] = t
             await scraper.scrape_once()
