@@ -32,13 +32,17 @@ async def test_job_publishes_gauges_and_history(store: MemoryStore) -> None:
     await job.run_once()
     text = generate_latest(registry).decode()
     # the verdict is a state set: one series per state, 1 on the current one
-    verdict = 'specproxy_verdict{metric="tpot",model="all",specproxy_verdict="%s",window="all"}'
+    verdict = (
+        'specproxy_verdict{arm="speculative",metric="tpot",model="all",'
+        'specproxy_verdict="%s",window="all"}'
+    )
     assert verdict % "faster" + " 1.0" in text
     assert verdict % "inconclusive" + " 0.0" in text
     assert verdict % "slower" + " 0.0" in text
     assert 'specproxy_samples{arm="baseline",model="all",window="all"} 795.0' in text
     assert 'bound="lower",metric="tpot",model="m-b",statistic="median",window="all"' in text
-    assert 'specproxy_p99_slowdown{metric="e2e",model="all",window="all"} 0.0' in text
+    slowdown = 'specproxy_p99_slowdown{arm="speculative",metric="%s",model="all",window="all"}'
+    assert slowdown % "e2e" + " 0.0" in text
     assert "specproxy_stats_last_run_timestamp_seconds" in text
     # freshness: the newest record started at 1000 + 1599 * 0.1; lag = computed_at - that
     latest = job.latest()
@@ -72,7 +76,8 @@ async def test_a_whole_run_crossing_stays_and_the_headline_follows_it(store: Mem
     assert seq["decided_by"] == ["p99_exceedance"]
     assert "TTFT P99 slower" in window["diagnosis"]["summary"]
     text = generate_latest(registry).decode()
-    assert 'specproxy_p99_slowdown{metric="ttft",model="all",window="all"} 1.0' in text
+    slowdown = 'specproxy_p99_slowdown{arm="speculative",metric="%s",model="all",window="all"}'
+    assert slowdown % "ttft" + " 1.0" in text
     # the 1m window never saw that crossing: its own memory
     assert latest["results"]["all"]["1m"]["metrics"]["ttft"]["verdict"] != "slower"
 

@@ -154,7 +154,8 @@ class StatsJob:
             log.exception("stats: could not read the last stored result; starting afresh")
             return
         if newest is not None:
-            self._memory.seed(stored_evidence(newest[1], self._stats_cfg))
+            m = len(self._treatments) if self._treatments is not None else None
+            self._memory.seed(stored_evidence(newest[1], self._stats_cfg, m))
 
     async def _loop(self) -> None:
         while True:

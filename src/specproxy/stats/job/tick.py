@@ -317,12 +317,13 @@ def compute_tick(
 
 
 def stored_evidence(
-    result: Mapping[str, Any], stats_cfg: StatsConfig
+    result: Mapping[str, Any], stats_cfg: StatsConfig, treatments: int | None = None
 ) -> dict[tuple[str, str, str], tuple[float, Evidence]]:
     """What each (segment, window, metric) held in a stored result, for `DecisionMemory.seed`: a
     new leader (or a restarted stats process) goes on from its predecessor's evidence instead of
     from nothing. Empty when the result was computed at another alpha or tolerance: evidence is
-    kept only at the level and against the null it was gathered for."""
+    kept only at the level and against the null it was gathered for. `treatments` (m, when
+    known): a window computed with another m is skipped, its tests ran at another alpha / m."""
     settings = result.get("settings") or {}
     same = (
         settings.get("alpha") == stats_cfg.alpha
@@ -334,6 +335,9 @@ def stored_evidence(
     out: dict[tuple[str, str, str], tuple[float, Evidence]] = {}
     for segment, windows in (result.get("results") or {}).items():
         for label, window in windows.items():
+            held_m = (window.get("multiplicity") or {}).get("treatments", 1)
+            if treatments is not None and held_m != treatments:
+                continue
             first = (window.get("treatments") or [None])[0]
             blocks = [("", window)] + [
                 (f"@{arm}", c)
