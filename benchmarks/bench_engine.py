@@ -54,8 +54,8 @@ def _rss_mb() -> float:
 
 def _samples(arm: Arm, lo: int, hi: int, replicas: int, restart_every: int) -> list[EngineSample]:
     """Samples lo..hi-1 (scrape index) of `arm`; replica r scrapes at its own phase."""
-    rng = np.random.default_rng(lo * 2 + (arm is Arm.SPECULATIVE))
-    spec = arm is Arm.SPECULATIVE
+    rng = np.random.default_rng(lo * 2 + (arm == "speculative"))
+    spec = arm == "speculative"
     out = []
     for i in range(lo, hi):
         phase = i % restart_every
@@ -92,7 +92,7 @@ async def _build(url: str, days: float, replicas: int, restart_every_h: float, s
     step = 20_000
     try:
         for lo in range(0, n, step):
-            for arm in Arm:
+            for arm in ("speculative", "baseline"):
                 batch = _samples(arm, lo, min(n, lo + step), replicas, restart_every)
                 await store._write([], batch, [])  # the backend's own insert
     finally:
@@ -109,7 +109,7 @@ async def _timed(label: str, fn: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def _same(a: dict[Arm, EngineSummary], b: dict[Arm, EngineSummary]) -> bool:
-    for arm in Arm:
+    for arm in ("speculative", "baseline"):
         x, y = a[arm], b[arm]
         for f in ("samples", "restarts", "up_samples", "num_speculative_tokens"):
             if getattr(x, f) != getattr(y, f):
@@ -131,12 +131,14 @@ async def _ticks(url: str, spill: str, end: float) -> None:
 
         async def old() -> tuple[dict[Arm, list[float]], list[dict[Arm, EngineSummary]]]:
             samples = await store.read_engine_samples(run_id=RUN)
-            restarts = {arm: restart_times(samples, arm) for arm in Arm}
+            restarts = {arm: restart_times(samples, arm) for arm in ("speculative", "baseline")}
             return restarts, [summarise_arms(samples, None, since=s) for s in starts]
 
         async def new() -> tuple[dict[Arm, list[float]], list[dict[Arm, EngineSummary]]]:
             view = await store.read_engine(run_id=RUN, since=starts)
-            restarts = {arm: restart_times(view.restart_samples, arm) for arm in Arm}
+            restarts = {
+                arm: restart_times(view.restart_samples, arm) for arm in ("speculative", "baseline")
+            }
             return restarts, [summarise_arms(view, None, since=s) for s in starts]
 
         fresh = await _timed("new, cold (new leader)", new)

@@ -31,7 +31,6 @@ from aiohttp import web
 
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
 from specproxy.prompts import default_prompts
-from specproxy.records import Arm
 
 REFERENCE_LATENCY_S = 0.075  # median speculative E2E of the real vLLM CPU fixtures
 
@@ -67,7 +66,7 @@ def _quantiles_ms(values: list[float]) -> str:
 async def _measure(url: str, requests: int) -> None:
     prompts = default_prompts()
     options = RequestOptions(model="m")
-    target = [Target(url, Arm.BASELINE)]
+    target = [Target(url, "baseline")]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         warm = LoadGenerator(session, target, prompts, options)
         await warm.run_closed_loop(4, count=200)

@@ -79,7 +79,7 @@ RUN = "bench"
 SIGMA = 0.5
 # metric -> log-median of the baseline (e2e ~ 1 s, ttft ~ 0.2 s, tpot ~ 10 ms)
 METRIC_MU = {"e2e": 0.0, "ttft": -1.6, "tpot": -4.6}
-ARM_SHIFT = {Arm.BASELINE: 0.0, Arm.SPECULATIVE: -0.2}
+ARM_SHIFT = {"baseline": 0.0, "speculative": -0.2}
 WINDOWS = (300.0, 3600.0, None)
 
 
@@ -125,11 +125,10 @@ def _fine_rows(
     for arm, shift in ARM_SHIFT.items():
         for metric, mu in METRIC_MU.items():
             v = np.exp(rng.normal(mu + shift + _wave(minute), SIGMA, n))
-            summaries.append((RUN, metric, minute, "m", arm.value, n, float(v.sum()), float(v @ v)))
+            summaries.append((RUN, metric, minute, "m", arm, n, float(v.sum()), float(v @ v)))
             b, c = np.unique(bin_index(v), return_counts=True)
             bins.extend(
-                (RUN, metric, minute, "m", arm.value, int(i), int(k))
-                for i, k in zip(b, c, strict=True)
+                (RUN, metric, minute, "m", arm, int(i), int(k)) for i, k in zip(b, c, strict=True)
             )
     return summaries, bins
 
@@ -141,7 +140,7 @@ def _moment_rows(start: int, span: int, per_minute: int, mu: float, arm: Arm) ->
     n = per_minute * span
     u, v, y = 4.5, 6.0, mu  # means; cov(u, y) = 0.3 x var(u) = 0.15
     return (
-        RUN, start, "m", arm.value, n, n * u, n * v, n * (u * u + 0.5), n * (v * v + 1.0),
+        RUN, start, "m", arm, n, n * u, n * v, n * (u * u + 0.5), n * (v * v + 1.0),
         n * u * v, n * y, n * (u * y + 0.15), n * v * y, n * (y * y + SIGMA**2),
     )  # fmt: skip
 
@@ -193,7 +192,7 @@ async def build_rollups(url: str, days: float, rate: float, end_minute: int) -> 
         for arm, shift in ARM_SHIFT.items():
             for metric, mu in METRIC_MU.items():
                 b = _coarse_block(rng, start, span, per_minute, mu + shift + _wave(start))
-                blocks.append((RUN, metric, start, span, "m", arm.value, b.n, b.encode()))
+                blocks.append((RUN, metric, start, span, "m", arm, b.n, b.encode()))
     # the length adjustment's moments (schema v8): a row per minute of the whole run and a row
     # per hour, as the writes leave them (nothing compacts them)
     e2e_mu = METRIC_MU["e2e"]
@@ -302,8 +301,8 @@ def _child(url: str, rate: float, end_minute: int, resamples: int, spill: str) -
 
 
 def _record(i: int, rng: np.random.Generator, t0: float) -> RequestRecord:
-    arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
-    e2e = float(rng.lognormal(0.0 if arm is Arm.BASELINE else -0.2, 0.5))
+    arm = "speculative" if i % 2 else "baseline"
+    e2e = float(rng.lognormal(0.0 if arm == "baseline" else -0.2, 0.5))
     return RequestRecord(
         request_id=f"q{i}",
         run_id=RUN,

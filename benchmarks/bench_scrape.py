@@ -21,7 +21,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from specproxy.records import Arm
 from specproxy.scrape.derive import derive_sample
 from specproxy.scrape.parse import parse_metrics
 
@@ -57,7 +56,7 @@ def main() -> None:
     for label, text in (("real 0.32.0 page", real), ("8 DP engines", data_parallel_page(real, 8))):
         parse_ms = time_ms(partial(parse_metrics, text, t=0.0), args.repeats)
         a, b = parse_metrics(text, t=0.0), parse_metrics(text, t=5.0)
-        derive = partial(derive_sample, a, b, run_id="r", arm=Arm.SPECULATIVE)
+        derive = partial(derive_sample, a, b, run_id="r", arm="speculative")
         derive_ms = time_ms(derive, args.repeats)
         share = 2 * (parse_ms + derive_ms) / 1e3 / args.interval
         print(

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.store.
 from tests.store.pgcluster import PgCluster, find_pg_bin
 
 from specproxy.config import StoreConfig
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import RequestRecord
 from specproxy.store.buffered import BufferedStore
 from specproxy.store.factory import open_store
 from specproxy.summary.rows import records_to_arrays
@@ -41,7 +41,7 @@ def records(n_per_arm: int) -> list[RequestRecord]:
             RequestRecord(
                 request_id=f"r{i}",
                 run_id="bench",
-                arm=Arm.SPECULATIVE if i % 2 else Arm.BASELINE,
+                arm="speculative" if i % 2 else "baseline",
                 t_start=t0 + i * 1e-3,
                 model="tiny",
                 endpoint="chat.completions",
@@ -83,7 +83,7 @@ async def bench_backend(name: str, url: str, rows: list[RequestRecord], spill: P
         t_read = time.perf_counter() - t0
         arrays = records_to_arrays(columns, records)
         dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-        sizes = {arm.value: len(a["t_start"]) for arm, a in arrays.items()}
+        sizes = {arm: len(a["t_start"]) for arm, a in arrays.items()}
         print(
             f"{name:10s} read_records {label:8s} {len(columns)} cols {sizes}: "
             f"{dt / 2:.2f} s wall ({t_read / 2:.2f} s reading), {cpu / 2:.2f} s CPU per arm "

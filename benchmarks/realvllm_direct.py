@@ -28,9 +28,9 @@ async def _measure(urls: dict[Arm, str], count: int, max_tokens: int, warmup: in
         result = await measure_direct(
             session, urls, prompts(count + warmup), max_tokens=max_tokens, warmup=warmup
         )
-        async with session.get(f"{urls[Arm.SPECULATIVE]}/metrics") as resp:
+        async with session.get(f"{urls['speculative']}/metrics") as resp:
             metrics = await resp.text()
-    for arm in Arm:
+    for arm in ("speculative", "baseline"):
         lat = sorted(result.latencies[arm])
         p90 = lat[int(0.9 * (len(lat) - 1))]
         median_ms = result.median(arm) * 1e3
@@ -55,14 +55,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     if args.speculative_url and args.baseline_url:
-        urls = {Arm.SPECULATIVE: args.speculative_url, Arm.BASELINE: args.baseline_url}
+        urls = {"speculative": args.speculative_url, "baseline": args.baseline_url}
         asyncio.run(_measure(urls, args.requests, args.max_tokens, args.warmup))
         return
     with tempfile.TemporaryDirectory() as logs:
         started = time.monotonic()
         with VllmPair(resolve_vllm_python(args.vllm_python), log_dir=Path(logs)) as pair:
             print(f"both servers healthy after {time.monotonic() - started:.0f} s")
-            urls = {arm: pair.url(arm) for arm in Arm}
+            urls = {arm: pair.url(arm) for arm in ("speculative", "baseline")}
             asyncio.run(_measure(urls, args.requests, args.max_tokens, args.warmup))
 
 

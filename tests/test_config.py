@@ -4,6 +4,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -347,6 +348,63 @@ def test_an_arm_behind_a_gateway_keeps_its_engines_and_round_trips() -> None:
     cfg = Config.from_mapping(data)
     arm = cfg.arm_config("speculative")
     assert arm.scrapes_elsewhere and arm.has_api_key and arm.headers == {"X-Tenant": "t"}
+
+
+# ---- A/B/n: [arms.NAME] tables, and the two-arm shorthand -------------------------------------
+
+README_TWO_ARMS = """
+baseline_url = "http://10.0.0.2:8000"
+speculative_url = "http://10.0.0.3:8000"
+run_id = "llama70b-ngram-k4"
+[routing]
+mode = "weighted"            # or "sticky" (sticky_source = "header" | "user")
+speculative_share = 0.5
+mirror_fraction = 0.1        # 10 % of requests also shadowed on the other arm
+[store]
+url = "postgresql://specproxy@db/specproxy"   # several replicas share one store
+[stats]
+windows_s = [300, 3600, "all"]
+p99_tolerance = 0.05         # "slower" means spec P99 > baseline P99 x 1.05
+"""  # README's two-arm config, as it stood before A/B/n
+
+THREE_ARMS = """
+[arms.base]
+role = "control"
+urls = ["http://10.0.0.2:8000"]
+[arms.ngram-k2]
+urls = ["http://10.0.0.3:8000"]
+labels = { method = "ngram", k = 2 }
+[arms.ngram-k4]
+weight = 2
+dns = "vllm-k4.llm.svc.cluster.local"
+timeouts = { read_s = 30 }
+"""
+
+
+def test_the_readmes_two_arm_config_loads_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "two.toml"
+    path.write_text(README_TWO_ARMS)
+    cfg = Config.from_toml(path)
+    assert (cfg.baseline_url, cfg.speculative_url) == (
+        "http://10.0.0.2:8000",
+        "http://10.0.0.3:8000",
+    )
+    assert cfg.arm_names == ("baseline", "speculative") and cfg.control_arm == "baseline"
+    assert cfg.treatment_arms == ("speculative",) and cfg.shorthand
+    assert cfg.arm_shares() == {"baseline": 0.5, "speculative": 0.5}
+    assert cfg.routing.mirror_fraction == 0.1 and cfg.upstream_url("speculative").endswith(":8000")
+    assert Config.from_mapping(cfg.to_mapping()) == cfg
+
+
+def test_arms_tables_name_the_arms_roles_weights_labels_and_timeouts(tmp_path: Path) -> None:
+    path = tmp_path / "three.toml"
+    path.write_text(THREE_ARMS)
+    cfg = Config.from_toml(path)
+    assert cfg.arm_names == ("base", "ngram-k2", "ngram-k4") and not cfg.shorthand
+    assert cfg.arm_shares() == {"base": 0.25, "ngram-k2": 0.25, "ngram-k4": 0.5}
+    assert cfg.arm_config("ngram-k2").labels == {"method": "ngram", "k": "2"}
+    assert cfg.arm_timeouts("ngram-k4").read_s == 30 and cfg.arm_timeouts("base").read_s == 120
+    assert cfg.upstream_url("ngram-k4") == "http://vllm-k4.llm.svc.cluster.local:8000"
     assert Config.from_mapping(cfg.to_mapping()) == cfg
 
 
@@ -366,3 +424,47 @@ def test_a_store_url_without_sqlites_three_slashes_is_refused(url: str, message:
     assert message in str(info.value)
     assert StoreConfig(url="sqlite:///x.db").url == "sqlite:///x.db"
     assert StoreConfig(url="sqlite:////abs/x.db").url == "sqlite:////abs/x.db"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"baseline_url": "http://a:1"}, "cannot be mixed with the two-arm shorthand"),
+        ({"routing": {"speculative_share": 0.2}}, "routing.speculative_share"),
+        ({"arms": {"base": {"role": "control", "urls": ["http://a:1"]}}}, "2 to 8 arms"),
+        (
+            {"arms": {"Base": {"role": "control", "urls": ["http://a:1"]}, "k": {"dns": "k"}}},
+            "no valid arm name",
+        ),
+        ({"arms": {"a": {"urls": ["http://a:1"]}, "b": {"urls": ["http://b:1"]}}}, "exactly one"),
+        ({"arms": {"a": {"role": "control"}, "b": {"urls": ["http://b:1"]}}}, "needs exactly one"),
+        (
+            {"arms": {"a": {"role": "boss", "urls": ["http://a:1"]}, "k": {"dns": "k"}}},
+            "control or treatment",
+        ),
+    ],
+)
+def test_bad_arms_are_one_clear_config_error(data: dict[str, Any], message: str) -> None:
+    arms = {"base": {"role": "control", "urls": ["http://a:1"]}, "k2": {"urls": ["http://b:1"]}}
+    merged = {"arms": arms, **data}
+    with pytest.raises(ConfigError, match=message) as caught:
+        Config.from_mapping(merged)
+    assert "\n" not in str(caught.value)
+
+
+def test_at_most_eight_arms_with_bounded_labels() -> None:
+    nine: dict[str, dict[str, Any]] = {f"a{i}": {"urls": [f"http://h{i}:1"]} for i in range(9)}
+    nine["a0"]["role"] = "control"
+    with pytest.raises(ConfigError, match="2 to 8 arms, got 9"):
+        Config.from_mapping({"arms": nine})
+    long: dict[str, dict[str, Any]] = {"base": {"role": "control", "urls": ["http://a:1"]}}
+    long["k"] = {"urls": ["http://b:1"], "labels": {"note": "x" * 65}}
+    with pytest.raises(ConfigError, match="at most 64 characters"):
+        Config.from_mapping({"arms": long})
+
+
+def test_the_shorthand_tables_keep_role_and_weight_to_themselves() -> None:
+    with pytest.raises(ConfigError, match="role and weight are the shorthand"):
+        Config.from_mapping(
+            {"baseline_url": "http://a:1", "speculative": {"urls": ["http://b:1"], "weight": 3}}
+        )

@@ -12,7 +12,6 @@ from pytest_aiohttp import AiohttpServer
 
 from specproxy.loadgen import LoadGenerator, RequestOptions, Target, poisson_gaps
 from specproxy.prompts import Prompt
-from specproxy.records import Arm
 from tests.fake_openai import FakeOpenAI
 
 PROMPTS = [Prompt((("user", "hi"),), 8), Prompt((("user", "a longer prompt"),), 5)]
@@ -40,7 +39,7 @@ async def test_streamed_request_is_timed_and_parsed(
     base = await _base(aiohttp_server, fake)
     options = RequestOptions(model="m", endpoint=endpoint, temperature=0.5)  # type: ignore[arg-type]
     async with aiohttp.ClientSession() as session:
-        gen = LoadGenerator(session, [Target(base, Arm.SPECULATIVE)], PROMPTS, options)
+        gen = LoadGenerator(session, [Target(base, "speculative")], PROMPTS, options)
         result = await gen.send(0, gen.targets[0], PROMPTS[0])
     assert result.ok and result.status == 200
     assert result.output_tokens == 8 and result.prompt_tokens == 10
@@ -54,7 +53,7 @@ async def test_streamed_request_is_timed_and_parsed(
     assert ("messages" in body) == (endpoint == "chat.completions")
 
     record = result.to_record(run_id="r", options=options)
-    assert record.arm is Arm.SPECULATIVE and record.run_id == "r"
+    assert record.arm == "speculative" and record.run_id == "r"
     assert record.e2e_s == pytest.approx(result.e2e_ns / 1e9)
     assert record.tpot_s == pytest.approx((record.e2e_s - record.ttft_s) / 7)  # type: ignore[operator]
     assert record.tokens_per_event == pytest.approx(8 / 3)
@@ -65,10 +64,10 @@ async def test_non_streaming_and_errors(aiohttp_server: AiohttpServer) -> None:
     base = await _base(aiohttp_server, fake)
     options = RequestOptions(model="m", stream=False, max_tokens_cap=4)
     async with aiohttp.ClientSession() as session:
-        gen = LoadGenerator(session, [Target(base, Arm.BASELINE)], PROMPTS, options)
+        gen = LoadGenerator(session, [Target(base, "baseline")], PROMPTS, options)
         ok = await gen.send(0, gen.targets[0], PROMPTS[0])
         failed = await gen.send(1, gen.targets[0], PROMPTS[0])
-        refused = await gen.send(2, Target("http://127.0.0.1:9", Arm.BASELINE), PROMPTS[0])
+        refused = await gen.send(2, Target("http://127.0.0.1:9", "baseline"), PROMPTS[0])
     assert ok.ok and ok.ttft_ns is None and ok.output_tokens == 4  # capped budget
     assert fake.bodies[0]["max_tokens"] == 4 and "stream_options" not in fake.bodies[0]
     assert failed.error_kind == "http_5xx" and failed.status == 500 and not failed.ok
@@ -78,8 +77,8 @@ async def test_non_streaming_and_errors(aiohttp_server: AiohttpServer) -> None:
 async def test_open_loop_count_and_split(aiohttp_server: AiohttpServer) -> None:
     spec, base = FakeOpenAI(), FakeOpenAI()
     targets = [
-        Target(await _base(aiohttp_server, spec), Arm.SPECULATIVE),
-        Target(await _base(aiohttp_server, base), Arm.BASELINE),
+        Target(await _base(aiohttp_server, spec), "speculative"),
+        Target(await _base(aiohttp_server, base), "baseline"),
     ]
     seen: list[int] = []
     async with aiohttp.ClientSession() as session:
@@ -98,7 +97,7 @@ async def test_open_loop_count_and_split(aiohttp_server: AiohttpServer) -> None:
 
 async def test_open_loop_duration_and_stop(aiohttp_server: AiohttpServer) -> None:
     fake = FakeOpenAI()
-    targets = [Target(await _base(aiohttp_server, fake), Arm.BASELINE)]
+    targets = [Target(await _base(aiohttp_server, fake), "baseline")]
     async with aiohttp.ClientSession() as session:
         gen = LoadGenerator(session, targets, PROMPTS, RequestOptions(model="m"))
         timed = await gen.run_open_loop(50.0, duration_s=0.4)
@@ -131,7 +130,7 @@ async def test_closed_loop_respects_concurrency(aiohttp_server: AiohttpServer) -
 
     app.middlewares.append(count)
     server = await aiohttp_server(app)
-    targets = [Target(str(server.make_url("")), Arm.BASELINE)]
+    targets = [Target(str(server.make_url("")), "baseline")]
     async with aiohttp.ClientSession() as session:
         gen = LoadGenerator(session, targets, PROMPTS, RequestOptions(model="m"))
         results = await gen.run_closed_loop(3, count=12)

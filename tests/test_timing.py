@@ -27,7 +27,7 @@ from specproxy.loadgen import LoadGenerator, RequestOptions, Target
 from specproxy.prompts import Prompt
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.proxy.sse import SSEScanner
-from specproxy.records import Arm, RequestRecord, RerouteReason
+from specproxy.records import RequestRecord, RerouteReason
 from specproxy.timing import RequestTimings, derive
 from tests.conftest import fixture_path
 
@@ -123,7 +123,7 @@ def test_record_carries_identity_and_measures() -> None:
     rec = m.record(
         request_id="r1",
         run_id="run",
-        arm=Arm.BASELINE,
+        arm="baseline",
         t_start=5.0,
         model="m",
         endpoint="completions",
@@ -131,14 +131,14 @@ def test_record_carries_identity_and_measures() -> None:
         pair_id="p",
         shadow=True,
         engine_url="http://e:1",
-        rerouted_from=Arm.SPECULATIVE,
+        rerouted_from="speculative",
         reroute_reason=RerouteReason.DOWN,
     )
     measured = {f.name for f in dataclasses.fields(m)}
     assert {k: v for k, v in rec.to_dict().items() if k in measured} == dataclasses.asdict(m)
-    assert (rec.request_id, rec.arm, rec.pair_id, rec.shadow) == ("r1", Arm.BASELINE, "p", True)
+    assert (rec.request_id, rec.arm, rec.pair_id, rec.shadow) == ("r1", "baseline", "p", True)
     assert rec.engine_url == "http://e:1"
-    assert (rec.rerouted_from, rec.reroute_reason) == (Arm.SPECULATIVE, RerouteReason.DOWN)
+    assert (rec.rerouted_from, rec.reroute_reason) == ("speculative", RerouteReason.DOWN)
     # every record field is either measured or identity: nothing is left at a silent default
     identity = {"request_id", "run_id", "arm", "t_start", "model", "endpoint", "stream"}
     routing = {"pair_id", "shadow", "engine_url", "rerouted_from", "reroute_reason"}

@@ -62,7 +62,7 @@ from specproxy.proxy.limits import (
     quiet_parser_rejections,
 )
 from specproxy.proxy.recorder import MemoryRecorder
-from specproxy.proxy.routing import Router
+from specproxy.proxy.routing import router_of
 from specproxy.proxy.timeouts import ArmTimeouts
 from specproxy.records import Arm, Recorder
 from specproxy.scrape.context import scrape_ctx
@@ -117,7 +117,7 @@ def create_app(
     app[REGISTRY] = registry if registry is not None else CollectorRegistry()
     app[METRICS] = ProxyMetrics(app[REGISTRY])
     app[RECORDER] = recorder if recorder is not None else MemoryRecorder()
-    app[ROUTER] = Router(cfg.routing)
+    app[ROUTER] = router_of(cfg)
     app[ADMIN_GUARDED] = admin_token is not None
 
     app.cleanup_ctx.append(_upstream_sessions)
@@ -152,7 +152,7 @@ def upstream_session(cfg: Config, arm: Arm) -> ClientSession:
         connector=TCPConnector(limit=0, limit_per_host=0),
         cookie_jar=DummyCookieJar(),
         auto_decompress=False,
-        timeout=ArmTimeouts.of(cfg.timeouts.for_arm(arm.value)).stream,
+        timeout=ArmTimeouts.of(cfg.arm_timeouts(arm)).stream,
         # Forward exactly the client's headers: add none of aiohttp's defaults.
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
     )
@@ -160,7 +160,7 @@ def upstream_session(cfg: Config, arm: Arm) -> ClientSession:
 
 async def _upstream_sessions(app: web.Application) -> AsyncIterator[None]:
     cfg = app[CONFIG]
-    app[SESSIONS] = {arm: upstream_session(cfg, arm) for arm in Arm}
+    app[SESSIONS] = {arm: upstream_session(cfg, arm) for arm in cfg.arm_names}
     yield
     await asyncio.gather(*(session.close() for session in app[SESSIONS].values()))
 
@@ -221,11 +221,11 @@ async def _readyz(request: web.Request) -> web.Response:
     """
     app = request.app
     cfg = app[CONFIG]
-    arms = list(Arm)
+    arms = cfg.arm_names
     fleet = app.get(FLEET)
 
     def fails_open(arm: Arm) -> bool:
-        return not arm.is_control and cfg.arm_config(arm.value).on_down == "control"
+        return arm != cfg.control_arm and cfg.arm_config(arm).on_down == "control"
 
     async def arm_ready(arm: Arm) -> bool:
         if fleet is not None and fails_open(arm) and fleet.pool(arm).down:
@@ -236,10 +236,10 @@ async def _readyz(request: web.Request) -> web.Response:
         return any(answers)
 
     results = await asyncio.gather(*(arm_ready(arm) for arm in arms))
-    arm_status = {arm.value: ok for arm, ok in zip(arms, results, strict=True)}
+    arm_status = {arm: ok for arm, ok in zip(arms, results, strict=True)}
 
     ready = all(ok for arm, ok in zip(arms, results, strict=True) if not fails_open(arm))
-    degraded = [a.value for a, ok in zip(arms, results, strict=True) if not ok and fails_open(a)]
+    degraded = [a for a, ok in zip(arms, results, strict=True) if not ok and fails_open(a)]
     return web.json_response(
         {"ready": ready, "arms": arm_status, "degraded": degraded}, status=200 if ready else 503
     )

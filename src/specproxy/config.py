@@ -6,8 +6,22 @@ Every problem is a `ConfigError` that names the setting, so a bad config fails b
 accepts its first request. The TOML file mirrors the dataclasses: top-level keys plus the tables
 `[routing]`, `[timeouts]`, `[store]`, `[scrape]`, `[stats]`, `[warmup]` and `[outlier]`.
 
-Each arm is a pool of engine endpoints. `baseline_url = "http://host:8000"` is the shorthand for
-one endpoint; the table of the arm's name says more:
+The arms are named tables, any number from `MIN_ARMS` to `MAX_ARMS`, exactly one of them the
+control (README, "A/B/n"):
+
+    [arms.baseline]
+    role = "control"
+    urls = ["http://10.0.0.2:8000"]
+    [arms.ngram-k4]
+    role = "treatment"
+    weight = 1            # weights are normalised: each arm's share is weight / sum of weights
+    urls = ["http://10.0.0.3:8000"]
+    labels = { method = "ngram", k = "4" }
+
+The two-arm case keeps its shorthand: control "baseline" and treatment "speculative", from
+`baseline_url`/`speculative_url` (one endpoint each), `[baseline]`/`[speculative]` tables,
+`routing.speculative_share` and `[timeouts.speculative]`/`[timeouts.baseline]`. Mixing the
+shorthand with `[arms]` is a `ConfigError`. Each arm is a pool of engine endpoints:
 
     [speculative]
     urls = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]   # a fixed list, or
@@ -22,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import math
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,9 +46,14 @@ from typing import Any, Final, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from specproxy.errors import ConfigError
+from specproxy.records import ARM_NAME_PATTERN, SHORTHAND_CONTROL, SHORTHAND_TREATMENT
 from specproxy.store.registry import STORE_SCHEMES
 
 __all__ = [
+    "ARM_LABELS_MAX",
+    "ARM_LABEL_VALUE_MAX_CHARS",
+    "MAX_ARMS",
+    "MIN_ARMS",
     "MOVED",
     "ArmConfig",
     "Config",
@@ -53,6 +74,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_DEFAULT_SHARE: Final = 0.5  # the shorthand's routing.speculative_share
 RoutingMode = Literal["weighted", "sticky"]
 StickySource = Literal["header", "user"]
 StatsCompute = Literal["child", "external"]
@@ -77,6 +99,14 @@ _RESERVED_ARM_HEADERS: Final = frozenset(
     }
 )
 _TOKEN_CHARS: Final = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+ArmRole = Literal["control", "treatment"]
+
+MIN_ARMS: Final = 2
+MAX_ARMS: Final = 8  # bounds every `arm` label and the comparisons computed every tick
+ARM_LABELS_MAX: Final = 16  # free-form labels per arm (method, k, temperature, ...)
+ARM_LABEL_KEY_PATTERN: Final = re.compile(r"[a-z_][a-z0-9_]{0,31}")
+ARM_LABEL_VALUE_MAX_CHARS: Final = 64
+_SHORTHAND_KEYS: Final = ("baseline_url", "speculative_url", "baseline", "speculative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +114,7 @@ class RoutingConfig:
     """How requests are split between the arms."""
 
     mode: RoutingMode = "weighted"
-    speculative_share: float = 0.5  # probability (weighted) or key-space share (sticky)
+    speculative_share: float = _DEFAULT_SHARE  # probability (weighted) or key-space share (sticky)
     sticky_source: StickySource = "header"
     sticky_header: str = "x-session-id"
     allow_forced_arm: bool = False  # honour the `x-specproxy-arm` request header
@@ -359,9 +389,22 @@ class ArmConfig:
     # clients without one; "arm" replaces every client's Authorization with the key.
     authorization: ArmAuthorization = "client"
     name: str = "arm"  # the arm, for error messages (set by Config)
+    # With `[arms.NAME]` tables (the shorthand sets these from its own keys):
+    role: ArmRole = "treatment"  # exactly one arm is the control
+    weight: float = 1.0  # relative; the arm's share of the traffic is weight / sum of weights
+    labels: Mapping[str, str] = field(default_factory=dict)  # shown by dashboard and report
+    timeouts: Mapping[str, Any] | None = None  # this arm's overrides of [timeouts]
 
     def __post_init__(self) -> None:
         prefix = self.name
+        _check(self.role in get_args(ArmRole), f"{prefix}.role", "must be control or treatment")
+        _check(math.isfinite(self.weight) and self.weight >= 0, f"{prefix}.weight", "must be >= 0")
+        object.__setattr__(self, "labels", _arm_labels(self.labels, f"{prefix}.labels"))
+        if self.timeouts is not None:
+            _check(isinstance(self.timeouts, Mapping), f"{prefix}.timeouts", "must be a table")
+            unknown = sorted(set(self.timeouts) - set(TIMEOUT_KEYS))
+            _check(not unknown, f"{prefix}.timeouts", f"has unknown key(s): {', '.join(unknown)}")
+            object.__setattr__(self, "timeouts", dict(self.timeouts))
         _check(
             isinstance(self.urls, (list, tuple)), f"{prefix}.urls", "must be a list of base URLs"
         )
@@ -508,6 +551,10 @@ class ArmConfig:
         return bool(self.metrics_urls) or self.metrics_dns is not None
 
     @property
+    def is_control(self) -> bool:
+        return self.role == "control"
+
+    @property
     def has_endpoints(self) -> bool:
         """Whether the table names the endpoints (else the `<arm>_url` shorthand gives them)."""
         return bool(self.urls) or self.dns is not None
@@ -563,9 +610,82 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
     protect_metrics: bool = False  # with an admin token (specproxy.admin), /metrics needs it too
+    # {name: arm} from `[arms.NAME]` tables; None: the two-arm shorthand builds it
+    arms: Mapping[str, ArmConfig] | None = None
 
     def __post_init__(self) -> None:
-        for arm in ("baseline", "speculative"):
+        shorthand = any(getattr(self, key) not in ("", None) for key in _SHORTHAND_KEYS)
+        if self.arms is not None and not (shorthand and set(self.arms) == set(_SHORTHAND_ARMS)):
+            self._named_arms()
+        else:  # the shorthand (or a copy of a shorthand config: `dataclasses.replace`)
+            self._shorthand_arms()
+        _check(isinstance(self.model_allow, (list, tuple)), "model_allow", "must be a list")
+        object.__setattr__(self, "model_allow", tuple(self.model_allow))
+        _check(
+            all(_is_str(m) and m for m in self.model_allow),
+            "model_allow",
+            "must be a list of non-empty strings",
+        )
+        _check(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        _check(bool(self.run_id.strip()), "run_id", "must not be empty")
+        _check(self.max_body_bytes > 0, "max_body_bytes", "must be > 0")
+        _check(self.max_event_bytes > 0, "max_event_bytes", "must be > 0")
+
+    def _named_arms(self) -> None:
+        arms = self.arms
+        _check(isinstance(arms, Mapping), "arms", "must be a table of [arms.NAME] tables")
+        assert arms is not None
+        mixed = [key for key in _SHORTHAND_KEYS if getattr(self, key) not in ("", None)]
+        if self.timeouts.speculative is not None or self.timeouts.baseline is not None:
+            mixed.append("[timeouts.speculative]/[timeouts.baseline]")
+        if self.routing.speculative_share != _DEFAULT_SHARE:
+            mixed.append("routing.speculative_share")
+        _check(
+            not mixed,
+            "arms",
+            f"cannot be mixed with the two-arm shorthand ({', '.join(mixed)}): give every arm"
+            " as an [arms.NAME] table (weight, timeouts and endpoints inside it)",
+        )
+        _check(
+            MIN_ARMS <= len(arms) <= MAX_ARMS,
+            "arms",
+            f"must name {MIN_ARMS} to {MAX_ARMS} arms, got {len(arms)}",
+        )
+        built: dict[str, ArmConfig] = {}
+        for name, arm in arms.items():
+            _check(
+                _is_str(name) and ARM_NAME_PATTERN.fullmatch(name) is not None,
+                f"arms.{name}",
+                "is no valid arm name (a lower-case letter, then up to 31 of a-z 0-9 _ -)",
+            )
+            if isinstance(arm, Mapping):
+                arm = _build(ArmConfig, {**arm, "name": f"arms.{name}"}, prefix=f"arms.{name}.")
+            _check(isinstance(arm, ArmConfig), f"arms.{name}", "must be a table")
+            _check(
+                arm.has_endpoints,
+                f"arms.{name}",
+                "needs exactly one of urls (a list of base URLs) or dns (a name to resolve)",
+            )
+            built[name] = dataclasses.replace(arm, name=name)
+        controls = [name for name, arm in built.items() if arm.is_control]
+        _check(
+            len(controls) == 1,
+            "arms",
+            f'must have exactly one arm with role = "control", got {len(controls)}'
+            + (f" ({', '.join(controls)})" if controls else ""),
+        )
+        _check(sum(arm.weight for arm in built.values()) > 0, "arms", "weights must not all be 0")
+        object.__setattr__(self, "arms", built)
+
+    def _shorthand_arms(self) -> None:
+        for arm in _SHORTHAND_ARMS:
+            table = getattr(self, arm)
+            _check(
+                table is None or (table.role in ("treatment", _ROLES[arm]) and table.weight == 1.0),
+                arm,
+                "role and weight are the shorthand's own (routing.speculative_share); give every"
+                " arm as an [arms.NAME] table to set them",
+            )
             name = f"{arm}_url"
             url, pool = getattr(self, name), getattr(self, arm)
             if pool is not None and not pool.has_endpoints:
@@ -593,28 +713,66 @@ class Config:
                 pool = dataclasses.replace(pool, name=arm)
             object.__setattr__(self, arm, pool)
             object.__setattr__(self, name, pool.first_url)
-        _check(isinstance(self.model_allow, (list, tuple)), "model_allow", "must be a list")
-        object.__setattr__(self, "model_allow", tuple(self.model_allow))
-        _check(
-            all(_is_str(m) and m for m in self.model_allow),
-            "model_allow",
-            "must be a list of non-empty strings",
+        share = self.routing.speculative_share
+        base, spec = self.baseline, self.speculative
+        assert base is not None and spec is not None
+        object.__setattr__(
+            self,
+            "arms",
+            {
+                SHORTHAND_CONTROL: dataclasses.replace(base, role="control", weight=1.0 - share),
+                SHORTHAND_TREATMENT: dataclasses.replace(spec, role="treatment", weight=share),
+            },
         )
-        _check(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
-        _check(bool(self.run_id.strip()), "run_id", "must not be empty")
-        _check(self.max_body_bytes > 0, "max_body_bytes", "must be > 0")
-        _check(self.max_event_bytes > 0, "max_event_bytes", "must be > 0")
+
+    @property
+    def shorthand(self) -> bool:
+        """Whether the arms came from the two-arm shorthand (not from `[arms.NAME]` tables)."""
+        return self.baseline is not None
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        """Every arm, the control first, then the treatments in configured order."""
+        return (self.control_arm, *self.treatment_arms)
+
+    @property
+    def control_arm(self) -> str:
+        """The name of the one control arm."""
+        return next(name for name, arm in self._arms.items() if arm.is_control)
+
+    @property
+    def treatment_arms(self) -> tuple[str, ...]:
+        """The treatments' names, in configured order."""
+        return tuple(name for name, arm in self._arms.items() if not arm.is_control)
+
+    def arm_shares(self) -> dict[str, float]:
+        """{arm: its share of the traffic}: the weights normalised to sum 1, control first."""
+        arms = self._arms
+        total = sum(arm.weight for arm in arms.values())
+        return {name: arms[name].weight / total for name in self.arm_names}
 
     def upstream_url(self, arm: str) -> str:
         """The (first) base URL of an arm, without a trailing slash."""
-        url = self.speculative_url if arm == "speculative" else self.baseline_url
-        return url.rstrip("/")
+        return self.arm_config(arm).first_url
 
     def arm_config(self, arm: str) -> ArmConfig:
-        """The endpoints of an arm (the shorthand URL as a one-endpoint list)."""
-        pool = self.speculative if arm == "speculative" else self.baseline
-        assert pool is not None  # set by __post_init__
-        return pool
+        """The endpoints and settings of an arm (the shorthand URL as a one-endpoint list)."""
+        return self._arms[arm]
+
+    def arm_timeouts(self, arm: str) -> TimeoutConfig:
+        """The timeouts of one arm: its overrides (`[arms.NAME.timeouts]`, or the shorthand's
+        `[timeouts.<arm>]`) over `[timeouts]`."""
+        override = self._arms[arm].timeouts
+        if override is None:
+            return self.timeouts.for_arm(arm)
+        own = {key: getattr(self.timeouts, key) for key in TIMEOUT_KEYS}
+        return _build(TimeoutConfig, {**own, **override}, prefix=f"arms.{arm}.timeouts.")
+
+    @property
+    def _arms(self) -> Mapping[str, ArmConfig]:
+        arms = self.arms
+        assert arms is not None  # set by __post_init__
+        return arms
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Config:
@@ -633,8 +791,28 @@ class Config:
             "telemetry": TelemetryConfig,
         }
         top: dict[str, Any] = {}
-        for key, value in moved_settings(data).items():
-            if key in sections:
+        moved = moved_settings(data)
+        mixed = [key for key in _SHORTHAND_KEYS if key in moved]
+        if "arms" in moved and mixed:
+            raise ConfigError(
+                f"arms cannot be mixed with the two-arm shorthand ({', '.join(mixed)}): give"
+                " every arm as an [arms.NAME] table"
+            )
+        routing = moved.get("routing")
+        if "arms" in moved and isinstance(routing, Mapping) and "speculative_share" in routing:
+            raise ConfigError(
+                "arms cannot be mixed with the two-arm shorthand (routing.speculative_share):"
+                " give each arm's weight in its [arms.NAME] table"
+            )
+        for key, value in moved.items():
+            if key == "arms":
+                if not isinstance(value, Mapping):
+                    raise ConfigError("[arms] must be a table of [arms.NAME] tables")
+                top[key] = {
+                    name: arm if isinstance(arm, Mapping) else _not_table(f"arms.{name}")
+                    for name, arm in value.items()
+                }
+            elif key in sections:
                 if not isinstance(value, Mapping):
                     raise ConfigError(f"[{key}] must be a table")
                 if sections[key] is ArmConfig:
@@ -648,9 +826,19 @@ class Config:
         """Plain JSON-able data that `from_mapping` turns back into an equal `Config` (how
         `specproxy serve` hands its merged settings to its stats process)."""
         data = dataclasses.asdict(self)
-        for arm in ("baseline", "speculative"):
-            del data[f"{arm}_url"]  # the shorthand of the arm's table, which says it all
-            del data[arm]["name"]  # set by from_mapping
+        if self.shorthand:
+            del data["arms"]  # built from the shorthand, which says it all
+            for arm in _SHORTHAND_ARMS:
+                del data[f"{arm}_url"]  # the shorthand of the arm's table, which says it all
+                for key in ("name", "role", "weight", "labels", "timeouts"):
+                    del data[arm][key]  # set by from_mapping from the shorthand's own keys
+            return data
+        for key in _SHORTHAND_KEYS:
+            del data[key]
+        del data["routing"]["speculative_share"]
+        del data["timeouts"]["speculative"], data["timeouts"]["baseline"]
+        for arm in data["arms"].values():
+            del arm["name"]  # the table's key
         return data
 
     @classmethod
@@ -748,6 +936,40 @@ def _build(cls: type[_T], data: Mapping[str, Any], *, prefix: str) -> _T:
         return cls(**values)
     except TypeError as exc:
         raise ConfigError(f"missing setting(s) in {prefix or 'config'}: {exc}") from exc
+
+
+_SHORTHAND_ARMS: Final = (SHORTHAND_CONTROL, SHORTHAND_TREATMENT)
+_ROLES: Final = {SHORTHAND_CONTROL: "control", SHORTHAND_TREATMENT: "treatment"}
+
+
+def _not_table(name: str) -> Any:
+    raise ConfigError(f"[{name}] must be a table")
+
+
+def _arm_labels(labels: object, name: str) -> dict[str, str]:
+    """An arm's labels as {key: string}: bounded in number, key and value (TOML numbers and
+    booleans, such as `k = 4`, become their text)."""
+    _check(isinstance(labels, Mapping), name, "must be a table of key = value")
+    assert isinstance(labels, Mapping)
+    _check(len(labels) <= ARM_LABELS_MAX, name, f"must have at most {ARM_LABELS_MAX} labels")
+    out: dict[str, str] = {}
+    for key, value in labels.items():
+        _check(
+            _is_str(key) and ARM_LABEL_KEY_PATTERN.fullmatch(key) is not None,
+            name,
+            f"key {str(key)[:40]!r} must be a lower-case identifier of at most 32 characters",
+        )
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            value = f"{value:g}" if isinstance(value, float) else str(value)
+        _check(
+            _is_str(value) and len(value) <= ARM_LABEL_VALUE_MAX_CHARS and value.isprintable(),
+            f"{name}.{key}",
+            f"must be printable text of at most {ARM_LABEL_VALUE_MAX_CHARS} characters",
+        )
+        out[key] = value
+    return out
 
 
 def _is_str(value: object) -> bool:

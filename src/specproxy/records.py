@@ -8,16 +8,21 @@ fed from the same rows. Times are seconds; `t_start` is Unix wall-clock time, du
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
 
 from specproxy.errors import ErrorKind
 
 __all__ = [
+    "ARM_NAME_PATTERN",
     "BOOL_COLUMNS",
     "GPU_ERROR_MAX_CHARS",
     "MODEL_MAX_BYTES",
     "RECORD_FIELDS",
+    "SHORTHAND_ARMS",
+    "SHORTHAND_CONTROL",
+    "SHORTHAND_TREATMENT",
     "TEXT_COLUMNS",
     "THERMAL_CLOCK_REASONS",
     "Arm",
@@ -27,6 +32,7 @@ __all__ = [
     "Recorder",
     "RequestRecord",
     "RerouteReason",
+    "arm_name",
     "bound_model",
 ]
 
@@ -49,25 +55,25 @@ def bound_model(model: str) -> str:
     return raw[:MODEL_MAX_BYTES].decode("utf-8", "ignore")
 
 
-class Arm(enum.StrEnum):
-    """The two servers under comparison."""
+# An arm is a configured name (`ARM_NAME_PATTERN`, `[arms.NAME]`), not a fixed set: which
+# arm is the control is a property of the run's configuration (`Config.control_arm`), never of a
+# name. The alias says what a string holds.
+Arm: TypeAlias = str
+ARM_NAME_PATTERN: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
-    SPECULATIVE = "speculative"
-    BASELINE = "baseline"
+# The two-arm shorthand's names (`baseline_url`/`speculative_url`): control and treatment.
+SHORTHAND_CONTROL: Final = "baseline"
+SHORTHAND_TREATMENT: Final = "speculative"
+SHORTHAND_ARMS: Final = (SHORTHAND_TREATMENT, SHORTHAND_CONTROL)
 
-    @property
-    def other(self) -> Arm:
-        return Arm.BASELINE if self is Arm.SPECULATIVE else Arm.SPECULATIVE
 
-    @property
-    def is_control(self) -> bool:
-        """The baseline is the control; every other arm is a treatment under test."""
-        return self is Arm.BASELINE
-
-    @property
-    def control(self) -> Arm:
-        """The control arm: where a fail-open treatment's requests go while it is down."""
-        return Arm.BASELINE
+def arm_name(text: str) -> str:
+    """`text` as an arm name (`ARM_NAME_PATTERN`), else a ValueError saying what one is."""
+    if ARM_NAME_PATTERN.fullmatch(text) is None:
+        raise ValueError(
+            f"{text[:40]!r} is no arm name (a lower-case letter, then up to 31 of a-z 0-9 _ -)"
+        )
+    return text
 
 
 class RerouteReason(enum.StrEnum):
@@ -119,9 +125,6 @@ class RequestRecord:
         kind = self.error_kind
         if kind is not None and type(kind) is not ErrorKind:  # a stored or hand-made string
             object.__setattr__(self, "error_kind", ErrorKind(kind))
-        came = self.rerouted_from
-        if came is not None and type(came) is not Arm:
-            object.__setattr__(self, "rerouted_from", Arm(came))
         reason = self.reroute_reason
         if reason is not None and type(reason) is not RerouteReason:
             object.__setattr__(self, "reroute_reason", RerouteReason(reason))
@@ -139,11 +142,8 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)
-        row["arm"] = self.arm.value
         if self.error_kind is not None:
             row["error_kind"] = self.error_kind.value
-        if self.rerouted_from is not None:
-            row["rerouted_from"] = self.rerouted_from.value
         if self.reroute_reason is not None:
             row["reroute_reason"] = self.reroute_reason.value
         return row
@@ -151,7 +151,6 @@ class RequestRecord:
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> RequestRecord:
         values = {f: row[f] for f in RECORD_FIELDS if f in row}
-        values["arm"] = Arm(values["arm"])
         return cls(**values)
 
 
@@ -198,7 +197,6 @@ class EngineSample:
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)
-        row["arm"] = self.arm.value
         row["position_acceptance"] = (
             list(self.position_acceptance) if self.position_acceptance is not None else None
         )
@@ -207,7 +205,6 @@ class EngineSample:
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> EngineSample:
         values = {f.name: row[f.name] for f in fields(cls) if f.name in row}
-        values["arm"] = Arm(values["arm"])
         pos = values.get("position_acceptance")
         values["position_acceptance"] = tuple(pos) if pos is not None else None
         return cls(**values)
@@ -256,14 +253,12 @@ class GpuSample:
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)
-        row["arm"] = self.arm.value
         row["clock_reasons"] = list(self.clock_reasons) if self.clock_reasons is not None else None
         return row
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> GpuSample:
         values = {f.name: row[f.name] for f in fields(cls) if f.name in row}
-        values["arm"] = Arm(values["arm"])
         return cls(**values)
 
 

@@ -151,6 +151,8 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
         target[name] = value
         env_sources.pop(name if section is None else f"{section}.{name}", None)
     for name in ("baseline_url", "speculative_url"):
+        if "arms" in data:
+            break  # [arms.NAME] tables name every arm (README, "A/B/n")
         if name not in data and name.removesuffix("_url") not in data:
             flag = "--" + name.removesuffix("_url")
             variable = variable_name(None, name)
@@ -191,13 +193,16 @@ def run(args: argparse.Namespace) -> int:
     app.on_startup.append(freeze_startup_objects)  # last hook: after every component started
 
     async def announce(app: web.Application) -> None:
+        shares = app[ROUTER].shares  # after the stored arm events (`specproxy arms`) applied
         log.info(
-            "specproxy on http://%s:%d -> speculative %s (share %.2f), baseline %s",
+            "specproxy on http://%s:%d -> %s",
             cfg.host,
             sock.getsockname()[1],
-            cfg.speculative_url,
-            app[ROUTER].share,  # after the stored arm events (`specproxy arms`) were applied
-            cfg.baseline_url,
+            ", ".join(
+                f"{arm} {cfg.upstream_url(arm)} (share {shares[arm]:.2f}"
+                + (", control)" if arm == cfg.control_arm else ")")
+                for arm in cfg.arm_names
+            ),
         )
 
     app.on_startup.append(announce)

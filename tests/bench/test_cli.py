@@ -50,10 +50,8 @@ def _args(**kw: object) -> argparse.Namespace:
         ({"url": "http://a", "burstiness": 0.0}, "--burstiness"),
         ({"url": "http://a", "goodput": ["ttft=5"]}, "KEY:MS"),
         ({"url": "http://a", "dataset": "/no/such.jsonl"}, "neither a dataset name"),
-        (
-            {"arm": ["a=http://a", "b=http://b"], "control": "a", "store": "sqlite:///x.db"},
-            "--store none",
-        ),
+        # arm names are the store's (records.ARM_NAME_PATTERN): lower-case first
+        ({"arm": ["Base=http://a", "b=http://b"], "control": "b"}, "lower-case letter"),
     ],
 )
 def test_bad_arguments(kw: dict[str, object], message: str) -> None:
@@ -136,7 +134,7 @@ def test_tables_print_cis_and_no_p99_without_its_samples() -> None:
 
     from specproxy.bench.harness import BlockResult
     from specproxy.bench.summary import ArmSummary
-    from specproxy.records import Arm
+    from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm
 
     def arm(which: Arm, n: int, acceptance: float | None, duration: float) -> ArmSummary:
         return ArmSummary(
@@ -152,7 +150,7 @@ def test_tables_print_cis_and_no_p99_without_its_samples() -> None:
     block = BlockResult(
         run_id="r",
         temperature=0.0,
-        arms=[arm(Arm.SPECULATIVE, 100, None, 5.0), arm(Arm.BASELINE, 400, None, 10.0)],
+        arms=[arm(SHORTHAND_TREATMENT, 100, None, 5.0), arm(SHORTHAND_CONTROL, 400, None, 10.0)],
         overhead=None,
         engine_acceptance={"speculative": 0.61, "baseline": None},
         wall_s=10.0,

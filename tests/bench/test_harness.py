@@ -15,7 +15,7 @@ from specproxy.bench.calibration import advise_sweep
 from specproxy.bench.harness import BlockResult, run_bench
 from specproxy.config import StoreConfig
 from specproxy.loadgen import Target
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT
 from specproxy.store.factory import open_store
 from tests.fake_openai import FakeOpenAI
 from tests.store.helpers import read_arrays
@@ -27,7 +27,7 @@ async def test_direct_ab_sweep_writes_store(aiohttp_server: AiohttpServer, tmp_p
     base_url = str((await aiohttp_server(base.app())).make_url("")).rstrip("/")
     url = f"sqlite:///{tmp_path / 'bench.db'}"
     blocks = await run_bench(
-        [Target(spec_url, Arm.SPECULATIVE), Target(base_url, Arm.BASELINE)],
+        [Target(spec_url, "speculative"), Target(base_url, "baseline")],
         prompts_path=None,
         model=None,  # discovered from GET /v1/models
         requests=40,
@@ -102,7 +102,7 @@ async def test_concurrency_sweep_gives_one_balanced_block_per_level(
     spec, base = FakeOpenAI(acceptance=0.8), FakeOpenAI(acceptance=0.0)
     spec_url = str((await aiohttp_server(spec.app())).make_url("")).rstrip("/")
     base_url = str((await aiohttp_server(base.app())).make_url("")).rstrip("/")
-    targets = [Target(spec_url, Arm.SPECULATIVE), Target(base_url, Arm.BASELINE)]
+    targets = [Target(spec_url, "speculative"), Target(base_url, "baseline")]
     blocks = await _quick_bench(targets, 20, run_id="s", loads=[(1, None), (4, None)])
     assert [(b.run_id, b.concurrency, b.rate) for b in blocks] == [
         ("s-c1", 1, None),
@@ -120,7 +120,7 @@ async def test_max_seconds_ends_a_block_before_its_request_count(
     fake = FakeOpenAI()
     url = str((await aiohttp_server(fake.app())).make_url("")).rstrip("/")
     (block,) = await _quick_bench(
-        [Target(url, Arm.BASELINE)], 1_000_000, run_id="m", concurrency=2, max_seconds=0.5
+        [Target(url, "baseline")], 1_000_000, run_id="m", concurrency=2, max_seconds=0.5
     )
     assert 0 < block.arms[0].n < 1_000_000  # the deadline, not the count, ended it
     assert block.wall_s >= 0.5
@@ -159,9 +159,9 @@ def test_k_is_read_from_the_per_position_counters() -> None:
     fixtures = Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0-cpu"
     spec = parse_metrics((fixtures / "metrics_spec.prom").read_text(), t=0.0)
     base = parse_metrics((fixtures / "metrics_baseline.prom").read_text(), t=0.0)
-    assert speculative_k({Arm.SPECULATIVE: spec, Arm.BASELINE: base}) == 4
-    assert speculative_k({Arm.BASELINE: base}) is None
-    assert speculative_k({Arm.SPECULATIVE: base}) is None
+    assert speculative_k({SHORTHAND_TREATMENT: spec, SHORTHAND_CONTROL: base}) == 4
+    assert speculative_k({SHORTHAND_CONTROL: base}) is None
+    assert speculative_k({SHORTHAND_TREATMENT: base}) is None
 
 
 def _emulator_totals(text: str) -> dict[str, float]:

@@ -7,17 +7,17 @@ from dataclasses import replace
 import pytest
 
 from specproxy.bench.result import arm_result, result_filename, setup_fields
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_CONTROL
 from tests.bench.test_summary import _result
 
 
 def test_arm_result_uses_vllms_names_and_meanings() -> None:
     # three requests of 100, 200, 300 ms sent at t = 0, 0.1, 0.2: the arm ran 0.5 s
     rows = [
-        replace(_result(Arm.BASELINE, ms), t_start=t)
+        replace(_result(SHORTHAND_CONTROL, ms), t_start=t)
         for ms, t in ((100.0, 0.0), (200.0, 0.1), (300.0, 0.2))
     ]
-    rows.append(replace(_result(Arm.BASELINE, 1.0, ok=False), t_start=0.0))
+    rows.append(replace(_result(SHORTHAND_CONTROL, 1.0, ok=False), t_start=0.0))
     out = arm_result(rows, {"e2el": 250.0})
     assert out["duration"] == pytest.approx(0.5)
     assert out["completed"] == 3 and out["failed"] == 1

@@ -10,7 +10,7 @@ import pytest
 from specproxy.bench.summary import harness_overhead, summarise
 from specproxy.errors import ErrorKind
 from specproxy.loadgen import ClientResult
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm
 from specproxy.timing import RequestTimings, derive
 
 
@@ -48,12 +48,12 @@ def _result(arm: Arm, e2e_ms: float, *, ok: bool = True) -> ClientResult:
 
 
 def test_summary_per_arm() -> None:
-    results = [_result(Arm.BASELINE, ms) for ms in (100, 200, 300)]
-    results += [_result(Arm.SPECULATIVE, ms) for ms in (50, 60)]
-    results.append(_result(Arm.SPECULATIVE, 1, ok=False))
+    results = [_result(SHORTHAND_CONTROL, ms) for ms in (100, 200, 300)]
+    results += [_result(SHORTHAND_TREATMENT, ms) for ms in (50, 60)]
+    results.append(_result(SHORTHAND_TREATMENT, 1, ok=False))
     spec, base = summarise(results, order=("speculative", "baseline"))
     assert [s.arm for s in summarise(results)] == ["baseline", "speculative"]  # else by name
-    assert spec.arm is Arm.SPECULATIVE and spec.n == 2 and spec.errors == 1
+    assert spec.arm == SHORTHAND_TREATMENT and spec.n == 2 and spec.errors == 1
     assert base.e2e_p50_s == pytest.approx(0.2)
     assert base.tpot_p50_s == pytest.approx(0.2 * 0.9 / 8)
     assert spec.tokens_per_event == pytest.approx(9 / 4)
@@ -69,8 +69,8 @@ def test_speedups_carry_cis_and_never_a_p99_without_its_samples() -> None:
     from specproxy.bench.summary import speedups
 
     rng = np.random.default_rng(1)
-    results = [_result(Arm.SPECULATIVE, float(v)) for v in rng.lognormal(np.log(50), 0.2, 400)]
-    results += [_result(Arm.BASELINE, float(v)) for v in rng.lognormal(np.log(100), 0.2, 400)]
+    results = [_result(SHORTHAND_TREATMENT, float(v)) for v in rng.lognormal(np.log(50), 0.2, 400)]
+    results += [_result(SHORTHAND_CONTROL, float(v)) for v in rng.lognormal(np.log(100), 0.2, 400)]
     ci = speedups(results, control="baseline", treatment="speculative", resamples=400)["e2e"]
     median, p99 = ci["median"], ci["p99"]
     assert median["status"] == "ok" and median["lower"] < 2.0 < median["upper"]
@@ -90,13 +90,15 @@ def test_speedups_need_both_arms() -> None:
     from specproxy.bench.summary import speedups
 
     assert (
-        speedups([_result(Arm.SPECULATIVE, 10.0)] * 5, control="baseline", treatment="speculative")
+        speedups(
+            [_result(SHORTHAND_TREATMENT, 10.0)] * 5, control="baseline", treatment="speculative"
+        )
         == {}
     )
 
 
 def test_summary_totals_tokens_for_throughput() -> None:
-    (spec,) = summarise([_result(Arm.SPECULATIVE, 10.0), _result(Arm.SPECULATIVE, 12.0)])
+    (spec,) = summarise([_result("speculative", 10.0), _result("speculative", 12.0)])
     assert spec.output_tokens == 18  # 9 completion tokens each
 
 
@@ -120,12 +122,12 @@ def test_a_good_request_meets_every_slo_and_the_summary_counts_them() -> None:
     the helper's requests have TTFT = e2e/10 and TPOT = 0.9 * e2e / 8."""
     from specproxy.bench.summary import is_good
 
-    fast, slow = _result(Arm.SPECULATIVE, 100.0), _result(Arm.SPECULATIVE, 400.0)
+    fast, slow = _result(SHORTHAND_TREATMENT, 100.0), _result(SHORTHAND_TREATMENT, 400.0)
     assert is_good(fast, {"ttft": 0.02, "e2el": 0.1})
     assert not is_good(slow, {"ttft": 0.02})  # TTFT 40 ms
     assert not is_good(slow, {"tpot": 0.04})  # TPOT 45 ms
     assert is_good(slow, {"tpot": 0.05, "e2el": 0.4})
-    assert not is_good(_result(Arm.SPECULATIVE, 1.0, ok=False), {"e2el": 1.0})  # failed
+    assert not is_good(_result(SHORTHAND_TREATMENT, 1.0, ok=False), {"e2el": 1.0})  # failed
     (spec,) = summarise([fast, slow], goodput={"e2el": 0.2})
     assert spec.good == 1
     (none,) = summarise([fast, slow])
@@ -135,9 +137,11 @@ def test_a_good_request_meets_every_slo_and_the_summary_counts_them() -> None:
 def test_summary_counts_requests_per_category() -> None:
     from dataclasses import replace
 
-    results = [replace(_result(Arm.BASELINE, 10.0), category=c) for c in ("math", "code", "math")]
-    results.append(replace(_result(Arm.BASELINE, 10.0, ok=False), category="code"))  # failed
-    results.append(_result(Arm.BASELINE, 10.0))  # unlabelled
+    results = [
+        replace(_result(SHORTHAND_CONTROL, 10.0), category=c) for c in ("math", "code", "math")
+    ]
+    results.append(replace(_result(SHORTHAND_CONTROL, 10.0, ok=False), category="code"))  # failed
+    results.append(_result(SHORTHAND_CONTROL, 10.0))  # unlabelled
     (base,) = summarise(results)
     assert base.categories == {"code": 1, "math": 2}
     assert base.n == 4

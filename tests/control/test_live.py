@@ -33,6 +33,7 @@ def _control(store: MemoryStore, registry: CollectorRegistry) -> tuple[ArmContro
     control = ArmControl(
         run_id="run",
         configured={"speculative": 0.5},
+        control="baseline",
         store=store,
         router=router,
         metrics=ProxyMetrics(registry),

@@ -12,8 +12,8 @@ from specproxy.config import Config
 from specproxy.config_env import setting_fields
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "specproxy.example.toml"
-# Set by Config itself, not by users.
-INTERNAL = {("baseline", "name"), ("speculative", "name")}
+# Set by Config itself, not by users (the shorthand's tables take role and weight from it).
+INTERNAL = {(arm, key) for arm in ("baseline", "speculative") for key in ("name", "role", "weight")}
 REQUIRED = ("baseline_url", "speculative_url")  # top-level, no default
 _HEADER = re.compile(r"^#?\s*\[(\w+)\]\s*$")
 _KEY = re.compile(r"^(#\s*)?([a-z][a-z0-9_]*)\s*=")

@@ -51,7 +51,7 @@ from specproxy.emulator.server import create_emulator_app
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.pool import EndpointPool
 from specproxy.metrics import ARM_UP, REROUTED
-from specproxy.records import RECORD_FIELDS, Arm
+from specproxy.records import RECORD_FIELDS
 from tests.faults.conftest import fault_row, rss_bytes
 from tests.store.helpers import read_arrays, read_rollups
 
@@ -233,7 +233,7 @@ async def test_a_treatment_arm_killed_under_load_fails_open_and_comes_back(
     app[FLEET] = Fleet(cfg, clock=clock)
     client: TestClient[web.Request, None] = await aiohttp_client(await aiohttp_server(app))
     rss_before = rss_bytes()
-    pool = app[FLEET].pool(Arm.SPECULATIVE)
+    pool = app[FLEET].pool("speculative")
     up = {"arm": "speculative"}
 
     load = Load(client)
@@ -347,7 +347,7 @@ async def test_a_treatment_arm_killed_under_load_fails_open_and_comes_back(
     usable_primary = [
         r for r in primaries.values() if r["arm"] == "baseline" and r["request_id"] in usable_ids
     ]
-    assert int(rollups[Arm.BASELINE].n.sum()) == len(usable_primary)
+    assert int(rollups["baseline"].n.sum()) == len(usable_primary)
     assert store.dropped == 0
     fault_row(
         "treatment killed under load",

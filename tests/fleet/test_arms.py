@@ -4,7 +4,6 @@ from pathlib import Path
 
 from specproxy.config import Config
 from specproxy.fleet.arms import Fleet
-from specproxy.records import Arm
 from tests.fleet.fakes import HostsFileResolver
 
 
@@ -19,12 +18,12 @@ async def test_dns_arm_is_resolved_at_start_and_url_arm_is_fixed(tmp_path: Path)
         }
     )
     fleet = Fleet(cfg, resolver=HostsFileResolver(hosts))
-    assert fleet.endpoints(Arm.SPECULATIVE) == ("http://vllm-spec.llm.svc:8100",)  # before start
-    assert fleet.endpoints(Arm.BASELINE) == ("http://b1:8000", "http://b2:8000")
+    assert fleet.endpoints("speculative") == ("http://vllm-spec.llm.svc:8100",)  # before start
+    assert fleet.endpoints("baseline") == ("http://b1:8000", "http://b2:8000")
     await fleet.start()
     try:
-        assert fleet.endpoints(Arm.SPECULATIVE) == ("http://10.0.0.5:8100", "http://10.0.0.7:8100")
-        assert fleet.pool(Arm.SPECULATIVE).acquire().url == "http://10.0.0.5:8100"
+        assert fleet.endpoints("speculative") == ("http://10.0.0.5:8100", "http://10.0.0.7:8100")
+        assert fleet.pool("speculative").acquire().url == "http://10.0.0.5:8100"
     finally:
         await fleet.close()
     assert fleet.labels.label("dev-model") == "dev-model"

@@ -305,6 +305,7 @@ async def check_one_leader_and_aggregated_dashboard(
         "model:text": MODEL,
         "window": "all",
         "statistic": "median",
+        "arm": ".*",  # every treatment
         "instance": ".*",
         "__rate_interval": RATE_INTERVAL,
     }

@@ -348,6 +348,7 @@ async def test_dashboard_queries_and_p99_alert_in_real_prometheus(tmp_path: Path
                     "instance": ".*",
                     "window": window,
                     "statistic": "median",
+                    "arm": ".*",  # every treatment
                     "__rate_interval": RATE_INTERVAL,
                 }
                 for title, expr, instant in panel_queries(build_dashboard()):

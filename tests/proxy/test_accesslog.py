@@ -11,7 +11,7 @@ import pytest
 from specproxy.config import ArmConfig, TelemetryConfig
 from specproxy.errors import ErrorKind
 from specproxy.proxy.accesslog import AccessLog
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import SHORTHAND_TREATMENT, RequestRecord
 from tests.proxy.conftest import CHAT, SPEC_ONLY, MakeProxy, chat
 
 
@@ -27,7 +27,7 @@ def record(status: int = 200, kind: ErrorKind | None = None, i: int = 0) -> Requ
     return RequestRecord(
         request_id=f"r{i}",
         run_id="run",
-        arm=Arm.SPECULATIVE,
+        arm=SHORTHAND_TREATMENT,
         t_start=0.0,
         model="m",
         endpoint="chat.completions",

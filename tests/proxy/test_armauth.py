@@ -9,7 +9,7 @@ import pytest
 from specproxy.config import ArmConfig, Config
 from specproxy.errors import ConfigError
 from specproxy.proxy.armauth import MAX_KEY_BYTES, arm_headers, every_arm_headers, read_api_key
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT
 
 
 def test_the_key_comes_from_a_file_or_a_variable(tmp_path: Path) -> None:
@@ -54,5 +54,5 @@ def test_every_arm_gets_its_own() -> None:
         }
     )
     own = every_arm_headers(cfg, {})
-    assert own[Arm.BASELINE].empty
-    assert own[Arm.SPECULATIVE].added(client_authorization=False) == [("X-Tenant", "t")]
+    assert own[SHORTHAND_CONTROL].empty
+    assert own[SHORTHAND_TREATMENT].added(client_authorization=False) == [("X-Tenant", "t")]

@@ -14,7 +14,6 @@ from specproxy.config import Config, OutlierConfig, RoutingConfig
 from specproxy.errors import ErrorKind
 from specproxy.proxy.endpoints import verdict
 from specproxy.proxy.recorder import MemoryRecorder
-from specproxy.records import Arm
 from tests.proxy.conftest import CHAT, chat
 from tests.proxy.fake_upstream import FakeUpstream
 
@@ -75,7 +74,7 @@ async def test_arm_of_two_endpoints_balances_and_survives_one_dying(
     after = list(recorder.records)[before:]
     assert {r.engine_url for r in after} == {url1}
     assert all(r.error_kind is None for r in after)
-    pool = app[FLEET].pool(Arm.SPECULATIVE)
+    pool = app[FLEET].pool("speculative")
     dead = next(ep for ep in pool.endpoints if ep.url == url2)
     assert dead.ejected  # two refused calls in a row
     assert all(ep.outstanding == 0 for ep in pool.endpoints)

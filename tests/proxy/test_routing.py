@@ -1,4 +1,5 @@
-"""Arm choice: shares checked with exact binomial tests, stickiness, forced arms, mirroring."""
+"""Arm choice: shares checked with exact binomial tests, stickiness (weighted rendezvous), forced
+arms, mirroring, for the shorthand's two arms and for n named arms."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from multidict import CIMultiDict
 from scipy.stats import binomtest
 
 from specproxy.config import RoutingConfig
-from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router, sticky_point
+from specproxy.proxy.routing import (
+    FORCED_ARM_HEADER,
+    ForcedArmError,
+    Router,
+    rendezvous,
+    sticky_point,
+)
 from specproxy.records import Arm
 
 NO_HEADERS: CIMultiDict[str] = CIMultiDict()
@@ -22,7 +29,7 @@ ALPHA = 1e-3
 def test_weighted_share_matches_configuration(share: float) -> None:
     router = Router(RoutingConfig(speculative_share=share, seed=7))
     n = 20_000
-    hits = sum(router.choose(NO_HEADERS) is Arm.SPECULATIVE for _ in range(n))
+    hits = sum(router.choose(NO_HEADERS) == "speculative" for _ in range(n))
     if share in (0.0, 1.0):
         assert hits == n * share
     else:
@@ -42,7 +49,7 @@ def test_sticky_key_space_share_matches_configuration(share: float) -> None:
     router = Router(RoutingConfig(mode="sticky", speculative_share=share))
     n = 20_000
     keys = [uuid.UUID(int=i * 7919 + 13).hex for i in range(n)]
-    hits = sum(router.choose(CIMultiDict({"x-session-id": key})) is Arm.SPECULATIVE for key in keys)
+    hits = sum(router.choose(CIMultiDict({"x-session-id": key})) == "speculative" for key in keys)
     assert binomtest(hits, n, share).pvalue > ALPHA
 
 
@@ -53,7 +60,7 @@ def test_sticky_header_always_gets_the_same_arm_even_across_routers() -> None:
         headers = CIMultiDict({"x-tenant": f"tenant-{i}"})
         arms = {first.choose(headers) for _ in range(5)} | {second.choose(headers)}
         assert len(arms) == 1
-        expected = Arm.SPECULATIVE if sticky_point(f"tenant-{i}") < 0.5 else Arm.BASELINE
+        expected = rendezvous(f"tenant-{i}", {"baseline": 0.5, "speculative": 0.5})
         assert arms == {expected}
 
 
@@ -62,32 +69,33 @@ def test_sticky_by_body_user() -> None:
     users = [f"user-{i}" for i in range(100)]
     first = [router.choose(NO_HEADERS, user) for user in users]
     assert first == [router.choose(NO_HEADERS, user) for user in users]
-    assert set(first) == {Arm.SPECULATIVE, Arm.BASELINE}
+    assert set(first) == {"speculative", "baseline"}
 
 
 def test_sticky_without_a_key_falls_back_to_the_weighted_draw() -> None:
     router = Router(RoutingConfig(mode="sticky", speculative_share=0.5, seed=1))
     arms = {router.choose(NO_HEADERS) for _ in range(100)}
-    assert arms == {Arm.SPECULATIVE, Arm.BASELINE}
+    assert arms == {"speculative", "baseline"}
 
 
 def test_sticky_point_is_stable_and_uniform_range() -> None:
     assert sticky_point("abc") == sticky_point("abc")
-    assert 0.0 <= sticky_point("abc") < 1.0
+    assert 0.0 < sticky_point("abc") < 1.0
     assert sticky_point("abc") != sticky_point("abd")
+    assert sticky_point("abc", "k2") != sticky_point("abc", "k4")  # one point per arm
 
 
 def test_forced_arm_only_when_allowed() -> None:
     headers = CIMultiDict({FORCED_ARM_HEADER: "Baseline"})
     allowed = Router(RoutingConfig(speculative_share=1.0, allow_forced_arm=True))
     denied = Router(RoutingConfig(speculative_share=1.0, allow_forced_arm=False))
-    assert allowed.choose(headers) is Arm.BASELINE
-    assert denied.choose(headers) is Arm.SPECULATIVE
+    assert allowed.choose(headers) == "baseline"
+    assert denied.choose(headers) == "speculative"
 
 
 def test_forced_arm_must_name_an_arm() -> None:
     router = Router(RoutingConfig(allow_forced_arm=True))
-    with pytest.raises(ForcedArmError, match="speculative"):
+    with pytest.raises(ForcedArmError, match="baseline, speculative"):
         router.choose(CIMultiDict({FORCED_ARM_HEADER: "canary"}))
 
 
@@ -107,7 +115,7 @@ def test_a_runtime_share_changes_the_weighted_draw() -> None:
     router.apply(0.1)
     assert router.share == 0.1
     n = 20_000
-    hits = sum(router.choose(NO_HEADERS) is Arm.SPECULATIVE for _ in range(n))
+    hits = sum(router.choose(NO_HEADERS) == "speculative" for _ in range(n))
     assert binomtest(hits, n, 0.1).pvalue > ALPHA
     with pytest.raises(ValueError, match="share"):
         router.apply(1.5)
@@ -124,10 +132,11 @@ def test_raising_the_sticky_share_moves_only_baseline_keys() -> None:
     before = arms()
     router.apply(0.6)
     after = arms()
-    moved = [k for k in keys if before[k] is not after[k]]
-    assert moved  # some keys moved ...
-    assert all(before[k] is Arm.BASELINE and after[k] is Arm.SPECULATIVE for k in moved)
-    assert all(0.2 <= sticky_point(k) < 0.6 for k in moved)  # ... exactly those in between
+    moved = [k for k in keys if before[k] != after[k]]
+    assert moved  # some keys moved, all of them from the baseline to the speculative arm
+    assert all(before[k] == "baseline" and after[k] == "speculative" for k in moved)
+    hits = sum(a == "speculative" for a in after.values())
+    assert binomtest(hits, len(keys), 0.6).pvalue > ALPHA
     router.apply(0.2)
     assert arms() == before  # lowering it again sends the same keys back
 
@@ -138,8 +147,71 @@ def test_a_treatment_turned_off_gets_nothing_forced_or_mirrored() -> None:
     router.apply(1.0, on=False)
     assert router.share == 0.0
     forced = CIMultiDict({FORCED_ARM_HEADER: "speculative"})
-    assert router.choose(NO_HEADERS) is Arm.BASELINE
-    assert router.choose(forced) is Arm.BASELINE
+    assert router.choose(NO_HEADERS) == "baseline"
+    assert router.choose(forced) == "baseline"
     assert not router.mirror()
     router.apply(1.0)
-    assert router.choose(forced) is Arm.SPECULATIVE and router.mirror()
+    assert router.choose(forced) == "speculative" and router.mirror()
+
+
+THREE = {"base": 0.5, "k2": 0.25, "k4": 0.25}
+
+
+def test_n_arms_get_their_shares_weighted_and_sticky() -> None:
+    n = 20_000
+    weighted = Router(RoutingConfig(seed=2), THREE, control="base")
+    sticky = Router(RoutingConfig(mode="sticky"), THREE, control="base")
+    drawn = [weighted.choose(NO_HEADERS) for _ in range(n)]
+    keyed = [sticky.choose(CIMultiDict({"x-session-id": f"s{i}"})) for i in range(n)]
+    for arms in (drawn, keyed):
+        for arm, share in THREE.items():
+            assert binomtest(arms.count(arm), n, share).pvalue > ALPHA
+
+
+def test_adding_an_arm_moves_only_the_keys_the_new_arm_takes() -> None:
+    """Weighted rendezvous: a key leaves its arm only for the new one, and the share that moves
+    is the new arm's (an exact binomial test at the new arm's share of the key space)."""
+    keys = [f"user-{i}" for i in range(20_000)]
+    old = Router(RoutingConfig(mode="sticky"), THREE, control="base")
+    # The same weights as before, plus a fourth arm: weight 1/3 of the old total, share 0.25.
+    new = Router(
+        RoutingConfig(mode="sticky"),
+        {"base": 0.375, "k2": 0.1875, "k4": 0.1875, "eagle": 0.25},
+        control="base",
+    )
+    moved = 0
+    for key in keys:
+        headers = CIMultiDict({"x-session-id": key})
+        before, after = old.choose(headers), new.choose(headers)
+        if before != after:
+            assert after == "eagle"  # never from one old arm to another
+            moved += 1
+    assert binomtest(moved, len(keys), 0.25).pvalue > ALPHA
+
+
+def test_forced_arm_by_name_and_a_paused_treatment() -> None:
+    router = Router(RoutingConfig(allow_forced_arm=True), THREE, control="base")
+    assert router.choose(CIMultiDict({FORCED_ARM_HEADER: "K4"})) == "k4"
+    router.apply({"k2": 0.25, "k4": 0.25}, paused=frozenset({"k4"}))
+    assert router.choose(CIMultiDict({FORCED_ARM_HEADER: "k4"})) == "base"
+    assert router.shares == {"base": 0.75, "k2": 0.25, "k4": 0.0}
+    with pytest.raises(ForcedArmError, match="base, k2, k4"):
+        router.choose(CIMultiDict({FORCED_ARM_HEADER: "k8"}))
+
+
+def test_treatment_shares_over_one_are_scaled_down() -> None:
+    router = Router(RoutingConfig(), THREE, control="base")
+    router.apply({"k2": 0.9, "k4": 0.6})
+    assert router.shares == pytest.approx({"base": 0.0, "k2": 0.6, "k4": 0.4})
+    with pytest.raises(ValueError, match="not a treatment"):
+        router.apply({"base": 0.5})
+
+
+def test_shadows_go_to_the_control_and_the_controls_to_a_treatment() -> None:
+    n = 10_000
+    router = Router(RoutingConfig(seed=4), {"base": 0.4, "k2": 0.45, "k4": 0.15}, control="base")
+    assert router.shadow_arm("k2") == "base" and router.shadow_arm("k4") == "base"
+    drawn = [router.shadow_arm("base") for _ in range(n)]
+    assert binomtest(drawn.count("k2"), n, 0.75).pvalue > ALPHA  # by the treatments' shares
+    router.apply({"k2": 0.3, "k4": 0.3}, paused=frozenset({"k2", "k4"}))
+    assert router.shadow_arm("base") is None  # every treatment off: no shadow

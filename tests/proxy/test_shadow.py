@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 from specproxy.metrics import REQUESTS, SHADOW_SKIPPED
-from specproxy.records import Arm
 from tests.proxy.conftest import CHAT, Arms, MakeProxy, chat
 
 
@@ -24,8 +23,8 @@ async def test_mirror_pairs(arms: Arms, make_proxy: MakeProxy) -> None:
     assert len(records) == 4 and forwarder_done is proxy.app
     primaries = [r for r in records if not r.shadow]
     shadows = [r for r in records if r.shadow]
-    assert {r.arm for r in primaries} == {Arm.SPECULATIVE}
-    assert {r.arm for r in shadows} == {Arm.BASELINE}
+    assert {r.arm for r in primaries} == {"speculative"}
+    assert {r.arm for r in shadows} == {"baseline"}
     assert {r.pair_id for r in primaries} == {r.pair_id for r in shadows}
     assert all(r.pair_id == r.request_id for r in primaries)
     stream_shadow = next(r for r in shadows if r.stream)

@@ -52,11 +52,11 @@ class Engines:
 
     @property
     def speculative_url(self) -> str:
-        return self.urls[Arm.SPECULATIVE]
+        return self.urls["speculative"]
 
     @property
     def baseline_url(self) -> str:
-        return self.urls[Arm.BASELINE]
+        return self.urls["baseline"]
 
 
 @dataclass
@@ -110,7 +110,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     attach = os.environ.get("SPECPROXY_VLLM_ATTACH")
     if attach:
         spec_url, base_url = attach.split()
-        yield Engines({Arm.SPECULATIVE: spec_url, Arm.BASELINE: base_url}, None)
+        yield Engines({"speculative": spec_url, "baseline": base_url}, None)
         return
     python = os.environ.get("SPECPROXY_VLLM_PYTHON")
     if not python:
@@ -120,7 +120,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
         pytest.skip(message)
     log_dir = Path(os.environ.get("SPECPROXY_VLLM_LOG_DIR") or tmp_path_factory.mktemp("vllm"))
     with VllmPair(Path(python), log_dir=log_dir) as pair:
-        urls = {arm: pair.url(arm) for arm in Arm}
+        urls = {arm: pair.url(arm) for arm in ("speculative", "baseline")}
         warm_up(urls)
         yield Engines(urls, pair)
 
@@ -139,8 +139,8 @@ def make_proxy(engines: Engines, aiohttp_server: AiohttpServer) -> MakeProxy:
     ) -> Proxy:
         upstream = urls or engines.urls
         cfg = Config(
-            baseline_url=upstream[Arm.BASELINE],
-            speculative_url=upstream[Arm.SPECULATIVE],
+            baseline_url=upstream["baseline"],
+            speculative_url=upstream["speculative"],
             speculative=ArmConfig(on_down=on_down),
             routing=RoutingConfig(**{"allow_forced_arm": True, "seed": 0, **routing}),
             scrape=ScrapeConfig(interval_s=scrape_interval_s),

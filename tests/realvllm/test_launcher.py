@@ -23,7 +23,6 @@ from specproxy.realvllm.launcher import (
     server_args,
     server_env,
 )
-from specproxy.records import Arm
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = "tests.realvllm.fake_api_server"
@@ -99,16 +98,16 @@ def test_resolve_vllm_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_pair_starts_restarts_one_arm_and_stops(tmp_path: Path) -> None:
     with fake_pair(tmp_path) as pair:
-        urls = {arm: pair.url(arm) for arm in Arm}
+        urls = {arm: pair.url(arm) for arm in ("speculative", "baseline")}
         assert len(set(urls.values())) == 2 and all(answers(u) for u in urls.values())
         assert pair.startup_s is not None
-        pair.stop_arm(Arm.SPECULATIVE)
-        assert not answers(urls[Arm.SPECULATIVE]) and answers(urls[Arm.BASELINE])
-        pair.start_arm(Arm.SPECULATIVE)
-        assert pair.url(Arm.SPECULATIVE) == urls[Arm.SPECULATIVE]  # same port, same URL
-        assert answers(urls[Arm.SPECULATIVE])
-        pair.restart(Arm.BASELINE)
-        assert pair.servers[Arm.BASELINE].starts == 2 and answers(urls[Arm.BASELINE])
+        pair.stop_arm("speculative")
+        assert not answers(urls["speculative"]) and answers(urls["baseline"])
+        pair.start_arm("speculative")
+        assert pair.url("speculative") == urls["speculative"]  # same port, same URL
+        assert answers(urls["speculative"])
+        pair.restart("baseline")
+        assert pair.servers["baseline"].starts == 2 and answers(urls["baseline"])
     assert not any(answers(u) for u in urls.values())
     assert not any(s.running for s in pair.servers.values())
     log = (tmp_path / "logs" / "vllm-speculative.log").read_text()
@@ -116,13 +115,13 @@ def test_pair_starts_restarts_one_arm_and_stops(tmp_path: Path) -> None:
     base_log = (tmp_path / "logs" / "vllm-baseline.log").read_text()
     assert "--speculative-config" not in base_log
     split = core_split(sorted(os.sched_getaffinity(0)))
-    assert f"bind={split.get(Arm.SPECULATIVE)}" in log  # the binding survives a restart
-    assert f"bind={split.get(Arm.BASELINE)}" in base_log
+    assert f"bind={split.get('speculative')}" in log  # the binding survives a restart
+    assert f"bind={split.get('baseline')}" in base_log
 
 
 def test_core_split_gives_each_worker_its_own_cores() -> None:
-    assert core_split([1, 0]) == {Arm.SPECULATIVE: "0", Arm.BASELINE: "1"}
-    assert core_split([0, 1, 2, 3, 4]) == {Arm.SPECULATIVE: "0,1", Arm.BASELINE: "2,3,4"}
+    assert core_split([1, 0]) == {"speculative": "0", "baseline": "1"}
+    assert core_split([0, 1, 2, 3, 4]) == {"speculative": "0,1", "baseline": "2,3,4"}
     assert core_split([0]) == {}
 
 
@@ -149,7 +148,7 @@ def test_health_timeout_stops_the_servers(tmp_path: Path) -> None:
 
 def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
     server = VllmServer(
-        Arm.BASELINE,
+        "baseline",
         python=Path(sys.executable),
         model_dir=tmp_path,
         log_path=tmp_path / "base.log",
@@ -166,7 +165,7 @@ def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
 
 def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     with fake_pair(tmp_path, FAKE_VLLM_MODE="child") as pair:
-        log_path = pair.servers[Arm.SPECULATIVE].log_path
+        log_path = pair.servers["speculative"].log_path
     match = re.search(r"child pid (\d+)", log_path.read_text())
     assert match is not None
     child = int(match.group(1))

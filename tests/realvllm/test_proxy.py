@@ -83,14 +83,14 @@ async def test_openai_client_through_the_proxy(
     engines: Engines, proxy: Proxy, endpoint: str, stream: bool, n: int
 ) -> None:
     body = request_body(endpoint, stream=stream, n=n)
-    forced = {ARM_HEADER: Arm.SPECULATIVE.value}
+    forced = {ARM_HEADER: "speculative"}
     proxied = await openai_texts(proxy.url, endpoint, body, forced)
     direct = await openai_texts(engines.speculative_url, endpoint, body, {})
     assert sorted(proxied) == list(range(n))
     assert proxied == direct and all(proxied.values())
 
     [record] = proxy.recorder.records
-    assert record.arm is Arm.SPECULATIVE and record.status == 200 and record.error_kind is None
+    assert record.arm == "speculative" and record.status == 200 and record.error_kind is None
     assert record.endpoint == ("completions" if endpoint == "completions" else "chat.completions")
     assert record.stream is stream and record.model == MODEL
     if n == 1:
@@ -107,10 +107,10 @@ async def test_openai_client_through_the_proxy(
 
 async def test_baseline_records_have_no_acceptance(proxy: Proxy) -> None:
     body = request_body("chat", stream=True, n=1)
-    texts = await openai_texts(proxy.url, "chat", body, {ARM_HEADER: Arm.BASELINE.value})
+    texts = await openai_texts(proxy.url, "chat", body, {ARM_HEADER: "baseline"})
     assert texts[0]
     [record] = proxy.recorder.records
-    assert record.arm is Arm.BASELINE and record.output_tokens == 24
+    assert record.arm == "baseline" and record.output_tokens == 24
     assert record.acceptance_rate is None and record.mean_acceptance_length is None
     # No tokens-per-event bound here: vLLM merges steps whenever its API server lags, and
     # chat skips steps whose bytes do not yet decode to text (byte-level BPE, random weights).
@@ -119,7 +119,7 @@ async def test_baseline_records_have_no_acceptance(proxy: Proxy) -> None:
 
 @pytest.fixture
 async def taps(engines: Engines) -> AsyncIterator[dict[Arm, RecordingTap]]:
-    taps = {arm: RecordingTap(engines.urls[arm]) for arm in Arm}
+    taps = {arm: RecordingTap(engines.urls[arm]) for arm in ("speculative", "baseline")}
     for tap in taps.values():
         await tap.start()
     yield taps
@@ -130,7 +130,7 @@ async def taps(engines: Engines) -> AsyncIterator[dict[Arm, RecordingTap]]:
 async def raw_post(url: str, path: str, body: dict[str, Any], arm: Arm) -> tuple[str, bytes]:
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"{url}{path}", json=body, headers={ARM_HEADER: arm.value}) as resp,
+        session.post(f"{url}{path}", json=body, headers={ARM_HEADER: arm}) as resp,
     ):
         assert resp.status == 200, await resp.text()
         return resp.headers["Content-Type"], await resp.read()
@@ -154,9 +154,9 @@ async def test_relays_exactly_the_bytes_vllm_sent(
     body = request_body(endpoint, stream=stream, n=n, max_tokens=32)
     if stream and n == 1:
         body["stream_options"] = {"include_usage": True}  # asked by the client: no rewriting
-    mark = taps[Arm.SPECULATIVE].mark()
-    content_type, received = await raw_post(proxy.url, PATHS[endpoint], body, Arm.SPECULATIVE)
-    [(head, sent)] = taps[Arm.SPECULATIVE].responses_since(mark)
+    mark = taps["speculative"].mark()
+    content_type, received = await raw_post(proxy.url, PATHS[endpoint], body, "speculative")
+    [(head, sent)] = taps["speculative"].responses_since(mark)
     assert received == sent
     assert f"content-type: {content_type}".lower().encode() in head.lower()
 
@@ -166,9 +166,9 @@ async def test_injected_usage_is_removed_and_nothing_else(
 ) -> None:
     proxy = await make_proxy(urls={arm: tap.url for arm, tap in taps.items()})
     body = request_body("chat", stream=True, n=1, max_tokens=32)  # no include_usage
-    mark = taps[Arm.SPECULATIVE].mark()
-    _, received = await raw_post(proxy.url, PATHS["chat"], body, Arm.SPECULATIVE)
-    [(_, sent)] = taps[Arm.SPECULATIVE].responses_since(mark)
+    mark = taps["speculative"].mark()
+    _, received = await raw_post(proxy.url, PATHS["chat"], body, "speculative")
+    [(_, sent)] = taps["speculative"].responses_since(mark)
 
     upstream = sse_events(sent)
     client = sse_events(received)
@@ -181,7 +181,7 @@ async def test_injected_usage_is_removed_and_nothing_else(
         assert mine in (theirs, theirs[:-1] + fingerprint + b"}")
 
     # What the client got has the shape of vLLM's own answer without include_usage.
-    _, direct = await raw_post(engines.speculative_url, PATHS["chat"], body, Arm.SPECULATIVE)
+    _, direct = await raw_post(engines.speculative_url, PATHS["chat"], body, "speculative")
     direct_events = sse_events(direct)
     assert choice_texts(client) == choice_texts(direct_events)
     assert list(json.loads(client[-2])) == list(json.loads(direct_events[-2]))
@@ -203,7 +203,7 @@ async def test_stream_equals_a_direct_request_up_to_ids_and_grouping(
     body["stream_options"] = {"include_usage": True}
     streams = {}
     for name, url in (("proxy", proxy.url), ("direct", engines.speculative_url)):
-        content_type, raw = await raw_post(url, PATHS[endpoint], body, Arm.SPECULATIVE)
+        content_type, raw = await raw_post(url, PATHS[endpoint], body, "speculative")
         assert content_type == "text/event-stream; charset=utf-8"
         streams[name] = [normalise_ids(p) for p in sse_events(raw)]
     proxied, direct = streams["proxy"], streams["direct"]

@@ -34,9 +34,7 @@ async def post(proxy: Proxy, arm: Arm, prompt: str) -> tuple[int, dict[str, Any]
     body = completion_body(prompt, max_tokens=16)
     async with (
         aiohttp.ClientSession() as session,
-        session.post(
-            f"{proxy.url}/v1/completions", json=body, headers={ARM_HEADER: arm.value}
-        ) as resp,
+        session.post(f"{proxy.url}/v1/completions", json=body, headers={ARM_HEADER: arm}) as resp,
     ):
         return resp.status, await resp.json()
 
@@ -62,14 +60,14 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
         on_down="error",  # the arm's own failure reaches the client (no failing open)
     )
     scraper = proxy.app[SCRAPER]
-    spec_state = scraper.states[Arm.SPECULATIVE]
+    spec_state = scraper.states["speculative"]
     texts = prompts(12, seed=5)
     for prompt in texts[:2]:
-        assert (await post(proxy, Arm.SPECULATIVE, prompt))[0] == 200
+        assert (await post(proxy, "speculative", prompt))[0] == 200
     await eventually(lambda: spec_state.up is True and spec_state.snapshot is not None)
 
-    await asyncio.to_thread(engines.pair.stop_arm, Arm.SPECULATIVE)
-    status, body = await post(proxy, Arm.SPECULATIVE, texts[2])
+    await asyncio.to_thread(engines.pair.stop_arm, "speculative")
+    status, body = await post(proxy, "speculative", texts[2])
     assert status == 502 and body["error"]["code"] == 502 and body["error"]["message"]
     status, ready = await readyz(proxy)
     assert status == 503 and ready == {
@@ -77,22 +75,22 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
         "arms": {"speculative": False, "baseline": True},
         "degraded": [],
     }
-    assert (await post(proxy, Arm.BASELINE, texts[3]))[0] == 200  # the other arm still serves
+    assert (await post(proxy, "baseline", texts[3]))[0] == 200  # the other arm still serves
     await eventually(lambda: spec_state.up is False)
     # `process_start_time_seconds` (whole-second boot time plus ticks) runs up to ~1 s early
     # against time.time() on these machines; a pause keeps every old request before it.
     await asyncio.sleep(1.5)
 
     restarted_at = time.time()
-    await asyncio.to_thread(engines.pair.start_arm, Arm.SPECULATIVE)
+    await asyncio.to_thread(engines.pair.start_arm, "speculative")
     assert (await readyz(proxy))[0] == 200
-    await eventually(lambda: len(scraper.restart_times(Arm.SPECULATIVE)) == 1)
-    [restart] = scraper.restart_times(Arm.SPECULATIVE)
+    await eventually(lambda: len(scraper.restart_times("speculative")) == 1)
+    [restart] = scraper.restart_times("speculative")
     assert restarted_at - 1.5 <= restart <= time.time()
 
     for prompt in texts[4:10]:  # recording resumes
-        assert (await post(proxy, Arm.SPECULATIVE, prompt))[0] == 200
-    spec_records = [r for r in proxy.recorder.records if r.arm is Arm.SPECULATIVE]
+        assert (await post(proxy, "speculative", prompt))[0] == 200
+    spec_records = [r for r in proxy.recorder.records if r.arm == "speculative"]
     assert [r.status for r in spec_records] == [200, 200, 502] + [200] * 6
     assert spec_records[2].error_kind == "connect"
     # per-request acceptance is recorded again (null where the proposer found nothing to draft)
@@ -102,8 +100,8 @@ async def test_restart_of_the_speculative_engine(engines: Engines, make_proxy: M
     # scrape, and the scraper's live state agrees.
     samples = list(proxy.recorder.engine_samples)
     assert any(s.restarted for s in samples) and any(not s.up for s in samples)
-    [stored] = restart_times(samples, Arm.SPECULATIVE)
-    first_down = min(s.t for s in samples if s.arm is Arm.SPECULATIVE and not s.up)
+    [stored] = restart_times(samples, "speculative")
+    first_down = min(s.t for s in samples if s.arm == "speculative" and not s.up)
     assert first_down <= stored <= time.time()
 
     # The stats job leaves out whole time units after it: those holding the first usable

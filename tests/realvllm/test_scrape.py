@@ -16,7 +16,6 @@ import pytest
 
 from specproxy.appkeys import SCRAPER
 from specproxy.realvllm.workload import completion_body, prompts
-from specproxy.records import Arm
 from tests.realvllm.conftest import Engines, MakeProxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -43,7 +42,7 @@ async def test_scraper_reads_real_acceptance_and_positions(
     positions = [
         sum(sum(m["acceptance_histogram"][i + 1 :]) for m in per_request) / steps for i in range(k)
     ]
-    spec = samples[Arm.SPECULATIVE]
+    spec = samples["speculative"]
     assert spec.up and not spec.restarted
     assert spec.acceptance_rate == pytest.approx(accepted / drafted)
     assert spec.mean_acceptance_length == pytest.approx(1 + accepted / steps)
@@ -53,9 +52,9 @@ async def test_scraper_reads_real_acceptance_and_positions(
     )
     assert spec.process_start_time is not None
 
-    base = samples[Arm.BASELINE]
+    base = samples["baseline"]
     assert base.up and base.acceptance_rate is None and base.position_acceptance is None
-    assert {s.arm for s in proxy.recorder.engine_samples} == set(Arm)
+    assert {s.arm for s in proxy.recorder.engine_samples} == {"speculative", "baseline"}
 
     async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as resp:
         page = await resp.text()

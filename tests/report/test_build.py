@@ -15,7 +15,7 @@ import pytest
 
 from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.errors import ErrorKind
-from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.records import EngineSample, RequestRecord
 from specproxy.report.build import collect, write_report
 from specproxy.report.summary import fmt_ratio, main_window
 from specproxy.scrape.dcgm import combine_readings, parse_dcgm
@@ -35,8 +35,8 @@ WARM = WarmupConfig(requests=WARMUP)
 def _records(rng: np.random.Generator, n: int = 400) -> list[RequestRecord]:
     rows = []
     for i in range(n):
-        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
-        scale = 0.1 if arm is Arm.SPECULATIVE else 0.2
+        arm = "speculative" if i % 2 else "baseline"
+        scale = 0.1 if arm == "speculative" else 0.2
         e2e = float(rng.lognormal(np.log(scale), 0.3))
         if i < 2 * WARMUP:
             e2e *= 5  # cold start: must not show in any figure
@@ -67,8 +67,8 @@ def _records(rng: np.random.Generator, n: int = 400) -> list[RequestRecord]:
 def _samples() -> list[EngineSample]:
     out = []
     for j in range(10):
-        for arm in Arm:
-            spec = arm is Arm.SPECULATIVE
+        for arm in ("speculative", "baseline"):
+            spec = arm == "speculative"
             out.append(
                 EngineSample(
                     t=T0 + j * 4.0,
@@ -127,7 +127,7 @@ async def _store_values(url: str, unit_s: float) -> dict[str, dict[str, np.ndarr
         before = np.cumsum(usable) - usable  # usable requests before each one
         warm_units = set(unit[usable & (before < WARMUP)].tolist())
         keep = usable & ~np.isin(unit, sorted(warm_units))
-        out[arm.value] = {c: a[c][keep] for c in ("e2e_s", "tpot_s", "ttft_s")}
+        out[arm] = {c: a[c][keep] for c in ("e2e_s", "tpot_s", "ttft_s")}
     return out
 
 
@@ -221,7 +221,7 @@ async def test_report_of_a_stored_run_diagnoses_its_stored_gpu_samples(tmp_path:
     store = open_store(StoreConfig(url=url))
     await store.start()
     for t in (T0 + 10, T0 + 20, T0 + 30):
-        store.record_gpu(combine_readings(t, Arm.SPECULATIVE, parse_dcgm(page), run_id=RUN))
+        store.record_gpu(combine_readings(t, "speculative", parse_dcgm(page), run_id=RUN))
     await store.close()
     out = tmp_path / "gpu-report"
     settings = StatsConfig(resamples=300)
@@ -257,7 +257,7 @@ async def test_report_selects_what_the_job_selected_across_a_restart() -> None:
                     error_kind=ErrorKind.CONNECT,
                 )
             )
-        spec = Arm.SPECULATIVE
+        spec = "speculative"
         for sample in (
             EngineSample(T0 + 10.0, RUN, spec, True, process_start_time=T0 - 100),
             EngineSample(T0 + 12.0, RUN, spec, False),
@@ -289,8 +289,8 @@ async def test_report_selects_what_the_job_selected_across_a_restart() -> None:
     assert data.excluded_warmup == window["excluded_warmup"]
     assert data.excluded_failed["speculative"] == 5 + sum(i % 97 == 0 for i in range(1, 400, 2))
     for metric in ("e2e", "ttft", "tpot"):
-        for arm in Arm:
-            assert data.latency[metric][arm.value].size == window["metrics"][metric]["n"][arm.value]
+        for arm in ("speculative", "baseline"):
+            assert data.latency[metric][arm].size == window["metrics"][metric]["n"][arm]
     # The first request after the restart window opened (12.0), not the last one before it, is
     # the first excluded: spec records sit at odd tenths, 11.9 stays, 12.1 .. 13.9 go.
     kept = data.t_start["speculative"] - T0

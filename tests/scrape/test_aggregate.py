@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from specproxy.records import Arm
 from specproxy.scrape.aggregate import ArmAggregate
 from specproxy.scrape.parse import EngineSnapshot, SpecFormat, parse_metrics
 from tests.scrape.fakes import EngineCounts, v1_text
@@ -37,7 +36,7 @@ def v1(
 
 
 def agg() -> ArmAggregate:
-    return ArmAggregate(Arm.SPECULATIVE, "r")
+    return ArmAggregate("speculative", "r")
 
 
 def test_acceptance_is_the_ratio_of_summed_deltas() -> None:
@@ -170,7 +169,7 @@ def test_positions_and_gauges_combine() -> None:
 
 
 def test_baseline_arm_has_no_acceptance() -> None:
-    a = ArmAggregate(Arm.BASELINE, "r")
+    a = ArmAggregate("baseline", "r")
     snap = EngineSnapshot(t=0, spec_format=None, engines=1, generation_tokens=10.0)
     a.update(0.0, {A: snap})
     s = a.update(1.0, {A: EngineSnapshot(t=1, spec_format=None, engines=1, generation_tokens=30.0)})

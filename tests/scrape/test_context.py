@@ -12,7 +12,6 @@ from specproxy import metrics
 from specproxy.app import create_app
 from specproxy.appkeys import GPU_SCRAPER, SCRAPER
 from specproxy.config import ArmConfig, Config, ScrapeConfig
-from specproxy.records import Arm
 from tests.scrape.fakes import EngineCounts, FakeMetricsServer, ListRecorder, v1_text
 
 DCGM = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
@@ -42,8 +41,8 @@ async def test_app_runs_the_scraper_and_exports_its_series(
     async with asyncio.timeout(10):
         while spec.hits < 2 or base.hits < 2:  # noqa: ASYNC110 - hits are counted by the server
             await asyncio.sleep(0.01)
-    assert scraper.states[Arm.SPECULATIVE].up and scraper.states[Arm.BASELINE].up
-    assert any(s.arm is Arm.SPECULATIVE and s.up for s in recorder.engine_samples)
+    assert scraper.states["speculative"].up and scraper.states["baseline"].up
+    assert any(s.arm == "speculative" and s.up for s in recorder.engine_samples)
     body = await (await client.get("/metrics")).text()
     spec_url = str(spec_server.make_url("")).rstrip("/")
     base_url = str(base_server.make_url("")).rstrip("/")
@@ -74,8 +73,8 @@ async def test_app_scrapes_the_gpu_exporters_and_exports_their_series(
     async with asyncio.timeout(10):
         while exporter.hits < 2:  # noqa: ASYNC110 - hits are counted by the server
             await asyncio.sleep(0.01)
-    assert set(app[GPU_SCRAPER].states) == {Arm.SPECULATIVE}
-    assert recorder.gpu_samples and {s.arm for s in recorder.gpu_samples} == {Arm.SPECULATIVE}
+    assert set(app[GPU_SCRAPER].states) == {"speculative"}
+    assert recorder.gpu_samples and {s.arm for s in recorder.gpu_samples} == {"speculative"}
     body = await (await client.get("/metrics")).text()
     assert f'{metrics.GPU_EXPORTER_UP}{{arm="speculative",endpoint="{exporter_url}"}} 1.0' in body
     assert f'{metrics.GPU_MEMORY_BANDWIDTH_RATIO}{{arm="speculative"}} 0.41' in body

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specproxy.errors import ScrapeError
-from specproxy.records import THERMAL_CLOCK_REASONS, Arm
+from specproxy.records import THERMAL_CLOCK_REASONS
 from specproxy.scrape.dcgm import (
     BLANK,
     CLOCK_REASON_BITS,
@@ -189,7 +189,7 @@ def test_malformed_lines_of_read_fields_are_an_error() -> None:
 
 def test_combine_hot_saturated_page() -> None:
     readings = parse_dcgm(page("derived_h200_hot_saturated.prom"))
-    sample = combine_readings(5.0, Arm.SPECULATIVE, readings)
+    sample = combine_readings(5.0, "speculative", readings)
     assert sample.up and sample.gpus == 2 and sample.error is None
     assert sample.utilization == pytest.approx(0.98)  # mean of 100 % and 96 %
     assert sample.memory_bandwidth == pytest.approx(0.953112)  # the busiest GPU
@@ -201,26 +201,26 @@ def test_combine_hot_saturated_page() -> None:
 
 
 def test_combine_cool_page_and_fallback_page() -> None:
-    cool = combine_readings(1.0, Arm.BASELINE, parse_dcgm(page("derived_h200_cool.prom")))
+    cool = combine_readings(1.0, "baseline", parse_dcgm(page("derived_h200_cool.prom")))
     assert cool.memory_bandwidth == pytest.approx(0.41)
     assert cool.thermal_throttled is False and cool.clock_reasons == ("gpu_idle",)
     old = parse_dcgm(page("derived_v100_mem_copy_fallback.prom"))
-    fallback = combine_readings(1.0, Arm.BASELINE, old)
+    fallback = combine_readings(1.0, "baseline", old)
     assert (fallback.memory_bandwidth, fallback.bandwidth_source) == (0.95, "mem_copy_util")
     assert fallback.clock_reasons == ("hw_slowdown",) and fallback.thermal_throttled is True
 
 
 def test_combine_without_reasons_or_readings_says_unknown() -> None:
-    sample = combine_readings(1.0, Arm.BASELINE, parse_dcgm(page("issue189_v100.prom")))
+    sample = combine_readings(1.0, "baseline", parse_dcgm(page("issue189_v100.prom")))
     assert sample.thermal_throttled is None and sample.clock_reasons is None
     assert (sample.gpus, sample.memory_bandwidth, sample.bandwidth_source) == (
         2,
         0.0,
         "dram_active",
     )
-    empty = combine_readings(1.0, Arm.BASELINE, ())
+    empty = combine_readings(1.0, "baseline", ())
     assert empty.up and empty.gpus == 0 and empty.memory_bandwidth is None
-    down = combine_readings(1.0, Arm.BASELINE, (), error="timed out")
+    down = combine_readings(1.0, "baseline", (), error="timed out")
     assert not down.up and down.error == "timed out"
 
 

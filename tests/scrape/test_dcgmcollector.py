@@ -21,7 +21,7 @@ def registry_for(states: dict[Arm, GpuArmState]) -> CollectorRegistry:
 def test_latest_sample_is_exported_in_base_units() -> None:
     sample = GpuSample(
         t=1.0,
-        arm=Arm.SPECULATIVE,
+        arm="speculative",
         up=True,
         gpus=2,
         utilization=0.98,
@@ -32,8 +32,8 @@ def test_latest_sample_is_exported_in_base_units() -> None:
         clock_reasons=("sw_thermal",),
         thermal_throttled=True,
     )
-    state = GpuArmState(Arm.SPECULATIVE, (URL,), up={URL: True}, latest=sample)
-    registry = registry_for({Arm.SPECULATIVE: state})
+    state = GpuArmState("speculative", (URL,), up={URL: True}, latest=sample)
+    registry = registry_for({"speculative": state})
     arm = {"arm": "speculative"}
     assert registry.get_sample_value(metrics.GPU_EXPORTER_UP, {**arm, "endpoint": URL}) == 1.0
     assert registry.get_sample_value(metrics.GPU_UTILIZATION_RATIO, arm) == 0.98
@@ -45,12 +45,12 @@ def test_latest_sample_is_exported_in_base_units() -> None:
 
 
 def test_unknown_values_and_down_arms_have_no_series() -> None:
-    no_reasons = GpuSample(t=1.0, arm=Arm.BASELINE, up=True, gpus=1, memory_bandwidth=0.3)
-    down = GpuSample(t=1.0, arm=Arm.SPECULATIVE, up=False, error="timed out")
+    no_reasons = GpuSample(t=1.0, arm="baseline", up=True, gpus=1, memory_bandwidth=0.3)
+    down = GpuSample(t=1.0, arm="speculative", up=False, error="timed out")
     registry = registry_for(
         {
-            Arm.BASELINE: GpuArmState(Arm.BASELINE, (URL,), up={URL: True}, latest=no_reasons),
-            Arm.SPECULATIVE: GpuArmState(Arm.SPECULATIVE, (URL,), up={URL: False}, latest=down),
+            "baseline": GpuArmState("baseline", (URL,), up={URL: True}, latest=no_reasons),
+            "speculative": GpuArmState("speculative", (URL,), up={URL: False}, latest=down),
         }
     )
     base, spec = {"arm": "baseline"}, {"arm": "speculative"}
@@ -62,9 +62,9 @@ def test_unknown_values_and_down_arms_have_no_series() -> None:
 
 
 def test_names_follow_the_conventions_and_labels_stay_bounded() -> None:
-    sample = GpuSample(t=1.0, arm=Arm.BASELINE, up=True, gpus=1, utilization=0.5)
+    sample = GpuSample(t=1.0, arm="baseline", up=True, gpus=1, utilization=0.5)
     text = generate_latest(
-        registry_for({Arm.BASELINE: GpuArmState(Arm.BASELINE, (URL,), latest=sample)})
+        registry_for({"baseline": GpuArmState("baseline", (URL,), latest=sample)})
     ).decode()
     names = {
         metrics.GPU_UTILIZATION_RATIO: "_ratio",

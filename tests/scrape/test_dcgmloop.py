@@ -67,7 +67,7 @@ async def rig(
         ArmConfig(urls=("http://127.0.0.1:2",), dcgm_urls=(cool_url,)),
         getattr(request, "param", GENEROUS_TIMEOUT_S),
     )
-    sessions = {arm: aiohttp.ClientSession() for arm in Arm}
+    sessions = {arm: aiohttp.ClientSession() for arm in ("speculative", "baseline")}
     clock = FakeClock()
     recorder = ListRecorder()
     scraper = GpuScraper(cfg, sessions, recorder, clock=clock)
@@ -79,13 +79,13 @@ async def rig(
 
 async def test_each_arm_reads_its_own_exporters(rig: GpuRig) -> None:
     samples = await rig.scraper.scrape_once()
-    spec, base = samples[Arm.SPECULATIVE], samples[Arm.BASELINE]
+    spec, base = samples["speculative"], samples["baseline"]
     assert (spec.up, spec.gpus, spec.thermal_throttled) == (True, 2, True)
     assert spec.memory_bandwidth == pytest.approx(0.953112)
     assert (base.up, base.thermal_throttled) == (True, False)
     assert base.memory_bandwidth == pytest.approx(0.41)
     assert rig.hot.hits == 1 and rig.cool.hits == 1
-    state = rig.scraper.states[Arm.SPECULATIVE]
+    state = rig.scraper.states["speculative"]
     assert state.up == {rig.hot_url: True} and state.latest == spec
 
 
@@ -94,10 +94,10 @@ async def test_every_scrape_is_recorded_with_its_time_and_run(rig: GpuRig) -> No
         rig.clock.now = t
         await rig.scraper.scrape_once()
     recorded = rig.recorder.gpu_samples
-    spec = [s for s in recorded if s.arm is Arm.SPECULATIVE]
+    spec = [s for s in recorded if s.arm == "speculative"]
     assert [s.t for s in spec] == [1000.0, 1005.0, 1010.0]
     assert len(recorded) == 6 and {s.run_id for s in recorded} == {"gpu-run"}
-    assert spec[-1] == rig.scraper.states[Arm.SPECULATIVE].latest
+    assert spec[-1] == rig.scraper.states["speculative"].latest
 
 
 @pytest.mark.parametrize(
@@ -112,15 +112,15 @@ async def test_a_bad_exporter_marks_the_arm_down_with_the_reason(
     rig: GpuRig, status: int, body: str, needle: str
 ) -> None:
     rig.hot.status, rig.hot.body = status, body
-    spec = (await rig.scraper.scrape_once())[Arm.SPECULATIVE]
+    spec = (await rig.scraper.scrape_once())["speculative"]
     assert not spec.up and spec.error is not None and needle in spec.error
-    assert rig.scraper.states[Arm.SPECULATIVE].up == {rig.hot_url: False}
+    assert rig.scraper.states["speculative"].up == {rig.hot_url: False}
 
 
 @pytest.mark.parametrize("rig", [SHORT_TIMEOUT_S], indirect=True)
 async def test_timeout_marks_down(rig: GpuRig) -> None:
     rig.hot.delay = HANG_S  # far beyond scrape.timeout_s
-    spec = (await rig.scraper.scrape_once())[Arm.SPECULATIVE]
+    spec = (await rig.scraper.scrape_once())["speculative"]
     assert not spec.up and spec.error == "timed out"
 
 
@@ -135,13 +135,13 @@ async def test_one_exporter_of_two_down_keeps_the_arm_up(
         ArmConfig(urls=("http://127.0.0.1:2",)),  # no telemetry: not scraped at all
     )
     async with aiohttp.ClientSession() as session:
-        scraper = GpuScraper(cfg, {arm: session for arm in Arm})
-        assert set(scraper.states) == {Arm.SPECULATIVE}
+        scraper = GpuScraper(cfg, {arm: session for arm in ("speculative", "baseline")})
+        assert set(scraper.states) == {"speculative"}
         with caplog.at_level(logging.WARNING, logger="specproxy.scrape.dcgm"):
             for _ in range(3):
-                spec = (await scraper.scrape_once())[Arm.SPECULATIVE]
+                spec = (await scraper.scrape_once())["speculative"]
     assert spec.up and spec.gpus == 1 and spec.bandwidth_source == "mem_copy_util"
-    assert scraper.states[Arm.SPECULATIVE].up == {good_url: True, dead: False}
+    assert scraper.states["speculative"].up == {good_url: True, dead: False}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and dead in warnings[0]  # once per state change
 
@@ -154,12 +154,14 @@ async def test_gpu_filter_is_applied(aiohttp_server: AiohttpServer) -> None:
         ArmConfig(urls=("http://127.0.0.1:2",), dcgm_urls=(url,), dcgm_gpus=("0",)),
     )
     async with aiohttp.ClientSession() as session:
-        samples = await GpuScraper(cfg, {arm: session for arm in Arm}).scrape_once()
+        samples = await GpuScraper(
+            cfg, {arm: session for arm in ("speculative", "baseline")}
+        ).scrape_once()
     # one node, two GPUs: GPU 1 serves the speculative arm, the throttled GPU 0 the baseline
-    assert samples[Arm.SPECULATIVE].thermal_throttled is False
-    assert samples[Arm.SPECULATIVE].clock_reasons == ("power_cap",)
-    assert samples[Arm.BASELINE].thermal_throttled is True
-    assert samples[Arm.BASELINE].temperature_c == 91.0
+    assert samples["speculative"].thermal_throttled is False
+    assert samples["speculative"].clock_reasons == ("power_cap",)
+    assert samples["baseline"].thermal_throttled is True
+    assert samples["baseline"].temperature_c == 91.0
 
 
 async def test_pod_filter_splits_one_kubernetes_node_between_the_arms(
@@ -172,8 +174,10 @@ async def test_pod_filter_splits_one_kubernetes_node_between_the_arms(
         ArmConfig(dns="vllm-baseline.llm", dcgm_urls=(url,), dcgm_pods=("vllm-baseline-",)),
     )
     async with aiohttp.ClientSession() as session:
-        samples = await GpuScraper(cfg, {arm: session for arm in Arm}).scrape_once()
-    spec, base = samples[Arm.SPECULATIVE], samples[Arm.BASELINE]
+        samples = await GpuScraper(
+            cfg, {arm: session for arm in ("speculative", "baseline")}
+        ).scrape_once()
+    spec, base = samples["speculative"], samples["baseline"]
     assert (spec.gpus, spec.memory_bandwidth, spec.thermal_throttled) == (1, 0.9512, True)
     assert (base.gpus, base.memory_bandwidth, base.thermal_throttled) == (1, 0.4021, False)
     assert base.temperature_c == 52.0  # GPU 2 (95 °C, in no pod) counts for neither arm
@@ -191,7 +195,7 @@ async def test_the_periodic_loop_runs_and_stops(rig: GpuRig) -> None:
 async def test_no_exporter_configured_starts_no_task() -> None:
     cfg = Config(baseline_url="http://127.0.0.1:1", speculative_url="http://127.0.0.1:2")
     async with aiohttp.ClientSession() as session:
-        scraper = GpuScraper(cfg, {arm: session for arm in Arm})
+        scraper = GpuScraper(cfg, {arm: session for arm in ("speculative", "baseline")})
         await scraper.start()
         assert scraper.states == {}
         assert await scraper.scrape_once() == {}

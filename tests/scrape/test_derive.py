@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from specproxy.records import Arm, EngineSample
+from specproxy.records import EngineSample
 from specproxy.scrape.derive import (
     START_SLACK_S,
     Change,
@@ -30,12 +30,12 @@ def v1(t: float, **values: Any) -> EngineSnapshot:
 
 
 def derive(prev: EngineSnapshot | None, cur: EngineSnapshot) -> EngineSample:
-    return derive_sample(prev, cur, run_id="r", arm=Arm.SPECULATIVE)
+    return derive_sample(prev, cur, run_id="r", arm="speculative")
 
 
 def test_first_scrape_has_gauges_but_no_rates() -> None:
     snap = parse_metrics(fixture_path("metrics_spec.prom").read_text(), t=1000.0)
-    sample = derive_sample(None, snap, run_id="r", arm=Arm.SPECULATIVE)
+    sample = derive_sample(None, snap, run_id="r", arm="speculative")
     assert sample.up and not sample.restarted
     assert sample.acceptance_rate is None
     assert sample.mean_acceptance_length is None
@@ -53,13 +53,13 @@ def test_v1_rates_from_deltas_of_real_fixture_counters() -> None:
         [EngineCounts(36 + 20, 124 + 80, 124 + 50, (36 + 18, 36 + 14, 26 + 11, 26 + 7), 232 + 90)],
         start_time=first.process_start_time,
     )
-    sample = derive_sample(first, parse_metrics(later, t=1010.0), run_id="r", arm=Arm.SPECULATIVE)
+    sample = derive_sample(first, parse_metrics(later, t=1010.0), run_id="r", arm="speculative")
     assert not sample.restarted
     assert sample.acceptance_rate == pytest.approx(50 / 80)
     assert sample.mean_acceptance_length == pytest.approx(1 + 50 / 20)
     assert sample.position_acceptance == pytest.approx((18 / 20, 14 / 20, 11 / 20, 7 / 20))
     assert sample.generation_tokens_per_s == pytest.approx(90 / 10)
-    assert sample.run_id == "r" and sample.arm is Arm.SPECULATIVE and sample.t == 1010.0
+    assert sample.run_id == "r" and sample.arm == "speculative" and sample.t == 1010.0
 
 
 def test_multi_engine_deltas_are_summed_before_dividing() -> None:
@@ -83,7 +83,7 @@ def test_idle_interval_has_no_acceptance_but_a_zero_token_rate() -> None:
         v1(0, generation_tokens=50.0, **counters),
         v1(5, generation_tokens=50.0, **counters),
         run_id="r",
-        arm=Arm.SPECULATIVE,
+        arm="speculative",
     )
     assert sample.acceptance_rate is None
     assert sample.mean_acceptance_length is None
@@ -95,7 +95,7 @@ def test_early_v1_without_drafts_counter_gives_acceptance_only() -> None:
         v1(0, num_draft_tokens=10.0, num_accepted_tokens=5.0),
         v1(5, num_draft_tokens=30.0, num_accepted_tokens=12.0),
         run_id="r",
-        arm=Arm.SPECULATIVE,
+        arm="speculative",
     )
     assert sample.acceptance_rate == pytest.approx(7 / 20)
     assert sample.mean_acceptance_length is None
@@ -106,7 +106,7 @@ def test_new_positions_count_from_zero() -> None:
         v1(0, num_drafts=10.0, accepted_per_position=(5.0,)),
         v1(5, num_drafts=20.0, accepted_per_position=(9.0, 4.0)),
         run_id="r",
-        arm=Arm.SPECULATIVE,
+        arm="speculative",
     )
     assert sample.position_acceptance == pytest.approx((0.4, 0.4))
 
@@ -116,7 +116,7 @@ def test_baseline_has_no_spec_fields() -> None:
     later = v1_text(
         [EngineCounts(generation_tokens=120 + 40)], spec=False, start_time=1.79594000007e9
     )
-    sample = derive_sample(first, parse_metrics(later, t=4.0), run_id="r", arm=Arm.BASELINE)
+    sample = derive_sample(first, parse_metrics(later, t=4.0), run_id="r", arm="baseline")
     assert sample.acceptance_rate is None
     assert sample.mean_acceptance_length is None
     assert sample.position_acceptance is None
@@ -126,8 +126,8 @@ def test_baseline_has_no_spec_fields() -> None:
 def test_v0_uses_gauges_and_infers_acceptance_length() -> None:
     first = parse_metrics((V0_FIXTURES / "metrics_spec.prom").read_text(), t=0.0)
     later = parse_metrics((V0_FIXTURES / "metrics_spec_later.prom").read_text(), t=10.0)
-    s0 = derive_sample(None, first, run_id="r", arm=Arm.SPECULATIVE)
-    s1 = derive_sample(first, later, run_id="r", arm=Arm.SPECULATIVE)
+    s0 = derive_sample(None, first, run_id="r", arm="speculative")
+    s1 = derive_sample(first, later, run_id="r", arm="speculative")
     # Gauges are cumulative, so even the first scrape has an acceptance rate.
     assert s0.acceptance_rate == 0.62
     assert s1.acceptance_rate == pytest.approx(870 / 1400)
@@ -150,7 +150,7 @@ def test_v0_acceptance_length_needs_consistent_counters() -> None:
         num_draft_tokens=100.0,
         num_emitted_tokens=50.0,  # emitted/draft below efficiency: impossible, so no estimate
     )
-    sample = derive_sample(None, snap, run_id="r", arm=Arm.SPECULATIVE)
+    sample = derive_sample(None, snap, run_id="r", arm="speculative")
     assert sample.acceptance_rate == 0.5
     assert sample.mean_acceptance_length is None
 
@@ -166,7 +166,7 @@ def test_restart_by_process_start_time() -> None:
     )  # counters even grew: only the start time shows the restart
     assert is_restart(prev, cur)
     assert restart_time(prev, cur) == 15.0
-    sample = derive_sample(prev, cur, run_id="r", arm=Arm.SPECULATIVE)
+    sample = derive_sample(prev, cur, run_id="r", arm="speculative")
     assert sample.restarted
     assert sample.acceptance_rate is None  # the delta spans two processes
     assert sample.generation_tokens_per_s is None
@@ -188,7 +188,7 @@ def test_restart_by_counter_decrease(field: str) -> None:
     cur = v1(20, **{**values, field: values[field] - 1})
     assert is_restart(prev, cur)
     assert restart_time(prev, cur) == 10.0  # unknown start: the earliest possible moment
-    assert derive_sample(prev, cur, run_id="r", arm=Arm.SPECULATIVE).restarted
+    assert derive_sample(prev, cur, run_id="r", arm="speculative").restarted
 
 
 def test_restart_by_per_position_decrease() -> None:

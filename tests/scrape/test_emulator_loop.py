@@ -31,7 +31,7 @@ from pytest_aiohttp import AiohttpServer
 from specproxy.config import Config, ScrapeConfig
 from specproxy.emulator.config import EmulatorConfig, MetricsVersion
 from specproxy.emulator.server import run_emulator
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_ARMS, SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm
 from specproxy.scrape.loop import EngineScraper
 from specproxy.scrape.parse import SpecFormat
 from tests.scrape.fakes import ListRecorder, RoundRobinBalancer
@@ -81,8 +81,10 @@ async def emulator_pair(version: MetricsVersion) -> AsyncIterator[Pair]:
             run_id="emu",
         )
         recorder = ListRecorder()
-        scraper = EngineScraper(config, {arm: session for arm in Arm}, recorder)
-        yield Pair(scraper, recorder, {Arm.SPECULATIVE: spec_url, Arm.BASELINE: base_url}, session)
+        scraper = EngineScraper(
+            config, {arm: session for arm in ("speculative", "baseline")}, recorder
+        )
+        yield Pair(scraper, recorder, {"speculative": spec_url, "baseline": base_url}, session)
 
 
 # Both engine generations: the emulator serves V0 names with `--metrics-version v0`.
@@ -114,15 +116,15 @@ async def generate(pair: Pair, arm: Arm, requests: int) -> None:
 async def test_derived_acceptance_matches_configured_alpha(pair: Pair) -> None:
     scraper = pair.scraper
     await scraper.scrape_once()
-    before = scraper.states[Arm.SPECULATIVE].snapshot
+    before = scraper.states["speculative"].snapshot
     assert before is not None
     await asyncio.gather(
-        generate(pair, Arm.SPECULATIVE, REQUESTS), generate(pair, Arm.BASELINE, REQUESTS // 4)
+        generate(pair, "speculative", REQUESTS), generate(pair, "baseline", REQUESTS // 4)
     )
     samples = await scraper.scrape_once()
-    after = scraper.states[Arm.SPECULATIVE].snapshot
+    after = scraper.states["speculative"].snapshot
     assert after is not None
-    sample = samples[Arm.SPECULATIVE]
+    sample = samples["speculative"]
     assert sample.up and not sample.restarted
     assert sample.acceptance_rate is not None and sample.mean_acceptance_length is not None
 
@@ -145,7 +147,7 @@ async def test_derived_acceptance_matches_configured_alpha(pair: Pair) -> None:
     assert abs(sample.acceptance_rate - mean_j / K) <= 4 * sd_j / (K * math.sqrt(n))
     assert abs(sample.mean_acceptance_length - (1 + mean_j)) <= 4 * sd_j / math.sqrt(n)
 
-    baseline = samples[Arm.BASELINE]
+    baseline = samples["baseline"]
     assert baseline.up
     assert baseline.acceptance_rate is None and baseline.position_acceptance is None
     assert baseline.generation_tokens_per_s is not None and baseline.generation_tokens_per_s > 0
@@ -153,20 +155,20 @@ async def test_derived_acceptance_matches_configured_alpha(pair: Pair) -> None:
 
 async def test_emulator_restart_is_detected(pair: Pair) -> None:
     scraper = pair.scraper
-    await generate(pair, Arm.SPECULATIVE, 4)
+    await generate(pair, "speculative", 4)
     first = await scraper.scrape_once()
-    url = pair.urls[Arm.SPECULATIVE] + "/emulator/restart"
+    url = pair.urls["speculative"] + "/emulator/restart"
     async with pair.session.post(url) as resp:
         assert resp.status == 200
     second = await scraper.scrape_once()
-    assert second[Arm.SPECULATIVE].restarted
-    assert not second[Arm.BASELINE].restarted
-    (when,) = scraper.restart_times(Arm.SPECULATIVE)
-    assert first[Arm.SPECULATIVE].t <= when <= second[Arm.SPECULATIVE].t
-    assert scraper.states[Arm.SPECULATIVE].restarts == 1
+    assert second["speculative"].restarted
+    assert not second["baseline"].restarted
+    (when,) = scraper.restart_times("speculative")
+    assert first["speculative"].t <= when <= second["speculative"].t
+    assert scraper.states["speculative"].restarts == 1
     assert any(s.restarted for s in pair.recorder.engine_samples)
     third = await scraper.scrape_once()  # the new life is steady again
-    assert not third[Arm.SPECULATIVE].restarted
+    assert not third[SHORTHAND_TREATMENT].restarted
 
 
 async def test_two_emulators_behind_one_round_robin_url_are_no_restart(
@@ -196,15 +198,17 @@ async def test_two_emulators_behind_one_round_robin_url_are_no_restart(
                 run_id="lb",
             )
             recorder = ListRecorder()
-            scraper = EngineScraper(config, {arm: session for arm in Arm}, recorder)
-            pair = Pair(scraper, recorder, {Arm.SPECULATIVE: url, Arm.BASELINE: older}, session)
+            scraper = EngineScraper(config, {arm: session for arm in SHORTHAND_ARMS}, recorder)
+            pair = Pair(
+                scraper, recorder, {SHORTHAND_TREATMENT: url, SHORTHAND_CONTROL: older}, session
+            )
             samples = []
             for _ in range(4):
-                samples.append((await scraper.scrape_once())[Arm.SPECULATIVE])
-                await generate(pair, Arm.SPECULATIVE, 8)  # 4 to each engine
-    assert scraper.restart_times(Arm.SPECULATIVE) == ()
+                samples.append((await scraper.scrape_once())[SHORTHAND_TREATMENT])
+                await generate(pair, SHORTHAND_TREATMENT, 8)  # 4 to each engine
+    assert scraper.restart_times(SHORTHAND_TREATMENT) == ()
     assert not any(s.restarted for s in recorder.engine_samples)
-    assert scraper.states[Arm.SPECULATIVE].endpoints[url].balanced
+    assert scraper.states[SHORTHAND_TREATMENT].endpoints[url].balanced
     warnings = [r.getMessage() for r in caplog.records if "load-balanced" in r.getMessage()]
     assert len(warnings) == 1 and 'dns = "<headless Service>"' in warnings[0]
     assert url in warnings[0]
@@ -244,12 +248,12 @@ async def test_a_gateway_arm_is_scraped_at_its_engines(aiohttp_server: AiohttpSe
             }
         )
         recorder = ListRecorder()
-        scraper = EngineScraper(config, {arm: session for arm in Arm}, recorder)
-        pair = Pair(scraper, recorder, {Arm.SPECULATIVE: url, Arm.BASELINE: one}, session)
+        scraper = EngineScraper(config, {arm: session for arm in SHORTHAND_ARMS}, recorder)
+        pair = Pair(scraper, recorder, {SHORTHAND_TREATMENT: url, SHORTHAND_CONTROL: one}, session)
         await scraper.scrape_once()
-        await generate(pair, Arm.SPECULATIVE, 16)  # 8 through the gateway to each engine
-        sample = (await scraper.scrape_once())[Arm.SPECULATIVE]
-    state = scraper.states[Arm.SPECULATIVE]
+        await generate(pair, SHORTHAND_TREATMENT, 16)  # 8 through the gateway to each engine
+        sample = (await scraper.scrape_once())[SHORTHAND_TREATMENT]
+    state = scraper.states[SHORTHAND_TREATMENT]
     assert set(state.endpoints) == {one, two}
     assert gateway.picks.get("/metrics", 0) == 0
     assert gateway.picks["/v1/completions"] == 16

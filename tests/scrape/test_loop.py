@@ -17,7 +17,7 @@ from specproxy import metrics
 from specproxy.config import Config, ScrapeConfig
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.pool import Endpoint
-from specproxy.records import Arm, EngineSample
+from specproxy.records import SHORTHAND_ARMS, SHORTHAND_TREATMENT, Arm, EngineSample
 from specproxy.scrape import loop as scrape_loop
 from specproxy.scrape.collector import register_engine_collector
 from specproxy.scrape.loop import EngineScraper
@@ -53,7 +53,7 @@ class Rig:
     sessions: dict[Arm, aiohttp.ClientSession]
 
     def value(self, name: str, arm: Arm) -> float | None:
-        labels = {"arm": arm.value}
+        labels = {"arm": arm}
         if name == metrics.ENGINE_UP:  # per endpoint; each arm here is one endpoint
             labels["endpoint"] = self.config.upstream_url(arm)
         return self.registry.get_sample_value(name, labels)
@@ -80,7 +80,7 @@ async def rig(aiohttp_server: AiohttpServer, request: pytest.FixtureRequest) -> 
         scrape=ScrapeConfig(interval_s=0.02, timeout_s=timeout_s),
         run_id="loop-test",
     )
-    sessions = {arm: aiohttp.ClientSession() for arm in Arm}
+    sessions = {arm: aiohttp.ClientSession() for arm in ("speculative", "baseline")}
     recorder, clock = ListRecorder(), FakeClock()
     scraper = EngineScraper(config, sessions, recorder, clock=clock)
     registry = CollectorRegistry()
@@ -110,24 +110,24 @@ async def wait_for(condition: Callable[[], bool]) -> None:
 
 async def test_two_scrapes_derive_rates_and_record_everything(rig: Rig) -> None:
     first = await rig.scraper.scrape_once()
-    assert first[Arm.SPECULATIVE].up and first[Arm.SPECULATIVE].acceptance_rate is None
+    assert first["speculative"].up and first["speculative"].acceptance_rate is None
     rig.clock.now += 10
     rig.spec.body = v1_text([EngineCounts(30, 120, 70, (26, 20, 14, 10), 400)])
     rig.base.body = v1_text([EngineCounts(generation_tokens=150)], spec=False)
     second = await rig.scraper.scrape_once()
-    spec = second[Arm.SPECULATIVE]
+    spec = second["speculative"]
     assert spec.acceptance_rate == pytest.approx(50 / 80)
     assert spec.mean_acceptance_length == pytest.approx(1 + 50 / 20)
     assert spec.position_acceptance == pytest.approx((18 / 20, 13 / 20, 11 / 20, 8 / 20))
     assert spec.generation_tokens_per_s == pytest.approx(30.0)
-    assert second[Arm.BASELINE].acceptance_rate is None
-    assert second[Arm.BASELINE].generation_tokens_per_s == pytest.approx(10.0)
+    assert second["baseline"].acceptance_rate is None
+    assert second["baseline"].generation_tokens_per_s == pytest.approx(10.0)
     assert len(rig.recorder.engine_samples) == 4
     assert {s.run_id for s in rig.recorder.engine_samples} == {"loop-test"}
     # Exported by arm; the baseline has no acceptance series at all.
-    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, Arm.SPECULATIVE) == pytest.approx(0.625)
-    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, Arm.BASELINE) is None
-    assert rig.value(metrics.ENGINE_UP, Arm.BASELINE) == 1.0
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, "speculative") == pytest.approx(0.625)
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, "baseline") is None
+    assert rig.value(metrics.ENGINE_UP, "baseline") == 1.0
 
 
 async def test_acceptance_is_held_through_idle_intervals(rig: Rig) -> None:
@@ -135,16 +135,16 @@ async def test_acceptance_is_held_through_idle_intervals(rig: Rig) -> None:
     rig.spec.body = v1_text([EngineCounts(30, 120, 70, (26, 20, 14, 10), 400)])
     await rig.scraper.scrape_once()
     idle = await rig.scraper.scrape_once()  # nothing drafted since
-    assert idle[Arm.SPECULATIVE].acceptance_rate is None  # the stored sample has no rate
-    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, Arm.SPECULATIVE) == pytest.approx(0.625)
+    assert idle["speculative"].acceptance_rate is None  # the stored sample has no rate
+    assert rig.value(metrics.ENGINE_ACCEPTANCE_RATIO, "speculative") == pytest.approx(0.625)
 
 
 async def test_real_fixture_is_served_and_parsed(rig: Rig) -> None:
     rig.spec.body = fixture_path("metrics_spec.prom").read_text()
     rig.base.body = fixture_path("metrics_baseline.prom").read_text()
     samples = await rig.scraper.scrape_once()
-    assert samples[Arm.SPECULATIVE].up and samples[Arm.BASELINE].up
-    snapshot = rig.scraper.states[Arm.SPECULATIVE].snapshot
+    assert samples["speculative"].up and samples["baseline"].up
+    snapshot = rig.scraper.states["speculative"].snapshot
     assert snapshot is not None and snapshot.num_accepted_tokens == 124.0
 
 
@@ -162,22 +162,22 @@ async def test_garbage_or_http_error_marks_down(
 ) -> None:
     rig.spec.body, rig.spec.status = body, status
     samples = await rig.scraper.scrape_once()
-    assert samples[Arm.SPECULATIVE] == EngineSample(
-        t=1000.0, run_id="loop-test", arm=Arm.SPECULATIVE, up=False
+    assert samples["speculative"] == EngineSample(
+        t=1000.0, run_id="loop-test", arm="speculative", up=False
     )
-    state = rig.scraper.states[Arm.SPECULATIVE]
+    state = rig.scraper.states["speculative"]
     assert state.up is False and state.error is not None and reason in state.error
-    assert samples[Arm.BASELINE].up  # the other arm is unaffected
-    assert rig.value(metrics.ENGINE_UP, Arm.SPECULATIVE) == 0.0
-    assert samples[Arm.SPECULATIVE] in rig.recorder.engine_samples  # down samples are stored
+    assert samples["baseline"].up  # the other arm is unaffected
+    assert rig.value(metrics.ENGINE_UP, "speculative") == 0.0
+    assert samples["speculative"] in rig.recorder.engine_samples  # down samples are stored
 
 
 @pytest.mark.parametrize("rig", [SHORT_TIMEOUT_S], indirect=True)
 async def test_timeout_marks_down(rig: Rig) -> None:
     rig.spec.delay = HANG_S  # far beyond scrape.timeout_s
     samples = await rig.scraper.scrape_once()
-    assert not samples[Arm.SPECULATIVE].up
-    assert rig.scraper.states[Arm.SPECULATIVE].error == "timed out"
+    assert not samples["speculative"].up
+    assert rig.scraper.states["speculative"].error == "timed out"
 
 
 async def test_refused_marks_down(aiohttp_server: AiohttpServer) -> None:
@@ -185,19 +185,19 @@ async def test_refused_marks_down(aiohttp_server: AiohttpServer) -> None:
     base_server = await aiohttp_server(base.app())
     config = Config(speculative_url=closed_port_url(), baseline_url=str(base_server.make_url("/")))
     async with aiohttp.ClientSession() as session:
-        scraper = EngineScraper(config, {Arm.SPECULATIVE: session, Arm.BASELINE: session})
+        scraper = EngineScraper(config, {"speculative": session, "baseline": session})
         samples = await scraper.scrape_once()
-    assert not samples[Arm.SPECULATIVE].up
-    assert samples[Arm.BASELINE].up
-    error = scraper.states[Arm.SPECULATIVE].error
+    assert not samples["speculative"].up
+    assert samples["baseline"].up
+    error = scraper.states["speculative"].error
     assert error is not None and "Connect" in error
 
 
 async def test_oversized_body_marks_down(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scrape_loop, "MAX_BODY_BYTES", 100)
     samples = await rig.scraper.scrape_once()
-    assert not samples[Arm.SPECULATIVE].up
-    assert "exceeds" in (rig.scraper.states[Arm.SPECULATIVE].error or "")
+    assert not samples["speculative"].up
+    assert "exceeds" in (rig.scraper.states["speculative"].error or "")
 
 
 async def test_one_log_per_state_change(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
@@ -209,16 +209,16 @@ async def test_one_log_per_state_change(rig: Rig, caplog: pytest.LogCaptureFixtu
         await rig.scraper.scrape_once()  # down, down, down
     rig.spec.status = 500
     await rig.scraper.scrape_once()  # still down, for another reason: no new log
-    assert len(scrape_logs(caplog, Arm.SPECULATIVE, logging.WARNING)) == 1
+    assert len(scrape_logs(caplog, "speculative", logging.WARNING)) == 1
     rig.spec.body, rig.spec.status = good, 200
     await rig.scraper.scrape_once()  # up again
     await rig.scraper.scrape_once()
     rig.spec.body = "garbage garbage"
     await rig.scraper.scrape_once()  # down again
-    assert len(scrape_logs(caplog, Arm.SPECULATIVE, logging.WARNING)) == 2
+    assert len(scrape_logs(caplog, "speculative", logging.WARNING)) == 2
     # INFO: the first success and the recovery.
-    assert len(scrape_logs(caplog, Arm.SPECULATIVE, logging.INFO)) == 2
-    assert scrape_logs(caplog, Arm.BASELINE, logging.WARNING) == []
+    assert len(scrape_logs(caplog, "speculative", logging.INFO)) == 2
+    assert scrape_logs(caplog, "baseline", logging.WARNING) == []
 
 
 async def test_restart_by_start_time_is_counted_and_recorded(rig: Rig) -> None:
@@ -228,17 +228,17 @@ async def test_restart_by_start_time_is_counted_and_recorded(rig: Rig) -> None:
     rig.clock.now += 10
     rig.spec.body = v1_text([EngineCounts(1, 4, 2, (1, 1, 0, 0), 9)], start_time=1005.0)
     samples = await rig.scraper.scrape_once()
-    assert samples[Arm.SPECULATIVE].restarted
-    assert samples[Arm.SPECULATIVE].acceptance_rate is None
-    assert rig.scraper.restart_times(Arm.SPECULATIVE) == (1005.0,)
-    assert rig.scraper.restart_times(Arm.BASELINE) == ()
-    assert rig.value(metrics.ENGINE_RESTARTS + "_total", Arm.SPECULATIVE) == 1.0
+    assert samples["speculative"].restarted
+    assert samples["speculative"].acceptance_rate is None
+    assert rig.scraper.restart_times("speculative") == (1005.0,)
+    assert rig.scraper.restart_times("baseline") == ()
+    assert rig.value(metrics.ENGINE_RESTARTS + "_total", "speculative") == 1.0
     # The next interval measures the new process normally.
     rig.clock.now += 10
     rig.spec.body = v1_text([EngineCounts(11, 44, 32, (9, 9, 8, 6), 50)], start_time=1005.0)
     samples = await rig.scraper.scrape_once()
-    assert not samples[Arm.SPECULATIVE].restarted
-    assert samples[Arm.SPECULATIVE].acceptance_rate == pytest.approx(30 / 40)
+    assert not samples["speculative"].restarted
+    assert samples["speculative"].acceptance_rate == pytest.approx(30 / 40)
 
 
 async def test_restart_while_down_is_detected_on_recovery(rig: Rig) -> None:
@@ -253,9 +253,9 @@ async def test_restart_while_down_is_detected_on_recovery(rig: Rig) -> None:
     rig.spec.body = v1_text([EngineCounts(2, 8, 4, (2, 1, 1, 0), 12)], start_time=START)
     rig.clock.now += 30
     samples = await rig.scraper.scrape_once()
-    assert samples[Arm.SPECULATIVE].restarted
+    assert samples["speculative"].restarted
     # Dated at the first failed scrape: nothing new was served while the arm was down.
-    assert rig.scraper.restart_times(Arm.SPECULATIVE) == (1005.0,)
+    assert rig.scraper.restart_times("speculative") == (1005.0,)
 
 
 @pytest.mark.parametrize("rig", [SHORT_TIMEOUT_S], indirect=True)
@@ -265,13 +265,13 @@ async def test_periodic_loop_survives_failures_and_recovers(rig: Rig) -> None:
     await rig.scraper.start()
     await rig.scraper.start()  # idempotent: still one task
     await wait_for(lambda: rig.spec.hits >= 3)
-    assert rig.scraper.states[Arm.SPECULATIVE].up is False
+    assert rig.scraper.states["speculative"].up is False
     rig.spec.body = good
-    await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is True)
+    await wait_for(lambda: rig.scraper.states["speculative"].up is True)
     rig.spec.delay = HANG_S  # now it hangs past the timeout
-    await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is False)
+    await wait_for(lambda: rig.scraper.states["speculative"].up is False)
     rig.spec.delay = 0.0
-    await wait_for(lambda: rig.scraper.states[Arm.SPECULATIVE].up is True)
+    await wait_for(lambda: rig.scraper.states["speculative"].up is True)
     await rig.scraper.close()
     hits = rig.spec.hits
     await asyncio.sleep(0.1)
@@ -286,7 +286,7 @@ async def test_a_failing_recorder_does_not_stop_the_loop(rig: Rig) -> None:
 
     scraper = EngineScraper(rig.config, rig.sessions, Broken())
     samples = await scraper.scrape_once()
-    assert samples[Arm.SPECULATIVE].up and samples[Arm.BASELINE].up
+    assert samples["speculative"].up and samples["baseline"].up
 
 
 def ejected(ep: Endpoint) -> bool:
@@ -316,7 +316,9 @@ async def test_every_endpoint_of_an_arm_is_scraped_and_summed(
     fleet = Fleet(config, clock=clock)
     registry = CollectorRegistry()
     async with aiohttp.ClientSession() as session:
-        scraper = EngineScraper(config, dict.fromkeys(Arm, session), clock=clock, fleet=fleet)
+        scraper = EngineScraper(
+            config, dict.fromkeys(("speculative", "baseline"), session), clock=clock, fleet=fleet
+        )
         register_engine_collector(registry, scraper.states)
         await scraper.scrape_once()
         assert fleet.labels.label("qwen") == "qwen" and fleet.labels.label("x") == "other"
@@ -324,7 +326,7 @@ async def test_every_endpoint_of_an_arm_is_scraped_and_summed(
         two.body = v1_text([EngineCounts(510, 2040, 110)], start_time=START + 7)
         clock.now += 5
         samples = await scraper.scrape_once()
-        spec = samples[Arm.SPECULATIVE]
+        spec = samples["speculative"]
         assert spec.acceptance_rate == pytest.approx((30 + 10) / (40 + 40))
         assert not spec.restarted
 
@@ -335,7 +337,7 @@ async def test_every_endpoint_of_an_arm_is_scraped_and_summed(
 
         assert up(url1) == up(url2) == 1.0
         # Endpoint two dies (its ejection time has passed too): arm up, acceptance from one only
-        pool = fleet.pool(Arm.SPECULATIVE)
+        pool = fleet.pool("speculative")
         ep2 = next(ep for ep in pool.endpoints if ep.url == url2)
         pool.release(pool.acquire(), ok=True)
         ep2.outstanding += 1
@@ -344,7 +346,7 @@ async def test_every_endpoint_of_an_arm_is_scraped_and_summed(
         two.status = 503
         one.body = v1_text([EngineCounts(30, 120, 70)], start_time=START)
         clock.now += 5
-        spec = (await scraper.scrape_once())[Arm.SPECULATIVE]
+        spec = (await scraper.scrape_once())["speculative"]
         assert spec.up and not spec.restarted
         assert spec.acceptance_rate == pytest.approx(20 / 40)
         assert up(url1) == 1.0 and up(url2) == 0.0
@@ -352,9 +354,9 @@ async def test_every_endpoint_of_an_arm_is_scraped_and_summed(
         # It comes back (same process): a successful probe readmits it; no restart counted
         two.status = 200
         clock.now += 5
-        spec = (await scraper.scrape_once())[Arm.SPECULATIVE]
+        spec = (await scraper.scrape_once())["speculative"]
         assert not ejected(ep2) and up(url2) == 1.0
-        assert not spec.restarted and scraper.restart_times(Arm.SPECULATIVE) == ()
+        assert not spec.restarted and scraper.restart_times("speculative") == ()
         assert (
             registry.get_sample_value(metrics.ENGINE_RESTARTS + "_total", {"arm": "speculative"})
             == 0.0
@@ -380,20 +382,22 @@ async def test_a_gateway_arm_scrapes_its_engines_and_probes_the_gateway_by_itsel
     )
     clock = FakeClock()
     fleet = Fleet(config, clock=clock)
-    pool = fleet.pool(Arm.SPECULATIVE)
+    pool = fleet.pool(SHORTHAND_TREATMENT)
     pool.release(pool.acquire(), ok=False)  # a failed request ejects the gateway
 
     def down() -> bool:  # a call, so that mypy does not narrow pool.down between the scrapes
         return pool.down
 
     async with aiohttp.ClientSession() as session:
-        scraper = EngineScraper(config, {arm: session for arm in Arm}, fleet=fleet, clock=clock)
+        scraper = EngineScraper(
+            config, {arm: session for arm in SHORTHAND_ARMS}, fleet=fleet, clock=clock
+        )
         samples = await scraper.scrape_once()
-        assert samples[Arm.SPECULATIVE].up and down()  # not due yet: no probe
+        assert samples[SHORTHAND_TREATMENT].up and down()  # not due yet: no probe
         clock.now += 2
         await scraper.scrape_once()
         assert not down()  # the gateway answered /v1/models
-        assert set(scraper.states[Arm.SPECULATIVE].endpoints) == {url_engine}
+        assert set(scraper.states[SHORTHAND_TREATMENT].endpoints) == {url_engine}
         assert gateway.hits == 0 and engine.hits == 2
         pool.release(pool.acquire(), ok=False)
         await servers[1].close()  # the gateway is gone: its probe is refused

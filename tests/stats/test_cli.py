@@ -111,8 +111,8 @@ def test_cli_diagnoses_the_gpu_samples_the_store_holds(
         _gpu_sample(page, t, arm)
         for t in (1000.0, 1015.0, 1030.0, 1039.0)
         for page, arm in (
-            ("derived_h200_hot_saturated.prom", Arm.SPECULATIVE),
-            ("derived_h200_cool.prom", Arm.BASELINE),
+            ("derived_h200_hot_saturated.prom", "speculative"),
+            ("derived_h200_cool.prom", "baseline"),
         )
     ]
     asyncio.run(_store_run(db, gpu if with_gpu else []))
@@ -142,8 +142,8 @@ def _slower_p99_records(n: int = 8000) -> list[RequestRecord]:
     rng = np.random.default_rng(1)
     out = []
     for i in range(n):
-        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
-        e2e = float(rng.lognormal(0.0, 0.3)) * (1.1 if arm is Arm.SPECULATIVE else 1.0)
+        arm = "speculative" if i % 2 else "baseline"
+        e2e = float(rng.lognormal(0.0, 0.3)) * (1.1 if arm == "speculative" else 1.0)
         out.append(
             RequestRecord(
                 request_id=f"q{i}",

@@ -49,7 +49,7 @@ def test_the_gate_is_a_state_set_per_model_and_window() -> None:
         for state in names.GATE_STATES
     }
     assert series == {
-        f'{names.GATE}{{model="all",{names.GATE}="{s}",window="{w}"}}': v
+        f'{names.GATE}{{arm="speculative",model="all",{names.GATE}="{s}",window="{w}"}}': v
         for (w, s), v in expected.items()
     }
 
@@ -83,8 +83,9 @@ def _scrape(result: StatsResult) -> str:
 
 def test_the_low_acceptance_rules_inputs_are_exported_for_the_alert() -> None:
     text = _scrape(_result(0.1))
-    assert 'specproxy_speculation_tokens_per_step{model="m",window="5m"} 1.1111' in text
-    assert 'specproxy_speculation_break_even_tokens_per_step{model="m",window="5m"} 1.4' in text
+    key = 'arm="speculative",model="m",window="5m"'  # the treatment compared
+    assert f"specproxy_speculation_tokens_per_step{{{key}}} 1.1111" in text
+    assert f"specproxy_speculation_break_even_tokens_per_step{{{key}}} 1.4" in text
 
 
 def test_no_series_without_k() -> None:

@@ -93,6 +93,7 @@ async def test_api_stats_reflects_recorded_traffic(
         {
             "model": "all",
             "window": "all",
+            "arm": "speculative",
             "metric": "e2e",
             "statistic": "median",
             "bound": "estimate",

@@ -189,14 +189,14 @@ def test_summarise_engine_averages_up_samples() -> None:
         EngineSample(
             1.0,
             "r",
-            Arm.SPECULATIVE,
+            "speculative",
             True,
             acceptance_rate=0.6,
             requests_running=4,
             position_acceptance=(0.9, 0.7, 0.5),
         ),
-        EngineSample(2.0, "r", Arm.SPECULATIVE, True, restarted=True, acceptance_rate=0.8),
-        EngineSample(3.0, "r", Arm.SPECULATIVE, False, acceptance_rate=0.0),
+        EngineSample(2.0, "r", "speculative", True, restarted=True, acceptance_rate=0.8),
+        EngineSample(3.0, "r", "speculative", False, acceptance_rate=0.0),
     ]
     s = summarise_engine(samples)
     assert s.acceptance_rate == pytest.approx(0.7)
@@ -252,7 +252,7 @@ def test_zero_drafts_is_named_and_no_metrics_only_when_the_scrape_failed() -> No
     failed = dataclasses.replace(slow, speculative=EngineSummary(samples=12, up_samples=0))
     assert codes(failed) == ["no_engine_metrics"]
     from_samples = summarise_engine(
-        [EngineSample(float(t), "r", Arm.SPECULATIVE, up=t % 2 == 0) for t in range(6)]
+        [EngineSample(float(t), "r", "speculative", up=t % 2 == 0) for t in range(6)]
     )
     assert from_samples.samples == 6 and from_samples.up_samples == 3
 
@@ -385,7 +385,7 @@ def test_a_p99_interval_ahead_of_the_p99_verdict_is_explained() -> None:
 # ---- GPU telemetry branches (dcgm-exporter; scrape.dcgm) ----------------------------------
 
 
-def _gpu(t: float, arm: Arm = Arm.SPECULATIVE, **kw: object) -> GpuSample:
+def _gpu(t: float, arm: Arm = "speculative", **kw: object) -> GpuSample:
     return GpuSample(t=t, arm=arm, up=kw.pop("up", True), **kw)  # type: ignore[arg-type]
 
 
@@ -451,13 +451,13 @@ def test_summarise_gpu_over_a_window() -> None:
 
 
 def test_summarise_arms_windows_the_gpu_samples_of_configured_arms() -> None:
-    gpu = {Arm.SPECULATIVE: [_gpu(5, memory_bandwidth=0.1), _gpu(50, memory_bandwidth=0.99)]}
+    gpu = {"speculative": [_gpu(5, memory_bandwidth=0.1), _gpu(50, memory_bandwidth=0.99)]}
     arms = summarise_arms([], gpu, since=10.0)
-    spec = arms[Arm.SPECULATIVE].gpu
+    spec = arms["speculative"].gpu
     assert spec is not None and spec.samples == 1 and spec.memory_bandwidth == 0.99
-    assert arms[Arm.BASELINE].gpu is None  # not configured
-    assert summarise_arms([], None, since=0.0)[Arm.SPECULATIVE].gpu is None
-    assert arms[Arm.SPECULATIVE].to_dict()["gpu"] == spec.to_dict()
+    assert arms["baseline"].gpu is None  # not configured
+    assert summarise_arms([], None, since=0.0)["speculative"].gpu is None
+    assert arms["speculative"].to_dict()["gpu"] == spec.to_dict()
 
 
 def test_no_gpu_telemetry_means_not_evaluated_never_a_finding() -> None:

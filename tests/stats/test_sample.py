@@ -27,13 +27,13 @@ BOUND = math.log1p(GRID_ERROR_BOUND) + 1e-12
 def _records(seed: int = 1, per_minute: int = 40) -> list[RequestRecord]:
     rng = np.random.default_rng(seed)
     out: list[RequestRecord] = []
-    for arm, scale in ((Arm.BASELINE, 1.0), (Arm.SPECULATIVE, 1.3)):
+    for arm, scale in (("baseline", 1.0), ("speculative", 1.3)):
         n = MINUTES * per_minute
         t = np.sort(rng.uniform(T0, T0 + MINUTES * 60, n))
         e2e = rng.lognormal(0.0, 0.5, n) / scale
         out.extend(
             RequestRecord(
-                request_id=f"{arm.value}-{i}",
+                request_id=f"{arm}-{i}",
                 run_id="run",
                 arm=arm,
                 t_start=float(t[i]),
@@ -50,7 +50,7 @@ def _records(seed: int = 1, per_minute: int = 40) -> list[RequestRecord]:
 
 
 def _values(records: list[RequestRecord], arm: Arm) -> tuple[FloatArray, IntArray]:
-    mine = [r for r in records if r.arm is arm]
+    mine = [r for r in records if r.arm == arm]
     values = np.array([r.e2e_s for r in mine])
     units = np.array([minute_of(r.t_start) - minute_of(T0) for r in mine], dtype=np.int64)
     return values, units
@@ -59,14 +59,12 @@ def _values(records: list[RequestRecord], arm: Arm) -> tuple[FloatArray, IntArra
 def test_rows_become_the_writers_summaries() -> None:
     records = _records(seed=2)
     batch = rollup_records(records)
-    for arm in Arm:
+    for arm in ("speculative", "baseline"):
         values, units = _values(records, arm)
         sample = ArmSample.from_values(values, units, MINUTES)
         # bin rows: (run_id, metric, minute, model, arm, bin, count)
         written = sorted(
-            (b[2] - minute_of(T0), b[5], b[6])
-            for b in batch.bins
-            if b[4] == arm.value and b[1] == "e2e"
+            (b[2] - minute_of(T0), b[5], b[6]) for b in batch.bins if b[4] == arm and b[1] == "e2e"
         )
         got = sorted(
             zip(sample.unit.tolist(), sample.bins.tolist(), sample.counts.tolist(), strict=True)
@@ -76,7 +74,7 @@ def test_rows_become_the_writers_summaries() -> None:
         sums = {
             s[2] - minute_of(T0): (s[5], s[6])
             for s in batch.summaries
-            if s[4] == arm.value and s[1] == "e2e"
+            if s[4] == arm and s[1] == "e2e"
         }
         for unit, (n, total) in sums.items():
             assert sample.unit_n[unit] == n and sample.unit_sum[unit] == pytest.approx(total)
@@ -119,12 +117,12 @@ def _exact_ci(
 
 def test_block_intervals_are_the_exact_weighted_bootstrap_within_the_grid_bound() -> None:
     records = _records()
-    raw = {arm: _values(records, arm) for arm in Arm}
-    arms = {arm: ArmSample.from_values(*raw[arm], MINUTES) for arm in Arm}
+    raw = {arm: _values(records, arm) for arm in ("speculative", "baseline")}
+    arms = {arm: ArmSample.from_values(*raw[arm], MINUTES) for arm in ("speculative", "baseline")}
     block_units, resamples, seed = 3, 400, 11
     result = block_speedup_intervals(
-        arms[Arm.BASELINE],
-        arms[Arm.SPECULATIVE],
+        arms["baseline"],
+        arms["speculative"],
         statistics=STATISTICS,
         rng=np.random.default_rng(seed),
         resamples=resamples,
@@ -132,8 +130,8 @@ def test_block_intervals_are_the_exact_weighted_bootstrap_within_the_grid_bound(
         expand=False,  # the replicates' own percentile interval
     )
     draws = np.random.default_rng(seed).poisson(1.0, size=(resamples, MINUTES // block_units))
-    values = (raw[Arm.BASELINE][0], raw[Arm.SPECULATIVE][0])
-    units = (raw[Arm.BASELINE][1], raw[Arm.SPECULATIVE][1])
+    values = (raw["baseline"][0], raw["speculative"][0])
+    units = (raw["baseline"][1], raw["speculative"][1])
     for stat in STATISTICS:
         lo, hi = _exact_ci(values, units, draws.astype(np.float64), block_units, stat)
         block = result.intervals[stat].block

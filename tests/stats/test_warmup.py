@@ -9,7 +9,7 @@ import numpy.typing as npt
 from specproxy.records import Arm, EngineSample
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 
-SPEC = Arm.SPECULATIVE
+SPEC = "speculative"
 
 
 def sample(
@@ -69,11 +69,11 @@ def test_restart_dated_at_process_start_between_scrapes_else_previous_scrape() -
         sample(20, restarted=True, start=17.0),  # start inside (15, 20]: trusted
         sample(25, start=17.0),
         sample(30, restarted=True, start=17.0),  # counter reset only: previous scrape time
-        sample(31, restarted=True, arm=Arm.BASELINE),  # another arm: ignored
+        sample(31, restarted=True, arm="baseline"),  # another arm: ignored
         sample(35, restarted=True, start=40.0),  # start after the scrape: implausible
     ]
     assert restart_times(samples, SPEC) == [17.0, 25.0, 30.0]
-    assert restart_times(samples, Arm.BASELINE) == [31.0]  # nothing before it: its own time
+    assert restart_times(samples, "baseline") == [31.0]  # nothing before it: its own time
 
 
 def test_restart_after_failed_scrapes_never_opens_before_the_first_failure() -> None:

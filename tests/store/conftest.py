@@ -28,7 +28,7 @@ def make_record(
     values: dict[str, object] = {
         "request_id": f"req-{i}",
         "run_id": run_id,
-        "arm": arm if arm is not None else (Arm.SPECULATIVE if i % 2 else Arm.BASELINE),
+        "arm": arm if arm is not None else ("speculative" if i % 2 else "baseline"),
         "t_start": 1_700_000_000.0 + i,
         "model": "tiny",
         "endpoint": "completions",

@@ -77,12 +77,12 @@ async def read_rollups(
     full tier read (so before any compaction: compacted minutes are blocks)."""
     read = await store.read_tiers(run_id=run_id, metric=metric, known=TierVersions())
     out = {}
-    for arm in Arm:
+    for arm in ("speculative", "baseline"):
 
         def wanted(minute: int, row_model: str, row_arm: str, arm: Arm = arm) -> bool:
             return (
                 since_minute <= minute < until_minute
-                and row_arm == arm.value
+                and row_arm == arm
                 and (model is None or row_model == model)
             )
 

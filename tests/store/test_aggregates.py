@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from specproxy.records import Arm, EngineSample
+from specproxy.records import EngineSample
 from specproxy.store.aggregates import (
     AGGREGATES,
     ENGINE_HOURS,
@@ -130,8 +130,8 @@ def test_sqlite_upserts_and_the_memory_table_merge_and_cut_alike(aggregate: Aggr
 
 def test_engine_hour_rows_are_in_the_declared_column_order() -> None:
     samples = [
-        EngineSample(t=7200.5, run_id="r", arm=Arm.BASELINE, up=True, acceptance_rate=0.5),
-        EngineSample(t=7201.0, run_id="r", arm=Arm.BASELINE, up=False, restarted=True),
+        EngineSample(t=7200.5, run_id="r", arm="baseline", up=True, acceptance_rate=0.5),
+        EngineSample(t=7201.0, run_id="r", arm="baseline", up=False, restarted=True),
     ]
     (row,) = ENGINE_HOURS.rows(Inserted(engine=samples))
     named = dict(zip(ENGINE_HOURS.column_names, row, strict=True))

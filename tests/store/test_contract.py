@@ -94,15 +94,15 @@ _WRITE_THROUGH_STORES = """
         await store.start()
         for i in range(50):
             store.record(RequestRecord(
-                f"r{i}", "run", Arm.BASELINE, 60.0 + i, "m", "completions", True, 200,
+                f"r{i}", "run", "baseline", 60.0 + i, "m", "completions", True, 200,
                 0.5 + i / 100, 0.4, ttft_s=0.1, tpot_s=0.01, prompt_tokens=5, output_tokens=9,
             ))
-        store.record_engine(EngineSample(t=61.0, run_id="run", arm=Arm.BASELINE, up=True))
+        store.record_engine(EngineSample(t=61.0, run_id="run", arm="baseline", up=True))
         await store.flush()
         rows = await store.read_records(run_id="run", columns=["t_start", "shadow"])
         tiers = await store.read_tiers(run_id="run", metric="e2e", known=TierVersions())
         await store.close()
-        assert len(rows[Arm.BASELINE]) == 50 and tiers.minutes, (rows, tiers)
+        assert len(rows["baseline"]) == 50 and tiers.minutes, (rows, tiers)
 
     folder = tempfile.mkdtemp()
     asyncio.run(write("memory://", folder + "/m.jsonl"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from specproxy.errors import StoreError
-from specproxy.records import Arm
 from specproxy.store.queries import (
     RecordQuery,
     engine_sql,
@@ -31,7 +30,7 @@ def test_records_query_filters_in_the_where_clause_with_the_arm_second() -> None
         "SELECT t_start, e2e_s FROM requests WHERE run_id = $1 AND arm = $2 AND t_start >= $3 "
         "AND t_start < $4 ORDER BY t_start"
     )
-    assert with_arm(params, Arm.BASELINE) == ("r", "baseline", 1.0, 2.0)
+    assert with_arm(params, "baseline") == ("r", "baseline", 1.0, 2.0)
     usable = RecordQuery.of("r", ("t_start", "shadow"), usable_only=True)
     sql, params = records_sql(usable, "sqlite")
     assert sql == (
@@ -52,7 +51,7 @@ def test_a_record_query_takes_record_fields_only() -> None:
 
 
 def test_engine_history_and_export_queries() -> None:
-    sql, params = engine_sql("r", 5.0, Arm.SPECULATIVE, "postgresql")
+    sql, params = engine_sql("r", 5.0, "speculative", "postgresql")
     assert "WHERE run_id = $1 AND t >= $2 AND arm = $3 ORDER BY t" in sql
     assert params == ("r", 5.0, "speculative")
     assert engine_sql("r", None, None, "sqlite")[1] == ("r",)

@@ -64,9 +64,9 @@ def _expected(records: list[RequestRecord], metric: str, arm: Arm) -> tuple[dict
     batch = rollup_records(records)
     bins: dict[int, int] = {}
     for _run, m, _minute, _model, a, b, c in batch.bins:
-        if a == arm.value and m == metric:
+        if a == arm and m == metric:
             bins[b] = bins.get(b, 0) + c
-    total = sum(s[6] for s in batch.summaries if s[4] == arm.value and s[1] == metric)
+    total = sum(s[6] for s in batch.summaries if s[4] == arm and s[1] == metric)
     return bins, total
 
 
@@ -114,15 +114,15 @@ async def test_rollups_of_batches_and_replicas_add_up(backend_url: str, tmp_path
     async with _replicas(backend_url, tmp_path, records) as first:
         for metric in ROLLUP_METRICS:
             got = await _read(first, metric)
-            for arm in Arm:
+            for arm in ("speculative", "baseline"):
                 bins, total = _expected(records, metric, arm)
                 assert _pooled(got[arm]) == bins
                 assert math.isclose(float(got[arm].total.sum()), total, rel_tol=1e-12)
                 assert int(got[arm].n.sum()) == sum(bins.values())
         # model filter
         only_a = await _read(first, "e2e", model="a")
-        bins_a, _ = _expected([r for r in records if r.model == "a"], "e2e", Arm.BASELINE)
-        assert _pooled(only_a[Arm.BASELINE]) == bins_a
+        bins_a, _ = _expected([r for r in records if r.model == "a"], "e2e", "baseline")
+        assert _pooled(only_a["baseline"]) == bins_a
 
 
 async def test_a_replayed_batch_is_not_rolled_up_twice(store: BufferedStore) -> None:
@@ -137,7 +137,7 @@ async def test_a_replayed_batch_is_not_rolled_up_twice(store: BufferedStore) -> 
         store.record(rec)
     await store.flush()
     got = await _read(store, "e2e")
-    for arm in Arm:
+    for arm in ("speculative", "baseline"):
         bins, _ = _expected(records + more, "e2e", arm)
         assert _pooled(got[arm]) == bins
 
@@ -151,10 +151,10 @@ async def test_rollups_are_keyed_by_the_bounded_model_label(store: BufferedStore
     hostile = [f"m-{i}-{'x' * 30}" for i in range(300)]
     named = ["served", "allowed", *hostile]
     for i, model in enumerate(named):
-        store.record(make_record(i, t_start=T0 + i * 0.1, arm=Arm.BASELINE, model=model))
+        store.record(make_record(i, t_start=T0 + i * 0.1, arm="baseline", model=model))
     await store.flush()
     rows = await read_arrays(store, run_id="run", columns=("model",))
-    assert sorted(rows[Arm.BASELINE]["model"].tolist()) == sorted(named)
+    assert sorted(rows["baseline"]["model"].tolist()) == sorted(named)
     read = await _full(store)
     assert {model for _minute, model, _arm, *_ in read.minutes} == {"served", "allowed", OTHER}
     assert {model for _minute, model, _arm in read.bins} == {"served", "allowed", OTHER}
@@ -213,27 +213,27 @@ async def test_moments_of_batches_and_replicas_add_up(backend_url: str, tmp_path
 
 
 async def test_only_usable_primary_requests_are_rolled_up(store: BufferedStore) -> None:
-    store.record(make_record(1, t_start=T0, arm=Arm.BASELINE, e2e_s=1.0))
-    store.record(make_record(2, t_start=T0, arm=Arm.BASELINE, e2e_s=2.0, status=503))
-    store.record(make_record(3, t_start=T0, arm=Arm.BASELINE, e2e_s=3.0, shadow=True))
-    store.record(make_record(4, t_start=T0, arm=Arm.BASELINE, e2e_s=4.0, disconnected=True))
-    store.record(make_record(5, t_start=T0, arm=Arm.BASELINE, e2e_s=5.0, error_kind="broken"))
+    store.record(make_record(1, t_start=T0, arm="baseline", e2e_s=1.0))
+    store.record(make_record(2, t_start=T0, arm="baseline", e2e_s=2.0, status=503))
+    store.record(make_record(3, t_start=T0, arm="baseline", e2e_s=3.0, shadow=True))
+    store.record(make_record(4, t_start=T0, arm="baseline", e2e_s=4.0, disconnected=True))
+    store.record(make_record(5, t_start=T0, arm="baseline", e2e_s=5.0, error_kind="broken"))
     await store.flush()
-    got = (await _read(store, "e2e"))[Arm.BASELINE]
+    got = (await _read(store, "e2e"))["baseline"]
     assert got.n.tolist() == [1] and got.total.tolist() == [1.0]
     assert got.minute.tolist() == [minute_of(T0)]
 
 
 async def test_rollup_retention_is_separate_from_row_retention(store: BufferedStore) -> None:
     now = time.time()
-    store.record(make_record(1, t_start=now - 10 * 86400, arm=Arm.BASELINE))
-    store.record(make_record(2, t_start=now, arm=Arm.BASELINE))
+    store.record(make_record(1, t_start=now - 10 * 86400, arm="baseline"))
+    store.record(make_record(2, t_start=now, arm="baseline"))
     await store.flush()
     await store.purge_older_than(now - 86400)  # rows go, rollups stay
-    assert int((await _read(store, "e2e"))[Arm.BASELINE].n.sum()) == 2
+    assert int((await _read(store, "e2e"))["baseline"].n.sum()) == 2
     removed = await store.purge_rollups_older_than(now - 86400)
     assert removed == 2  # one summary row and one bin row
-    assert int((await _read(store, "e2e"))[Arm.BASELINE].n.sum()) == 1
+    assert int((await _read(store, "e2e"))["baseline"].n.sum()) == 1
 
 
 # -- the compacted tier (schema v5) ---------------------------------------------------------------
@@ -260,7 +260,7 @@ def _pooled_tiers(read: TierRead, arm: Arm) -> tuple[dict[int, int], int, float]
     hist: dict[int, int] = {}
     n, total = 0, 0.0
     for (start, _span, _model, a), blob in read.blobs.items():
-        if a != arm.value:
+        if a != arm:
             continue
         block = Block.decode(start, blob)
         n += block.n
@@ -268,12 +268,12 @@ def _pooled_tiers(read: TierRead, arm: Arm) -> tuple[dict[int, int], int, float]
         for b, c in zip(*block_entries(block), strict=True):
             hist[int(b)] = hist.get(int(b), 0) + int(c)
     for _minute, _model, a, rows, t, _sq in read.minutes:
-        if a == arm.value:
+        if a == arm:
             n += rows
             total += t
     for (_minute, _model, a), packed in read.bins.items():
         bins, counts = fine_bins_arrays(*packed)
-        if a == arm.value:
+        if a == arm:
             for b, c in zip(
                 coarse_as_fine(coarse_bin(bins)).tolist(), counts.tolist(), strict=True
             ):
@@ -294,7 +294,7 @@ def _plain(read: TierRead) -> tuple[object, ...]:
 
 
 def _check_all(read: TierRead, records: list[RequestRecord], metric: str = "e2e") -> None:
-    for arm in Arm:
+    for arm in ("speculative", "baseline"):
         hist, n, total = _pooled_tiers(read, arm)
         expected = _coarse_expected(records, metric, arm)
         assert hist == expected

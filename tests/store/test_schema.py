@@ -10,7 +10,7 @@ import asyncpg
 import numpy as np
 import pytest
 
-from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.records import EngineSample, GpuSample, RequestRecord
 from specproxy.store.factory import open_store
 from specproxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
 from specproxy.store.schema import GPU_COLUMNS, REQUEST_COLUMNS, gpu_row, gpu_sample
@@ -49,21 +49,21 @@ async def _check_upgraded(url: str, tmp_path: Path) -> None:
     store = open_store(store_config(url, tmp_path))
     await store.start()
     old = await read_arrays(store, run_id="run", columns=["request_id", "ttft_s", "disconnected"])
-    assert list(old[Arm.BASELINE]["request_id"]) == ["old-1"]
-    assert old[Arm.BASELINE]["ttft_s"][0] == 0.3
-    assert not old[Arm.BASELINE]["disconnected"][0]  # column added by v2, default false
+    assert list(old["baseline"]["request_id"]) == ["old-1"]
+    assert old["baseline"]["ttft_s"][0] == 0.3
+    assert not old["baseline"]["disconnected"][0]  # column added by v2, default false
     acc = await read_arrays(store, run_id="run", columns=["acceptance_rate", "engine_url"])
-    assert np.isnan(acc[Arm.BASELINE]["acceptance_rate"][0])
-    assert acc[Arm.BASELINE]["engine_url"][0] is None  # column added by v3
+    assert np.isnan(acc["baseline"]["acceptance_rate"][0])
+    assert acc["baseline"]["engine_url"][0] is None  # column added by v3
     store.record(make_record(1, acceptance_rate=0.5, disconnected=True, engine_url="http://e:1"))
     store.record_engine(
-        EngineSample(t=6.0, run_id="run", arm=Arm.SPECULATIVE, up=True, position_acceptance=(0.5,))
+        EngineSample(t=6.0, run_id="run", arm="speculative", up=True, position_acceptance=(0.5,))
     )
     await store.flush()
     await store.write_stats(run_id="run", t=1.0, result={"ok": 1})  # table added by v2
     new = await read_arrays(store, run_id="run", columns=REQUEST_COLUMNS)
-    assert new[Arm.SPECULATIVE]["acceptance_rate"][0] == 0.5
-    assert new[Arm.SPECULATIVE]["engine_url"][0] == "http://e:1"
+    assert new["speculative"]["acceptance_rate"][0] == 0.5
+    assert new["speculative"]["engine_url"][0] == "http://e:1"
     samples = await store.read_engine_samples(run_id="run")
     assert [s.position_acceptance for s in samples] == [None, (0.5,)]
     await store.close()
@@ -121,13 +121,13 @@ async def test_two_stores_migrating_at_once_apply_each_version_once(
 
 
 def test_row_builders_follow_the_column_order() -> None:
-    from specproxy.records import Arm, EngineSample, RequestRecord
+    from specproxy.records import EngineSample, RequestRecord
     from specproxy.store.schema import ENGINE_COLUMNS, REQUEST_COLUMNS, engine_row, request_row
 
-    rec = RequestRecord("q", "r", Arm.SPECULATIVE, 1.0, "m", "completions", True, 200, 0.5, 0.4)
+    rec = RequestRecord("q", "r", "speculative", 1.0, "m", "completions", True, 200, 0.5, 0.4)
     row = dict(zip(REQUEST_COLUMNS, request_row(rec), strict=True))
     assert row == {c: getattr(rec, c) if c != "arm" else "speculative" for c in REQUEST_COLUMNS}
-    sample = EngineSample(2.0, "r", Arm.BASELINE, True, position_acceptance=(0.9, 0.5))
+    sample = EngineSample(2.0, "r", "baseline", True, position_acceptance=(0.9, 0.5))
     lite = dict(zip(ENGINE_COLUMNS, engine_row(sample, "sqlite"), strict=True))
     pg = dict(zip(ENGINE_COLUMNS, engine_row(sample, "postgresql"), strict=True))
     assert lite["position_acceptance"] == "[0.9, 0.5]" and pg["position_acceptance"] == [0.9, 0.5]
@@ -181,17 +181,17 @@ async def _check_v5_upgraded(url: str, tmp_path: Path) -> None:
     store = open_store(store_config(url, tmp_path))
     await store.start()
     kept = await read_arrays(store, run_id="run", columns=["request_id", "e2e_s", "engine_url"])
-    assert list(kept[Arm.BASELINE]["request_id"]) == ["v5-1"]
-    assert kept[Arm.BASELINE]["engine_url"][0] == "http://e:1"
+    assert list(kept["baseline"]["request_id"]) == ["v5-1"]
+    assert kept["baseline"]["engine_url"][0] == "http://e:1"
     assert [s.t for s in await store.read_engine_samples(run_id="run")] == [7.0]
     assert await store.read_stats_history(run_id="run") == [(7.0, {"v": 5})]
     rollups = await read_rollups(store, run_id="run", metric="e2e", until_minute=1)
-    assert rollups[Arm.BASELINE].n.tolist() == [1]
+    assert rollups["baseline"].n.tolist() == [1]
     assert await store.read_gpu_samples(run_id="run") == {}  # the new table starts empty
-    sample = GpuSample(t=8.0, arm=Arm.SPECULATIVE, up=True, run_id="run", memory_bandwidth=0.9)
+    sample = GpuSample(t=8.0, arm="speculative", up=True, run_id="run", memory_bandwidth=0.9)
     store.record_gpu(sample)
     await store.flush()
-    assert await store.read_gpu_samples(run_id="run") == {Arm.SPECULATIVE: [sample]}
+    assert await store.read_gpu_samples(run_id="run") == {"speculative": [sample]}
     await store.close()
     assert store.dropped == 0
 
@@ -215,18 +215,18 @@ async def test_postgres_v5_store_gains_gpu_samples_and_keeps_its_data(
 
 def test_gpu_row_and_its_reading_are_inverse() -> None:
     samples = [
-        GpuSample(t=1.0, arm=Arm.BASELINE, up=True, run_id="r", clock_reasons=None),
-        GpuSample(t=2.0, arm=Arm.BASELINE, up=True, run_id="r", clock_reasons=()),
+        GpuSample(t=1.0, arm="baseline", up=True, run_id="r", clock_reasons=None),
+        GpuSample(t=2.0, arm="baseline", up=True, run_id="r", clock_reasons=()),
         GpuSample(
             t=3.0,
-            arm=Arm.SPECULATIVE,
+            arm="speculative",
             up=True,
             run_id="r",
             thermal_throttled=False,
             clock_reasons=("hw_slowdown", "sw_thermal"),
             bandwidth_source="mem_copy_util",
         ),
-        GpuSample(t=4.0, arm=Arm.SPECULATIVE, up=False, run_id="r", error="timed out"),
+        GpuSample(t=4.0, arm="speculative", up=False, run_id="r", error="timed out"),
     ]
     rows = [gpu_row(s) for s in samples]
     assert [dict(zip(GPU_COLUMNS, r, strict=True))["clock_reasons"] for r in rows] == [
@@ -266,22 +266,22 @@ async def _check_v6_upgraded(url: str, tmp_path: Path) -> None:
 
     store = open_store(store_config(url, tmp_path))
     await store.start()
-    store.record_engine(EngineSample(t=7305.0, run_id="run", arm=Arm.BASELINE, up=True))
+    store.record_engine(EngineSample(t=7305.0, run_id="run", arm="baseline", up=True))
     await store.flush()
     samples = await store.read_engine_samples(run_id="run")
     assert len(samples) == 7
     starts = [-math.inf, 3595.0, 3600.0, 7300.0]
     view = await store.read_engine(run_id="run", since=starts)
     aggregates = view.aggregates
-    for arm in Arm:
+    for arm in ("speculative", "baseline"):
         for start in starts:
-            want = summarise_engine([s for s in samples if s.arm is arm and s.t >= start])
+            want = summarise_engine([s for s in samples if s.arm == arm and s.t >= start])
             assert summarise_aggregate(aggregates[start][arm]) == want, (arm, start)
         assert restart_times(view.restart_samples, arm) == restart_times(samples, arm)
-    assert restart_times(samples, Arm.SPECULATIVE) == [3597.0]  # its start, after 3595 failed
+    assert restart_times(samples, "speculative") == [3597.0]  # its start, after 3595 failed
     assert MEAN_FIELDS[0] == "acceptance_rate"
-    assert summarise_aggregate(aggregates[-math.inf][Arm.SPECULATIVE]).acceptance_rate == 0.625
-    assert summarise_aggregate(aggregates[-math.inf][Arm.SPECULATIVE]).num_speculative_tokens == 3
+    assert summarise_aggregate(aggregates[-math.inf]["speculative"]).acceptance_rate == 0.625
+    assert summarise_aggregate(aggregates[-math.inf]["speculative"]).num_speculative_tokens == 3
     await store.close()
     assert store.dropped == 0
 
@@ -309,14 +309,14 @@ async def _check_v7_upgraded(url: str, tmp_path: Path) -> None:
     store = open_store(store_config(url, tmp_path))
     await store.start()
     rollups = await read_rollups(store, run_id="run", metric="e2e", until_minute=1)
-    assert rollups[Arm.BASELINE].n.tolist() == [1]
+    assert rollups["baseline"].n.tolist() == [1]
     empty = await store.read_moments(run_id="run", since_minute=0)
     assert empty.hours == [] and empty.minutes == []
     store.record(
         RequestRecord(
             request_id="v8-1",
             run_id="run",
-            arm=Arm.BASELINE,
+            arm="baseline",
             t_start=130.0,
             model="tiny",
             endpoint="completions",
@@ -356,7 +356,7 @@ async def _check_v8_upgraded(url: str, tmp_path: Path) -> None:
     store = open_store(store_config(url, tmp_path))
     await store.start()
     rollups = await read_rollups(store, run_id="run", metric="e2e", until_minute=1)
-    assert rollups[Arm.BASELINE].n.tolist() == [1]
+    assert rollups["baseline"].n.tolist() == [1]
     assert await store.arm_events(run_id="run") == []
     added = await store.add_arm_event(ArmEvent("run", 1.0, "pause", "speculative"))
     assert await store.arm_events(run_id="run") == [added]
@@ -374,16 +374,16 @@ async def _check_v8_rerouted(url: str, tmp_path: Path) -> None:
     store = open_store(store_config(url, tmp_path))
     await store.start()
     old = await read_arrays(store, run_id="run", columns=["request_id", "rerouted_from"])
-    assert list(old[Arm.BASELINE]["request_id"]) == ["v5-1"]
-    assert old[Arm.BASELINE]["rerouted_from"][0] is None  # column added by v10
-    served = make_record(1, arm=Arm.BASELINE, request_id="v9-1", t_start=130.0)
+    assert list(old["baseline"]["request_id"]) == ["v5-1"]
+    assert old["baseline"]["rerouted_from"][0] is None  # column added by v10
+    served = make_record(1, arm="baseline", request_id="v9-1", t_start=130.0)
     store.record(served)
     store.record(
         dataclasses.replace(
             served,
             request_id="v9-2",
             t_start=131.0,
-            rerouted_from=Arm.SPECULATIVE,
+            rerouted_from="speculative",
             reroute_reason=RerouteReason.DOWN,
         )
     )
@@ -391,13 +391,13 @@ async def _check_v8_rerouted(url: str, tmp_path: Path) -> None:
     got = await read_arrays(
         store, run_id="run", columns=["request_id", "rerouted_from", "reroute_reason"]
     )
-    assert list(got[Arm.BASELINE]["request_id"]) == ["v5-1", "v9-1", "v9-2"]
-    assert list(got[Arm.BASELINE]["rerouted_from"]) == [None, None, "speculative"]
-    assert list(got[Arm.BASELINE]["reroute_reason"]) == [None, None, "down"]
+    assert list(got["baseline"]["request_id"]) == ["v5-1", "v9-1", "v9-2"]
+    assert list(got["baseline"]["rerouted_from"]) == [None, None, "speculative"]
+    assert list(got["baseline"]["reroute_reason"]) == [None, None, "down"]
     usable = await store.read_records(run_id="run", columns=["request_id"], usable_only=True)
-    assert [r[0] for r in usable[Arm.BASELINE]] == ["v5-1", "v9-1"]
+    assert [r[0] for r in usable["baseline"]] == ["v5-1", "v9-1"]
     rollups = await read_rollups(store, run_id="run", metric="e2e", until_minute=3)
-    assert rollups[Arm.BASELINE].n.tolist() == [1, 1]  # minute 0 (v5-1) and 2 (v9-1 only)
+    assert rollups["baseline"].n.tolist() == [1, 1]  # minute 0 (v5-1) and 2 (v9-1 only)
     await store.close()
     assert store.dropped == 0
 

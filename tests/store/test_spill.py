@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specproxy.errors import StoreError
-from specproxy.records import Arm, EngineSample, GpuSample
+from specproxy.records import EngineSample, GpuSample
 from specproxy.store.buffered import MEMORY_FACTOR, BufferedStore
 from specproxy.store.factory import open_store
 from specproxy.store.memory import MemoryStore
@@ -120,7 +120,7 @@ async def test_postgres_outage_is_survived(own_pg_cluster: PgCluster, tmp_path: 
 def test_live_owner_keeps_its_spill_file(tmp_path: Path) -> None:
     base = tmp_path / "spill.jsonl"
     owner, other = SpillSet(base), SpillSet(base)
-    owner.append([make_record(1), make_record(2, arm=Arm.BASELINE)])
+    owner.append([make_record(1), make_record(2, arm="baseline")])
     assert other.claim_leftovers() == 0  # locked by a live process
     owner.close()  # the owner exits without replaying: its lock goes, the file stays
     assert other.claim_leftovers() == 2
@@ -192,7 +192,7 @@ async def test_gpu_samples_spilled_at_close_are_replayed_at_next_start(tmp_path:
     gpu = [
         GpuSample(
             t=float(t),
-            arm=Arm.SPECULATIVE,
+            arm="speculative",
             up=True,
             run_id="run",
             gpus=1,
@@ -202,10 +202,10 @@ async def test_gpu_samples_spilled_at_close_are_replayed_at_next_start(tmp_path:
         )
         for t in range(30)
     ]
-    down = GpuSample(t=5.5, arm=Arm.BASELINE, up=False, run_id="run", error="HTTP 503")
+    down = GpuSample(t=5.5, arm="baseline", up=False, run_id="run", error="HTTP 503")
     for sample in [*gpu, down]:
         first.record_gpu(sample)
-    first.record_engine(EngineSample(t=1.0, run_id="run", arm=Arm.BASELINE, up=True))
+    first.record_engine(EngineSample(t=1.0, run_id="run", arm="baseline", up=True))
     first.record(make_record(1))
     await first.close()
     assert first.dropped == 0 and first.spilled == 33
@@ -215,8 +215,8 @@ async def test_gpu_samples_spilled_at_close_are_replayed_at_next_start(tmp_path:
     await second.start()
     await second.flush()
     assert await second.read_gpu_samples(run_id="run") == {
-        Arm.SPECULATIVE: gpu,
-        Arm.BASELINE: [down],
+        "speculative": gpu,
+        "baseline": [down],
     }
     assert len(await second.read_engine_samples(run_id="run")) == 1
     assert await _count(second) == (1, 1)
@@ -228,8 +228,8 @@ async def test_gpu_samples_spilled_at_close_are_replayed_at_next_start(tmp_path:
 def test_spill_lines_keep_each_row_kind() -> None:
     rows: list[Row] = [
         make_record(1),
-        EngineSample(t=1.0, run_id="run", arm=Arm.BASELINE, up=True, position_acceptance=(0.5,)),
-        GpuSample(t=1.0, arm=Arm.BASELINE, up=True, run_id="r", clock_reasons=("hw_slowdown",)),
-        GpuSample(t=2.0, arm=Arm.BASELINE, up=False, run_id="r", error="refused"),
+        EngineSample(t=1.0, run_id="run", arm="baseline", up=True, position_acceptance=(0.5,)),
+        GpuSample(t=1.0, arm="baseline", up=True, run_id="r", clock_reasons=("hw_slowdown",)),
+        GpuSample(t=2.0, arm="baseline", up=False, run_id="r", error="refused"),
     ]
     assert [decode_line(encode_row(row)) for row in rows] == rows

@@ -87,11 +87,11 @@ async def test_reads_return_the_stored_values_for_every_filter(sqlite_store: Sql
     for filters in FILTERS:
         kwargs = {"run_id": "run", **filters}
         got = await sqlite_store.read_records(columns=RECORD_FIELDS, **kwargs)
-        for arm in Arm:
-            assert got[arm] == _expected(filters, arm), (filters, arm)
-            bools = [row[RECORD_FIELDS.index("shadow")] for row in got[arm]]
+        for arm in ("speculative", "baseline"):
+            assert got.get(arm, []) == _expected(filters, arm), (filters, arm)
+            bools = [row[RECORD_FIELDS.index("shadow")] for row in got.get(arm, [])]
             assert all(type(b) is bool for b in bools)
-    assert any(_expected(f, Arm.BASELINE) for f in FILTERS)
+    assert any(_expected(f, "baseline") for f in FILTERS)
 
 
 async def test_query_walks_the_run_arm_time_index(sqlite_store: SqliteStore) -> None:
@@ -110,7 +110,7 @@ async def test_query_walks_the_run_arm_time_index(sqlite_store: SqliteStore) -> 
         try:
             plan = " | ".join(
                 row[-1]
-                for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", with_arm(params, Arm.BASELINE))
+                for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", with_arm(params, "baseline"))
             )
         finally:
             conn.close()

@@ -16,7 +16,7 @@ import sys
 import time
 
 from specproxy.config import StoreConfig
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import RequestRecord
 from specproxy.store.factory import open_store
 
 
@@ -24,7 +24,7 @@ def make_record(prefix: str, i: int, run_id: str = "procs") -> RequestRecord:
     return RequestRecord(
         request_id=f"{prefix}-{i}",
         run_id=run_id,
-        arm=Arm.SPECULATIVE if i % 2 else Arm.BASELINE,
+        arm="speculative" if i % 2 else "baseline",
         t_start=time.time(),
         model="tiny",
         endpoint="chat.completions",

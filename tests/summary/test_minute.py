@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import RequestRecord
 from specproxy.summary.histogram import bin_index
 from specproxy.summary.minute import minute_of, moment_values, pairwise_sum, rollup_records
 from tests.summary.helpers import merge_batches
@@ -17,7 +17,7 @@ def _rec(i: int, t: float, e2e: float, **extra: object) -> RequestRecord:
     values: dict[str, object] = {
         "request_id": f"r{i}",
         "run_id": "run",
-        "arm": Arm.BASELINE,
+        "arm": "baseline",
         "t_start": t,
         "model": "m",
         "endpoint": "completions",
@@ -64,7 +64,7 @@ def test_unusable_and_non_positive_values_are_left_out() -> None:
         _rec(1, 0.0, 1.0, tpot_s=0.0, ttft_s=math.nan),
         _rec(2, 0.0, 1.0, status=500),
         _rec(3, 0.0, 1.0, shadow=True),
-        _rec(4, 0.0, 1.0, rerouted_from=Arm.SPECULATIVE, reroute_reason="down"),  # failed open
+        _rec(4, 0.0, 1.0, rerouted_from="speculative", reroute_reason="down"),  # failed open
     ]
     batch = rollup_records(recs)
     assert [s[1] for s in batch.summaries] == ["e2e"]
@@ -78,7 +78,7 @@ def test_moments_are_the_regression_sums_of_requests_with_both_token_counts() ->
         _rec(2, 62.0, 3.0, output_tokens=20),  # no prompt count: left out
         _rec(3, 63.0, 3.0, output_tokens=0, prompt_tokens=5),  # no output token: left out
         _rec(4, 64.0, 5.0, output_tokens=8, prompt_tokens=9, status=500),  # unusable
-        _rec(5, 180.0, 1.5, output_tokens=7, prompt_tokens=3, arm=Arm.SPECULATIVE),
+        _rec(5, 180.0, 1.5, output_tokens=7, prompt_tokens=3, arm="speculative"),
     ]
     batch = rollup_records(recs)
     by_key = {row[:4]: row[4:] for row in batch.moments}

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 
-from specproxy.records import Arm
 from specproxy.summary.rows import empty_arrays, records_to_arrays, rows_to_arrays
 
 
@@ -24,6 +23,6 @@ def test_each_column_gets_its_kind_of_array() -> None:
 
 
 def test_every_arm_is_present() -> None:
-    arrays = records_to_arrays(("t_start",), {Arm.BASELINE: [(1.0,)]})
-    assert arrays[Arm.BASELINE]["t_start"].tolist() == [1.0]
-    assert arrays[Arm.SPECULATIVE]["t_start"].size == 0
+    arrays = records_to_arrays(("t_start",), {"baseline": [(1.0,)]})
+    assert arrays["baseline"]["t_start"].tolist() == [1.0]
+    assert arrays["speculative"]["t_start"].size == 0

@@ -70,7 +70,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import time
 from dataclasses import asdict
@@ -88,14 +87,13 @@ from specproxy.bench.summary import CONFIDENCE, ArmSummary, HarnessOverhead, par
 from specproxy.errors import ConfigError
 from specproxy.loadgen import CATEGORY_HEADER, Target
 from specproxy.prompts import Prompt, load_prompts, specbench_prompts
-from specproxy.records import Arm
+from specproxy.records import ARM_NAME_PATTERN, SHORTHAND_CONTROL, SHORTHAND_TREATMENT
 from specproxy.stats.estimate.quantile import samples_needed
 
 __all__ = ["DATASETS", "DEFAULT_STORE", "advice_lines", "configure", "run"]
 
 DEFAULT_STORE = "sqlite:///specproxy.db"
 DATASETS = ("prompts", "random", "specbench")  # --dataset names; anything else is a file
-_ARM_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -402,7 +400,7 @@ def _targets(args: argparse.Namespace) -> list[Target]:
     if args.url:
         if pairs or len(labels) > 1:
             raise ConfigError("--url takes one label: --arm NAME")
-        return [Target(args.url, labels[0] if labels else Arm.BASELINE.value)]
+        return [Target(args.url, labels[0] if labels else SHORTHAND_CONTROL)]
     if labels:
         raise ConfigError(f"--arm {labels[0]!r}: give NAME=URL (a bare NAME labels --url)")
     if args.proxy:
@@ -411,12 +409,12 @@ def _targets(args: argparse.Namespace) -> list[Target]:
         return _named_arms(pairs, control)
     if not all(direct):
         raise ConfigError("--speculative and --baseline go together")
-    if control is not None and control not in (Arm.SPECULATIVE, Arm.BASELINE):
+    if control is not None and control not in (SHORTHAND_TREATMENT, SHORTHAND_CONTROL):
         raise ConfigError(f"--control {control!r} names no arm (speculative or baseline)")
-    control = control or Arm.BASELINE.value
+    control = control or SHORTHAND_CONTROL
     return [
-        Target(args.speculative, Arm.SPECULATIVE.value, control == Arm.SPECULATIVE),
-        Target(args.baseline, Arm.BASELINE.value, control == Arm.BASELINE),
+        Target(args.speculative, SHORTHAND_TREATMENT, control == SHORTHAND_TREATMENT),
+        Target(args.baseline, SHORTHAND_CONTROL, control == SHORTHAND_CONTROL),
     ]
 
 
@@ -426,9 +424,10 @@ def _named_arms(pairs: list[str], control: str | None) -> list[Target]:
     for pair in pairs:
         name, _, url = pair.partition("=")
         name, url = name.strip(), url.strip()
-        if not _ARM_NAME.fullmatch(name) or not url:
+        if not ARM_NAME_PATTERN.fullmatch(name) or not url:
             raise ConfigError(
-                f"--arm {pair!r}: give NAME=URL, NAME up to 32 letters, digits, _ or -"
+                f"--arm {pair!r}: give NAME=URL, NAME a lower-case letter, then up to 31 of "
+                "a-z 0-9 _ -"
             )
         if name in arms:
             raise ConfigError(f"--arm {name!r} is given twice")

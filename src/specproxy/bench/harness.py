@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import aiohttp
 from rich.console import Console
@@ -38,11 +38,16 @@ from specproxy.bench.summary import (
     summarise,
 )
 from specproxy.bench.warmup import is_stable, per_token_latency
-from specproxy.config import StoreConfig
+from specproxy.config import MAX_ARMS, StoreConfig
 from specproxy.errors import ConfigError, ScrapeError
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
 from specproxy.prompts import Prompt, load_prompts
-from specproxy.records import Arm, EngineSample
+from specproxy.records import (
+    ARM_NAME_PATTERN,
+    SHORTHAND_CONTROL,
+    SHORTHAND_TREATMENT,
+    EngineSample,
+)
 from specproxy.store.contract import Lifecycle, Sink
 
 __all__ = ["BenchSink", "BlockResult", "run_bench", "speculative_k"]
@@ -307,7 +312,7 @@ async def _scrape_all(session: aiohttp.ClientSession, targets: Sequence[Target])
     return snapshots
 
 
-def speculative_k(snapshots: dict[str, Any], arm: str = Arm.SPECULATIVE) -> int | None:
+def speculative_k(snapshots: dict[str, Any], arm: str = SHORTHAND_TREATMENT) -> int | None:
     """k as an arm's /metrics shows it: one per-position acceptance counter per draft position
     (V1 engines export them from start-up, zeros included); None when that arm was not scraped
     (driven through the proxy) or exports no per-position counters (V0)."""
@@ -330,20 +335,21 @@ def _control(targets: Sequence[Target]) -> str | None:
         return marked[0]
     if len(named) < 2:
         return None
-    if any(t.arm == Arm.BASELINE for t in named):
-        return Arm.BASELINE.value
+    if any(t.arm == SHORTHAND_CONTROL for t in named):
+        return SHORTHAND_CONTROL
     raise ConfigError("name the control arm (--control NAME)")
 
 
 def _check_recordable(names: Sequence[str]) -> None:
-    """The store's rows hold the two arms records.Arm knows until n-arm records land."""
-    known = {a.value for a in Arm}
-    unknown = [n for n in names if n not in known]
-    if unknown:
+    """The store records arms by name: names of records.ARM_NAME_PATTERN, at most MAX_ARMS."""
+    bad = [n for n in names if ARM_NAME_PATTERN.fullmatch(n) is None]
+    if bad:
         raise ConfigError(
-            f"the store records arms named {' or '.join(sorted(known))}; "
-            f"{', '.join(unknown)} cannot be recorded: pass --store none to bench these arms"
+            f"arm names {', '.join(bad)} cannot be recorded: a lower-case letter, then up to 31"
+            " of a-z 0-9 _ - (or pass --store none)"
         )
+    if len(names) > MAX_ARMS:
+        raise ConfigError(f"at most {MAX_ARMS} arms are recorded, got {len(names)}")
 
 
 def _engine_acceptance(
@@ -358,7 +364,7 @@ def _engine_acceptance(
         if prev is None:
             continue
         # Read for its acceptance only, never stored: the label is the arm's name as given.
-        sample: EngineSample = derive_sample(prev, cur, run_id=run_id, arm=cast(Arm, arm))
+        sample: EngineSample = derive_sample(prev, cur, run_id=run_id, arm=arm)
         if sample.acceptance_rate is not None:
             out[arm] = sample.acceptance_rate
     return out

@@ -69,7 +69,7 @@ def records_from_vllm_bench(
     origin = _wall_start(result) - (min(starts) if starts else 0.0)
     endpoint = "chat.completions" if "chat" in str(result.get("backend", "")) else "completions"
     name = model or str(result.get("model_id") or "unknown")
-    digest = hashlib.sha1(f"{run_id}|{arm.value}|{result.get('date')}".encode()).hexdigest()[:12]
+    digest = hashlib.sha1(f"{run_id}|{arm}|{result.get('date')}".encode()).hexdigest()[:12]
     records = []
     for i in range(count):
         latency = float(lists["latencies"][i])

@@ -13,7 +13,7 @@ import json
 from specproxy.bench.ingest import records_from_vllm_bench
 from specproxy.config import StoreConfig
 from specproxy.errors import ConfigError
-from specproxy.records import Arm
+from specproxy.records import arm_name
 
 __all__ = ["configure", "run"]
 
@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "file", help="JSON written by vllm bench serve --save-result --save-detailed"
     )
     parser.add_argument(
-        "--arm", required=True, choices=[a.value for a in Arm], help="the arm the run measured"
+        "--arm", required=True, type=arm_name, help="the arm the run measured (its name)"
     )
     parser.add_argument("--run-id", required=True, help="store run to add it to (both arms: one)")
     parser.add_argument("--store", default=StoreConfig().url, help="store URL")
@@ -33,9 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 async def _write(args: argparse.Namespace, result: dict[str, object]) -> int:
     from specproxy.store.factory import open_store
 
-    records = records_from_vllm_bench(
-        result, arm=Arm(args.arm), run_id=args.run_id, model=args.model
-    )
+    records = records_from_vllm_bench(result, arm=args.arm, run_id=args.run_id, model=args.model)
     store = open_store(StoreConfig(url=args.store), run_id=args.run_id)
     await store.start()
     try:

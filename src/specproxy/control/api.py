@@ -35,7 +35,7 @@ from specproxy.control.commands import (
     experiment_event,
 )
 from specproxy.control.events import MAX_WHO_CHARS, ArmEvent
-from specproxy.control.live import CONTROL_ARM, TREATMENT_ARMS, ArmControl
+from specproxy.control.live import ArmControl
 from specproxy.errors import StoreError
 from specproxy.proxy.headers import REQUEST_ID_HEADER
 from specproxy.proxy.relay import bad_request, json_error, too_large
@@ -65,12 +65,15 @@ async def _get_arms(request: web.Request) -> web.Response:
 async def _post_arm(request: web.Request) -> web.Response:
     name = request.match_info["name"]
 
+    control = request.app.get(CONTROL)
+
     def build(doc: object, run_id: str, who: str, t: float) -> ArmEvent:
+        assert control is not None  # `_change` answers 503 without it
         return arm_event(
             doc,
             name=name,
-            treatments=TREATMENT_ARMS,
-            control=CONTROL_ARM,
+            treatments=tuple(control.configured),
+            control=control.control,
             run_id=run_id,
             t=t,
             who=who,
@@ -144,7 +147,7 @@ def _view(
     doc = arms_view(
         control.state,
         configured=control.configured,
-        control=CONTROL_ARM,
+        control=control.control,
         recent=control.recent,
         run_id=control.run_id,
         poll_s=request.app[CONFIG].control.poll_s,

@@ -163,9 +163,9 @@ def arms_view(
         {
             "name": control,
             "role": "control",
-            "configured_weight": 1.0 - sum(configured.values()),
+            "configured_weight": max(0.0, 1.0 - sum(configured.values())),
             "weight": None,  # the control arm has none: it serves the rest
-            "share": 1.0 - sum(state.share(name) for name in configured),
+            "share": max(0.0, 1.0 - sum(state.share(name) for name in configured)),
             "paused": False,
             "stopped": state.stopped,
         }

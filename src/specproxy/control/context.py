@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from specproxy.appkeys import CONFIG, CONTROL, METRICS, ROUTER, STORE
-from specproxy.control.live import TREATMENT_ARMS, ArmControl
+from specproxy.control.live import ArmControl
 from specproxy.tasks import cancel_and_wait
 
 __all__ = ["control_ctx"]
@@ -25,10 +25,11 @@ __all__ = ["control_ctx"]
 async def control_ctx(app: web.Application) -> AsyncIterator[None]:
     """Fold the stored events, then poll for new ones until shutdown."""
     cfg = app[CONFIG]
-    (treatment,) = TREATMENT_ARMS
+    shares = cfg.arm_shares()
     control = ArmControl(
         run_id=cfg.run_id,
-        configured={treatment: cfg.routing.speculative_share},
+        configured={arm: shares[arm] for arm in cfg.treatment_arms},
+        control=cfg.control_arm,
         store=app[STORE],
         router=app[ROUTER],
         metrics=app[METRICS],

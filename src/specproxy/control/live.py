@@ -1,8 +1,9 @@
 """One replica's live arm state: read the stored arm events, fold them, apply them to the router.
 
 Every replica (each `serve` process, each of `--workers N`) holds one `ArmControl`. It starts
-from the configured weights (`[routing] speculative_share` for the one treatment, the
-speculative arm) and, before the first request, folds every stored event of the run, so a
+from the configured shares of the treatments (`Config.arm_shares`: `[arms.NAME] weight`, or the
+shorthand's `[routing] speculative_share`) and, before the first request, folds every stored
+event of the run, so a
 restarted replica keeps a stop, a pause or a set weight. Then `control.context` calls `poll()`
 every `[control] poll_s`: it reads the events after the newest one it folded and applies the new
 state to the `Router` and to the gauges (`specproxy_arm_weight_ratio{arm}`,
@@ -27,15 +28,12 @@ from typing import Final
 from specproxy.control.events import ArmEvent, ArmState
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.routing import Router
-from specproxy.records import Arm
 from specproxy.store.contract import Control
 
-__all__ = ["CONTROL_ARM", "RECENT_EVENTS", "TREATMENT_ARMS", "ArmControl"]
+__all__ = ["RECENT_EVENTS", "ArmControl"]
 
 log = logging.getLogger(__name__)
 
-CONTROL_ARM: Final = Arm.BASELINE.value  # serves whatever the treatments do not get
-TREATMENT_ARMS: Final = (Arm.SPECULATIVE.value,)
 RECENT_EVENTS: Final = 20  # events GET /api/arms shows
 
 
@@ -47,11 +45,14 @@ class ArmControl:
         *,
         run_id: str,
         configured: Mapping[str, float],
+        control: str,
         store: Control,
         router: Router,
         metrics: ProxyMetrics,
     ) -> None:
+        """`configured`: each treatment's configured share; `control`: the arm serving the rest."""
         self.run_id = run_id
+        self.control = control
         self.configured: Mapping[str, float] = dict(configured)
         self.state = ArmState(self.configured)
         self.recent: deque[ArmEvent] = deque(maxlen=RECENT_EVENTS)
@@ -120,12 +121,12 @@ class ArmControl:
 
     def _apply(self) -> None:
         state = self.state
-        (treatment,) = TREATMENT_ARMS
-        self._router.apply(
-            state.weights.get(treatment, 0.0),
-            on=not state.stopped and treatment not in state.paused,
+        router = self._router
+        router.apply(
+            {arm: state.weights.get(arm, 0.0) for arm in self.configured},
+            on=not state.stopped,
+            paused=state.paused & frozenset(self.configured),
         )
-        share = state.share(treatment)
-        self._metrics.arm_weight.labels(arm=treatment).set(share)
-        self._metrics.arm_weight.labels(arm=CONTROL_ARM).set(1.0 - share)
+        for arm, share in router.shares.items():  # the control's too: it serves the rest
+            self._metrics.arm_weight.labels(arm=arm).set(share)
         self._metrics.experiment_stopped.set(1.0 if state.stopped else 0.0)

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specproxy.loadgen import ClientResult
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_ARMS
 from specproxy.stats.result import StatsResult
 
 __all__ = ["MAX_REASONS", "ClientTally", "plain_line", "render"]
@@ -75,7 +75,7 @@ def render(stats: StatsResult | None, tally: ClientTally, *, title: str = "live"
         for row in rows:
             arms.add_row(*row)
     else:
-        for arm in (Arm.SPECULATIVE.value, Arm.BASELINE.value):
+        for arm in ("speculative", "baseline"):
             arms.add_row(
                 arm,
                 str(len(tally.e2e.get(arm, []))),
@@ -134,7 +134,7 @@ def plain_line(stats: StatsResult | None, tally: ClientTally) -> str:
     """One status line for logs and CI (no terminal)."""
     head = f"sent {tally.sent}, errors {tally.errors}"
     if stats is None:
-        spec, base = (tally.quantile("e2e", a.value, 0.5) for a in Arm)
+        spec, base = (tally.quantile("e2e", a, 0.5) for a in SHORTHAND_ARMS)
         return f"{head}; client E2E p50 speculative {_ms(spec)}, baseline {_ms(base)}; no stats yet"
     from specproxy.report.summary import speedup_rows, verdict_rows
 

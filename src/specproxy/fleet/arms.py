@@ -23,7 +23,7 @@ __all__ = ["Fleet"]
 
 
 class Fleet:
-    """The endpoint pools of both arms, their DNS discovery, and the model labels."""
+    """The endpoint pools of every configured arm, their DNS discovery, and the model labels."""
 
     def __init__(
         self,
@@ -35,14 +35,16 @@ class Fleet:
     ) -> None:
         """`on_endpoint_event(arm, event, url)`: each pool's ejections and readmissions."""
         self.labels = ModelLabels(cfg.model_allow)
+        self.arms: tuple[Arm, ...] = cfg.arm_names  # the control first
+        self.control: Arm = cfg.control_arm
         self._pools: dict[Arm, EndpointPool] = {}
         self._metrics: dict[Arm, tuple[str, ...]] = {}  # arms scraped elsewhere than served
         self._discoveries: list[DnsDiscovery] = []
-        for arm in Arm:
+        for arm in self.arms:
             arm_cfg = cfg.arm_config(arm)
             urls = [u.rstrip("/") for u in arm_cfg.urls] or [arm_cfg.first_url]
             hook = None if on_endpoint_event is None else functools.partial(on_endpoint_event, arm)
-            pool = EndpointPool(urls, cfg.outlier, clock=clock, name=arm.value, on_event=hook)
+            pool = EndpointPool(urls, cfg.outlier, clock=clock, name=arm, on_event=hook)
             self._pools[arm] = pool
             if arm_cfg.dns is not None:
                 self._discoveries.append(

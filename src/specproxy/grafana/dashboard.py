@@ -57,7 +57,8 @@ QUANTILES = (0.5, 0.9, 0.99)
 DATASOURCE: Json = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
 # The stats job's series: "All" is its model="all" aggregate, hence the case-insensitive match.
-STATS_SELECTOR = 'model=~"(?i)${model:text}",window="$window"'
+STATS_SELECTOR = 'model=~"(?i)${model:text}",window="$window",arm=~"$arm"'
+# A/B/n: the treatments compared with the control (the stats series' `arm`), all by default.
 # The proxy's own request series: one model, or all of them; one proxy, or all of them.
 REQUEST_SELECTOR = 'model=~"$model",instance=~"$instance"'
 INSTANCE_SELECTOR = 'instance=~"$instance"'
@@ -963,6 +964,13 @@ def _templating() -> list[Json]:
             "Window",
             f"label_values({m.SPEEDUP}{{{STATS_SELECTOR.split(',')[0]}}}, window)",
         ),
+        {
+            **_query_variable("arm", "Treatment", f"label_values({m.SPEEDUP}, arm)"),
+            "includeAll": True,
+            "multi": True,
+            "allValue": ".*",
+            "current": {"selected": True, "text": "All", "value": "$__all"},
+        },
         {
             **_query_variable("instance", "Proxy", f"label_values({m.BUILD}_info, instance)"),
             "includeAll": True,

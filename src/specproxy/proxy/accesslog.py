@@ -71,7 +71,7 @@ class AccessLog:
         """The line of a routed request, from its record."""
         line: dict[str, object] = {
             "request_id": rec.request_id,
-            "arm": rec.arm.value,
+            "arm": rec.arm,
             "endpoint": rec.endpoint,
             "model": rec.model,
             "stream": rec.stream,
@@ -81,7 +81,7 @@ class AccessLog:
             "error_kind": None if rec.error_kind is None else rec.error_kind.value,
         }
         if rec.rerouted_from is not None:
-            line["rerouted_from"] = rec.rerouted_from.value
+            line["rerouted_from"] = rec.rerouted_from
         self._write(line, error=rec.error_kind is not None or rec.status >= 400)
 
     def rejected(self, request_id: str, status: int, reason: str) -> None:

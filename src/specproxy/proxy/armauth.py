@@ -62,4 +62,4 @@ def every_arm_headers(
     cfg: Config, environ: Mapping[str, str] | None = None
 ) -> dict[Arm, ArmHeaders]:
     """`arm_headers` of every arm."""
-    return {arm: arm_headers(cfg.arm_config(arm.value), environ) for arm in Arm}
+    return {arm: arm_headers(cfg.arm_config(arm), environ) for arm in cfg.arm_names}

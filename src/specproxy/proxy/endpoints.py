@@ -80,7 +80,7 @@ class Upstreams:
         self._fleet = fleet
         self._arm_headers = dict(arm_headers or {})
         self._make = transports
-        self._fail_open = frozenset(a for a in fail_open if not a.is_control)
+        self._fail_open = frozenset(a for a in fail_open if a != fleet.control)
         # Per (arm, URL): an arm's transports carry its timeouts, even where arms share an engine.
         self._clients: dict[tuple[Arm, str], EndpointClients] = {}
         self._inflight: dict[tuple[Arm, str], int] = {}  # calls in flight per endpoint
@@ -127,7 +127,7 @@ class Upstreams:
         other = self.pick_other(arm, tried, panic=not fail_open)
         if other is not None or not fail_open:
             return other
-        trace.reroute(RerouteReason.CONNECT)
+        trace.reroute(RerouteReason.CONNECT, self._fleet.control)
         return self.pick(trace.arm)
 
     def _headers_to(self, arm: Arm, headers: OutboundHeaders) -> OutboundHeaders:
@@ -155,7 +155,7 @@ class Upstreams:
         `end`. A primary call to a fail-open treatment that is down goes to the control
         (`trace.reroute`)."""
         if not trace.shadow and trace.arm in self._fail_open and self.down(trace.arm):
-            trace.reroute(RerouteReason.DOWN)
+            trace.reroute(RerouteReason.DOWN, self._fleet.control)
         arm = trace.arm
         endpoint, clients = self.pick(arm)
         trace.engine = endpoint
@@ -174,7 +174,7 @@ class Upstreams:
                     raise
                 # Nothing was sent: the arm's next endpoint (or the control's) serves it.
                 self.done(arm, endpoint, exc.kind)
-                if trace.arm is not arm:
+                if trace.arm != arm:
                     arm, tried = trace.arm, []
                 endpoint, clients = other
                 trace.engine = endpoint
@@ -204,7 +204,7 @@ class Upstreams:
 
     async def prune(self) -> None:
         """Close the clients of endpoints that left every pool and have nothing in flight."""
-        live = {(arm, url) for arm in Arm for url in self._fleet.endpoints(arm)}
+        live = {(arm, url) for arm in self._fleet.arms for url in self._fleet.endpoints(arm)}
         for key in [k for k in self._clients if k not in live and not self._inflight.get(k)]:
             self._inflight.pop(key, None)
             await self._clients.pop(key).close()

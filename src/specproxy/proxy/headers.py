@@ -181,7 +181,7 @@ def response_headers(
     copies what it is given into its own CIMultiDict anyway."""
     drop = _DROP_RESPONSE
     out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
-    out.append((ARM_HEADER, arm.value))
+    out.append((ARM_HEADER, arm))
     out.append((REQUEST_ID_HEADER, request_id))
     return out
 

@@ -59,7 +59,7 @@ from specproxy.proxy.relay import (
     too_large,
     upstream_error_response,
 )
-from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router
+from specproxy.proxy.routing import FORCED_ARM_HEADER, ForcedArmError, Router, router_of
 from specproxy.proxy.shadow import Shadows
 from specproxy.proxy.trace import STATUS_CLIENT_GONE, RequestIds, Trace
 from specproxy.proxy.tracing import open_tracing
@@ -106,11 +106,12 @@ class Forwarder:
         self._recorder = recorder
         self._metrics = metrics
         fleet = fleet if fleet is not None else Fleet(cfg)
-        self._observer = Observer(metrics, fleet.labels.label)
-        for arm in Arm:
-            metrics.arm_up.labels(arm.value).set_function(functools.partial(_up, fleet.pool(arm)))
-        fail_open = [arm for arm in Arm if cfg.arm_config(arm.value).on_down == "control"]
-        self._router = router if router is not None else Router(cfg.routing)
+        self._observer = Observer(metrics, fleet.labels.label, fleet.arms)
+        for arm in fleet.arms:
+            metrics.arm_up.labels(arm).set_function(functools.partial(_up, fleet.pool(arm)))
+        fail_open = [arm for arm in cfg.treatment_arms if cfg.arm_config(arm).on_down == "control"]
+        self._router = router if router is not None else router_of(cfg)
+        self._control = cfg.control_arm
         self._mirror_enabled = cfg.routing.mirror_fraction > 0
         self._inject_usage = cfg.inject_usage
         self._max_body = cfg.max_body_bytes
@@ -119,7 +120,7 @@ class Forwarder:
         # mode (`transports.select`), e.g. the lean client for plain-http engines.
         self._upstreams = Upstreams(
             fleet,
-            transports or default_transports(sessions, cfg.timeouts),
+            transports or default_transports(sessions, cfg.arm_timeouts),
             fail_open,
             every_arm_headers(cfg),
         )
@@ -193,14 +194,17 @@ class Forwarder:
         strip_usage = stream and self._inject_usage and should_inject(doc)
         upstream_body = with_usage(doc, body) if strip_usage else body
         pair_id = None
-        if (
-            self._mirror_enabled
+        shadow_arm = (
+            self._router.shadow_arm(arm)
+            if self._mirror_enabled
             and self._router.mirror()
             and not self._failing_open(arm)  # its shadow would go to the control as well
-        ):
+            else None
+        )
+        if shadow_arm is not None:
             pair_id = request_id
             self._shadows.start(
-                arm.other,
+                shadow_arm,
                 request.path,
                 endpoint,
                 doc,
@@ -226,9 +230,9 @@ class Forwarder:
         return await self._primary(request, trace, upstream_body, strip_usage)
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
-        """Any other /v1/* request: forwarded to the baseline arm, streamed, not measured."""
+        """Any other /v1/* request: forwarded to the control arm, streamed, not measured."""
         request_id = self._new_id()
-        arm = Arm.BASELINE
+        arm = self._control
         if request.method not in ALLOWED_METHODS:
             return self._reject(
                 Rejection.METHOD_NOT_ALLOWED, method_not_allowed(request_id, request.method)
@@ -360,5 +364,5 @@ class Forwarder:
         self._observer.observe(rec, trace.scanner.gaps if trace.scanner is not None else ())
         came, reason = rec.rerouted_from, rec.reroute_reason
         if came is not None and reason is not None:
-            self._metrics.rerouted.labels(came.value, rec.arm.value, reason.value).inc()
+            self._metrics.rerouted.labels(came, rec.arm, reason.value).inc()
         return rec

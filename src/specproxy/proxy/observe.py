@@ -8,11 +8,11 @@ scrape time, so the request path takes no lock.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from specproxy.fleet.models import OTHER
 from specproxy.metrics import UPSTREAM_ERROR_KINDS, ProxyMetrics, fast_increment, fast_observe
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm, RequestRecord
 
 __all__ = ["Observer"]
 
@@ -25,17 +25,18 @@ class Observer:
     """
 
     def __init__(
-        self, metrics: ProxyMetrics, model_label: Callable[[str], str] = lambda _: OTHER
+        self,
+        metrics: ProxyMetrics,
+        model_label: Callable[[str], str] = lambda _: OTHER,
+        arms: Iterable[Arm] = (SHORTHAND_TREATMENT, SHORTHAND_CONTROL),
     ) -> None:
         self._metrics = metrics
         self._label = model_label
         self._children: dict[tuple[Arm, str, bool, str], tuple[Callable[[float], None], ...]] = {}
         self._request_counters: dict[tuple[Arm, int, str], Callable[[], None]] = {}
-        self.inflight = dict.fromkeys(Arm, 0)
-        for arm in Arm:
-            metrics.inflight.labels(arm.value).set_function(
-                functools.partial(self._inflight_of, arm)
-            )
+        self.inflight = dict.fromkeys(arms, 0)
+        for arm in self.inflight:
+            metrics.inflight.labels(arm).set_function(functools.partial(self._inflight_of, arm))
 
     def _inflight_of(self, arm: Arm) -> float:
         return float(self.inflight[arm])
@@ -52,19 +53,19 @@ class Observer:
         model = self._label(rec.model)
         if rec.shadow:
             if rec.error_kind in UPSTREAM_ERROR_KINDS:
-                self._metrics.upstream_errors.labels(rec.arm.value, rec.error_kind, model).inc()
+                self._metrics.upstream_errors.labels(rec.arm, rec.error_kind, model).inc()
             return
         arm = rec.arm
         count = self._request_counters.get((arm, rec.status, model))
         if count is None:
             count = self._request_counters[(arm, rec.status, model)] = fast_increment(
-                self._metrics.requests.labels(arm.value, str(rec.status), model)
+                self._metrics.requests.labels(arm, str(rec.status), model)
             )
         count()
         kind = rec.error_kind
         if kind is not None:
             if kind in UPSTREAM_ERROR_KINDS:
-                self._metrics.upstream_errors.labels(arm.value, kind, model).inc()
+                self._metrics.upstream_errors.labels(arm, kind, model).inc()
             return
         if rec.rerouted_from is not None:  # failed open: no latency sample of either arm
             return
@@ -92,7 +93,7 @@ class Observer:
     def _observers(self, key: tuple[Arm, str, bool, str]) -> tuple[Callable[[float], None], ...]:
         """The histogram children of one (arm, endpoint, stream, model), as fast callables."""
         m = self._metrics
-        arm, endpoint, stream, model = key[0].value, key[1], key[2], key[3]
+        arm, endpoint, stream, model = key
         return tuple(
             fast_observe(child)
             for child in (

@@ -84,7 +84,7 @@ class _Spans:
             "POST",
             context=set_span_in_context(self._server, Context()),
             kind=SpanKind.CLIENT,
-            attributes={"http.request.method": "POST", "specproxy.arm": trace.arm.value},
+            attributes={"http.request.method": "POST", "specproxy.arm": trace.arm},
         )
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=set_span_in_context(client, Context()))
@@ -100,15 +100,15 @@ class _Spans:
             if parts.port is not None:
                 client.set_attribute("server.port", parts.port)
             client.set_attribute("url.full", trace.engine_url + _PATHS.get(trace.endpoint, ""))
-        client.set_attribute("specproxy.arm", trace.arm.value)
+        client.set_attribute("specproxy.arm", trace.arm)
         _outcome(client, trace.status, trace.error_kind)
         client.end()
 
     def end(self, trace: Trace, record: RequestRecord | None) -> None:
         span = self._server
-        span.set_attribute("specproxy.arm", trace.arm.value)
+        span.set_attribute("specproxy.arm", trace.arm)
         if trace.rerouted_from is not None:
-            span.set_attribute("specproxy.rerouted_from", trace.rerouted_from.value)
+            span.set_attribute("specproxy.rerouted_from", trace.rerouted_from)
         if record is not None:
             span.set_attribute("specproxy.e2e_s", record.e2e_s)
             if record.ttft_s is not None:

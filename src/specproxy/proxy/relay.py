@@ -208,7 +208,7 @@ def json_error(
     """An OpenAI-style JSON error answered by the proxy itself."""
     headers = {REQUEST_ID_HEADER: request_id}
     if arm is not None:
-        headers[ARM_HEADER] = arm.value
+        headers[ARM_HEADER] = arm
     return web.Response(
         body=error_body(message, status=status, error_type=error_type),
         status=status,
@@ -219,7 +219,7 @@ def json_error(
 
 def upstream_error_response(exc: UpstreamError, request_id: str, arm: Arm) -> web.Response:
     """The client's answer to an engine failure before any byte of the engine's answer."""
-    message = exc.client_message(arm.value)
+    message = exc.client_message(arm)
     return json_error(exc.status, exc.error_type, message, request_id, arm)
 
 

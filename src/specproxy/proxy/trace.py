@@ -102,12 +102,12 @@ class Trace:
         self.rerouted_from: Arm | None = None  # the treatment it was routed to, when rerouted
         self.reroute_reason: RerouteReason | None = None
 
-    def reroute(self, reason: RerouteReason) -> None:
+    def reroute(self, reason: RerouteReason, control: Arm) -> None:
         """The arm this call was routed to is down: the control serves it instead. The pair it
         was part of is left (its shadow went to the control too: it cannot pair with itself)."""
         self.rerouted_from = self.arm
         self.reroute_reason = reason
-        self.arm = self.arm.control
+        self.arm = control
         self.pair_id = None
 
     def fail(self, kind: ErrorKind, status: int | None = None) -> None:

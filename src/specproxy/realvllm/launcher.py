@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from specproxy.errors import SpecProxyError
 from specproxy.realvllm.model_dir import MAX_MODEL_LEN, SERVED_MODEL_NAME, build_model_dir
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_ARMS, Arm
 
 __all__ = [
     "API_SERVER_MODULE",
@@ -165,7 +165,7 @@ class VllmServer:
     @property
     def command(self) -> list[str]:
         args = server_args(
-            self.model_dir, port=self.port, speculative=self.arm is Arm.SPECULATIVE, host=self.host
+            self.model_dir, port=self.port, speculative=self.arm == "speculative", host=self.host
         )
         return [str(self.python), "-m", self.module, *args]
 
@@ -276,8 +276,8 @@ def core_split(cpus: Sequence[int]) -> dict[Arm, str]:
         return {}
     half = len(ordered) // 2
     return {
-        Arm.SPECULATIVE: ",".join(map(str, ordered[:half])),
-        Arm.BASELINE: ",".join(map(str, ordered[half:])),
+        "speculative": ",".join(map(str, ordered[:half])),
+        "baseline": ",".join(map(str, ordered[half:])),
     }
 
 
@@ -310,7 +310,7 @@ class VllmPair:
         self.log_dir = log_dir
         self.cache_dir = cache_dir
         self.host = host
-        self.ports = {Arm.SPECULATIVE: speculative_port, Arm.BASELINE: baseline_port}
+        self.ports = {"speculative": speculative_port, "baseline": baseline_port}
         self.startup_timeout_s = startup_timeout_s
         self.module = module
         self.extra_env = dict(extra_env or {})
@@ -322,17 +322,17 @@ class VllmPair:
 
     @property
     def speculative_url(self) -> str:
-        return self.url(Arm.SPECULATIVE)
+        return self.url("speculative")
 
     @property
     def baseline_url(self) -> str:
-        return self.url(Arm.BASELINE)
+        return self.url("baseline")
 
     def start(self) -> None:
         """Build the model, start both servers, wait until both answer /health."""
         model_dir = build_model_dir(self.cache_dir)
         bindings = {arm: {OMP_BIND_ENV: cores} for arm, cores in core_split(_usable_cpus()).items()}
-        for arm in Arm:
+        for arm in SHORTHAND_ARMS:
             self.servers[arm] = VllmServer(
                 arm,
                 python=self.python,

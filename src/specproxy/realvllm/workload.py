@@ -22,7 +22,7 @@ from specproxy.realvllm.model_dir import (
     VOCAB_SIZE,
     corpus_lines,
 )
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_ARMS, Arm
 
 __all__ = [
     "DirectResult",
@@ -95,7 +95,7 @@ class DirectResult:
 
     @property
     def speedup(self) -> float:
-        return self.median(Arm.BASELINE) / self.median(Arm.SPECULATIVE)
+        return self.median("baseline") / self.median("speculative")
 
 
 async def measure_direct(
@@ -107,10 +107,10 @@ async def measure_direct(
     warmup: int = 2,
 ) -> DirectResult:
     """Interleaved concurrency-1 measurement of both arms; the first `warmup` rounds are dropped."""
-    latencies: dict[Arm, list[float]] = {arm: [] for arm in Arm}
+    latencies: dict[Arm, list[float]] = {arm: [] for arm in SHORTHAND_ARMS}
     acceptance: list[float] = []
     for i, prompt in enumerate(prompt_list):
-        order = (Arm.SPECULATIVE, Arm.BASELINE) if i % 2 == 0 else (Arm.BASELINE, Arm.SPECULATIVE)
+        order = ("speculative", "baseline") if i % 2 == 0 else ("baseline", "speculative")
         for arm in order:
             seconds, payload = await timed_completion(
                 session, urls[arm], prompt, max_tokens=max_tokens
@@ -119,6 +119,6 @@ async def measure_direct(
                 continue
             latencies[arm].append(seconds)
             spec = (payload.get("metrics") or {}).get("speculative_decoding")
-            if arm is Arm.SPECULATIVE and spec:
+            if arm == "speculative" and spec:
                 acceptance.append(float(spec["draft_acceptance_rate"]))
     return DirectResult(latencies=latencies, acceptance_rates=acceptance)

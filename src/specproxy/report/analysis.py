@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.records import Arm, EngineSample
+from specproxy.records import EngineSample
 
 __all__ = [
     "LoadBin",
@@ -54,11 +54,11 @@ def load_at(t: FloatArray, samples: Sequence[EngineSample]) -> FloatArray:
     NaN where no arm had been scraped yet (or no scrape reported `requests_running`).
     """
     per_arm: list[FloatArray] = []
-    for arm in Arm:
+    for arm in sorted({s.arm for s in samples}):
         points = sorted(
             (s.t, s.requests_running)
             for s in samples
-            if s.arm is arm and s.up and s.requests_running is not None
+            if s.arm == arm and s.up and s.requests_running is not None
         )
         if not points:
             continue
@@ -132,7 +132,7 @@ def mean_position_acceptance(samples: Sequence[EngineSample]) -> tuple[float, ..
     rows = [
         s.position_acceptance
         for s in samples
-        if s.arm is Arm.SPECULATIVE and s.position_acceptance is not None
+        if s.arm == "speculative" and s.position_acceptance is not None
     ]
     if not rows:
         return ()

@@ -186,20 +186,20 @@ def _gather(
         span=None,
     )
     starts: list[float] = []
-    for arm in Arm:
+    for arm in sorted(arrays):
         a = arrays.get(arm)
         if a is None or len(a["t_start"]) == 0:
             continue
         rule = warmup_rule(warmup)
         keep, warm, failed = _selection(a, arm, engine, rule, unit_s, until=until)
-        data.excluded_warmup[arm.value] = warm
-        data.excluded_failed[arm.value] = failed
-        data.shadows[arm.value] = int(np.sum(np.asarray(a["shadow"], dtype=bool)))
-        data.t_start[arm.value] = np.asarray(a["t_start"], dtype=np.float64)[keep]
-        data.e2e_aligned[arm.value] = np.asarray(a["e2e_s"], dtype=np.float64)[keep]
+        data.excluded_warmup[arm] = warm
+        data.excluded_failed[arm] = failed
+        data.shadows[arm] = int(np.sum(np.asarray(a["shadow"], dtype=bool)))
+        data.t_start[arm] = np.asarray(a["t_start"], dtype=np.float64)[keep]
+        data.e2e_aligned[arm] = np.asarray(a["e2e_s"], dtype=np.float64)[keep]
         for metric, column in METRIC_COLUMNS.items():
             values = np.asarray(a[column], dtype=np.float64)[keep]
-            data.latency[metric][arm.value] = values[np.isfinite(values) & (values > 0)]
+            data.latency[metric][arm] = values[np.isfinite(values) & (values > 0)]
         starts += [float(a["t_start"][0]), float(a["t_start"][-1])]
     data.span = (min(starts), max(starts)) if starts else None
     return data
@@ -213,9 +213,8 @@ def _consistent(result: StatsResult, data: ReportData) -> bool:
     if window["design"] != "split":
         return True  # paired n counts pairs, not records: nothing to compare
     n = window["metrics"]["e2e"]["n"]
-    return all(
-        n.get(arm.value, 0) == data.latency["e2e"].get(arm.value, np.array([])).size for arm in Arm
-    )
+    arms = {*n, *data.latency["e2e"]}
+    return all(n.get(arm, 0) == data.latency["e2e"].get(arm, np.array([])).size for arm in arms)
 
 
 def _selection(
@@ -289,7 +288,7 @@ def _draw(data: ReportData) -> None:
         )
     data.positions = mean_position_acceptance(data.engine)
     window = main_window(data.stats)
-    spec_engine = window["engine"].get(Arm.SPECULATIVE.value) if window is not None else None
+    spec_engine = window["engine"].get("speculative") if window is not None else None
     data.figures["acceptance"] = figures.acceptance_png(
         data.positions,
         overall=spec_engine["acceptance_rate"] if spec_engine is not None else None,
@@ -299,10 +298,10 @@ def _draw(data: ReportData) -> None:
 
 
 def _load_figure(data: ReportData) -> None:
-    spec_t = data.t_start.get(Arm.SPECULATIVE.value, np.array([]))
-    base_t = data.t_start.get(Arm.BASELINE.value, np.array([]))
-    spec_e2e_all = _aligned_e2e(data, Arm.SPECULATIVE.value)
-    base_e2e_all = _aligned_e2e(data, Arm.BASELINE.value)
+    spec_t = data.t_start.get("speculative", np.array([]))
+    base_t = data.t_start.get("baseline", np.array([]))
+    spec_e2e_all = _aligned_e2e(data, "speculative")
+    base_e2e_all = _aligned_e2e(data, "baseline")
     has_running = any(s.requests_running is not None for s in data.engine)
     if has_running:
         spec_load, base_load = load_at(spec_t, data.engine), load_at(base_t, data.engine)

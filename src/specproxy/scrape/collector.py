@@ -37,14 +37,14 @@ class EngineCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         f = _Families()
         for arm, state in self._states.items():
-            label = [arm.value]
+            label = [arm]
             f.restarts.add_metric(label, float(state.restarts))
             for url, endpoint in state.endpoints.items():
                 if endpoint.up is not None:
-                    f.up.add_metric([arm.value, url], 1.0 if endpoint.up else 0.0)
+                    f.up.add_metric([arm, url], 1.0 if endpoint.up else 0.0)
                 tokens = endpoint.snapshot.generation_tokens if endpoint.snapshot else None
                 if endpoint.up and tokens is not None:
-                    f.generation_tokens.add_metric([arm.value, url], tokens)
+                    f.generation_tokens.add_metric([arm, url], tokens)
             if not state.up:
                 continue
             if state.acceptance_rate is not None:
@@ -52,7 +52,7 @@ class EngineCollector(Collector):
             if state.mean_acceptance_length is not None:
                 f.length.add_metric(label, state.mean_acceptance_length)
             for pos, rate in enumerate(state.position_acceptance or ()):
-                f.position.add_metric([arm.value, str(pos)], rate)
+                f.position.add_metric([arm, str(pos)], rate)
             sample = state.sample
             if sample is None:
                 continue

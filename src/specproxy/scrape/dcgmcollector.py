@@ -36,7 +36,7 @@ class GpuCollector(Collector):
         up, util, bandwidth, clock, temperature, thermal = families = _families()
         for arm, state in self._states.items():
             for url, ok in state.up.items():
-                up.add_metric([arm.value, url], 1.0 if ok else 0.0)
+                up.add_metric([arm, url], 1.0 if ok else 0.0)
             sample = state.latest
             if sample is None or not sample.up:
                 continue
@@ -50,7 +50,7 @@ class GpuCollector(Collector):
                 (thermal, None if throttled is None else float(throttled)),
             ):
                 if value is not None:
-                    family.add_metric([arm.value], value)
+                    family.add_metric([arm], value)
         return families
 
 

@@ -67,8 +67,8 @@ class GpuScraper:
         self._sessions = sessions
         self._clock = clock
         self._states: dict[Arm, GpuArmState] = {}
-        for arm in Arm:
-            pool = config.arm_config(arm.value)
+        for arm in config.arm_names:
+            pool = config.arm_config(arm)
             if pool.dcgm_urls:
                 self._states[arm] = GpuArmState(arm, pool.dcgm_urls, pool.dcgm_gpus, pool.dcgm_pods)
         self._task: asyncio.Task[None] | None = None

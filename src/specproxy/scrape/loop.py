@@ -100,9 +100,10 @@ class EngineScraper:
         self._recorder = recorder
         self._clock = clock
         self._fleet = fleet if fleet is not None else Fleet(config)
-        self._aggregates = {arm: ArmAggregate(arm, config.run_id) for arm in Arm}
+        arms = self._fleet.arms
+        self._aggregates = {arm: ArmAggregate(arm, config.run_id) for arm in arms}
         self._states = {
-            arm: ArmState(arm, endpoints=self._aggregates[arm].endpoints) for arm in Arm
+            arm: ArmState(arm, endpoints=self._aggregates[arm].endpoints) for arm in arms
         }
         self._task: asyncio.Task[None] | None = None
 

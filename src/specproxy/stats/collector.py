@@ -1,18 +1,21 @@
 """Publishes the stats job's latest result as Prometheus gauges, read at scrape time.
 
 A custom Collector (rather than Gauges set by the job) means a scrape always sees one coherent
-result, and series of a model or window that disappeared vanish instead of going stale.
+result, and series of a model or window that disappeared vanish instead of going stale. Every
+comparison's series carry `arm`, the treatment compared with the control (A/B/n: one per
+treatment, so bounded by the configured arms; the two-arm run's is "speculative").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 from prometheus_client.core import GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specproxy import metrics as names
-from specproxy.stats.result import StatsResult
+from specproxy.stats.result import StatsResult, comparisons_of
 
 __all__ = ["StatsCollector", "register_stats_collector"]
 
@@ -31,8 +34,8 @@ class StatsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         speedup = GaugeMetricFamily(
             names.SPEEDUP,
-            "Speedup = statistic(baseline) / statistic(speculative) with its CI bounds.",
-            labels=["model", "window", "metric", "statistic", "bound"],
+            "Speedup = statistic(control) / statistic(treatment `arm`) with its CI bounds.",
+            labels=["model", "window", "arm", "metric", "statistic", "bound"],
         )
         samples = GaugeMetricFamily(
             names.SAMPLES,
@@ -43,33 +46,33 @@ class StatsCollector(Collector):
             names.VERDICT,
             "Anytime-valid verdict per compared metric: a state set, 1 on the current state"
             f" ({', '.join(names.VERDICT_STATES)}), 0 on the others.",
-            labels=["model", "window", "metric"],
+            labels=["model", "window", "arm", "metric"],
         )
         gate = StateSetMetricFamily(
             names.GATE,
             "Rollout gate per window (E2E): pass (faster, or median and P99 not slower than"
             " 1+tol), fail (slower), wait (neither yet); 1 on the current state.",
-            labels=["model", "window"],
+            labels=["model", "window", "arm"],
         )
         slowdown = GaugeMetricFamily(
             names.P99_SLOWDOWN,
             "1 while the anytime-valid P99 verdict is slower: speculative P99 > baseline P99"
             " x (1+tol) by the union-bound CS or, on split traffic, the per-minute exceedance"
             " e-process (mirrored pairs: the two-sample e-process), each at alpha/2.",
-            labels=["model", "window", "metric"],
+            labels=["model", "window", "arm", "metric"],
         )
         tokens_per_step = GaugeMetricFamily(
             names.SPECULATION_TOKENS_PER_STEP,
             "Tokens a speculative step yields on average (vLLM's mean acceptance length, else"
             " 1 + k x its accepted/drafted ratio), as the diagnosis reads it.",
-            labels=["model", "window"],
+            labels=["model", "window", "arm"],
         )
         break_even = GaugeMetricFamily(
             names.SPECULATION_BREAK_EVEN,
             "1 + k x c: the target steps a speculative step costs (c, one draft pass over one"
             " target pass, measured from step times or assumed); speculation can pay only while"
             " the tokens per step exceed it.",
-            labels=["model", "window"],
+            labels=["model", "window", "arm"],
         )
         last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")
         data_lag = GaugeMetricFamily(
@@ -84,6 +87,7 @@ class StatsCollector(Collector):
             )
             leader.add_metric([], 1.0 if is_leader else 0.0)
             yield leader
+        families = _Families(verdict, gate, slowdown, speedup, tokens_per_step, break_even)
         result = self._latest()
         if result is not None:
             last_run.add_metric([], float(result["computed_at"]))
@@ -92,35 +96,46 @@ class StatsCollector(Collector):
                 data_lag.add_metric([], float(lag))
             for model, windows in result["results"].items():
                 for window, res in windows.items():
-                    window_gate = res.get("gate")
-                    if window_gate is not None:
-                        state = window_gate["state"]
-                        gate.add_metric([model, window], {s: s == state for s in names.GATE_STATES})
-                    for arm, n in res["samples"].items():
+                    counts: dict[str, int] = {}
+                    for arm, comparison in comparisons_of(res).items():
+                        counts.update(comparison["samples"])
+                        _add_comparison([model, window, arm], comparison, families)
+                    for arm, n in counts.items():
                         samples.add_metric([model, window, arm], float(n))
-                    check = res["diagnosis"].get("acceptance")
-                    if check is not None:
-                        tokens_per_step.add_metric([model, window], check["tokens_per_step"])
-                        break_even.add_metric([model, window], check["break_even_tokens_per_step"])
-                    for metric, block in res["metrics"].items():
-                        labels = [model, window, metric]
-                        verdict.add_metric(
-                            labels, {s: s == block["verdict"] for s in names.VERDICT_STATES}
-                        )
-                        seq = block["sequential"]
-                        slower = seq is not None and seq["p99_slower"]
-                        slowdown.add_metric(labels, 1.0 if slower else 0.0)
-                        for stat, ci in block["speedup"].items():
-                            bounds = (
-                                ("estimate", ci["estimate"]),
-                                ("lower", ci["lower"]),
-                                ("upper", ci["upper"]),
-                            )
-                            for bound, value in bounds:
-                                if value is not None:
-                                    speedup.add_metric([*labels, stat, bound], value)
         yield from (speedup, samples, verdict, gate, slowdown, tokens_per_step, break_even)
         yield from (last_run, data_lag)
+
+
+class _Families(NamedTuple):
+    verdict: StateSetMetricFamily
+    gate: StateSetMetricFamily
+    slowdown: GaugeMetricFamily
+    speedup: GaugeMetricFamily
+    tokens_per_step: GaugeMetricFamily
+    break_even: GaugeMetricFamily
+
+
+def _add_comparison(key: list[str], res: Mapping[str, Any], f: _Families) -> None:
+    """One treatment's comparison series; `key` = [model, window, arm]."""
+    window_gate = res.get("gate")
+    if window_gate is not None:
+        state = window_gate["state"]
+        f.gate.add_metric(key, {s: s == state for s in names.GATE_STATES})
+    check = res["diagnosis"].get("acceptance")
+    if check is not None:
+        f.tokens_per_step.add_metric(key, check["tokens_per_step"])
+        f.break_even.add_metric(key, check["break_even_tokens_per_step"])
+    for metric, block in res["metrics"].items():
+        labels = [*key, metric]
+        f.verdict.add_metric(labels, {s: s == block["verdict"] for s in names.VERDICT_STATES})
+        seq = block["sequential"]
+        slower = seq is not None and seq["p99_slower"]
+        f.slowdown.add_metric(labels, 1.0 if slower else 0.0)
+        for stat, ci in block["speedup"].items():
+            for bound in ("estimate", "lower", "upper"):
+                value = ci[bound]
+                if value is not None:
+                    f.speedup.add_metric([*labels, stat, bound], value)
 
 
 def register_stats_collector(

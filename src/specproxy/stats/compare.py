@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm
 from specproxy.stats.anytime.decision import Decision, Evidence, fresh
 from specproxy.stats.anytime.verdict import evidence
 from specproxy.stats.diagnosis import (
@@ -56,7 +56,8 @@ FloatArray = npt.NDArray[np.float64]
 DEFAULT_P99_TOLERANCE: Final = 0.05
 # An interval narrower than this many times the grid's bound on a ratio says so (`speedup_block`).
 GRID_NOTE_FACTOR: Final = 5
-CONTROL, TREATMENT = Arm.BASELINE.value, Arm.SPECULATIVE.value
+# The (control, treatment) arm names a comparison keys its per-arm fields by, unless given.
+SHORTHAND_NAMES: Final = (SHORTHAND_CONTROL, SHORTHAND_TREATMENT)
 
 # A metric's evidence -> its decision under the window's memory (`DecisionMemory.recall`)
 Recall = Callable[[str, Evidence], Decision]
@@ -96,9 +97,13 @@ def compare_window(
     seed: Sequence[int],
     pairs: Pairs | None = None,
     recall: Recall | None = None,
+    names: tuple[Arm, Arm] = SHORTHAND_NAMES,
 ) -> WindowComparison:
     """Everything for one window: `seed` is the window's key (non-negative ints, `metric_seed`),
-    `recall` the window's memory of the anytime-valid evidence (None: this tick alone)."""
+    `recall` the window's memory of the anytime-valid evidence (None: this tick alone), `names`
+    the (control, treatment) arm names the per-arm fields are keyed by. `settings.alpha` is the
+    level of this comparison's anytime-valid tests (the family's alpha / m with m treatments)."""
+    c_name, t_name = names
     n_primary = min(control.requests, treatment.requests)
     paired = pairs is not None and pairs.count > 0 and pairs.count >= n_primary
     design: Literal["split", "paired"] = "paired" if paired else "split"
@@ -116,7 +121,15 @@ def compare_window(
             else None
         )
         metrics[metric] = _metric(
-            metric, primary, chosen, exact, moments, settings, metric_seed(seed, metric), recall
+            metric,
+            primary,
+            chosen,
+            exact,
+            moments,
+            settings,
+            metric_seed(seed, metric),
+            recall,
+            names,
         )
     steps = (_median(control.sample("step")), _median(treatment.sample("step")))
     diagnosis = diagnose_metrics(
@@ -124,14 +137,15 @@ def compare_window(
         engine,
         steps=steps,
         tolerance=settings.p99_tolerance,
-        queueing=latency_growth({CONTROL: control, TREATMENT: treatment}),
+        queueing=latency_growth({c_name: control, t_name: treatment}),
+        names=names,
     )
     return {
         "design": design,
         "pairs": pairs.count if pairs is not None else 0,
-        "samples": {CONTROL: control.requests, TREATMENT: treatment.requests},
+        "samples": {c_name: control.requests, t_name: treatment.requests},
         "metrics": metrics,
-        "engine": {arm.value: summary.to_dict() for arm, summary in engine.items()},
+        "engine": {arm: engine[arm].to_dict() for arm in names if arm in engine},
         "diagnosis": diagnosis.to_dict(),
         "unavailable": [] if control.moments is not None else ["adjusted"],
     }
@@ -146,8 +160,10 @@ def _metric(
     settings: CompareSettings,
     rng: np.random.Generator,
     recall: Recall | None,
+    names: tuple[Arm, Arm],
 ) -> MetricResult:
     c, t = design
+    c_name, t_name = names
     iid = None
     if exact is not None:
         iid = paired_speedup_intervals(
@@ -178,16 +194,16 @@ def _metric(
         )
         adjusted = adj.to_dict() if adj is not None else None
     block: MetricResult = {
-        "n": {CONTROL: c.n, TREATMENT: t.n},
+        "n": {c_name: c.n, t_name: t.n},
         "speedup": speedup_block(
-            boot, c.n, t.n, settings.confidence, max(c.grid_error, t.grid_error)
+            boot, c.n, t.n, settings.confidence, max(c.grid_error, t.grid_error), names
         ),
         "time_blocks": boot.plan.to_dict() if both else None,
         "summary": {
             arm: {stat: _finite(sample.statistic(stat)) for stat in STATISTICS}
-            for arm, sample in ((CONTROL, c), (TREATMENT, t))
+            for arm, sample in ((c_name, c), (t_name, t))
         },
-        "outliers": {CONTROL: count_outliers(c).to_dict(), TREATMENT: count_outliers(t).to_dict()},
+        "outliers": {c_name: count_outliers(c).to_dict(), t_name: count_outliers(t).to_dict()},
         "rank_tests": rank_tests(*primary, settings.confidence).to_dict(),
         "samples_for_5pct_median": samples_for_median_change(*primary, alpha=settings.alpha),
         "adjusted": adjusted,
@@ -208,6 +224,7 @@ def speedup_block(
     n_t: int,
     confidence: float,
     grid_error: float = 0.0,
+    names: tuple[Arm, Arm] = SHORTHAND_NAMES,
 ) -> dict[str, Speedup]:
     """Per statistic: the reported interval (block, or i.i.d. with too few blocks), both
     intervals, and "insufficient" while an arm has too few samples for it. An interval whose
@@ -216,8 +233,8 @@ def speedup_block(
     block: dict[str, Speedup] = {}
     for stat, found in boot.intervals.items():
         needed = {
-            CONTROL: samples_needed(stat, n_c, confidence),
-            TREATMENT: samples_needed(stat, n_t, confidence),
+            names[0]: samples_needed(stat, n_c, confidence),
+            names[1]: samples_needed(stat, n_t, confidence),
         }
         shown = found.interval.to_dict()
         ok = not any(needed.values())
@@ -316,6 +333,7 @@ def diagnose_metrics(
     steps: tuple[float | None, float | None] = (None, None),
     tolerance: float = DEFAULT_P99_TOLERANCE,
     queueing: tuple[LatencyGrowth, ...] = (),
+    names: tuple[Arm, Arm] = SHORTHAND_NAMES,
 ) -> Diagnosis:
     """The diagnosis tree on a window's metric blocks; `steps` = (control, treatment) median
     step times (streamed requests' mean gap between content events), None when not streamed.
@@ -324,8 +342,9 @@ def diagnose_metrics(
     quoted = metrics[metric]["speedup"]["median"]
     e2e = metrics["e2e"]
     needed = max(e2e["speedup"]["p99"]["n_needed"].values())
-    t_median = e2e["summary"][TREATMENT]["median"]
-    ttft_median = metrics["ttft"]["summary"][TREATMENT]["median"]
+    c_name, t_name = names
+    t_median = e2e["summary"][t_name]["median"]
+    ttft_median = metrics["ttft"]["summary"][t_name]["median"]
     share = ttft_median / t_median if ttft_median is not None and t_median else None
     return diagnose(
         DiagnosisInput(
@@ -338,8 +357,8 @@ def diagnose_metrics(
             verdicts=_metric_verdicts(metrics, tolerance),
             enough_samples=needed == 0,
             samples_needed=needed,
-            speculative=engine.get(Arm.SPECULATIVE, EngineSummary()),
-            baseline=engine.get(Arm.BASELINE, EngineSummary()),
+            speculative=engine.get(t_name, EngineSummary()),
+            baseline=engine.get(c_name, EngineSummary()),
             ttft_share=share,
             baseline_step_s=steps[0],
             speculative_step_s=steps[1],

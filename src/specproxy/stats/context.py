@@ -82,6 +82,8 @@ async def _inline_job(app: web.Application) -> AsyncIterator[None]:
         warmup=cfg.warmup,
         registry=app[REGISTRY],
         model_label=app[FLEET].labels.label if FLEET in app else None,
+        control=cfg.control_arm,
+        treatments=cfg.treatment_arms,
     )
     app[STATS_JOB] = job
     app[STATS] = job.latest

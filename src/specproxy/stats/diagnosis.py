@@ -29,11 +29,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from specproxy.records import THERMAL_CLOCK_REASONS, Arm, EngineSample, GpuSample
+from specproxy.records import (
+    SHORTHAND_CONTROL,
+    SHORTHAND_TREATMENT,
+    THERMAL_CLOCK_REASONS,
+    Arm,
+    EngineSample,
+    GpuSample,
+)
 from specproxy.stats import result as schema
 from specproxy.summary.engine import EngineAggregate, EngineView, aggregate_samples, as_view
 
@@ -186,6 +193,7 @@ def summarise_arms(
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None,
     *,
     since: float,
+    arms: Iterable[Arm] = (SHORTHAND_CONTROL, SHORTHAND_TREATMENT),
 ) -> dict[Arm, EngineSummary]:
     """Every arm's summary of the samples at or after `since` (the samples, or a view of them
     that holds their aggregates, `summary.engine.EngineView`); an arm missing from `gpu_samples` has
@@ -197,7 +205,7 @@ def summarise_arms(
             view.aggregate(arm, since),
             [g for g in gpu[arm] if g.t >= since] if arm in gpu else None,
         )
-        for arm in Arm
+        for arm in sorted({*view.arms, *gpu, *arms})
     }
 
 

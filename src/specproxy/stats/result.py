@@ -4,7 +4,7 @@ The result is plain JSON-able data (served at `GET /api/stats`, stored in the hi
 by followers and the report), so its schema is a tree of `TypedDict`s that `mypy --strict`
 checks for every producer (`stats.compare`, `stats.job.tick`) and reader (collector, CLI,
 report, demo). `STATISTICS` / `METRICS` are the lists everything iterates over (published in
-`settings` for ui/app.js). Arms are keyed by `Arm.value`; a float may be null when undefined.
+`settings` for ui/app.js). Arms are keyed by name; a float may be null when undefined.
 To add a statistic, a metric or a field, and when to bump `SCHEMA_VERSION`: docs/statistics.md.
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 from typing import Final, Literal, NamedTuple, NotRequired, TypedDict
+
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT
 
 __all__ = [
     "METRICS",
@@ -21,6 +23,9 @@ __all__ = [
     "STATISTIC_LEVELS",
     "AcceptanceCheck",
     "Adjusted",
+    "Best",
+    "BestState",
+    "Comparison",
     "Diagnosis",
     "EngineArm",
     "Gate",
@@ -31,6 +36,7 @@ __all__ = [
     "Metric",
     "MetricResult",
     "MetricSpec",
+    "Multiplicity",
     "Outliers",
     "P99Verdict",
     "RankTests",
@@ -45,11 +51,12 @@ __all__ = [
     "Verdict",
     "WindowComparison",
     "WindowResult",
+    "comparisons_of",
     "settings_lists",
     "to_json",
 ]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3  # 3: A/B/n (control, treatments, comparisons, multiplicity, best)
 
 Statistic = Literal["median", "mean", "p90", "p99"]
 # Every compared statistic, in display order, with its quantile level (None: not a quantile).
@@ -310,8 +317,48 @@ class WindowComparison(TypedDict):
     unavailable: NotRequired[list[str]]  # statistics without their data ("adjusted")
 
 
+class Comparison(WindowComparison):
+    """One treatment against the control over one window (A/B/n, `WindowResult.comparisons`)."""
+
+    treatment: str
+    excluded_warmup: dict[str, int]  # per arm of the comparison
+    gate: NotRequired[Gate]
+
+
+class Multiplicity(TypedDict):
+    """How the family-wise error of the faster/slower verdicts over m treatments stays <= alpha:
+    Bonferroni, each comparison's anytime-valid tests at alpha / m (docs/statistics.md)."""
+
+    method: Literal["bonferroni"]
+    treatments: int  # m
+    alpha: float  # the family's (stats.alpha)
+    alpha_per_comparison: float  # alpha / m: the level of every verdict and `Best`
+
+
+BestState = Literal["winner", "no_winner_yet", "single"]
+
+
+class Best(TypedDict):
+    """Which treatment leads on the E2E median speedup (`stats.best`)."""
+
+    metric: str  # "e2e"
+    statistic: str  # "median"
+    state: BestState
+    leader: str | None
+    runner_up: str | None
+    speedups: dict[str, float | None]  # per treatment: speedup over the control (None: too few)
+    # speedup(leader) / speedup(runner-up) = median(runner-up) / median(leader), block bootstrap
+    # on the same time blocks, at the displayed confidence
+    margin: Interval | None
+    separated_from: list[str]  # treatments the leader is shown faster than (at `level`)
+    level: float  # alpha / m
+    reason: str
+
+
 class WindowResult(WindowComparison):
-    """One window of one model (or of all models), as the job publishes it (`stats.job`)."""
+    """One window of one model (or of all models), as the job publishes it (`stats.job`). Its
+    comparison fields are the control against the first treatment (the two-arm result as it
+    always was); `comparisons` holds every treatment's (the first's repeats those fields)."""
 
     window_s: float | None  # None: the whole run
     excluded_warmup: dict[str, int]  # per arm: usable requests left out as warm-up
@@ -322,6 +369,13 @@ class WindowResult(WindowComparison):
     span: NotRequired[list[float]]  # [start, end) of its units, Unix time
     grid_error_bound: NotRequired[float]  # worst relative error of a bound from the histograms
     gate: NotRequired[Gate]  # the rollout gate (absent in results stored before 2026-12-02)
+    # A/B/n (schema 3; absent before): the arms' roles, every treatment's comparison, the
+    # multiplicity rule and the best-configuration answer
+    control: NotRequired[str]
+    treatments: NotRequired[list[str]]
+    comparisons: NotRequired[dict[str, Comparison]]  # per treatment, the first included
+    multiplicity: NotRequired[Multiplicity]
+    best: NotRequired[Best]
 
 
 class Settings(TypedDict):
@@ -353,6 +407,22 @@ class StatsResult(TypedDict):
     lag_s: NotRequired[float | None]  # computed_at - data_horizon
     settings: Settings
     results: dict[str, dict[str, WindowResult]]  # model or "all" -> window label -> result
+
+
+def comparisons_of(window: WindowResult) -> dict[str, WindowComparison]:
+    """Every treatment's comparison in a window, by treatment: its `comparisons`, else (two
+    arms, or a result stored before schema 3) the window itself under its one treatment."""
+    many = window.get("comparisons")
+    if many:
+        return dict(many)
+    treatments = window.get("treatments")
+    if treatments:
+        name = treatments[0]
+    else:
+        control = window.get("control", SHORTHAND_CONTROL)  # results before A/B/n: shorthand
+        others = [arm for arm in window["samples"] if arm != control]
+        name = others[0] if others else SHORTHAND_TREATMENT
+    return {name: window}
 
 
 def settings_lists() -> tuple[list[str], dict[str, dict[str, str]]]:

@@ -46,7 +46,7 @@ def restart_times(samples: Iterable[EngineSample], arm: Arm) -> list[float]:
     previous: float | None = None  # time of the last good sample
     first_failed: float | None = None  # first failed scrape since then
     for sample in samples:
-        if sample.arm is not arm:
+        if sample.arm != arm:
             continue
         if not sample.up:
             if first_failed is None:

@@ -52,7 +52,7 @@ def hour_rows(samples: Iterable[EngineSample]) -> list[tuple[Any, ...]]:
     max k)."""
     groups: dict[tuple[str, str, int], list[EngineSample]] = {}
     for s in samples:
-        groups.setdefault((s.run_id, s.arm.value, hour_of(s.t)), []).append(s)
+        groups.setdefault((s.run_id, s.arm, hour_of(s.t)), []).append(s)
     rows = []
     for key in sorted(groups):
         agg = aggregate_samples(groups[key])

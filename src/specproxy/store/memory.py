@@ -85,19 +85,19 @@ class MemoryStore(BufferedStore):
         self._check_up()
         new: list[RequestRecord] = []
         for rec in requests:
-            key = (rec.run_id, rec.request_id, rec.arm.value, rec.shadow)
+            key = (rec.run_id, rec.request_id, rec.arm, rec.shadow)
             if key not in self._rows:
                 self._rows[key] = rec
                 new.append(rec)
         taken = [
-            self._samples.setdefault((s.run_id, s.arm.value, s.t), s)
+            self._samples.setdefault((s.run_id, s.arm, s.t), s)
             for s in engine
-            if (s.run_id, s.arm.value, s.t) not in self._samples
+            if (s.run_id, s.arm, s.t) not in self._samples
         ]
         for aggregate, rows in aggregate_rows(Inserted(new, taken, self._model_label)):
             self._table(aggregate).add(rows)
         for g in gpu:
-            self._gpu.setdefault((g.run_id, g.arm.value, g.t), g)
+            self._gpu.setdefault((g.run_id, g.arm, g.t), g)
 
     async def _close_backend(self) -> None:
         return None
@@ -214,7 +214,7 @@ class MemoryStore(BufferedStore):
                 for r in records
                 if query.matches(r, arm)
             ]
-            for arm in Arm
+            for arm in sorted({r.arm for r in records if r.run_id == run_id})
         }
 
     async def read_engine(self, *, run_id: str, since: Sequence[float]) -> StoredView:
@@ -223,9 +223,10 @@ class MemoryStore(BufferedStore):
         self._check_up()
         samples = await self.read_engine_samples(run_id=run_id)
         view = SampleView(samples)
-        aggregates = {start: {arm: view.aggregate(arm, start) for arm in Arm} for start in since}
+        arms = sorted({s.arm for s in samples})
+        aggregates = {start: {arm: view.aggregate(arm, start) for arm in arms} for start in since}
         restarts = sorted(
-            (s for arm in Arm for s in restart_evidence(samples, arm)), key=lambda s: s.t
+            (s for arm in arms for s in restart_evidence(samples, arm)), key=lambda s: s.t
         )
         return StoredView(aggregates, restarts)
 

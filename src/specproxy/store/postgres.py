@@ -47,6 +47,7 @@ from specproxy.store.queries import (
     RUN_IDS_SQL,
     RecordQuery,
     aggregate_queries,
+    arms_sql,
     engine_aggregate_from,
     engine_sql,
     export_sql,
@@ -200,9 +201,7 @@ class PostgresStore(BufferedStore):
                     (r["run_id"], r["request_id"], r["arm"], r["shadow"])
                     for r in await conn.fetch(_MOVE_REQUESTS)
                 }
-                inserted = [
-                    r for r in requests if (r.run_id, r.request_id, r.arm.value, r.shadow) in new
-                ]
+                inserted = [r for r in requests if (r.run_id, r.request_id, r.arm, r.shadow) in new]
             taken: list[EngineSample] = []
             if engine:
                 await conn.copy_records_to_table(
@@ -418,7 +417,8 @@ class PostgresStore(BufferedStore):
                 self.pool.acquire() as conn,
                 conn.transaction(isolation="repeatable_read", readonly=True),
             ):
-                for arm in Arm:
+                arms_q, arms_p = arms_sql("requests", run_id, "postgresql")
+                for (arm,) in await conn.fetch(arms_q, *arms_p):
                     out[arm] = [tuple(r) for r in await conn.fetch(sql, *with_arm(params, arm))]
         except Exception as exc:
             raise StoreError(f"cannot read store: {exc}") from exc
@@ -438,9 +438,11 @@ class PostgresStore(BufferedStore):
                 self.pool.acquire() as conn,
                 conn.transaction(isolation="repeatable_read", readonly=True),
             ):
+                arms_q, arms_p = arms_sql("engine_samples", run_id, "postgresql")
+                arms = [r[0] for r in await conn.fetch(arms_q, *arms_p)]
                 for start in since:
                     aggregates[start] = {}
-                    for arm in Arm:
+                    for arm in arms:
                         total = EngineAggregate()
                         for sql, params in aggregate_queries(run_id, arm, start, "postgresql"):
                             row = await conn.fetchrow(sql, *params)
@@ -467,7 +469,8 @@ class PostgresStore(BufferedStore):
         self, *, run_id: str, since: float | None = None, limit: int | None = None
     ) -> dict[Arm, list[GpuSample]]:
         rows = []
-        for arm in Arm:
+        arms_q, arms_p = arms_sql("gpu_samples", run_id, "postgresql")
+        for (arm,) in await self._fetch(arms_q, *arms_p):
             sql, params = gpu_sql(run_id, arm, since, limit, "postgresql")
             rows.extend(await self._fetch(sql, *params))
         # tens of thousands of samples per tick: decoded off the event loop

@@ -32,6 +32,7 @@ __all__ = [
     "RecordQuery",
     "RestartPlan",
     "aggregate_queries",
+    "arms_sql",
     "engine_aggregate_from",
     "engine_aggregate_sql",
     "engine_hours_sql",
@@ -55,6 +56,24 @@ BOOL_CONVERTER = "specproxy_bool"
 
 MODELS_SQL = "SELECT DISTINCT model FROM requests WHERE run_id = ? ORDER BY model"
 RUN_IDS_SQL = "SELECT DISTINCT run_id FROM requests ORDER BY 1"
+
+
+ARM_TABLES = ("requests", "engine_samples", "gpu_samples")  # each indexed on (run_id, arm, ...)
+
+
+def arms_sql(table: str, run_id: str, dialect: Dialect) -> Query:
+    """The arm names of a run in `table`, in name order: one index probe per arm (a loose
+    index scan of the (run_id, arm, ...) index), however many rows each arm has."""
+    if table not in ARM_TABLES:
+        raise ValueError(f"no arm index on {table!r}")
+    sql = (
+        "WITH RECURSIVE a(arm) AS ("
+        f"SELECT MIN(arm) FROM {table} WHERE run_id = ? "
+        f"UNION ALL SELECT (SELECT MIN(arm) FROM {table} WHERE run_id = ? AND arm > a.arm) "
+        "FROM a WHERE a.arm IS NOT NULL"
+        ") SELECT arm FROM a WHERE arm IS NOT NULL"
+    )
+    return placeholders(sql, dialect), (run_id, run_id)
 
 
 def placeholders(sql: str, dialect: Dialect) -> str:
@@ -96,7 +115,7 @@ class RecordQuery:
         """Whether `rec` is one of the records of `arm` this query selects (the memory store)."""
         return (
             rec.run_id == self.run_id
-            and rec.arm is arm
+            and rec.arm == arm
             and (self.since is None or rec.t_start >= self.since)
             and (self.until is None or rec.t_start < self.until)
             and (not self.usable_only or rec.comparable)
@@ -127,7 +146,7 @@ def records_sql(query: RecordQuery, dialect: Dialect) -> Query:
 
 def with_arm(params: tuple[Any, ...], arm: Arm) -> tuple[Any, ...]:
     """The parameters of `records_sql` for `arm`."""
-    return (params[0], arm.value, *params[1:])
+    return (params[0], arm, *params[1:])
 
 
 def engine_sql(run_id: str, since: float | None, arm: Arm | None, dialect: Dialect) -> Query:
@@ -139,7 +158,7 @@ def engine_sql(run_id: str, since: float | None, arm: Arm | None, dialect: Diale
         params.append(since)
     if arm is not None:
         where.append("arm = ?")
-        params.append(arm.value)
+        params.append(arm)
     sql = (
         f"SELECT {', '.join(ENGINE_COLUMNS)} FROM engine_samples WHERE {' AND '.join(where)} "
         "ORDER BY t"
@@ -153,7 +172,7 @@ def engine_aggregate_sql(
     """The aggregate of one arm's samples with since <= t < until (-inf / None: unbounded):
     one row, `engine_aggregate_from` reads it. The (run_id, arm, t) key bounds the rows read."""
     where = "run_id = ? AND arm = ?"
-    params: list[Any] = [run_id, arm.value]
+    params: list[Any] = [run_id, arm]
     if since > -math.inf:
         where += " AND t >= ?"
         params.append(since)
@@ -169,7 +188,7 @@ def engine_hours_sql(run_id: str, arm: Arm, from_hour: int | None, dialect: Dial
     of `engine_aggregate_sql`."""
     first = from_hour if from_hour is not None else -(2**62)
     sql = total_sql(ENGINE_HOURS, "run_id = ? AND arm = ? AND hour >= ?")
-    return placeholders(sql, dialect), (run_id, arm.value, first)
+    return placeholders(sql, dialect), (run_id, arm, first)
 
 
 def aggregate_queries(run_id: str, arm: Arm, since: float, dialect: Dialect) -> list[Query]:
@@ -204,7 +223,7 @@ def restarted_sql(run_id: str, arm: Arm, dialect: Dialect) -> Query:
         f"SELECT {', '.join(ENGINE_COLUMNS)} FROM engine_samples "
         "WHERE run_id = ? AND arm = ? AND restarted AND up ORDER BY t"
     )
-    return placeholders(sql, dialect), (run_id, arm.value)
+    return placeholders(sql, dialect), (run_id, arm)
 
 
 def restart_neighbour_sql(
@@ -219,7 +238,7 @@ def restart_neighbour_sql(
         + ("up ORDER BY t DESC" if up else "NOT up ORDER BY t")
         + " LIMIT 1"
     )
-    return placeholders(sql, dialect), (run_id, arm.value, after, before)
+    return placeholders(sql, dialect), (run_id, arm, after, before)
 
 
 RestartPlan = Generator[Query, Sequence[Sequence[Any]], list[Sequence[Any]]]
@@ -231,7 +250,8 @@ def restart_plan(run_id: str, dialect: Dialect) -> RestartPlan:
     time order. Two key lookups per restart: the cost follows the restarts, not the run's
     length."""
     out: list[Sequence[Any]] = []
-    for arm in Arm:
+    arms = yield arms_sql("engine_samples", run_id, dialect)
+    for (arm,) in arms:
         restarted = yield restarted_sql(run_id, arm, dialect)
         keep = {row[0]: row for row in restarted}  # by t, unique per (run, arm)
         for row in restarted:
@@ -291,7 +311,7 @@ def gpu_sql(
     """`read_gpu_samples` of one arm: columns in `GPU_COLUMNS` order, NEWEST first (so that
     `limit` keeps the newest; the (run_id, arm, t) key serves it without a sort)."""
     sql = f"SELECT {', '.join(GPU_COLUMNS)} FROM gpu_samples WHERE run_id = ? AND arm = ?"
-    params: list[Any] = [run_id, arm.value]
+    params: list[Any] = [run_id, arm]
     if since is not None:
         sql += " AND t >= ?"
         params.append(since)

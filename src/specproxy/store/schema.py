@@ -106,7 +106,7 @@ def request_row(rec: RequestRecord) -> tuple[Any, ...]:
     return (
         rec.request_id,
         rec.run_id,
-        rec.arm.value,
+        rec.arm,
         rec.t_start,
         rec.model,
         rec.endpoint,
@@ -129,7 +129,7 @@ def request_row(rec: RequestRecord) -> tuple[Any, ...]:
         rec.error_kind.value if rec.error_kind is not None else None,
         rec.disconnected,
         rec.engine_url,
-        rec.rerouted_from.value if rec.rerouted_from is not None else None,
+        rec.rerouted_from,
         rec.reroute_reason.value if rec.reroute_reason is not None else None,
     )
 
@@ -145,7 +145,7 @@ def engine_row(s: EngineSample, dialect: Dialect) -> tuple[Any, ...]:
     return (
         s.t,
         s.run_id,
-        s.arm.value,
+        s.arm,
         s.up,
         s.restarted,
         s.acceptance_rate,
@@ -164,7 +164,7 @@ def gpu_row(s: GpuSample) -> tuple[Any, ...]:
     return (
         s.t,
         s.run_id,
-        s.arm.value,
+        s.arm,
         s.up,
         s.gpus,
         s.utilization,
@@ -178,16 +178,13 @@ def gpu_row(s: GpuSample) -> tuple[Any, ...]:
     )
 
 
-_ARMS = {arm.value: arm for arm in Arm}
-
-
 def gpu_sample(row: Sequence[Any]) -> GpuSample:
     """A row in `GPU_COLUMNS` order, from either dialect, as the sample `gpu_row` stored (a
     plain unpacking: a read may decode tens of thousands of rows per stats tick)."""
     t, run_id, arm, up, gpus, util, bandwidth, source, clock, temp, reasons, throttled, error = row
     return GpuSample(
         t=t,
-        arm=_ARMS[arm],
+        arm=arm,
         up=bool(up),
         run_id=run_id,
         gpus=gpus,

@@ -60,6 +60,7 @@ from specproxy.store.queries import (
     RUN_IDS_SQL,
     RecordQuery,
     aggregate_queries,
+    arms_sql,
     engine_aggregate_from,
     engine_sql,
     export_sql,
@@ -445,7 +446,8 @@ class SqliteStore(BufferedStore):
         )
 
         def fetch(conn: sqlite3.Connection) -> dict[Arm, list[Row]]:
-            return {arm: conn.execute(sql, with_arm(params, arm)).fetchall() for arm in Arm}
+            arms = _arms(conn, "requests", run_id)
+            return {arm: conn.execute(sql, with_arm(params, arm)).fetchall() for arm in arms}
 
         return await self._read(fetch, snapshot=True)  # both arms from one snapshot
 
@@ -457,8 +459,9 @@ class SqliteStore(BufferedStore):
             return total
 
         def fetch(conn: sqlite3.Connection) -> StoredView:
+            arms = _arms(conn, "engine_samples", run_id)
             aggregates = {
-                start: {arm: aggregate(conn, arm, start) for arm in Arm} for start in since
+                start: {arm: aggregate(conn, arm, start) for arm in arms} for start in since
             }
             plan = restart_plan(run_id, "sqlite")
             try:
@@ -475,9 +478,11 @@ class SqliteStore(BufferedStore):
     async def read_gpu_samples(
         self, *, run_id: str, since: float | None = None, limit: int | None = None
     ) -> dict[Arm, list[GpuSample]]:
-        queries = [gpu_sql(run_id, arm, since, limit, "sqlite") for arm in Arm]
-
         def fetch(conn: sqlite3.Connection) -> dict[Arm, list[GpuSample]]:
+            queries = [
+                gpu_sql(run_id, arm, since, limit, "sqlite")
+                for arm in _arms(conn, "gpu_samples", run_id)
+            ]
             return gpu_by_arm(gpu_sample(row) for q in queries for row in conn.execute(*q))
 
         return await self._read(fetch)
@@ -604,3 +609,8 @@ def _insert_requests(
         for r, row in zip(requests, rows, strict=True)
         if conn.execute(_INSERT_REQUEST, row).rowcount == 1
     ]
+
+
+def _arms(conn: sqlite3.Connection, table: str, run_id: str) -> list[Arm]:
+    """The arms of a run in `table` (`queries.arms_sql`)."""
+    return [row[0] for row in conn.execute(*arms_sql(table, run_id, "sqlite"))]

@@ -106,7 +106,7 @@ def restart_evidence(samples: Sequence[EngineSample], arm: Arm) -> list[EngineSa
     scrape between those two. `restart_times` of these equals `restart_times` of all `samples`
     (time order, one sample per arm and time, as every store keeps them); a store selects the
     same rows by index (`SummaryReader.read_engine`)."""
-    mine = [s for s in samples if s.arm is arm]
+    mine = [s for s in samples if s.arm == arm]
     keep: dict[int, EngineSample] = {}
     last_up: int | None = None
     first_failed: int | None = None
@@ -137,9 +137,13 @@ class SampleView:
         """Samples enough for `stats.warmup.restart_times` (here: all of them)."""
         return self.samples
 
+    @property
+    def arms(self) -> set[Arm]:
+        return {s.arm for s in self.samples}
+
     def aggregate(self, arm: Arm, since: float) -> EngineAggregate:
         """The aggregate of `arm`'s samples at or after `since`."""
-        return aggregate_samples(s for s in self.samples if s.arm is arm and s.t >= since)
+        return aggregate_samples(s for s in self.samples if s.arm == arm and s.t >= since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,10 @@ class StoredView:
 
     aggregates: Mapping[float, Mapping[Arm, EngineAggregate]]  # by window start (-inf: all)
     restart_samples: Sequence[EngineSample]
+
+    @property
+    def arms(self) -> set[Arm]:
+        return {arm for per_arm in self.aggregates.values() for arm in per_arm}
 
     def aggregate(self, arm: Arm, since: float) -> EngineAggregate:
         """The aggregate of `arm`'s samples at or after `since`, which must be a start the

@@ -155,7 +155,7 @@ def rollup_records(
         model = labels.get(rec.model)
         if model is None:
             model = labels[rec.model] = model_label(rec.model)
-        arm = rec.arm.value
+        arm = rec.arm
         if _regressable(rec):
             covariates.setdefault((rec.run_id, minute, model, arm), []).append(
                 (rec.e2e_s, float(rec.output_tokens or 0), float(rec.prompt_tokens or 0))

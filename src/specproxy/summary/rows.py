@@ -7,13 +7,19 @@ conversion stays in C loops: the rows become one 2-D object array, each column i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.records import BOOL_COLUMNS, TEXT_COLUMNS, Arm
+from specproxy.records import (
+    BOOL_COLUMNS,
+    SHORTHAND_CONTROL,
+    SHORTHAND_TREATMENT,
+    TEXT_COLUMNS,
+    Arm,
+)
 
 __all__ = ["ArmArrays", "empty_arrays", "records_to_arrays", "rows_to_arrays"]
 
@@ -53,7 +59,10 @@ def rows_to_arrays(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Arm
 
 
 def records_to_arrays(
-    columns: Sequence[str], records: Mapping[Arm, Sequence[Sequence[Any]]]
+    columns: Sequence[str],
+    records: Mapping[Arm, Sequence[Sequence[Any]]],
+    arms: Iterable[Arm] = (SHORTHAND_CONTROL, SHORTHAND_TREATMENT),
 ) -> dict[Arm, ArmArrays]:
-    """`read_records`' answer as arrays, every arm present (an arm without rows: empty)."""
-    return {arm: rows_to_arrays(columns, records.get(arm, ())) for arm in Arm}
+    """`read_records`' answer as arrays, every arm of it and of `arms` present (an arm without
+    rows: empty)."""
+    return {arm: rows_to_arrays(columns, records.get(arm, ())) for arm in sorted({*records, *arms})}

@@ -17,7 +17,6 @@ import pytest
 import scipy.special
 import scipy.stats
 
-from specproxy.records import Arm
 from specproxy.stats.anytime import exceedance
 from specproxy.stats.anytime.decision import Evidence
 from specproxy.stats.anytime.exceedance import (
@@ -382,12 +381,12 @@ def _row_window(base: Arm2, spec: Arm2, unit_s: float) -> tuple[ArmSample, ArmSa
             "output_tokens": nothing,
         }
 
-    rows = Rows({Arm.BASELINE: arrays(*base), Arm.SPECULATIVE: arrays(*spec)})
+    rows = Rows({"baseline": arrays(*base), "speculative": arrays(*spec)})
     tiers = rows.tiers(unit_s, lambda model: model)
     plan = Frame.of(tiers, None, now=1e10).plan(tiers, None)
     return (
-        arm_window(tiers, plan, Arm.BASELINE, set(), None).sample("e2e"),
-        arm_window(tiers, plan, Arm.SPECULATIVE, set(), None).sample("e2e"),
+        arm_window(tiers, plan, "baseline", set(), None).sample("e2e"),
+        arm_window(tiers, plan, "speculative", set(), None).sample("e2e"),
     )
 
 

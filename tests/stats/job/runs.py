@@ -9,7 +9,7 @@ import numpy as np
 from pytest_aiohttp import AiohttpServer
 
 from specproxy.config import ArmConfig, Config, StatsConfig, WarmupConfig
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import RequestRecord
 from tests.scrape.fakes import FakeMetricsServer
 
 RUN = "r1"
@@ -20,9 +20,9 @@ def records(n: int, t0: float, speedup: float, seed: int) -> list[RequestRecord]
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
+        arm = "speculative" if i % 2 else "baseline"
         tokens = int(rng.integers(20, 200))
-        tpot = rng.lognormal(np.log(0.02), 0.2) / (speedup if arm is Arm.SPECULATIVE else 1.0)
+        tpot = rng.lognormal(np.log(0.02), 0.2) / (speedup if arm == "speculative" else 1.0)
         ttft = rng.lognormal(np.log(0.1), 0.2)
         out.append(
             RequestRecord(
@@ -60,7 +60,7 @@ async def hot_gpu_config(aiohttp_server: AiohttpServer) -> Config:
 def typo_404() -> RequestRecord:
     """A request for a model nobody serves (a 404 the proxy still records)."""
     return RequestRecord(
-        "typo", RUN, Arm.BASELINE, 1002.0, "no-such-model", "completions", False, 404, 0.01, 0.01
+        "typo", RUN, "baseline", 1002.0, "no-such-model", "completions", False, 404, 0.01, 0.01
     )
 
 
@@ -79,8 +79,8 @@ def minute_records(
     rng = np.random.default_rng(seed)
     out = []
     for i in range(minutes * per_minute):
-        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
-        tpot = float(rng.lognormal(np.log(0.02), 0.3)) / (1.5 if arm is Arm.SPECULATIVE else 1.0)
+        arm = "speculative" if i % 2 else "baseline"
+        tpot = float(rng.lognormal(np.log(0.02), 0.3)) / (1.5 if arm == "speculative" else 1.0)
         out.append(
             RequestRecord(
                 request_id=f"q{i}",

@@ -8,7 +8,7 @@ import pytest
 
 from specproxy.config import StoreConfig
 from specproxy.errors import ErrorKind
-from specproxy.records import Arm, EngineSample, RequestRecord
+from specproxy.records import EngineSample, RequestRecord
 from specproxy.store.memory import MemoryStore
 from tests.stats.job.runs import RUN, records, typo_404
 
@@ -23,7 +23,7 @@ async def store() -> AsyncIterator[MemoryStore]:
         RequestRecord(
             "bad",
             RUN,
-            Arm.BASELINE,
+            "baseline",
             1001.0,
             "m-a",
             "completions",
@@ -40,15 +40,15 @@ async def store() -> AsyncIterator[MemoryStore]:
         EngineSample(
             1000.0,
             RUN,
-            Arm.SPECULATIVE,
+            "speculative",
             True,
             acceptance_rate=0.8,
             mean_acceptance_length=3.0,
             position_acceptance=(0.9, 0.8, 0.7),
         )
     )
-    s.record_engine(EngineSample(1040.0, RUN, Arm.SPECULATIVE, True))
-    s.record_engine(EngineSample(1050.0, RUN, Arm.SPECULATIVE, True, restarted=True))
+    s.record_engine(EngineSample(1040.0, RUN, "speculative", True))
+    s.record_engine(EngineSample(1050.0, RUN, "speculative", True, restarted=True))
     await s.flush()
     yield s
     await s.close()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
-from specproxy.records import Arm, RequestRecord
+from specproxy.records import RequestRecord
 from specproxy.stats.estimate.quantile import QUANTILE_LEVELS
 from specproxy.stats.job import tick
 from specproxy.stats.job.cache import RollupCache
@@ -43,8 +43,8 @@ def _records(first: int, minutes: int, per_minute: int, prefix: str) -> list[Req
     rng = np.random.default_rng(first)
     out = []
     for i in range(minutes * per_minute):
-        arm = Arm.SPECULATIVE if i % 2 else Arm.BASELINE
-        e2e = float(rng.lognormal(0.0 if arm is Arm.BASELINE else -0.2, 0.5))
+        arm = "speculative" if i % 2 else "baseline"
+        e2e = float(rng.lognormal(0.0 if arm == "baseline" else -0.2, 0.5))
         out.append(
             RequestRecord(
                 request_id=f"{prefix}{i}",
@@ -83,11 +83,11 @@ def _canonical(cache: RollupCache) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for metric, per_arm in cache.tiers.items():
         for arm, tier in per_arm.items():
-            out[f"{metric}/{arm.value}/blocks"] = sorted(
+            out[f"{metric}/{arm}/blocks"] = sorted(
                 (k, b.lo, b.counts.tolist(), b.minute_n.tolist(), b.minute_total.tolist())
                 for k, b in tier.blocks.items()
             )  # fmt: skip
-            out[f"{metric}/{arm.value}/fine"] = sorted(
+            out[f"{metric}/{arm}/fine"] = sorted(
                 (k, f.n, f.total, sorted(zip(f.bins.tolist(), f.counts.tolist(), strict=True)))
                 for k, f in tier.fine.items()
             )
@@ -120,7 +120,7 @@ async def test_a_warm_cache_holds_what_a_cold_read_gets(store: BufferedStore) ->
         assert _canonical(warm) == _canonical(cold), step
         if step:
             assert warm.rows_read < cold.rows_read  # only what changed was read
-    assert any(span == 60 for start, span, _ in warm.tiers["e2e"][Arm.BASELINE].blocks)
+    assert any(span == 60 for start, span, _ in warm.tiers["e2e"]["baseline"].blocks)
 
 
 def _stable(result: Any) -> str:
@@ -178,22 +178,22 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
         block = window["metrics"][metric]
         assert block["time_blocks"]["block_units"] % 60 == 0
         exact: dict[str, dict[str, float]] = {}
-        for arm in Arm:
+        for arm in ("speculative", "baseline"):
             values = np.sort(
                 [
                     getattr(r, attr)
                     for r in records
-                    if r.arm is arm and usable_for_rollup(r) and getattr(r, attr) is not None
+                    if r.arm == arm and usable_for_rollup(r) and getattr(r, attr) is not None
                 ]
             )
-            assert block["n"][arm.value] == values.size
-            exact[arm.value] = {"mean": float(values.mean())}
+            assert block["n"][arm] == values.size
+            exact[arm] = {"mean": float(values.mean())}
             for stat, p in QUANTILE_LEVELS.items():
-                got = block["summary"][arm.value][stat]
+                got = block["summary"][arm][stat]
                 want = float(np.quantile(values, p))
-                exact[arm.value][stat] = want
+                exact[arm][stat] = want
                 assert abs(math.log(got / want)) <= half + 1e-12, (metric, arm, stat)
-            assert block["summary"][arm.value]["mean"] == pytest.approx(values.mean(), rel=1e-9)
+            assert block["summary"][arm]["mean"] == pytest.approx(values.mean(), rel=1e-9)
         for stat, speed in block["speedup"].items():
             want = exact["baseline"][stat] / exact["speculative"][stat]
             assert abs(math.log(speed["estimate"] / want)) <= math.log1p(COARSE_ERROR_BOUND) + 1e-9
@@ -201,13 +201,13 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
     cols = {
         arm: {
             a: np.array(
-                [float(getattr(r, a)) for r in records if r.arm is arm and usable_for_rollup(r)]
+                [float(getattr(r, a)) for r in records if r.arm == arm and usable_for_rollup(r)]
             )
             for a in ("e2e_s", "output_tokens", "prompt_tokens")
         }
-        for arm in Arm
+        for arm in ("speculative", "baseline")
     }
-    b, sp = cols[Arm.BASELINE], cols[Arm.SPECULATIVE]
+    b, sp = cols["baseline"], cols["speculative"]
     rows_adj = adjusted_hc3(
         b["e2e_s"], b["output_tokens"], sp["e2e_s"], sp["output_tokens"],
         baseline_prompt_tokens=b["prompt_tokens"], speculative_prompt_tokens=sp["prompt_tokens"],
@@ -259,7 +259,7 @@ async def test_a_refresh_reads_the_other_metrics_only_when_the_first_ones_counts
     cache = RollupCache()
     await cache.refresh(store, RUN, tuple(ROLLUP_METRICS), go_on=refuse)
     first = next(iter(ROLLUP_METRICS))
-    assert seen == [{arm.value: cache.tiers[first][arm].n for arm in Arm}]
+    assert seen == [{arm: cache.tiers[first][arm].n for arm in ("speculative", "baseline")}]
     assert all(v > 0 for v in seen[0].values())
     assert all(t.n == 0 for m in ROLLUP_METRICS if m != first for t in cache.tiers[m].values())
     assert any(t.blocks for t in cache.tiers[first].values())  # the counts included blocks

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from specproxy.records import Arm
 from specproxy.stats.job.cache import ArmTier, FineMinute
 from specproxy.stats.job.frame import Frame, Tiers, WindowPlan, arm_window, segments_by_label
 from specproxy.summary.blocks import Block
@@ -15,7 +14,10 @@ from specproxy.summary.minute import ROLLUP_METRICS
 
 
 def _tiers(tier: ArmTier, unit_s: float = 60.0) -> Tiers:
-    return Tiers(unit_s, {metric: {arm: tier for arm in Arm} for metric in ROLLUP_METRICS})
+    return Tiers(
+        unit_s,
+        {metric: {arm: tier for arm in ("speculative", "baseline")} for metric in ROLLUP_METRICS},
+    )
 
 
 def test_window_entries_are_every_occupied_bin_of_the_chosen_blocks_and_fine_units() -> None:
@@ -42,7 +44,7 @@ def test_window_entries_are_every_occupied_bin_of_the_chosen_blocks_and_fine_uni
     tier.fine[(hour + 63, "m")] = FineMinute(3, 3.0, 3.0, np.array([-7, 2, 9]), np.array([1, 0, 2]))
     tier.fine[(hour + 64, "m")] = FineMinute(1, 1.0, 1.0, np.array([40]), np.array([1]))
     plan = WindowPlan(None, hour, hour + 64, 60.0, hourly=True, coarse=True)
-    window = arm_window(_tiers(tier), plan, Arm.BASELINE, {hour + 62}, None)
+    window = arm_window(_tiers(tier), plan, "baseline", {hour + 62}, None)
     sample = window.samples["e2e"]
     want_unit, want_bin, want_count = [], [], []
     for (start, _w, _m), b in tier.blocks.items():
@@ -98,5 +100,5 @@ def test_segments_gather_the_keys_their_label_maps_to() -> None:
     bounded = segments_by_label(tiers, lambda m: m if m in ("a", "b") else "other")
     assert bounded == {"a": frozenset({"a"}), "b": frozenset({"b"}), "other": frozenset({"junk"})}
     plan = WindowPlan(None, 1000, 1002, 60.0, hourly=False, coarse=False)
-    both = arm_window(tiers, plan, Arm.BASELINE, set(), bounded["a"] | bounded["other"])
+    both = arm_window(tiers, plan, "baseline", set(), bounded["a"] | bounded["other"])
     assert both.samples["e2e"].n == 2 and both.samples["e2e"].unit.tolist() == [0, 2]

@@ -12,7 +12,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from pytest_aiohttp import AiohttpServer
 
 from specproxy.config import StatsConfig, StoreConfig
-from specproxy.records import Arm
 from specproxy.scrape.dcgmloop import GpuScraper
 from specproxy.stats.anytime.decision import EProcess
 from specproxy.stats.job import tick
@@ -33,13 +32,17 @@ async def test_job_publishes_gauges_and_history(store: MemoryStore) -> None:
     await job.run_once()
     text = generate_latest(registry).decode()
     # the verdict is a state set: one series per state, 1 on the current one
-    verdict = 'specproxy_verdict{metric="tpot",model="all",specproxy_verdict="%s",window="all"}'
+    verdict = (
+        'specproxy_verdict{arm="speculative",metric="tpot",model="all",'
+        'specproxy_verdict="%s",window="all"}'
+    )
     assert verdict % "faster" + " 1.0" in text
     assert verdict % "inconclusive" + " 0.0" in text
     assert verdict % "slower" + " 0.0" in text
     assert 'specproxy_samples{arm="baseline",model="all",window="all"} 795.0' in text
     assert 'bound="lower",metric="tpot",model="m-b",statistic="median",window="all"' in text
-    assert 'specproxy_p99_slowdown{metric="e2e",model="all",window="all"} 0.0' in text
+    slowdown = 'specproxy_p99_slowdown{arm="speculative",metric="%s",model="all",window="all"}'
+    assert slowdown % "e2e" + " 0.0" in text
     assert "specproxy_stats_last_run_timestamp_seconds" in text
     # freshness: the newest record started at 1000 + 1599 * 0.1; lag = computed_at - that
     latest = job.latest()
@@ -73,7 +76,8 @@ async def test_a_whole_run_crossing_stays_and_the_headline_follows_it(store: Mem
     assert seq["decided_by"] == ["p99_exceedance"]
     assert "TTFT P99 slower" in window["diagnosis"]["summary"]
     text = generate_latest(registry).decode()
-    assert 'specproxy_p99_slowdown{metric="ttft",model="all",window="all"} 1.0' in text
+    slowdown = 'specproxy_p99_slowdown{arm="speculative",metric="%s",model="all",window="all"}'
+    assert slowdown % "ttft" + " 1.0" in text
     # the 1m window never saw that crossing: its own memory
     assert latest["results"]["all"]["1m"]["metrics"]["ttft"]["verdict"] != "slower"
 
@@ -224,7 +228,12 @@ async def test_a_new_leader_after_failover_diagnoses_the_gpu_samples_of_the_old_
         replica_a.record(rec)
     now = [0.0]
     async with aiohttp.ClientSession() as session:
-        scraper = GpuScraper(cfg, {arm: session for arm in Arm}, replica_a, clock=lambda: now[0])
+        scraper = GpuScraper(
+            cfg,
+            {arm: session for arm in ("speculative", "baseline")},
+            replica_a,
+            clock=lambda: now[0],
+        )
         for t in (1120.0, 1140.0, 1150.0):
             now[0] = t
             await scraper.scrape_once()

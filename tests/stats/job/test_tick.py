@@ -14,7 +14,7 @@ from pytest_aiohttp import AiohttpServer
 
 from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.fleet.models import OTHER, ModelLabels
-from specproxy.records import Arm, EngineSample, GpuSample, RequestRecord
+from specproxy.records import EngineSample, GpuSample, RequestRecord
 from specproxy.scrape.dcgmloop import GpuScraper
 from specproxy.stats.job import tick
 from specproxy.stats.job.tick import compute_stats, configs_of, result_settings, window_label
@@ -78,7 +78,7 @@ async def test_per_model_results_are_bounded_by_the_model_labels(store: MemorySt
             RequestRecord(
                 f"x{i}",
                 RUN,
-                Arm.BASELINE,
+                "baseline",
                 1100.0 + i * 0.01,
                 f"junk-{i}",
                 "completions",
@@ -118,7 +118,9 @@ async def test_gpu_telemetry_scraped_end_to_end_reaches_the_diagnosis(
     cfg = await hot_gpu_config(aiohttp_server)
     now = [0.0]
     async with aiohttp.ClientSession() as session:
-        scraper = GpuScraper(cfg, {arm: session for arm in Arm}, store, clock=lambda: now[0])
+        scraper = GpuScraper(
+            cfg, {arm: session for arm in ("speculative", "baseline")}, store, clock=lambda: now[0]
+        )
         for t in (1020.0, 1120.0, 1150.0):
             now[0] = t
             await scraper.scrape_once()
@@ -151,10 +153,8 @@ async def test_a_tick_summarises_the_newest_stored_gpu_samples_of_each_arm(
     # scrapes and one cool, newer one the whole-run window sees the newest two.
     monkeypatch.setattr(tick, "GPU_SAMPLES_READ", 2)
     for t, hot in ((1000.0, True), (1010.0, True), (1020.0, True), (1030.0, False)):
-        store.record_gpu(
-            GpuSample(t=t, arm=Arm.BASELINE, up=True, run_id=RUN, thermal_throttled=hot)
-        )
-    store.record_gpu(GpuSample(t=1000.0, arm=Arm.BASELINE, up=True, run_id="other"))
+        store.record_gpu(GpuSample(t=t, arm="baseline", up=True, run_id=RUN, thermal_throttled=hot))
+    store.record_gpu(GpuSample(t=1000.0, arm="baseline", up=True, run_id="other"))
     await store.flush()
     result = await compute_stats(store, run_id=RUN, stats_cfg=CFG, window_end=1080.0)
     gpu = result["results"]["all"]["all"]["engine"]["baseline"]["gpu"]
@@ -278,8 +278,8 @@ async def test_rows_and_summaries_agree_on_every_statistic_within_the_grid_bound
     await s.start()
     for rec in minute_records(minutes=40, per_minute=60, seed=4):
         s.record(rec)
-    s.record_engine(EngineSample(T0 + 600, RUN, Arm.SPECULATIVE, True, acceptance_rate=0.6))
-    s.record_engine(EngineSample(T0 + 610, RUN, Arm.SPECULATIVE, True, restarted=True))
+    s.record_engine(EngineSample(T0 + 600, RUN, "speculative", True, acceptance_rate=0.6))
+    s.record_engine(EngineSample(T0 + 610, RUN, "speculative", True, restarted=True))
     await s.flush()
     cfg = StatsConfig(windows_s=(600.0, None), resamples=300)
     warmup = WarmupConfig(requests=30, restart_requests=10, restart_seconds=5.0)
@@ -353,8 +353,8 @@ async def test_rows_and_summaries_give_the_same_per_model_results(
     await s.start()
     for i, rec in enumerate(minute_records(40, 60, seed=3)):
         if i % 6 in (0, 1):  # a third of each arm's requests: model "b", 1.25x slower
-            slow = 1.25 if rec.arm is Arm.SPECULATIVE else 1 / 1.5
-            tpot = (rec.tpot_s or 0.0) * (1.5 if rec.arm is Arm.SPECULATIVE else 1.0) * slow
+            slow = 1.25 if rec.arm == "speculative" else 1 / 1.5
+            tpot = (rec.tpot_s or 0.0) * (1.5 if rec.arm == "speculative" else 1.0) * slow
             e2e = 0.1 + 100 * tpot
             rec = dataclasses.replace(rec, model="b", tpot_s=tpot, e2e_s=e2e, upstream_s=e2e)
         else:
@@ -401,7 +401,7 @@ async def test_the_draft_step_branch_fires_from_rows_and_from_summaries(
     s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
     await s.start()
     for rec in minute_records(minutes=20, per_minute=40, seed=6):
-        slow = rec.arm is Arm.SPECULATIVE
+        slow = rec.arm == "speculative"
         tpot = (rec.tpot_s or 0.0) * (1.5 if slow else 1.0)  # no speedup left
         e2e = 0.1 + 100 * tpot
         gap = 0.02 * (1.6 if slow else 1.0)

@@ -45,13 +45,14 @@ TransportFactory = Callable[[Arm, str], Transports]
 
 
 def default_transports(
-    sessions: Mapping[Arm, ClientSession], timeouts: TimeoutConfig
+    sessions: Mapping[Arm, ClientSession],
+    timeouts: TimeoutConfig | Callable[[Arm], TimeoutConfig],
 ) -> TransportFactory:
     """The production choice: lean for measured calls to plain-http engines, else aiohttp;
     each with its arm's timeouts for that kind of call (`proxy.timeouts`)."""
 
     def make(arm: Arm, base_url: str) -> Transports:
-        cfg = timeouts.for_arm(arm.value)
+        cfg = timeouts.for_arm(arm) if isinstance(timeouts, TimeoutConfig) else timeouts(arm)
         aio = ArmTimeouts.of(cfg)
         session = sessions[arm]
         passthrough = AiohttpTransport(base_url, session, aio.passthrough)

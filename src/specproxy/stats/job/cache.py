@@ -68,9 +68,8 @@ class RollupCache:
     """Every metric's and arm's tiers of one run, refreshed incrementally from a store."""
 
     def __init__(self) -> None:
-        self.tiers: dict[str, dict[Arm, ArmTier]] = {
-            metric: {arm: ArmTier() for arm in Arm} for metric in ROLLUP_METRICS
-        }
+        # per metric, every arm the run's summaries hold (an arm appears with its first rows)
+        self.tiers: dict[str, dict[Arm, ArmTier]] = {metric: {} for metric in ROLLUP_METRICS}
         self.rows_read = 0  # by the last refresh
         # wall seconds spent reading the store and decoding what it returned (a decode overlaps
         # the next read), and in refreshes altogether, over every refresh (cumulative:
@@ -84,17 +83,18 @@ class RollupCache:
         fine: dict[tuple[int, str, str], int] = {}
         for arm, tier in self.tiers[metric].items():
             for (start, span, model), block in tier.blocks.items():
-                blocks[(start, span, model, arm.value)] = block.n
+                blocks[(start, span, model, arm)] = block.n
             for (minute, model), f in tier.fine.items():
-                fine[(minute, model, arm.value)] = f.n
+                fine[(minute, model, arm)] = f.n
         return TierVersions(blocks, fine)
 
     def apply(self, metric: str, read: TierRead) -> None:
         """Bring `metric` to the snapshot `read` describes (read against `versions(metric)`)."""
         old = self.tiers[metric]
-        new = {arm: ArmTier() for arm in Arm}
+        seen = {row[3] for row in read.blocks} | {row[2] for row in read.minutes}
+        new = {arm: ArmTier() for arm in sorted(seen | set(old))}
         for start, span, model, arm_name, _n in read.blocks:
-            arm = Arm(arm_name)
+            arm = arm_name
             blob = read.blobs.get((start, span, model, arm_name))
             new[arm].blocks[(start, span, model)] = (
                 Block.decode(start, blob)
@@ -103,7 +103,7 @@ class RollupCache:
             )
         read_minutes = {minute for minute, _model, _arm in read.bins}
         for minute, model, arm_name, n, total, total_sq in read.minutes:
-            arm = Arm(arm_name)
+            arm = arm_name
             if minute in read_minutes:
                 packed = read.bins.get((minute, model, arm_name), ([], []))
                 bins, counts = fine_bins_arrays(*packed)

@@ -57,6 +57,11 @@ class Tiers:
             return empty, empty
         return tier.minute_counts()
 
+    @property
+    def arms(self) -> list[Arm]:
+        """Every arm some metric holds a tier of, in name order."""
+        return sorted({arm for per_arm in self.metrics.values() for arm in per_arm})
+
     def keys(self) -> set[str]:
         out: set[str] = set()
         for per_arm in self.metrics.values():
@@ -115,7 +120,7 @@ class Frame:
 
     @classmethod
     def of(cls, tiers: Tiers, window_end: float | None, now: float) -> Frame:
-        units = [tiers.unit_counts(arm)[0] for arm in Arm]
+        units = [tiers.unit_counts(arm)[0] for arm in tiers.arms]
         used = [int(u.max()) for u in units if u.size]
         first = [int(u.min()) for u in units if u.size]
         horizon = (max(used) + 1) * tiers.unit_s if used else None
@@ -243,7 +248,7 @@ def _moments(
     found = False
     for start, key, arm_name, *sums in tiers.moment_hours if plan.hourly else tiers.moment_units:
         start_unit = int(start)
-        if start_unit < plan.lo or start_unit > plan.hi or arm_name != arm.value:
+        if start_unit < plan.lo or start_unit > plan.hi or arm_name != arm:
             continue
         if keys is not None and key not in keys:
             continue
@@ -262,7 +267,8 @@ def arm_window(
     samples: dict[str, ArmSample] = {}
     dropped = 0
     for metric, per_arm in tiers.metrics.items():
-        sample, excluded_n = _sample(per_arm[arm], plan, excluded, keys)
+        tier = per_arm.get(arm)
+        sample, excluded_n = _sample(tier if tier is not None else ArmTier(), plan, excluded, keys)
         samples[metric] = sample
         if metric == "e2e":
             dropped = excluded_n

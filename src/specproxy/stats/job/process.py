@@ -33,11 +33,10 @@ import aiohttp
 from specproxy.config import Config
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.models import parse_models
-from specproxy.records import Arm
 from specproxy.scrape.loop import describe_error, fetch_text
 from specproxy.stats.job.leader import leadership_for
 from specproxy.stats.job.runner import StatsJob
-from specproxy.stats.job.settings import StatsSettings
+from specproxy.stats.job.settings import StatsSettings, arm_roles
 from specproxy.store.factory import open_store
 from specproxy.tasks import cancel_and_wait
 
@@ -68,7 +67,7 @@ class ServedModels:
         """Ask each arm's endpoints in turn until one lists its models."""
         assert self._session is not None, "start() first"
         served: list[str] = []
-        for arm in Arm:
+        for arm in self._fleet.arms:
             for url in self._fleet.endpoints(arm):
                 try:
                     body = await fetch_text(
@@ -124,6 +123,7 @@ async def follow(
         leadership=leadership_for(settings.store.url, run_id),
         model_label=served.label if served is not None else None,
         on_leadership=on_leadership,
+        **arm_roles(settings.config),
     )
     try:
         if served is not None:

@@ -17,7 +17,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from specproxy.records import Arm
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm
 from specproxy.stats.job.cache import ArmTier, FineMinute
 from specproxy.stats.job.frame import Tiers, WindowPlan
 from specproxy.stats.sample import Pairs
@@ -90,7 +90,7 @@ class Rows:
 
     def tiers(self, unit_s: float, label: Callable[[str], str]) -> Tiers:
         """The primary rows as fine units of `unit_s` seconds, keyed by `label(model)`."""
-        metrics = {m: {arm: ArmTier() for arm in Arm} for m in ROLLUP_METRICS}
+        metrics = {m: {arm: ArmTier() for arm in self.arrays} for m in ROLLUP_METRICS}
         moments: list[tuple[Any, ...]] = []
         for arm, arrays in self.arrays.items():
             primary = ~np.asarray(arrays["shadow"], dtype=bool)
@@ -104,10 +104,19 @@ class Rows:
             moments.extend(_moment_rows(arrays, primary, unit, key, names, arm))
         return Tiers(unit_s, metrics, moment_units=moments)
 
-    def pairs(self, plan: WindowPlan, excluded: Mapping[Arm, set[int]]) -> Pairs | None:
-        """The window's complete mirrored pairs (both members usable, in units of `plan` not
-        left out as warm-up by either arm); None when there are none."""
-        b, s = self.arrays[Arm.BASELINE], self.arrays[Arm.SPECULATIVE]
+    def pairs(
+        self,
+        plan: WindowPlan,
+        excluded: Mapping[Arm, set[int]],
+        names: tuple[Arm, Arm] = (SHORTHAND_CONTROL, SHORTHAND_TREATMENT),
+    ) -> Pairs | None:
+        """The window's complete mirrored pairs of the (control, treatment) arms `names` (both
+        members usable, in units of `plan` not left out as warm-up by either arm); None when
+        there are none."""
+        control_arm, treatment_arm = names
+        if control_arm not in self.arrays or treatment_arm not in self.arrays:
+            return None
+        b, s = self.arrays[control_arm], self.arrays[treatment_arm]
         b_ids, b_at = _ids(b)
         s_ids, s_at = _ids(s)
         _, bi, si = np.intersect1d(b_ids, s_ids, return_indices=True)
@@ -120,8 +129,8 @@ class Rows:
         s_unit = np.floor(s_t / plan.unit_s).astype(np.int64)
         unit = np.floor(np.minimum(b_t, s_t) / plan.unit_s).astype(np.int64)
         keep = (unit >= plan.lo) & (unit <= plan.hi)
-        keep &= ~np.isin(b_unit, list(excluded.get(Arm.BASELINE, ())))
-        keep &= ~np.isin(s_unit, list(excluded.get(Arm.SPECULATIVE, ())))
+        keep &= ~np.isin(b_unit, list(excluded.get(control_arm, ())))
+        keep &= ~np.isin(s_unit, list(excluded.get(treatment_arm, ())))
         control: dict[str, FloatArray] = {}
         treatment: dict[str, FloatArray] = {}
         units: dict[str, IntArray] = {}
@@ -205,7 +214,7 @@ def _moment_rows(
     columns = (np.ones_like(y), u, v, u * u, v * v, u * v, y, u * y, v * y, y * y)
     sums = np.stack([np.bincount(inverse, weights=c, minlength=groups.shape[1]) for c in columns])
     return [
-        (int(groups[0, i]), names[int(groups[1, i])], arm.value, *(float(x) for x in sums[:, i]))
+        (int(groups[0, i]), names[int(groups[1, i])], arm, *(float(x) for x in sums[:, i]))
         for i in range(groups.shape[1])
     ]
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from specproxy.config import StatsConfig, WarmupConfig
-from specproxy.records import Arm, GpuSample
+from specproxy.records import SHORTHAND_CONTROL, Arm, GpuSample
 from specproxy.stats.anytime.decision import DecisionMemory
 from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.job.cache import RollupCache
@@ -55,7 +55,13 @@ class StatsJob:
         model_label: Callable[[str], str] | None = None,
         gpu_samples: Callable[[], Mapping[Arm, Sequence[GpuSample]]] | None = None,
         on_leadership: Callable[[bool], None] | None = None,
+        control: Arm = SHORTHAND_CONTROL,
+        treatments: Sequence[Arm] | None = None,
     ) -> None:
+        """`control`, `treatments`: the run's arms (`Config.control_arm`, `treatment_arms`;
+        None: every arm in the data but the control)."""
+        self._control = control
+        self._treatments = tuple(treatments) if treatments is not None else None
         self._store = store
         self._gpu_samples = gpu_samples  # per-arm GPU samples, read each run; None: the store's
         self._model_label = model_label
@@ -107,6 +113,8 @@ class StatsJob:
             cache=self._cache,
             executor=self._pool(),
             memory=self._memory,
+            control=self._control,
+            treatments=self._treatments,
         )
         self._latest = result
         try:
@@ -146,7 +154,8 @@ class StatsJob:
             log.exception("stats: could not read the last stored result; starting afresh")
             return
         if newest is not None:
-            self._memory.seed(stored_evidence(newest[1], self._stats_cfg))
+            m = len(self._treatments) if self._treatments is not None else None
+            self._memory.seed(stored_evidence(newest[1], self._stats_cfg, m))
 
     async def _loop(self) -> None:
         while True:

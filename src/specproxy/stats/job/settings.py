@@ -18,6 +18,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from specproxy.config import (
     Config,
@@ -35,6 +36,7 @@ from specproxy.errors import ConfigError
 __all__ = [
     "CHILD_CONFIG_ENV",
     "StatsSettings",
+    "arm_roles",
     "child_settings",
     "command_settings",
 ]
@@ -87,7 +89,10 @@ def command_settings(
         store["url"] = store_url
     if run_id is not None:
         data["run_id"] = run_id
-    if any(key in data for key in ("baseline_url", "speculative_url", "baseline", "speculative")):
+    if any(
+        key in data
+        for key in ("baseline_url", "speculative_url", "baseline", "speculative", "arms")
+    ):
         return _from_config(Config.from_mapping(data))  # a proxy's config: validated whole
     run = data.get("run_id")
     if run is not None and not (isinstance(run, str) and run.strip()):
@@ -103,3 +108,11 @@ def command_settings(
 
 def _from_config(cfg: Config) -> StatsSettings:
     return StatsSettings(cfg.store, cfg.stats, cfg.warmup, cfg.scrape, cfg.run_id, cfg)
+
+
+def arm_roles(config: Config | None) -> dict[str, Any]:
+    """`StatsJob`'s `control` and `treatments` from a proxy config; {} without one (the
+    shorthand's control, every other arm in the data a treatment)."""
+    if config is None:
+        return {}
+    return {"control": config.control_arm, "treatments": config.treatment_arms}

@@ -15,28 +15,34 @@ import dataclasses
 import functools
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from specproxy.config import StatsConfig, WarmupConfig
 from specproxy.errors import ConfigError
-from specproxy.records import Arm, GpuSample
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm, GpuSample
 from specproxy.stats.anytime.decision import Decision, DecisionMemory, Evidence
+from specproxy.stats.best import BEST_METRIC, best_configuration
 from specproxy.stats.compare import CompareSettings, Recall, compare_window
-from specproxy.stats.diagnosis import summarise_arms
+from specproxy.stats.diagnosis import EngineSummary, summarise_arms
 from specproxy.stats.gate import window_gate
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.frame import Frame, Tiers, WindowPlan, arm_window, segments_by_label
 from specproxy.stats.job.rows import ROW_COLUMNS, ROWS_MAX, Rows, known_label, row_unit
 from specproxy.stats.result import (
     SCHEMA_VERSION,
+    Comparison,
+    Multiplicity,
     Settings,
     StatsResult,
     WindowResult,
     settings_lists,
 )
+from specproxy.stats.sample import ArmWindow
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 from specproxy.store.contract import StatsStore
 from specproxy.summary.engine import EngineView, as_view
@@ -52,6 +58,7 @@ __all__ = [
     "configs_of",
     "plan_tick",
     "result_settings",
+    "run_treatments",
     "stored_evidence",
     "tiers_of",
     "warmup_rule",
@@ -72,6 +79,17 @@ def window_label(window_s: float | None) -> str:
         if window_s >= size and window_s % size == 0:
             return f"{int(window_s // size)}{unit}"
     return f"{window_s:g}s"
+
+
+def run_treatments(
+    control: Arm, found: Iterable[Arm], configured: Sequence[Arm] | None
+) -> tuple[Arm, ...]:
+    """The treatments a tick compares with `control`: the configured ones (in their order), else
+    every other arm the data holds (in name order), else the shorthand's one."""
+    if configured:
+        return tuple(configured)
+    others = sorted(set(found) - {control})
+    return tuple(others) if others else (SHORTHAND_TREATMENT,)
 
 
 def warmup_rule(cfg: WarmupConfig) -> WarmupRule:
@@ -163,14 +181,21 @@ def compute_tick(
     gpu_samples: Mapping[Arm, Sequence[GpuSample]] | None = None,
     memory: DecisionMemory | None = None,
     now: float | None = None,
+    control: Arm = SHORTHAND_CONTROL,
+    treatments: Sequence[Arm] | None = None,
 ) -> StatsResult:
     """The whole result from a planned tick; CPU only. `memory`: the computing job's memory of
-    the anytime-valid evidence per (segment, window, metric), None for a one-off computation."""
+    the anytime-valid evidence per (segment, window, metric), None for a one-off computation.
+    `control`: the run's control arm; `treatments`: the arms compared with it (None: every
+    other arm the data holds)."""
     started = time.perf_counter()
     at = time.time() if now is None else now
     settings = CompareSettings.from_config(stats_cfg)
     rule = warmup_rule(warmup)
-    restarts = {arm: restart_times(engine.restart_samples, arm) for arm in Arm}
+    found = {arm for w in plan.windows for arm in w.tiers.arms}
+    chosen = run_treatments(control, found, treatments)
+    arms = (control, *chosen)
+    restarts = {arm: restart_times(engine.restart_samples, arm) for arm in arms}
     excluded: dict[int, dict[Arm, set[int]]] = {}
     for w in plan.windows:
         key = id(w.tiers)
@@ -179,46 +204,93 @@ def compute_tick(
                 arm: excluded_units(
                     *w.tiers.unit_counts(arm), restarts[arm], unit_s=w.tiers.unit_s, rule=rule
                 )
-                for arm in Arm
+                for arm in arms
             }
-    summaries = [(w, summarise_arms(engine, gpu_samples, since=w.plan.start)) for w in plan.windows]
+    summaries = [
+        (w, summarise_arms(engine, gpu_samples, since=w.plan.start, arms=arms))
+        for w in plan.windows
+    ]
+    primary = chosen[0]
+
+    m = len(chosen)
+    # Bonferroni: each comparison's anytime-valid tests at alpha / m (docs/statistics.md)
+    each = dataclasses.replace(settings, alpha=stats_cfg.alpha / m)
+    multiplicity: Multiplicity = {
+        "method": "bonferroni",
+        "treatments": m,
+        "alpha": stats_cfg.alpha,
+        "alpha_per_comparison": each.alpha,
+    }
+
+    def compare(
+        w: _Window,
+        engine_summary: Mapping[Arm, EngineSummary],
+        segment: str,
+        keys: frozenset[str] | None,
+        windows: Mapping[Arm, ArmWindow],
+        treatment: Arm,
+    ) -> Comparison:
+        gone = excluded[id(w.tiers)]
+        names = (control, treatment)
+        pairs = (
+            plan.rows.pairs(w.plan, gone, names)
+            if plan.rows is not None and w.source == "rows" and keys is None
+            else None
+        )
+        # the first treatment keeps the two-arm keys (memory, seeds); others add their name
+        tag = "" if treatment == primary else f"@{treatment}"
+        recall = (
+            _recall(memory, (segment, w.label), w.window_s, at, tag) if memory is not None else None
+        )
+        seed = _seed(stats_cfg.seed, segment, w.plan)
+        if tag:
+            seed.append(zlib.crc32(treatment.encode()))
+        comparison = compare_window(
+            windows[control],
+            windows[treatment],
+            engine=engine_summary,
+            settings=each,
+            seed=seed,
+            pairs=pairs,
+            recall=recall,
+            names=names,
+        )
+        return {
+            **comparison,
+            "treatment": treatment,
+            "excluded_warmup": {arm: windows[arm].excluded_warmup for arm in names},
+            "gate": window_gate(comparison, stats_cfg.p99_tolerance),
+        }
 
     def windows_of(segment: str, keys: frozenset[str] | None) -> dict[str, WindowResult]:
         out: dict[str, WindowResult] = {}
         for w, engine_summary in summaries:
             gone = excluded[id(w.tiers)]
-            control = arm_window(w.tiers, w.plan, Arm.BASELINE, gone[Arm.BASELINE], keys)
-            treatment = arm_window(w.tiers, w.plan, Arm.SPECULATIVE, gone[Arm.SPECULATIVE], keys)
-            pairs = (
-                plan.rows.pairs(w.plan, gone)
-                if plan.rows is not None and w.source == "rows" and keys is None
-                else None
-            )
-            recall = (
-                _recall(memory, (segment, w.label), w.window_s, at) if memory is not None else None
-            )
-            comparison = compare_window(
-                control,
-                treatment,
-                engine=engine_summary,
-                settings=settings,
-                seed=_seed(stats_cfg.seed, segment, w.plan),
-                pairs=pairs,
-                recall=recall,
-            )
-            out[w.label] = {
-                **comparison,
+            windows = {arm: arm_window(w.tiers, w.plan, arm, gone[arm], keys) for arm in arms}
+            each_one = {t: compare(w, engine_summary, segment, keys, windows, t) for t in chosen}
+            first = each_one[primary]
+            result: WindowResult = {
+                **{k: v for k, v in first.items() if k != "treatment"},  # type: ignore[typeddict-item]
                 "window_s": w.window_s,
-                "excluded_warmup": {
-                    Arm.BASELINE.value: control.excluded_warmup,
-                    Arm.SPECULATIVE.value: treatment.excluded_warmup,
-                },
+                "excluded_warmup": first["excluded_warmup"],
                 "source": "rows" if w.source == "rows" else "summaries",
                 "unit_s": w.plan.unit_s,
                 "span": list(w.plan.span),
                 "grid_error_bound": w.plan.grid_error,
-                "gate": window_gate(comparison, stats_cfg.p99_tolerance),
+                "control": control,
+                "treatments": list(chosen),
+                "multiplicity": multiplicity,
+                "best": best_configuration(
+                    each_one,
+                    {t: windows[t].sample(BEST_METRIC) for t in chosen},
+                    alpha_each=each.alpha,
+                    confidence=settings.confidence,
+                    resamples=settings.resamples,
+                    rng=np.random.default_rng([*_seed(stats_cfg.seed, segment, w.plan), 7]),
+                ),
+                "comparisons": each_one,
             }
+            out[w.label] = result
         return out
 
     results: dict[str, dict[str, WindowResult]] = {ALL: windows_of(ALL, None)}
@@ -245,12 +317,13 @@ def compute_tick(
 
 
 def stored_evidence(
-    result: Mapping[str, Any], stats_cfg: StatsConfig
+    result: Mapping[str, Any], stats_cfg: StatsConfig, treatments: int | None = None
 ) -> dict[tuple[str, str, str], tuple[float, Evidence]]:
     """What each (segment, window, metric) held in a stored result, for `DecisionMemory.seed`: a
     new leader (or a restarted stats process) goes on from its predecessor's evidence instead of
     from nothing. Empty when the result was computed at another alpha or tolerance: evidence is
-    kept only at the level and against the null it was gathered for."""
+    kept only at the level and against the null it was gathered for. `treatments` (m, when
+    known): a window computed with another m is skipped, its tests ran at another alpha / m."""
     settings = result.get("settings") or {}
     same = (
         settings.get("alpha") == stats_cfg.alpha
@@ -262,23 +335,36 @@ def stored_evidence(
     out: dict[tuple[str, str, str], tuple[float, Evidence]] = {}
     for segment, windows in (result.get("results") or {}).items():
         for label, window in windows.items():
-            for metric, block in (window.get("metrics") or {}).items():
-                seq = block.get("sequential")
-                evidence = (
-                    Evidence.of_result(seq, stats_cfg.p99_tolerance) if seq is not None else None
-                )
-                if evidence is not None:
-                    out[(segment, label, metric)] = (float(at), evidence)
+            held_m = (window.get("multiplicity") or {}).get("treatments", 1)
+            if treatments is not None and held_m != treatments:
+                continue
+            first = (window.get("treatments") or [None])[0]
+            blocks = [("", window)] + [
+                (f"@{arm}", c)
+                for arm, c in (window.get("comparisons") or {}).items()
+                if arm != first
+            ]  # a treatment after the first keeps its evidence under "METRIC@NAME"
+            for tag, comparison in blocks:
+                for metric, block in (comparison.get("metrics") or {}).items():
+                    seq = block.get("sequential")
+                    evidence = (
+                        Evidence.of_result(seq, stats_cfg.p99_tolerance)
+                        if seq is not None
+                        else None
+                    )
+                    if evidence is not None:
+                        out[(segment, label, metric + tag)] = (float(at), evidence)
     return out
 
 
 def _recall(
-    memory: DecisionMemory, key: tuple[str, str], span_s: float | None, at: float
+    memory: DecisionMemory, key: tuple[str, str], span_s: float | None, at: float, tag: str = ""
 ) -> Recall:
-    """A window's memory as `compare_window` asks it, one metric at a time."""
+    """A window's memory as `compare_window` asks it, one metric at a time; `tag` ("@NAME")
+    keeps a treatment other than the first apart (its metrics are keyed "e2e@NAME")."""
 
     def recall(metric: str, now: Evidence) -> Decision:
-        return memory.recall((*key, metric), now, at=at, span_s=span_s)
+        return memory.recall((*key, metric + tag), now, at=at, span_s=span_s)
 
     return recall
 
@@ -355,8 +441,11 @@ async def compute_stats(
     cache: RollupCache | None = None,
     executor: Executor | None = None,
     memory: DecisionMemory | None = None,
+    control: Arm = SHORTHAND_CONTROL,
+    treatments: Sequence[Arm] | None = None,
 ) -> StatsResult:
     """Read the run from the store, then compute on `executor` (None: the loop's default pool).
+    `control` and `treatments`: as `compute_tick` takes them.
 
     `cache` (the job's, kept between ticks) makes the summaries' read incremental. A run with at
     most `ROWS_MAX` usable requests on its larger arm is read as rows. `gpu_samples` None: the
@@ -374,9 +463,10 @@ async def compute_stats(
     await cache.refresh(store, run_id, metrics, go_on=large)
     tiers = tiers_of(cache)
     rows = None
-    if not large({arm.value: tier.n for arm, tier in cache.tiers["e2e"].items()}):
+    if not large({arm: tier.n for arm, tier in cache.tiers["e2e"].items()}):
         records = await store.read_records(run_id=run_id, columns=ROW_COLUMNS, usable_only=True)
-        rows = Rows(await asyncio.to_thread(records_to_arrays, ROW_COLUMNS, records))
+        arms = (control, *(treatments or ()))
+        rows = Rows(await asyncio.to_thread(records_to_arrays, ROW_COLUMNS, records, arms))
     label = model_label or known_label(tiers.keys())
     plan = await loop.run_in_executor(
         executor,
@@ -403,5 +493,7 @@ async def compute_stats(
             label=label,
             gpu_samples=gpu_samples,
             memory=memory,
+            control=control,
+            treatments=treatments,
         ),
     )

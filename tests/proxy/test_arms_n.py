@@ -1,0 +1,79 @@
+"""A/B/n end to end: a run with five named arms is configuration only. Requests reach every
+arm by weight, shadows go to the control, and the statistics compare each of the four
+treatments with the control (at alpha / 4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+from pytest_aiohttp import AiohttpClient, AiohttpServer
+
+from specproxy.app import create_app
+from specproxy.config import Config, StatsConfig, StoreConfig, WarmupConfig
+from specproxy.proxy.headers import ARM_HEADER
+from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.stats.job.tick import compute_stats
+from specproxy.store.memory import MemoryStore
+from tests.proxy.conftest import CHAT, chat
+from tests.proxy.fake_upstream import FakeUpstream
+
+FIVE = ("base", "ngram-k2", "ngram-k4", "eagle", "draft-1b")
+
+
+async def test_five_arms_serve_and_compare_four_treatments(
+    aiohttp_server: AiohttpServer, aiohttp_client: AiohttpClient
+) -> None:
+    fakes = {name: FakeUpstream(name) for name in FIVE}
+    urls = {name: str((await aiohttp_server(f.app())).make_url("")) for name, f in fakes.items()}
+    arms: dict[str, dict[str, Any]] = {name: {"urls": [url]} for name, url in urls.items()}
+    arms["base"]["role"] = "control"
+    cfg = Config.from_mapping(
+        {"run_id": "five", "arms": arms, "routing": {"seed": 3, "mirror_fraction": 0.25}}
+    )
+    recorder = MemoryRecorder()
+    app = create_app(
+        cfg, registry=CollectorRegistry(), recorder=recorder, with_store=False, with_stats=False
+    )
+    client: TestClient[web.Request, None] = await aiohttp_client(await aiohttp_server(app))
+    answered: set[str] = set()
+    for _ in range(300):
+        resp = await client.post(CHAT, json=chat())
+        assert resp.status == 200
+        answered.add(resp.headers[ARM_HEADER])
+        await resp.read()
+    await client.close()  # shadows still running write their records
+    assert answered == set(FIVE)
+    assert all(fakes[name].seen for name in FIVE)  # each engine got requests
+    records = list(recorder.records)
+    primary = {r.request_id: r.arm for r in records if not r.shadow}
+    for shadow in (r for r in records if r.shadow):
+        assert shadow.pair_id is not None
+        first = primary[shadow.pair_id]
+        assert (shadow.arm == "base") != (first == "base")  # one of the pair is the control
+
+    store = MemoryStore(StoreConfig(url="memory://"), run_id="five")
+    await store.start()
+    for rec in records:
+        store.record(rec)
+    await store.flush()
+    result = await compute_stats(
+        store,
+        run_id="five",
+        stats_cfg=StatsConfig(windows_s=(None,), resamples=200),
+        warmup=WarmupConfig(requests=0),
+        control=cfg.control_arm,
+        treatments=cfg.treatment_arms,
+    )
+    window = result["results"]["all"]["all"]
+    assert window["control"] == "base" and window["treatments"] == list(FIVE[1:])
+    assert list(window["comparisons"]) == list(FIVE[1:])
+    assert window["multiplicity"]["alpha_per_comparison"] == StatsConfig().alpha / 4
+    for treatment, comparison in window["comparisons"].items():
+        assert comparison["treatment"] == treatment
+        assert set(comparison["samples"]) == {"base", treatment}
+        assert min(comparison["samples"].values()) > 0
+    assert window["samples"] == window["comparisons"]["ngram-k2"]["samples"]  # the first's
+    assert set(window["best"]["speedups"]) == set(FIVE[1:])
