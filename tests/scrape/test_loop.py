@@ -359,3 +359,15 @@ async def test_every_endpoint_of_an_arm_is_scraped_and_summed(
             registry.get_sample_value(metrics.ENGINE_RESTARTS + "_total", {"arm": "speculative"})
             == 0.0
         )
+
+
+async def test_engine_load_is_the_endpoint_latest_scrape(rig: Rig) -> None:
+    url = rig.config.upstream_url(Arm.SPECULATIVE)
+    assert rig.scraper.engine_load(Arm.SPECULATIVE, url) == (None, None)  # not scraped yet
+    rig.spec.body = v1_text([EngineCounts(running=3, waiting=2), EngineCounts(running=4)])
+    await rig.scraper.scrape_once()
+    assert rig.scraper.engine_load(Arm.SPECULATIVE, url) == (7.0, 2.0)  # summed over engines
+    assert rig.scraper.engine_load(Arm.SPECULATIVE, "http://unknown:1") == (None, None)
+    rig.spec.status = 500
+    await rig.scraper.scrape_once()  # the endpoint is down: its old load is no condition now
+    assert rig.scraper.engine_load(Arm.SPECULATIVE, url) == (None, None)

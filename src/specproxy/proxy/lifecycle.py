@@ -36,7 +36,8 @@ from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
 from specproxy.fleet.pool import EndpointPool
 from specproxy.metrics import ProxyMetrics
-from specproxy.proxy.endpoints import Upstreams
+from specproxy.proxy.conditions import Categories, temperature_of
+from specproxy.proxy.endpoints import EngineLoad, Upstreams
 from specproxy.proxy.headers import OutboundHeaders, response_headers, safe_path
 from specproxy.proxy.limits import ALLOWED_METHODS, Rejection, header_rejection, json_too_deep
 from specproxy.proxy.observe import Observer
@@ -89,10 +90,13 @@ class Forwarder:
         fleet: Fleet | None = None,
         transports: TransportFactory | None = None,
         router: Router | None = None,
+        engine_load: EngineLoad | None = None,
     ) -> None:
         """`transports` makes each endpoint's transports (default: `default_transports` over
         `sessions`); tests pass one that returns `MockTransport`s. `router`: the app's, whose
-        share `control.live` changes at run time (default: one of `cfg.routing`'s own)."""
+        share `control.live` changes at run time (default: one of `cfg.routing`'s own).
+        `engine_load`: each endpoint's load at its latest scrape (`EngineScraper.engine_load`),
+        recorded with every call."""
         self._cfg = cfg
         self._run_id = cfg.run_id
         self._recorder = recorder
@@ -109,8 +113,13 @@ class Forwarder:
         # Each arm is a pool of endpoints; each endpoint has its own transports, chosen once per
         # mode (`transports.select`), e.g. the lean client for plain-http engines.
         self._upstreams = Upstreams(
-            fleet, transports or default_transports(sessions, cfg.timeouts), fail_open
+            fleet,
+            transports or default_transports(sessions, cfg.timeouts),
+            fail_open,
+            engine_load,
         )
+        self._category_header = cfg.segments.category_header
+        self._categories = Categories(cfg.segments.categories_max)
         self._new_id = RequestIds()
         self._shadows = Shadows(
             upstreams=self._upstreams,
@@ -206,6 +215,8 @@ class Forwarder:
             received=received,
             t_start=t_start,
         )
+        trace.temperature = temperature_of(doc)
+        trace.category = self._categories.of(request.headers.get(self._category_header))
         return await self._primary(request, trace, upstream_body, strip_usage)
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
