@@ -20,6 +20,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from specproxy.config import StatsConfig, WarmupConfig
 from specproxy.errors import ConfigError
 from specproxy.records import Arm, GpuSample
@@ -32,11 +34,13 @@ from specproxy.stats.job.frame import Frame, Tiers, WindowPlan, arm_window, segm
 from specproxy.stats.job.rows import ROW_COLUMNS, ROWS_MAX, Rows, known_label, row_unit
 from specproxy.stats.result import (
     SCHEMA_VERSION,
+    Conditions,
     Settings,
     StatsResult,
     WindowResult,
     settings_lists,
 )
+from specproxy.stats.segments import ArmRows, conditional
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 from specproxy.store.contract import StatsStore
 from specproxy.summary.engine import EngineView, as_view
@@ -55,6 +59,7 @@ __all__ = [
     "stored_evidence",
     "tiers_of",
     "warmup_rule",
+    "window_conditions",
     "window_label",
 ]
 
@@ -218,6 +223,16 @@ def compute_tick(
                 "span": list(w.plan.span),
                 "grid_error_bound": w.plan.grid_error,
                 "gate": window_gate(comparison, stats_cfg.p99_tolerance),
+                "conditions": (
+                    window_conditions(
+                        plan.rows, w.plan, gone, settings, _seed(stats_cfg.seed, segment, w.plan)
+                    )
+                    if plan.rows is not None
+                    and w.source == "rows"
+                    and w.window_s is None
+                    and keys is None
+                    else None
+                ),
             }
         return out
 
@@ -281,6 +296,36 @@ def _recall(
         return memory.recall((*key, metric), now, at=at, span_s=span_s)
 
     return recall
+
+
+def window_conditions(
+    rows: Rows,
+    plan: WindowPlan,
+    excluded: Mapping[Arm, set[int]],
+    settings: CompareSettings,
+    seed: list[int],
+) -> Conditions:
+    """The window's speedups by condition (`stats.segments`), control against treatment, from
+    its rows less the warm-up units."""
+
+    def arm_rows(arm: Arm) -> ArmRows:
+        return ArmRows.of(
+            rows.arrays[arm],
+            lo=plan.lo,
+            hi=plan.hi,
+            unit_s=plan.unit_s,
+            excluded=excluded.get(arm, set()),
+        )
+
+    return conditional(
+        arm_rows(Arm.BASELINE),
+        arm_rows(Arm.SPECULATIVE),
+        units=plan.units,
+        unit_s=plan.unit_s,
+        rng=np.random.default_rng([*seed, 26]),
+        resamples=settings.resamples,
+        confidence=settings.confidence,
+    )
 
 
 def _seed(base: int, segment: str, plan: WindowPlan) -> list[int]:
