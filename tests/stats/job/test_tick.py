@@ -451,6 +451,8 @@ async def test_the_whole_run_window_carries_speedups_by_condition() -> None:
     assert {b["band"] for b in whole["segments"]["category"]["e2e"]} == {"chat", "code"}
     assert whole["crossover"]["tpot"]["status"] == "helps_throughout"
     assert whole["summary"] is not None and whole["summary"].startswith("speculation helps")
+    reasons = result["results"]["all"]["all"]["diagnosis"]["reasons"]
+    assert {"code": "crossover", "message": whole["summary"]} in reasons
     assert result["results"]["all"]["1m"].get("conditions") is None
     assert result["results"]["m-a"]["all"].get("conditions") is None
     json.dumps(result, allow_nan=False)

@@ -234,6 +234,10 @@ def compute_tick(
                     else None
                 ),
             }
+            conditions = out[w.label].get("conditions")
+            said = conditions["summary"] if conditions is not None else None
+            if said:  # the diagnosis says where speculation stops paying off, in words
+                comparison["diagnosis"]["reasons"].append({"code": "crossover", "message": said})
         return out
 
     results: dict[str, dict[str, WindowResult]] = {ALL: windows_of(ALL, None)}
