@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric, StateSetMetricFami
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specproxy import metrics as names
-from specproxy.stats.result import StatsResult
+from specproxy.stats.result import Conditions, StatsResult
 
 __all__ = ["StatsCollector", "register_stats_collector"]
 
@@ -71,6 +71,18 @@ class StatsCollector(Collector):
             " the tokens per step exceed it.",
             labels=["model", "window"],
         )
+        segment = GaugeMetricFamily(
+            names.SEGMENT_SPEEDUP,
+            "Speedup of the median in one band of one condition (load, prompt, output,"
+            " temperature, category) with its CI bounds; no series while too little data.",
+            labels=["model", "window", "metric", "dimension", "band", "bound"],
+        )
+        crossover = GaugeMetricFamily(
+            names.CROSSOVER_LOAD,
+            "Calls in flight per engine at which the speedup crosses 1, with its CI bounds;"
+            " no series beyond the observed range.",
+            labels=["model", "window", "metric", "bound"],
+        )
         last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")
         data_lag = GaugeMetricFamily(
             names.STATS_DATA_LAG,
@@ -102,6 +114,7 @@ class StatsCollector(Collector):
                     if check is not None:
                         tokens_per_step.add_metric([model, window], check["tokens_per_step"])
                         break_even.add_metric([model, window], check["break_even_tokens_per_step"])
+                    _conditions(segment, crossover, model, window, res.get("conditions"))
                     for metric, block in res["metrics"].items():
                         labels = [model, window, metric]
                         verdict.add_metric(
@@ -120,7 +133,38 @@ class StatsCollector(Collector):
                                 if value is not None:
                                     speedup.add_metric([*labels, stat, bound], value)
         yield from (speedup, samples, verdict, gate, slowdown, tokens_per_step, break_even)
-        yield from (last_run, data_lag)
+        yield from (segment, crossover, last_run, data_lag)
+
+
+def _conditions(
+    segment: GaugeMetricFamily,
+    crossover: GaugeMetricFamily,
+    model: str,
+    window: str,
+    conditions: Conditions | None,
+) -> None:
+    if conditions is None:
+        return
+    for dimension, per_metric in conditions["segments"].items():
+        for metric, bands in per_metric.items():
+            for band in bands:
+                for bound, value in (
+                    ("estimate", band["speedup"]),
+                    ("lower", band["lower"]),
+                    ("upper", band["upper"]),
+                ):
+                    if value is not None:
+                        segment.add_metric(
+                            [model, window, metric, dimension, band["band"], bound], value
+                        )
+    for metric, found in conditions["crossover"].items():
+        for bound, value in (
+            ("estimate", found["load"]),
+            ("lower", found["lower"]),
+            ("upper", found["upper"]),
+        ):
+            if value is not None:
+                crossover.add_metric([model, window, metric, bound], value)
 
 
 def register_stats_collector(
