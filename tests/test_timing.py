@@ -133,16 +133,33 @@ def test_record_carries_identity_and_measures() -> None:
         engine_url="http://e:1",
         rerouted_from="speculative",
         reroute_reason=RerouteReason.DOWN,
+        arm_in_flight=3,
+        endpoint_in_flight=2,
+        engine_running=4.0,
+        engine_waiting=1.0,
+        temperature=0.5,
+        category="code",
     )
     measured = {f.name for f in dataclasses.fields(m)}
     assert {k: v for k, v in rec.to_dict().items() if k in measured} == dataclasses.asdict(m)
     assert (rec.request_id, rec.arm, rec.pair_id, rec.shadow) == ("r1", "baseline", "p", True)
     assert rec.engine_url == "http://e:1"
     assert (rec.rerouted_from, rec.reroute_reason) == ("speculative", RerouteReason.DOWN)
+    assert (rec.arm_in_flight, rec.endpoint_in_flight) == (3, 2)
+    assert (rec.engine_running, rec.engine_waiting) == (4.0, 1.0)
+    assert (rec.temperature, rec.category) == (0.5, "code")
     # every record field is either measured or identity: nothing is left at a silent default
     identity = {"request_id", "run_id", "arm", "t_start", "model", "endpoint", "stream"}
     routing = {"pair_id", "shadow", "engine_url", "rerouted_from", "reroute_reason"}
-    assert set(rec.to_dict()) == measured | identity | routing
+    conditions = {
+        "arm_in_flight",
+        "endpoint_in_flight",
+        "engine_running",
+        "engine_waiting",
+        "temperature",
+        "category",
+    }
+    assert set(rec.to_dict()) == measured | identity | routing | conditions
 
 
 # --------------------------------------------------------------------------- both paths
@@ -192,7 +209,16 @@ STREAMS = {
 CLOCK_FIELDS = {"request_id", "t_start", "e2e_s", "upstream_s", "ttft_s", "tpot_s"}
 CLOCK_FIELDS |= {"mean_gap_s", "max_gap_s"}
 # Who served it: the proxy knows the arm's endpoint, a client in front of the proxy does not.
-NOT_MEASURED = {"engine_url"}
+# the endpoint, and the conditions the proxy notes when it sends (the load generator has none)
+NOT_MEASURED = {
+    "engine_url",
+    "arm_in_flight",
+    "endpoint_in_flight",
+    "engine_running",
+    "engine_waiting",
+    "temperature",
+    "category",
+}
 
 
 def _replay(data: bytes) -> web.Application:

@@ -46,6 +46,7 @@ from specproxy.appkeys import (
     RECORDER,
     REGISTRY,
     ROUTER,
+    SCRAPER,
     SESSIONS,
     STATS,
 )
@@ -174,6 +175,7 @@ async def _start_forwarder(app: web.Application) -> None:
         metrics=app[METRICS],
         fleet=app.get(FLEET),
         router=app[ROUTER],
+        engine_load=scraper.engine_load if (scraper := app.get(SCRAPER)) is not None else None,
     )
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "OutlierConfig",
     "RoutingConfig",
     "ScrapeConfig",
+    "SegmentsConfig",
     "StatsConfig",
     "StoreConfig",
     "TelemetryConfig",
@@ -250,6 +251,26 @@ class ScrapeConfig:
     def __post_init__(self) -> None:
         _check(self.interval_s > 0, "scrape.interval_s", "must be > 0")
         _check(self.timeout_s > 0, "scrape.timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentsConfig:
+    """The client's category of a request (`proxy.conditions`): the header it is read from, and
+    how many distinct values one proxy process keeps before the rest are "other"."""
+
+    category_header: str = "x-specproxy-category"
+    categories_max: int = 16
+
+    def __post_init__(self) -> None:
+        header = self.category_header
+        _check(
+            bool(header)
+            and len(header) <= 64
+            and all(c.isascii() and (c.isalnum() or c in "-_") for c in header),
+            "segments.category_header",
+            "must be a header name of 1-64 ASCII letters, digits, '-' or '_'",
+        )
+        _check(1 <= self.categories_max <= 64, "segments.categories_max", "must be in [1, 64]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -608,6 +629,7 @@ class Config:
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    segments: SegmentsConfig = field(default_factory=SegmentsConfig)
     model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
     protect_metrics: bool = False  # with an admin token (specproxy.admin), /metrics needs it too
     # {name: arm} from `[arms.NAME]` tables; None: the two-arm shorthand builds it
@@ -789,6 +811,7 @@ class Config:
             "outlier": OutlierConfig,
             "control": ControlConfig,
             "telemetry": TelemetryConfig,
+            "segments": SegmentsConfig,
         }
         top: dict[str, Any] = {}
         moved = moved_settings(data)

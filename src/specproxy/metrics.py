@@ -113,6 +113,12 @@ STORE_WRITTEN = "specproxy_store_written"  # counter -> ..._total
 # Results of the stats job (labels: model, window, plus those noted).
 SPEEDUP = "specproxy_speedup_ratio"  # + metric, statistic, bound=estimate|lower|upper
 SAMPLES = "specproxy_samples"  # + arm
+# Speedups by condition (`stats.segments`, the whole-run window of all models): + metric,
+# dimension (load|prompt|output|temperature|category), band (<= 38 per metric), bound; a band
+# with too little data has no series. The crossover load (calls in flight per engine): + metric,
+# bound; a bound beyond the observed range has no series.
+SEGMENT_SPEEDUP = "specproxy_segment_speedup_ratio"
+CROSSOVER_LOAD = "specproxy_crossover_in_flight_requests"
 # A state set (OpenMetrics): one series per state, 1 for the current one, 0 for the others, the
 # state in a label named like the metric: specproxy_verdict{metric,specproxy_verdict="faster"}.
 VERDICT = "specproxy_verdict"  # + metric

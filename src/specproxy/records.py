@@ -117,6 +117,16 @@ class RequestRecord:
     # the control that answered. Such a request is in no comparison (not a sample of either arm).
     rerouted_from: Arm | None = None
     reroute_reason: RerouteReason | None = None
+    # The conditions the request met (issue 26), each None when not known: the proxy's calls in
+    # flight to its arm and to its endpoint when it was sent (itself included), the engine's
+    # running and waiting requests at that endpoint's latest scrape, the body's `temperature`
+    # (None: not given, the engine's default), and the client's bounded category (`category`).
+    arm_in_flight: int | None = None
+    endpoint_in_flight: int | None = None
+    engine_running: float | None = None
+    engine_waiting: float | None = None
+    temperature: float | None = None
+    category: str | None = None
 
     def __post_init__(self) -> None:
         bounded = bound_model(self.model)
@@ -169,6 +179,7 @@ TEXT_COLUMNS: frozenset[str] = frozenset(
         "engine_url",
         "rerouted_from",
         "reroute_reason",
+        "category",
     }
 )
 

@@ -119,8 +119,15 @@ class Measures:
         engine_url: str | None = None,
         rerouted_from: Arm | None = None,
         reroute_reason: RerouteReason | None = None,
+        arm_in_flight: int | None = None,
+        endpoint_in_flight: int | None = None,
+        engine_running: float | None = None,
+        engine_waiting: float | None = None,
+        temperature: float | None = None,
+        category: str | None = None,
     ) -> RequestRecord:
-        """The store row: these measurements plus who and what the request was."""
+        """The store row: these measurements plus who and what the request was, and the
+        conditions it met."""
         return RequestRecord(
             request_id=request_id,
             run_id=run_id,
@@ -149,6 +156,12 @@ class Measures:
             engine_url=engine_url,
             rerouted_from=rerouted_from,
             reroute_reason=reroute_reason,
+            arm_in_flight=arm_in_flight,
+            endpoint_in_flight=endpoint_in_flight,
+            engine_running=engine_running,
+            engine_waiting=engine_waiting,
+            temperature=temperature,
+            category=category,
         )
 
 

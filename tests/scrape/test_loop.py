@@ -404,3 +404,15 @@ async def test_a_gateway_arm_scrapes_its_engines_and_probes_the_gateway_by_itsel
         clock.now += 2
         await scraper.scrape_once()
         assert down()  # a refused probe ejects it again
+
+
+async def test_engine_load_is_the_endpoint_latest_scrape(rig: Rig) -> None:
+    url = rig.config.upstream_url(SHORTHAND_TREATMENT)
+    assert rig.scraper.engine_load(SHORTHAND_TREATMENT, url) == (None, None)  # not scraped yet
+    rig.spec.body = v1_text([EngineCounts(running=3, waiting=2), EngineCounts(running=4)])
+    await rig.scraper.scrape_once()
+    assert rig.scraper.engine_load(SHORTHAND_TREATMENT, url) == (7.0, 2.0)  # summed over engines
+    assert rig.scraper.engine_load(SHORTHAND_TREATMENT, "http://unknown:1") == (None, None)
+    rig.spec.status = 500
+    await rig.scraper.scrape_once()  # the endpoint is down: its old load is no condition now
+    assert rig.scraper.engine_load(SHORTHAND_TREATMENT, url) == (None, None)

@@ -92,3 +92,37 @@ def test_no_series_without_k() -> None:
     text = _scrape(_result(None))
     assert "specproxy_speculation_tokens_per_step{" not in text
     assert "specproxy_speculation_break_even_tokens_per_step{" not in text
+
+
+def test_speedups_by_condition_and_the_crossover_are_gauges_with_bounded_labels() -> None:
+    window = _window(None)
+    window["conditions"] = {
+        "segments": {
+            "load": {
+                "tpot": [
+                    {"band": "1", "speedup": 1.9, "lower": 1.8, "upper": 2.0},
+                    {"band": "32+", "speedup": None, "lower": None, "upper": None},
+                ]
+            }
+        },
+        "crossover": {"tpot": {"load": 26.3, "lower": 26.1, "upper": None}},
+    }
+    text = _scrape(cast(StatsResult, {"computed_at": 1.0, "results": {"all": {"all": window}}}))
+    seg = names.SEGMENT_SPEEDUP
+    labels = (
+        'arm="speculative",band="1",bound="{}",dimension="load",metric="tpot",'
+        'model="all",window="all"'
+    )
+    for bound, value in (("estimate", 1.9), ("lower", 1.8), ("upper", 2.0)):
+        assert f"{seg}{{{labels.format(bound)}}} {value}" in text
+    assert 'band="32+"' not in text  # too little data: no series, never a number
+    cross = names.CROSSOVER_LOAD
+    assert (
+        f'{cross}{{arm="speculative",bound="estimate",metric="tpot",model="all",window="all"}} 26.3'
+        in text
+    )
+    assert (
+        f'{cross}{{arm="speculative",bound="lower",metric="tpot",model="all",window="all"}} 26.1'
+        in text
+    )
+    assert f'{cross}{{arm="speculative",bound="upper"' not in text  # beyond the observed range

@@ -47,6 +47,12 @@ async def test_every_field_round_trips(store: BufferedStore) -> None:
         error_kind="broken",
         disconnected=True,
         engine_url="http://10.0.0.1:8000",
+        arm_in_flight=5,
+        endpoint_in_flight=3,
+        engine_running=4.0,
+        engine_waiting=2.0,
+        temperature=0.7,
+        category="code",
     )
     store.record(rec)
     await store.flush()

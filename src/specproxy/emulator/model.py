@@ -46,9 +46,13 @@ __all__ = [
     "SimulationResult",
     "StepPlan",
     "StepResult",
+    "closed_loop",
+    "crossover_concurrency",
     "expected_tokens_per_step",
     "leviathan_speedup",
     "simulate",
+    "steady_state",
+    "tpot_of",
 ]
 
 FinishReason = str  # "length" | "stop" | "abort"
@@ -344,7 +348,7 @@ class SimulationResult:
     tokens_per_step: float
 
 
-def simulate(
+def closed_loop(
     physics: Physics,
     *,
     concurrency: int,
@@ -352,12 +356,14 @@ def simulate(
     prompt_tokens: int = 32,
     max_tokens: int = 128,
     seed: int = 0,
-) -> SimulationResult:
-    """Closed-loop run on a virtual clock: `concurrency` clients, each sends again on completion."""
+    start: float = 0.0,
+) -> tuple[list[Sequence], int]:
+    """A closed-loop run on a virtual clock from `start`: `concurrency` clients, each sends again
+    on completion. The finished sequences (each with its own timings) and the decode steps."""
     if concurrency < 1 or requests < 1 or max_tokens < 2:
         raise ValueError("concurrency, requests must be >= 1 and max_tokens >= 2")
     engine = Engine(physics, max_num_seqs=max(256, concurrency))
-    now = 0.0
+    now = start
     sent = 0
 
     def send() -> None:
@@ -381,6 +387,47 @@ def simulate(
             done.append(seq)
             if sent < requests:
                 send()
+    return done, steps
+
+
+def steady_state(done: list[Sequence], concurrency: int) -> list[Sequence]:
+    """The sequences of a closed loop that ran at its full concurrency throughout: after the
+    first 2 x `concurrency` (the first wave is sent and prefilled together, and the next is
+    still in step with it) and finished by the last send (after it the clients stop, and the
+    load falls)."""
+    last_send = max((s.arrival for s in done), default=0.0)
+    return [
+        s
+        for s in done[2 * concurrency :]
+        if s.finished_at is not None and s.finished_at <= last_send
+    ]
+
+
+def tpot_of(seq: Sequence) -> float | None:
+    """The sequence's time per output token after the first (None: fewer than 2 tokens)."""
+    if seq.last_token_at is None or seq.first_token_at is None or seq.generated < 2:
+        return None
+    return (seq.last_token_at - seq.first_token_at) / (seq.generated - 1)
+
+
+def simulate(
+    physics: Physics,
+    *,
+    concurrency: int,
+    requests: int,
+    prompt_tokens: int = 32,
+    max_tokens: int = 128,
+    seed: int = 0,
+) -> SimulationResult:
+    """Closed-loop run on a virtual clock: `concurrency` clients, each sends again on completion."""
+    done, steps = closed_loop(
+        physics,
+        concurrency=concurrency,
+        requests=requests,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
     ttft = [s.first_token_at - s.arrival for s in done if s.first_token_at is not None]
     e2e = [s.finished_at - s.arrival for s in done if s.finished_at is not None]
     tpot = [
@@ -396,3 +443,46 @@ def simulate(
         e2e_s=statistics.fmean(e2e),
         tokens_per_step=decoded / steps if steps else math.nan,
     )
+
+
+def crossover_concurrency(
+    speculative: Physics,
+    baseline: Physics,
+    *,
+    low: int = 1,
+    high: int = 256,
+    requests: int = 2000,
+    prompt_tokens: int = 32,
+    max_tokens: int = 128,
+) -> float | None:
+    """The concurrency at which the speculative arm's TPOT stops beating the baseline's, from
+    this model on a virtual clock: the geometric-mean TPOT ratio (baseline / speculative) of the
+    steady state (`steady_state`) at integer concurrencies, bisected to where it falls through 1
+    and interpolated linearly between the two neighbours. None when it does not fall through 1
+    in [low, high]."""
+
+    def log_ratio(c: int) -> float:
+        def mean_log_tpot(p: Physics) -> float:
+            done, _ = closed_loop(
+                p,
+                concurrency=c,
+                requests=requests,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+            )
+            tpots = [tpot_of(s) for s in steady_state(done, c)]
+            return statistics.fmean(math.log(t) for t in tpots if t is not None)
+
+        return mean_log_tpot(baseline) - mean_log_tpot(speculative)
+
+    lo_y, hi_y = log_ratio(low), log_ratio(high)
+    if lo_y <= 0 or hi_y > 0:
+        return None
+    while high - low > 1:
+        mid = (low + high) // 2
+        y = log_ratio(mid)
+        if y > 0:
+            low, lo_y = mid, y
+        else:
+            high, hi_y = mid, y
+    return low + lo_y / (lo_y - hi_y)

@@ -25,7 +25,7 @@ rerouted. The control arm itself never fails over to a treatment.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from specproxy.errors import ErrorKind, UpstreamError
 from specproxy.fleet.arms import Fleet
@@ -36,7 +36,10 @@ from specproxy.proxy.transports.base import Reply, UpstreamTransport
 from specproxy.proxy.transports.select import Mode, TransportFactory, Transports
 from specproxy.records import Arm, RerouteReason
 
-__all__ = ["EndpointClients", "Upstreams", "verdict"]
+__all__ = ["EndpointClients", "EngineLoad", "Upstreams", "verdict"]
+
+# (arm, endpoint URL) -> that endpoint's (running, waiting) requests at its latest scrape
+EngineLoad = Callable[[Arm, str], tuple[float | None, float | None]]
 
 
 def verdict(error_kind: ErrorKind | None) -> bool | None:
@@ -74,9 +77,12 @@ class Upstreams:
         transports: TransportFactory,
         fail_open: Collection[Arm] = (),
         arm_headers: Mapping[Arm, ArmHeaders] | None = None,
+        engine_load: EngineLoad | None = None,
     ) -> None:
         """`fail_open`: the treatment arms whose calls the control serves while they are down;
-        `arm_headers`: what each arm adds to the headers it is sent (none by default)."""
+        `arm_headers`: what each arm adds to the headers it is sent (none by default).
+        `engine_load`: an endpoint's running and waiting requests at its latest scrape (the
+        scraper's memory, no I/O), recorded with each call sent there."""
         self._fleet = fleet
         self._arm_headers = dict(arm_headers or {})
         self._make = transports
@@ -84,6 +90,8 @@ class Upstreams:
         # Per (arm, URL): an arm's transports carry its timeouts, even where arms share an engine.
         self._clients: dict[tuple[Arm, str], EndpointClients] = {}
         self._inflight: dict[tuple[Arm, str], int] = {}  # calls in flight per endpoint
+        self._arm_inflight: dict[Arm, int] = dict.fromkeys(fleet.arms, 0)  # and per arm
+        self._engine_load = engine_load
         self._pruning: set[asyncio.Task[None]] = set()
 
     def down(self, arm: Arm) -> bool:
@@ -107,6 +115,7 @@ class Upstreams:
             self._pruning.add(task)
             task.add_done_callback(self._pruning.discard)
         self._inflight[key] = self._inflight.get(key, 0) + 1
+        self._arm_inflight[arm] += 1
         return endpoint, clients
 
     def pick_other(
@@ -137,6 +146,7 @@ class Upstreams:
     def done(self, arm: Arm, endpoint: Endpoint, error_kind: ErrorKind | None) -> None:
         """The call ended with `error_kind` (None: success)."""
         self._inflight[(arm, endpoint.url)] -= 1
+        self._arm_inflight[arm] -= 1
         self._fleet.pool(arm).release(endpoint, ok=verdict(error_kind))
 
     async def send(
@@ -158,8 +168,7 @@ class Upstreams:
             trace.reroute(RerouteReason.DOWN, self._fleet.control)
         arm = trace.arm
         endpoint, clients = self.pick(arm)
-        trace.engine = endpoint
-        trace.engine_url = endpoint.url
+        self._note(trace, arm, endpoint)
         tried: list[str] = []
         while True:
             try:
@@ -177,13 +186,22 @@ class Upstreams:
                 if trace.arm != arm:
                     arm, tried = trace.arm, []
                 endpoint, clients = other
-                trace.engine = endpoint
-                trace.engine_url = endpoint.url
+                self._note(trace, arm, endpoint)
         trace.status = reply.status
         kind = ErrorKind.of_status(reply.status)
         if kind is not None:
             trace.fail(kind)
         return reply
+
+    def _note(self, trace: Trace, arm: Arm, endpoint: Endpoint) -> None:
+        """The endpoint a call goes to, and the load it meets there (this call included)."""
+        url = endpoint.url
+        trace.engine = endpoint
+        trace.engine_url = url
+        trace.arm_in_flight = self._arm_inflight[arm]
+        trace.endpoint_in_flight = self._inflight[(arm, url)]
+        if self._engine_load is not None:
+            trace.engine_running, trace.engine_waiting = self._engine_load(arm, url)
 
     def end(self, trace: Trace, reply: Reply | None) -> None:
         """The call is over: keep or drop its connection, report the outcome of its endpoint."""

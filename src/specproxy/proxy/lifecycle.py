@@ -38,7 +38,8 @@ from specproxy.fleet.pool import EndpointPool
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.accesslog import AccessLog
 from specproxy.proxy.armauth import every_arm_headers
-from specproxy.proxy.endpoints import Upstreams
+from specproxy.proxy.conditions import Categories, temperature_of
+from specproxy.proxy.endpoints import EngineLoad, Upstreams
 from specproxy.proxy.headers import (
     REQUEST_ID_HEADER,
     OutboundHeaders,
@@ -97,10 +98,13 @@ class Forwarder:
         fleet: Fleet | None = None,
         transports: TransportFactory | None = None,
         router: Router | None = None,
+        engine_load: EngineLoad | None = None,
     ) -> None:
         """`transports` makes each endpoint's transports (default: `default_transports` over
         `sessions`); tests pass one that returns `MockTransport`s. `router`: the app's, whose
-        share `control.live` changes at run time (default: one of `cfg.routing`'s own)."""
+        share `control.live` changes at run time (default: one of `cfg.routing`'s own).
+        `engine_load`: each endpoint's load at its latest scrape (`EngineScraper.engine_load`),
+        recorded with every call."""
         self._cfg = cfg
         self._run_id = cfg.run_id
         self._recorder = recorder
@@ -123,7 +127,10 @@ class Forwarder:
             transports or default_transports(sessions, cfg.arm_timeouts),
             fail_open,
             every_arm_headers(cfg),
+            engine_load,
         )
+        self._category_header = cfg.segments.category_header
+        self._categories = Categories(cfg.segments.categories_max)
         self._new_id = RequestIds()
         self._tracing = open_tracing(cfg.telemetry)  # None: off, nothing of OpenTelemetry loaded
         telemetry = cfg.telemetry
@@ -227,6 +234,8 @@ class Forwarder:
             received=received,
             t_start=t_start,
         )
+        trace.temperature = temperature_of(doc)
+        trace.category = self._categories.of(request.headers.get(self._category_header))
         return await self._primary(request, trace, upstream_body, strip_usage)
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:

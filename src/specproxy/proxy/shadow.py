@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specproxy.errors import ErrorKind, UpstreamError
+from specproxy.proxy.conditions import temperature_of
 from specproxy.proxy.endpoints import Upstreams
 from specproxy.proxy.headers import OutboundHeaders, is_event_stream
 from specproxy.proxy.sse import SSEScanner
@@ -95,6 +96,7 @@ class Shadows:
             received=time.perf_counter(),
             t_start=time.time(),
         )
+        trace.temperature = temperature_of(doc)
         task = asyncio.create_task(self._run(trace, path, shadow_body, headers))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

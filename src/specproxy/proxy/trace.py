@@ -43,11 +43,16 @@ class Trace:
 
     __slots__ = (
         "arm",
+        "arm_in_flight",
+        "category",
         "disconnected",
         "e2e_end",
         "endpoint",
+        "endpoint_in_flight",
         "engine",
+        "engine_running",
         "engine_url",
+        "engine_waiting",
         "error_kind",
         "model",
         "non_stream_usage",
@@ -62,6 +67,7 @@ class Trace:
         "status",
         "stream",
         "t_start",
+        "temperature",
         "upstream_end",
         "upstream_start",
     )
@@ -101,6 +107,15 @@ class Trace:
         self.engine: Endpoint | None = None  # that endpoint, until its outcome is reported
         self.rerouted_from: Arm | None = None  # the treatment it was routed to, when rerouted
         self.reroute_reason: RerouteReason | None = None
+        # The request's conditions (`RequestRecord.arm_in_flight` ...): the proxy's calls in
+        # flight and the engine's load when it was sent (`Upstreams.send`), and what the client
+        # stated (`proxy.conditions`).
+        self.arm_in_flight: int | None = None
+        self.endpoint_in_flight: int | None = None
+        self.engine_running: float | None = None
+        self.engine_waiting: float | None = None
+        self.temperature: float | None = None
+        self.category: str | None = None
 
     def reroute(self, reason: RerouteReason, control: Arm) -> None:
         """The arm this call was routed to is down: the control serves it instead. The pair it
@@ -142,4 +157,10 @@ class Trace:
             engine_url=self.engine_url,
             rerouted_from=self.rerouted_from,
             reroute_reason=self.reroute_reason,
+            arm_in_flight=self.arm_in_flight,
+            endpoint_in_flight=self.endpoint_in_flight,
+            engine_running=self.engine_running,
+            engine_waiting=self.engine_waiting,
+            temperature=self.temperature,
+            category=self.category,
         )

@@ -115,6 +115,15 @@ class EngineScraper:
         """When the arm's engine restarted (Unix times): each one opens a warm-up window."""
         return tuple(self._states[arm].restart_times)
 
+    def engine_load(self, arm: Arm, url: str) -> tuple[float | None, float | None]:
+        """(running, waiting) requests of one endpoint at its latest scrape, (None, None) while
+        it is unknown or its last scrape failed: read on the request path, so no I/O."""
+        state = self._aggregates[arm].endpoints.get(url)
+        sample = state.sample if state is not None and state.up else None
+        if sample is None:
+            return None, None
+        return sample.requests_running, sample.requests_waiting
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="specproxy-engine-scraper")

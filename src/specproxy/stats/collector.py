@@ -9,13 +9,13 @@ treatment, so bounded by the configured arms; the two-arm run's is "speculative"
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from prometheus_client.core import GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specproxy import metrics as names
-from specproxy.stats.result import StatsResult, comparisons_of
+from specproxy.stats.result import Conditions, StatsResult, comparisons_of
 
 __all__ = ["StatsCollector", "register_stats_collector"]
 
@@ -74,6 +74,18 @@ class StatsCollector(Collector):
             " the tokens per step exceed it.",
             labels=["model", "window", "arm"],
         )
+        segment = GaugeMetricFamily(
+            names.SEGMENT_SPEEDUP,
+            "Speedup of the median in one band of one condition (load, prompt, output,"
+            " temperature, category) with its CI bounds; no series while too little data.",
+            labels=["model", "window", "arm", "metric", "dimension", "band", "bound"],
+        )
+        crossover = GaugeMetricFamily(
+            names.CROSSOVER_LOAD,
+            "Calls in flight per engine at which the speedup crosses 1, with its CI bounds;"
+            " no series beyond the observed range.",
+            labels=["model", "window", "arm", "metric", "bound"],
+        )
         last_run = GaugeMetricFamily(names.STATS_LAST_RUN, "Unix time the stats job last finished.")
         data_lag = GaugeMetricFamily(
             names.STATS_DATA_LAG,
@@ -100,10 +112,41 @@ class StatsCollector(Collector):
                     for arm, comparison in comparisons_of(res).items():
                         counts.update(comparison["samples"])
                         _add_comparison([model, window, arm], comparison, families)
+                        found = cast(Mapping[str, Any], comparison).get("conditions")
+                        _conditions(segment, crossover, [model, window, arm], found)
                     for arm, n in counts.items():
                         samples.add_metric([model, window, arm], float(n))
         yield from (speedup, samples, verdict, gate, slowdown, tokens_per_step, break_even)
-        yield from (last_run, data_lag)
+        yield from (segment, crossover, last_run, data_lag)
+
+
+def _conditions(
+    segment: GaugeMetricFamily,
+    crossover: GaugeMetricFamily,
+    key: list[str],
+    conditions: Conditions | None,
+) -> None:
+    """One treatment's band speedups and crossover; `key` = [model, window, arm]."""
+    if conditions is None:
+        return
+    for dimension, per_metric in conditions["segments"].items():
+        for metric, bands in per_metric.items():
+            for band in bands:
+                for bound, value in (
+                    ("estimate", band["speedup"]),
+                    ("lower", band["lower"]),
+                    ("upper", band["upper"]),
+                ):
+                    if value is not None:
+                        segment.add_metric([*key, metric, dimension, band["band"], bound], value)
+    for metric, found in conditions["crossover"].items():
+        for bound, value in (
+            ("estimate", found["load"]),
+            ("lower", found["lower"]),
+            ("upper", found["upper"]),
+        ):
+            if value is not None:
+                crossover.add_metric([*key, metric, bound], value)
 
 
 class _Families(NamedTuple):

@@ -23,9 +23,13 @@ __all__ = [
     "STATISTIC_LEVELS",
     "AcceptanceCheck",
     "Adjusted",
+    "BandSpeedup",
     "Best",
     "BestState",
     "Comparison",
+    "Conditions",
+    "CrossoverGroup",
+    "CrossoverResult",
     "Diagnosis",
     "EngineArm",
     "Gate",
@@ -323,6 +327,8 @@ class Comparison(WindowComparison):
     treatment: str
     excluded_warmup: dict[str, int]  # per arm of the comparison
     gate: NotRequired[Gate]
+    # speedups by condition and the crossover (the whole-run window of all models, from rows)
+    conditions: NotRequired[Conditions | None]
 
 
 class Multiplicity(TypedDict):
@@ -355,6 +361,53 @@ class Best(TypedDict):
     reason: str
 
 
+class BandSpeedup(TypedDict):
+    """The speedup of one band of one condition (`stats.segments`): "too_little_data" (every
+    number None) while an arm holds fewer than `Conditions.min_band_requests` in it."""
+
+    band: str
+    n: dict[str, int]  # {"control": .., "treatment": ..}
+    status: Literal["ok", "too_little_data"]
+    speedup: float | None
+    lower: float | None
+    upper: float | None
+
+
+class CrossoverGroup(TypedDict):
+    load: float  # the group's mean load
+    speedup: float
+    n: dict[str, int]
+
+
+class CrossoverResult(TypedDict):
+    """Where the speedup crosses 1 against load (`stats.estimate.crossover`): `load` None
+    unless status is "ok"; a bound None lies beyond the observed range."""
+
+    status: Literal["ok", "helps_throughout", "costs_throughout", "too_little_data"]
+    load: float | None
+    lower: float | None
+    upper: float | None
+    confidence: float
+    observed: list[float] | None  # [lowest, highest] group mean load
+    speedup_below: float | None
+    speedup_above: float | None
+    groups: list[CrossoverGroup]
+    block_units: int
+
+
+class Conditions(TypedDict):
+    """Conditional speedups of a window (issue 26): per condition dimension ("load", "prompt",
+    "output", "temperature", "category") and metric its bands; per metric the crossover load;
+    `summary` says the TPOT crossover in words (None: no data for it)."""
+
+    statistic: str  # the compared statistic of every band ("median")
+    min_band_requests: int
+    load: str  # the record field the load bands and the crossover read
+    segments: dict[str, dict[str, list[BandSpeedup]]]
+    crossover: dict[str, CrossoverResult]
+    summary: str | None
+
+
 class WindowResult(WindowComparison):
     """One window of one model (or of all models), as the job publishes it (`stats.job`). Its
     comparison fields are the control against the first treatment (the two-arm result as it
@@ -376,6 +429,9 @@ class WindowResult(WindowComparison):
     comparisons: NotRequired[dict[str, Comparison]]  # per treatment, the first included
     multiplicity: NotRequired[Multiplicity]
     best: NotRequired[Best]
+    # speedups by condition and the crossover load: the whole-run window of all models read from
+    # rows only (None elsewhere; absent in results stored before 2026-12-04)
+    conditions: NotRequired[Conditions | None]
 
 
 class Settings(TypedDict):

@@ -107,6 +107,8 @@ class _ParquetWriter(_Writer):
             "prompt_tokens": pa.int64(),
             "output_tokens": pa.int64(),
             "n_events": pa.int64(),
+            "arm_in_flight": pa.int64(),
+            "endpoint_in_flight": pa.int64(),
         }
         self.schema = pa.schema(
             [

@@ -497,6 +497,22 @@ _V10_POSTGRESQL = (
     "ALTER TABLE requests ADD COLUMN IF NOT EXISTS reroute_reason TEXT",
 )
 
+# Version 11: each request's conditions (issue 26): the proxy's calls in flight to its arm and
+# endpoint, the engine's running and waiting requests at the latest scrape, the body's
+# temperature and the client's bounded category.
+_V11_COLUMNS = (
+    ("arm_in_flight", "INTEGER", "INTEGER"),
+    ("endpoint_in_flight", "INTEGER", "INTEGER"),
+    ("engine_running", "REAL", "DOUBLE PRECISION"),
+    ("engine_waiting", "REAL", "DOUBLE PRECISION"),
+    ("temperature", "REAL", "DOUBLE PRECISION"),
+    ("category", "TEXT", "TEXT"),
+)
+_V11_SQLITE = tuple(f"ALTER TABLE requests ADD COLUMN {c} {t}" for c, t, _ in _V11_COLUMNS)
+_V11_POSTGRESQL = tuple(
+    f"ALTER TABLE requests ADD COLUMN IF NOT EXISTS {c} {t}" for c, _, t in _V11_COLUMNS
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
     Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
@@ -508,6 +524,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "rollup moments of the length adjustment", _V8_SQLITE, _V8_POSTGRESQL),
     Migration(9, "arm-control events", _V9_SQLITE, _V9_POSTGRESQL),
     Migration(10, "rerouted requests (failing open)", _V10_SQLITE, _V10_POSTGRESQL),
+    Migration(11, "request conditions", _V11_SQLITE, _V11_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

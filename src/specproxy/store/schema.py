@@ -67,6 +67,12 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "engine_url",
     "rerouted_from",
     "reroute_reason",
+    "arm_in_flight",
+    "endpoint_in_flight",
+    "engine_running",
+    "engine_waiting",
+    "temperature",
+    "category",
 )
 ENGINE_COLUMNS: tuple[str, ...] = (
     "t",
@@ -131,6 +137,12 @@ def request_row(rec: RequestRecord) -> tuple[Any, ...]:
         rec.engine_url,
         rec.rerouted_from,
         rec.reroute_reason.value if rec.reroute_reason is not None else None,
+        rec.arm_in_flight,
+        rec.endpoint_in_flight,
+        rec.engine_running,
+        rec.engine_waiting,
+        rec.temperature,
+        rec.category,
     )
 
 

@@ -295,6 +295,9 @@ async def test_rows_and_summaries_agree_on_every_statistic_within_the_grid_bound
         for windows in result["results"].values():
             for window in windows.values():
                 window.pop("source")
+                window.pop("conditions")  # by condition: from rows only (stats.segments)
+                for comparison in window.get("comparisons", {}).values():
+                    comparison.pop("conditions")
     whole = rows["results"]["all"]["all"]
     assert whole["excluded_warmup"]["speculative"] > whole["excluded_warmup"]["baseline"] > 0
     assert {r["code"] for r in whole["diagnosis"]["reasons"]} >= {"warmup"}
@@ -415,3 +418,43 @@ async def test_the_draft_step_branch_fires_from_rows_and_from_summaries(
         assert diagnosis.get("draft_step_share") == pytest.approx(0.6, rel=1e-3)
         assert "draft_step_share" in {r["code"] for r in diagnosis["reasons"]}
     await s.close()
+
+
+async def test_the_whole_run_window_carries_speedups_by_condition() -> None:
+    """Requests that state their load, temperature and category: the whole-run window of all
+    models has their bands and crossover; shorter windows and per-model results have none."""
+    store = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
+    await store.start()
+    for i, rec in enumerate(records(1600, 1000.0, 1.5, 5)):
+        store.record(
+            dataclasses.replace(
+                rec,
+                endpoint_in_flight=1 + (i // 2) % 8,
+                temperature=0.0 if i % 3 == 0 else None,
+                category="code" if i % 4 < 2 else "chat",
+            )
+        )
+    await store.flush()
+    result = await compute_stats(store, run_id=RUN, stats_cfg=CFG, window_end=1160.0)
+    whole = result["results"]["all"]["all"].get("conditions")
+    assert whole is not None and whole["load"] == "endpoint_in_flight"
+    loads = whole["segments"]["load"]["tpot"]
+    assert [b["band"] for b in loads] == ["1", "2-3", "4-7", "8-15"]
+    # every usable request of the window (warm-up left out) is in one load band
+    samples = result["results"]["all"]["all"]["samples"]
+    assert sum(b["n"]["control"] for b in loads) == samples["baseline"]
+    assert sum(b["n"]["treatment"] for b in loads) == samples["speculative"]
+    for band in loads:  # the speculative arm is 1.5x faster per token at every load
+        assert band["status"] == "ok"
+        assert band["lower"] is not None and band["upper"] is not None
+        assert 1.2 < band["lower"] < 1.5 < band["upper"] < 1.9
+    temps = {b["band"] for b in whole["segments"]["temperature"]["tpot"]}
+    assert temps == {"0", "default"}
+    assert {b["band"] for b in whole["segments"]["category"]["e2e"]} == {"chat", "code"}
+    assert whole["crossover"]["tpot"]["status"] == "helps_throughout"
+    assert whole["summary"] is not None and whole["summary"].startswith("speculation helps")
+    reasons = result["results"]["all"]["all"]["diagnosis"]["reasons"]
+    assert {"code": "crossover", "message": whole["summary"], "detail": None} in reasons
+    assert result["results"]["all"]["1m"].get("conditions") is None
+    assert result["results"]["m-a"]["all"].get("conditions") is None
+    json.dumps(result, allow_nan=False)

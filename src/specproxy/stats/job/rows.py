@@ -40,6 +40,9 @@ ROW_COLUMNS: Final = (
     *ROLLUP_METRICS.values(),
     "prompt_tokens",
     "output_tokens",
+    "endpoint_in_flight",  # the conditions (`stats.segments`)
+    "temperature",
+    "category",
 )
 # Units a row window may take: divisors of a minute, so units nest in minutes.
 _UNITS_S: Final = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 10.0, 12.0, 15.0, 20.0, 30.0, 60.0)

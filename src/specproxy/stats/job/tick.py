@@ -36,6 +36,7 @@ from specproxy.stats.job.rows import ROW_COLUMNS, ROWS_MAX, Rows, known_label, r
 from specproxy.stats.result import (
     SCHEMA_VERSION,
     Comparison,
+    Conditions,
     Multiplicity,
     Settings,
     StatsResult,
@@ -43,6 +44,7 @@ from specproxy.stats.result import (
     settings_lists,
 )
 from specproxy.stats.sample import ArmWindow
+from specproxy.stats.segments import ArmRows, conditional
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 from specproxy.store.contract import StatsStore
 from specproxy.summary.engine import EngineView, as_view
@@ -62,6 +64,7 @@ __all__ = [
     "stored_evidence",
     "tiers_of",
     "warmup_rule",
+    "window_conditions",
     "window_label",
 ]
 
@@ -255,11 +258,23 @@ def compute_tick(
             recall=recall,
             names=names,
         )
+        # speedups by condition and the crossover: the whole-run window of all models, from rows
+        conditions = (
+            window_conditions(plan.rows, w.plan, gone, settings, seed, control, treatment)
+            if plan.rows is not None and w.source == "rows" and w.window_s is None and keys is None
+            else None
+        )
+        said = conditions["summary"] if conditions is not None else None
+        if said:  # the diagnosis says where speculation stops paying off, in words
+            comparison["diagnosis"]["reasons"].append(
+                {"code": "crossover", "message": said, "detail": None}
+            )
         return {
             **comparison,
             "treatment": treatment,
             "excluded_warmup": {arm: windows[arm].excluded_warmup for arm in names},
             "gate": window_gate(comparison, stats_cfg.p99_tolerance),
+            "conditions": conditions,
         }
 
     def windows_of(segment: str, keys: frozenset[str] | None) -> dict[str, WindowResult]:
@@ -367,6 +382,38 @@ def _recall(
         return memory.recall((*key, metric + tag), now, at=at, span_s=span_s)
 
     return recall
+
+
+def window_conditions(
+    rows: Rows,
+    plan: WindowPlan,
+    excluded: Mapping[Arm, set[int]],
+    settings: CompareSettings,
+    seed: list[int],
+    control: Arm,
+    treatment: Arm,
+) -> Conditions:
+    """The window's speedups by condition (`stats.segments`), control against one treatment,
+    from its rows less the warm-up units."""
+
+    def arm_rows(arm: Arm) -> ArmRows:
+        return ArmRows.of(
+            rows.arrays[arm],
+            lo=plan.lo,
+            hi=plan.hi,
+            unit_s=plan.unit_s,
+            excluded=excluded.get(arm, set()),
+        )
+
+    return conditional(
+        arm_rows(control),
+        arm_rows(treatment),
+        units=plan.units,
+        unit_s=plan.unit_s,
+        rng=np.random.default_rng([*seed, 26]),
+        resamples=settings.resamples,
+        confidence=settings.confidence,
+    )
 
 
 def _seed(base: int, segment: str, plan: WindowPlan) -> list[int]:

@@ -1,0 +1,152 @@
+"""The crossover load: the isotonic fit, its crossing, and coverage against the emulator's model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from specproxy.emulator.model import (
+    Physics,
+    closed_loop,
+    crossover_concurrency,
+    steady_state,
+    tpot_of,
+)
+from specproxy.stats.estimate.crossover import (
+    LoadSample,
+    crossover,
+    decreasing_fit,
+    first_crossing,
+)
+
+# The emulator's physics of the study (docs/statistics.md): the default roofline, k = 4, no
+# acceptance spread and no warm-up, so each level's steady state is the model's and nothing else.
+SPECULATIVE = Physics(speculative=True, acceptance=0.7, acceptance_spread=0.0, warmup_requests=0)
+BASELINE = Physics(warmup_requests=0)
+LEVELS = (1, 2, 4, 8, 12, 16, 20, 22, 24, 26, 28, 30, 32, 36, 40)
+MAX_TOKENS = 64
+
+
+def emulated_window(
+    seed: int,
+    *,
+    levels: tuple[int, ...] = LEVELS,
+    rounds: int = 3,
+    requests: int = 200,
+    units: int = 200,
+) -> tuple[LoadSample, LoadSample]:
+    """Both arms through the emulator's engine on one virtual clock: `rounds` passes over the
+    closed-loop levels, one level after another (both arms from the same start), each request
+    tagged with its level (its calls in flight when sent) and its steady-state TPOT; time units
+    of span / `units`. Load changes over the run as traffic does over a day: each level
+    recurs, so resampling time blocks keeps every level."""
+    rows: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+    start = 0.0
+    for i, level in enumerate(levels * rounds):
+        end = start
+        for spec, physics in ((True, SPECULATIVE), (False, BASELINE)):
+            done, _ = closed_loop(
+                physics,
+                concurrency=level,
+                requests=requests + 3 * level,
+                max_tokens=MAX_TOKENS,
+                seed=seed * 100_000 + i * 2 + spec,
+                start=start,
+            )
+            for s in steady_state(done, level):
+                tpot = tpot_of(s)
+                if tpot is not None:
+                    rows[spec].append((s.arrival, float(level), tpot))
+            end = max(end, max(s.finished_at or start for s in done))
+        start = end
+    unit_s = start / units
+
+    def sample(spec: bool) -> LoadSample:
+        t, load, value = (np.array(c) for c in zip(*rows[spec], strict=True))
+        unit = np.minimum(np.floor(t / unit_s).astype(np.int64), units - 1)
+        return LoadSample.of(load, unit, value)
+
+    return sample(False), sample(True)
+
+
+def test_decreasing_fit_pools_violators_by_weight() -> None:
+    y = np.array([3.0, 1.0, 2.0, 0.0])
+    fit = decreasing_fit(y, np.array([1.0, 1.0, 3.0, 1.0]))
+    assert fit.tolist() == pytest.approx([3.0, 1.75, 1.75, 0.0])
+    assert decreasing_fit(np.array([1.0, 2.0]), np.ones(2)).tolist() == [1.5, 1.5]
+
+
+def test_first_crossing_interpolates_or_says_beyond() -> None:
+    x = np.array([1.0, 2.0, 4.0])
+    assert first_crossing(x, np.array([0.4, 0.2, -0.2])) == pytest.approx(3.0)
+    assert first_crossing(x, np.array([0.4, 0.2, 0.1])) == math.inf
+    assert first_crossing(x, np.array([0.0, -0.2, -0.4])) == -math.inf
+
+
+def _known(speedup_at: dict[int, float], n: int, seed: int) -> tuple[LoadSample, LoadSample]:
+    """Lognormal latencies (sd 0.3) per load, the treatment faster by `speedup_at[load]`."""
+    rng = np.random.default_rng(seed)
+    arms = []
+    for faster in (False, True):
+        load = np.repeat(list(speedup_at), n).astype(np.float64)
+        scale = np.array([speedup_at[int(x)] if faster else 1.0 for x in load])
+        value = np.exp(rng.normal(0.0, 0.3, load.size)) / scale
+        arms.append(LoadSample.of(load, rng.integers(0, 100, load.size), value))
+    return arms[0], arms[1]
+
+
+def test_a_known_crossing_is_found_with_the_speedups_either_side() -> None:
+    c, t = _known({1: 1.5, 2: 1.5, 4: 1.2, 8: 0.9, 16: 0.9}, 400, seed=1)
+    found = crossover(c, t, units=100, rng=np.random.default_rng(0), resamples=400)
+    assert found.status == "ok" and found.load is not None
+    assert 4 < found.load < 8
+    assert found.lower is not None and found.upper is not None
+    assert found.lower <= found.load <= found.upper
+    assert found.below == pytest.approx(1.4, rel=0.05)  # loads 1, 2 and 4
+    assert found.above == pytest.approx(0.9, rel=0.05)
+    assert [g[2] for g in found.groups] == [400] * 5
+
+
+def test_no_crossing_in_range_is_said_not_made_up() -> None:
+    c, t = _known({1: 1.6, 4: 1.4, 16: 1.2}, 300, seed=2)
+    found = crossover(c, t, units=100, rng=np.random.default_rng(0), resamples=300)
+    assert found.status == "helps_throughout" and found.load is None
+    assert found.upper is None  # every replicate stays above 1 as well
+    slower = crossover(t, c, units=100, rng=np.random.default_rng(0), resamples=300)
+    assert slower.status == "costs_throughout" and slower.lower is None
+
+
+def test_too_few_requests_for_two_groups_is_too_little_data() -> None:
+    c, t = _known({1: 1.5, 2: 0.8}, 10, seed=3)
+    found = crossover(c, t, units=100, rng=np.random.default_rng(0), min_group=30)
+    assert found.status == "too_little_data" and found.load is None
+
+
+@pytest.fixture(scope="module")
+def true_crossover() -> float:
+    found = crossover_concurrency(
+        SPECULATIVE, BASELINE, low=1, high=64, requests=4000, max_tokens=MAX_TOKENS
+    )
+    assert found is not None
+    return found
+
+
+@pytest.mark.slow
+def test_the_interval_holds_the_emulator_crossover_in_nine_of_ten_runs(
+    true_crossover: float,
+) -> None:
+    """Done means of issue 26 item 3: on the emulator's own (virtual-clock) timings, the CI of
+    the crossover contains the model's true crossover in >= 9 of 10 runs."""
+    hits = 0
+    for run in range(10):
+        control, treatment = emulated_window(run)
+        found = crossover(
+            control, treatment, units=200, rng=np.random.default_rng(run), resamples=500
+        )
+        assert found.status == "ok"
+        lo = found.lower if found.lower is not None else -math.inf
+        hi = found.upper if found.upper is not None else math.inf
+        hits += lo <= true_crossover <= hi
+    assert hits >= 9
