@@ -8,6 +8,7 @@ import pytest
 
 from specproxy.config import (
     Config,
+    RampConfig,
     RoutingConfig,
     ScrapeConfig,
     StatsConfig,
@@ -305,3 +306,25 @@ def test_on_down_is_an_arm_setting_that_defaults_to_failing_open() -> None:
         Config.from_mapping({**ARMS, "speculative": {"on_down": "nope"}})
     with pytest.raises(ConfigError, match="speculative needs exactly one of urls"):
         Config.from_mapping({"baseline_url": "http://b:1", "speculative": {"on_down": "error"}})
+
+
+def test_the_ramp_config_validates_itself() -> None:
+    cfg = Config.from_mapping(
+        {
+            **ARMS,
+            "ramp": {
+                "enabled": True,
+                "schedule": [0.1, 0.5],
+                "dry_run": True,
+                "arms": ["speculative"],
+            },
+        }
+    )
+    assert cfg.ramp.schedule == (0.1, 0.5) and cfg.ramp.arms == ("speculative",)
+    for bad in ([], [0.5, 0.1], [0.0, 0.5], [0.5, 1.5], [True]):
+        with pytest.raises(ConfigError, match=r"ramp\.schedule"):
+            RampConfig(schedule=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"ramp\.min_samples"):
+        RampConfig(min_samples=0)
+    with pytest.raises(ConfigError, match=r"ramp\.min_minutes"):
+        RampConfig(min_minutes=-1)

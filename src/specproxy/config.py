@@ -38,6 +38,7 @@ __all__ = [
     "Config",
     "ControlConfig",
     "OutlierConfig",
+    "RampConfig",
     "RoutingConfig",
     "ScrapeConfig",
     "StatsConfig",
@@ -200,6 +201,38 @@ class ControlConfig:
 
     def __post_init__(self) -> None:
         _check(0 < self.poll_s <= 3600, "control.poll_s", "must be in (0, 3600]")
+
+
+@dataclass(frozen=True, slots=True)
+class RampConfig:
+    """The guarded ramp (`control.ramp`, run by the stats leader after each tick): each treatment
+    arm named in `arms` (empty: every treatment) steps through `schedule`, staying at least
+    `min_samples` usable treatment requests and `min_minutes` at each step, while no guard fails,
+    and is set to 0 at once when one fails. `dry_run`: log and export, write no event."""
+
+    enabled: bool = False
+    schedule: tuple[float, ...] = (0.01, 0.05, 0.25, 0.5)
+    min_samples: int = 1000
+    min_minutes: float = 10.0
+    dry_run: bool = False
+    arms: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("schedule", "arms"):
+            values = getattr(self, key)
+            _check(isinstance(values, (list, tuple)), f"ramp.{key}", "must be a list")
+            object.__setattr__(self, key, tuple(values))
+        steps = self.schedule
+        _check(bool(steps), "ramp.schedule", "must name at least one weight")
+        _check(
+            all(type(w) in (int, float) for w in steps)
+            and all(0.0 < w <= 1.0 for w in steps)
+            and all(steps[i] < steps[i + 1] for i in range(len(steps) - 1)),
+            "ramp.schedule",
+            "must be increasing weights in (0, 1]",
+        )
+        _check(self.min_samples >= 1, "ramp.min_samples", "must be >= 1")
+        _check(self.min_minutes >= 0, "ramp.min_minutes", "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +414,7 @@ class Config:
     speculative: ArmConfig | None = None  # the arm's endpoints; None: from speculative_url
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
+    ramp: RampConfig = field(default_factory=RampConfig)
     model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
     protect_metrics: bool = False  # with an admin token (specproxy.admin), /metrics needs it too
 
@@ -448,6 +482,7 @@ class Config:
             "speculative": ArmConfig,
             "outlier": OutlierConfig,
             "control": ControlConfig,
+            "ramp": RampConfig,
         }
         top: dict[str, Any] = {}
         for key, value in moved_settings(data).items():
