@@ -23,6 +23,8 @@ def test_an_arm_no_guard_set_yet_starts_at_the_first_step() -> None:
     event = guard_event(d, run_id="r", t=1.0)
     assert event is not None and event.who == GUARD and event.weight == 0.01
     assert event.why.startswith("start")
+    # a configured weight that happens to be a step is no step the ramp took
+    assert decide(POLICY, RampPosition("spec", 0.5), now=0.0, guards=[], samples=0).move == "start"
 
 
 def test_it_steps_only_with_enough_samples_and_minutes() -> None:

@@ -1,6 +1,7 @@
 """A guarded-ramp simulation against known-truth synthetic arms, on a virtual clock: one stats
 tick per minute through the real decision code (`control.ramp.decide`, `guards`, the step's
-`stats.rampguard.StepGuard`, `stats.anytime.errorrate`), the events folded as a replica does."""
+`stats.rampguard.StepGuard`, `stats.anytime.errorrate`, both on the current step's minutes
+as `stats.job.ramp` runs them), the events folded as a replica does."""
 
 from __future__ import annotations
 
@@ -84,8 +85,9 @@ def simulate(
 ) -> RampRun:
     run = RampRun()
     arm = "speculative"
-    # alpha split between the two guards: the latency one (over the steps) and the error one
-    guard = StepGuard(alpha=alpha / 2, tolerance=tolerance, steps=len(policy.schedule))
+    # as stats.job.ramp: alpha split between the latency and the error guard, each over the steps
+    steps = len(policy.schedule)
+    guard = StepGuard(alpha=alpha / 2, tolerance=tolerance, steps=steps)
     step: dict[str, list[FloatArray]] = {"c": [], "t": []}
     step_start, basis = 0, -1
     errors: list[UnitErrors] = []
@@ -94,7 +96,7 @@ def simulate(
     for minute in range(minutes):
         pos = RampPosition.of(arm, 0.0, run.events, run_start=0.0)
         if pos.basis != basis:  # a new step: its own time block
-            basis, step_start, step = pos.basis, minute, {"c": [], "t": []}
+            basis, step_start, step, errors = pos.basis, minute, {"c": [], "t": []}, []
         # this minute's traffic at the current share
         load = drifting_load(minute)
         n_t = int(rng.binomial(rate_per_minute, pos.weight))
@@ -117,7 +119,7 @@ def simulate(
             for k in ("c", "t")
         )
         seq = guard.look(c, t, basis=pos.basis, at=now)
-        failing = guards(seq, error_rate_test(errors, alpha=alpha / 2))
+        failing = guards(seq, error_rate_test(errors, alpha=alpha / 2 / steps))
         decision = decide(policy, pos, now=now, guards=failing, samples=t.n)
         run.decisions.append(decision)
         event = guard_event(decision, run_id="sim", t=now)

@@ -59,7 +59,11 @@ def test_a_15x_faster_treatment_reaches_the_final_step() -> None:
     runs = [
         simulate(np.random.default_rng(3000 + i), faster(1.5), policy=POLICY) for i in range(20)
     ]
-    assert all(not r.cut and r.final_weight == 0.5 for r in runs)
+    # every run reaches the final step; a false cut after it (any guard erring, <= alpha over
+    # a run) is allowed once in 20: seen once in 100 (an error-rate crossing at 50%)
+    reached = [any(d.step == 3 for d in r.decisions) for r in runs]
+    assert all(reached)
+    assert sum(r.cut for r in runs) <= 1
     steps = [d.weight for d in runs[0].decisions if d.weight is not None]
     assert steps == [0.01, 0.05, 0.25, 0.5]
 

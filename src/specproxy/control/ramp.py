@@ -14,7 +14,8 @@ Any failing guard while the arm has traffic: `cut` (weight 0, at once). No guard
 step of the schedule, with `min_samples` and `min_minutes` at it: `step` to the next weight.
 Otherwise `hold`, with the reason. A cut is final: the ramp never raises an arm it cut, nor one
 a person set off the schedule (a person resumes by setting a weight on it). The first step is
-the guard's `start` (the arm set to schedule[0]) when no guard event set the arm yet.
+the guard's `start` (the arm set to schedule[0]) while no event about the arm exists yet,
+whatever its configured weight.
 
 Acting once: a decision carries the id of the event it was based on (`basis`). The leader
 writes it only if the arm's newest event is still that one (`Decision.still_valid`), re-read
@@ -41,6 +42,7 @@ __all__ = [
     "decide",
     "guard_event",
     "guards",
+    "step_index",
 ]
 
 GUARD: Final = "guard"  # the `who` of every event the ramp writes
@@ -98,7 +100,8 @@ class Decision:
         return newest_id == self.basis
 
 
-def _index(schedule: Sequence[float], weight: float) -> int | None:
+def step_index(schedule: Sequence[float], weight: float) -> int | None:
+    """The 0-based step of the schedule at `weight` (None: off it)."""
     for i, w in enumerate(schedule):
         if abs(w - weight) <= _EPS:
             return i
@@ -116,7 +119,7 @@ def decide(
     """The ramp's move for one arm; `guards`: the failing guards' reasons (empty: none fails);
     `samples`: the treatment's usable requests since `position.since`."""
     arm, weight, schedule = position.arm, position.weight, policy.schedule
-    at = _index(schedule, weight)
+    at = step_index(schedule, weight)
 
     def hold(why: str) -> Decision:
         return Decision(arm, "hold", None, why, position.basis, at)
@@ -128,10 +131,10 @@ def decide(
         return hold("paused or stopped: the ramp waits")
     if weight <= 0.0 and position.by_guard:
         return hold("cut by the guard: a person restarts the ramp by setting a weight")
+    if position.basis == 0:  # no event about the arm yet: its configured weight is no step
+        why = f"start: weight {schedule[0]:g} (the ramp's first step)"
+        return Decision(arm, "start", schedule[0], why, position.basis, 0)
     if at is None:
-        if not position.by_guard and position.basis == 0:
-            why = f"start: weight {schedule[0]:g} (the ramp's first step)"
-            return Decision(arm, "start", schedule[0], why, position.basis, 0)
         return hold(f"weight {weight:g} was set off the schedule: the ramp holds")
     if at == len(schedule) - 1:
         return hold(f"at the final step ({weight:g})")
