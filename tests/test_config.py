@@ -10,6 +10,7 @@ import pytest
 
 from specproxy.config import (
     Config,
+    RampConfig,
     RoutingConfig,
     ScrapeConfig,
     StatsConfig,
@@ -468,3 +469,27 @@ def test_the_shorthand_tables_keep_role_and_weight_to_themselves() -> None:
         Config.from_mapping(
             {"baseline_url": "http://a:1", "speculative": {"urls": ["http://b:1"], "weight": 3}}
         )
+
+
+def test_the_ramp_config_validates_itself() -> None:
+    cfg = Config.from_mapping(
+        {
+            **ARMS,
+            "ramp": {
+                "enabled": True,
+                "schedule": [0.1, 0.5],
+                "dry_run": True,
+                "arms": ["speculative"],
+            },
+        }
+    )
+    assert cfg.ramp.schedule == (0.1, 0.5) and cfg.ramp.arms == ("speculative",)
+    for bad in ([], [0.5, 0.1], [0.0, 0.5], [0.5, 1.5], [True]):
+        with pytest.raises(ConfigError, match=r"ramp\.schedule"):
+            RampConfig(schedule=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"ramp\.min_samples"):
+        RampConfig(min_samples=0)
+    with pytest.raises(ConfigError, match=r"ramp\.min_minutes"):
+        RampConfig(min_minutes=-1)
+    with pytest.raises(ConfigError, match=r"ramp\.arms names no treatment arm: baseline"):
+        Config.from_mapping({**ARMS, "ramp": {"arms": ["baseline"]}})

@@ -59,6 +59,7 @@ __all__ = [
     "Config",
     "ControlConfig",
     "OutlierConfig",
+    "RampConfig",
     "RoutingConfig",
     "ScrapeConfig",
     "SegmentsConfig",
@@ -321,6 +322,38 @@ class TelemetryConfig:
             "telemetry.access_log_per_s",
             "must be in (0, 100000]",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RampConfig:
+    """The guarded ramp (`control.ramp`, run by the stats leader after each tick): each treatment
+    arm named in `arms` (empty: every treatment) steps through `schedule`, staying at least
+    `min_samples` usable treatment requests and `min_minutes` at each step, while no guard fails,
+    and is set to 0 at once when one fails. `dry_run`: log and export, write no event."""
+
+    enabled: bool = False
+    schedule: tuple[float, ...] = (0.01, 0.05, 0.25, 0.5)
+    min_samples: int = 1000
+    min_minutes: float = 10.0
+    dry_run: bool = False
+    arms: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("schedule", "arms"):
+            values = getattr(self, key)
+            _check(isinstance(values, (list, tuple)), f"ramp.{key}", "must be a list")
+            object.__setattr__(self, key, tuple(values))
+        steps = self.schedule
+        _check(bool(steps), "ramp.schedule", "must name at least one weight")
+        _check(
+            all(type(w) in (int, float) for w in steps)
+            and all(0.0 < w <= 1.0 for w in steps)
+            and all(steps[i] < steps[i + 1] for i in range(len(steps) - 1)),
+            "ramp.schedule",
+            "must be increasing weights in (0, 1]",
+        )
+        _check(self.min_samples >= 1, "ramp.min_samples", "must be >= 1")
+        _check(self.min_minutes >= 0, "ramp.min_minutes", "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -630,6 +663,7 @@ class Config:
     control: ControlConfig = field(default_factory=ControlConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
+    ramp: RampConfig = field(default_factory=RampConfig)
     model_allow: tuple[str, ...] = ()  # `model` label values kept besides the served models
     protect_metrics: bool = False  # with an admin token (specproxy.admin), /metrics needs it too
     # {name: arm} from `[arms.NAME]` tables; None: the two-arm shorthand builds it
@@ -652,6 +686,13 @@ class Config:
         _check(bool(self.run_id.strip()), "run_id", "must not be empty")
         _check(self.max_body_bytes > 0, "max_body_bytes", "must be > 0")
         _check(self.max_event_bytes > 0, "max_event_bytes", "must be > 0")
+        unknown = [name for name in self.ramp.arms if name not in self.treatment_arms]
+        _check(
+            not unknown,
+            "ramp.arms",
+            f"names no treatment arm: {', '.join(unknown)} (treatments:"
+            f" {', '.join(self.treatment_arms)})",
+        )
 
     def _named_arms(self) -> None:
         arms = self.arms
@@ -812,6 +853,7 @@ class Config:
             "control": ControlConfig,
             "telemetry": TelemetryConfig,
             "segments": SegmentsConfig,
+            "ramp": RampConfig,
         }
         top: dict[str, Any] = {}
         moved = moved_settings(data)
