@@ -39,6 +39,7 @@ from specproxy.stats.estimate.samplesize import samples_for_median_change
 from specproxy.stats.queueing import latency_growth
 from specproxy.stats.result import (
     METRICS,
+    Interval,
     Metric,
     MetricResult,
     P99Verdict,
@@ -236,7 +237,7 @@ def speedup_block(
             names[0]: samples_needed(stat, n_c, confidence),
             names[1]: samples_needed(stat, n_t, confidence),
         }
-        shown = found.interval.to_dict()
+        shown = _hull(found.interval.to_dict())
         ok = not any(needed.values())
         note = found.reason
         lo, hi = shown["lower"], shown["upper"]
@@ -365,3 +366,14 @@ def diagnose_metrics(
             queueing=queueing,
         )
     )
+
+
+def _hull(shown: Interval) -> Interval:
+    """The shown interval holds its own estimate: a percentile interval of few, discrete
+    replicates (medians of small samples over few blocks) can lie beside the point estimate, and
+    an interval that excludes the number printed in it reads as a bug. Widening to the estimate
+    only raises coverage."""
+    est, lo, hi = shown["estimate"], shown["lower"], shown["upper"]
+    if est is None or lo is None or hi is None:
+        return shown
+    return {"estimate": est, "lower": min(lo, est), "upper": max(hi, est)}
