@@ -86,9 +86,15 @@ def resolve_vllm_python(explicit: str | None = None) -> Path:
 
 
 def server_args(
-    model_dir: Path, *, port: int, speculative: bool, host: str = "127.0.0.1"
+    model_dir: Path,
+    *,
+    port: int,
+    speculative: bool,
+    host: str = "127.0.0.1",
+    speculative_config: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """The api_server arguments of the fixtures' recipe; the baseline lacks the two spec flags."""
+    """The api_server arguments of the fixtures' recipe; the baseline lacks the two spec flags.
+    `speculative_config` replaces the recipe's n-gram k=4 (another k, for A/B/n)."""
     args = [
         "--model",
         str(model_dir),
@@ -104,7 +110,7 @@ def server_args(
     if speculative:
         args += [
             "--speculative-config",
-            json.dumps(SPECULATIVE_CONFIG, separators=(",", ":")),
+            json.dumps(dict(speculative_config or SPECULATIVE_CONFIG), separators=(",", ":")),
             "--per-request-spec-decode-metrics",
             "summary",
         ]
@@ -145,8 +151,12 @@ class VllmServer:
         port: int = 0,
         module: str = API_SERVER_MODULE,
         extra_env: Mapping[str, str] | None = None,
+        speculative_config: Mapping[str, Any] | None = None,
     ) -> None:
+        """`speculative_config`: a speculative server of any arm name with this config (else
+        the arm named "speculative" gets the recipe's, every other arm none)."""
         self.arm = arm
+        self.speculative_config = dict(speculative_config) if speculative_config else None
         self.python = python
         self.model_dir = model_dir
         self.log_path = log_path
@@ -165,7 +175,11 @@ class VllmServer:
     @property
     def command(self) -> list[str]:
         args = server_args(
-            self.model_dir, port=self.port, speculative=self.arm == "speculative", host=self.host
+            self.model_dir,
+            port=self.port,
+            speculative=self.arm == "speculative" or self.speculative_config is not None,
+            host=self.host,
+            speculative_config=self.speculative_config,
         )
         return [str(self.python), "-m", self.module, *args]
 
