@@ -73,6 +73,7 @@ async def _watch(child: StatsChild) -> None:
 
 async def _inline_job(app: web.Application) -> AsyncIterator[None]:
     from specproxy.stats.job.runner import StatsJob  # numpy: only for an inline job
+    from specproxy.stats.job.settings import ramp_of
 
     cfg = app[CONFIG]
     job = StatsJob(
@@ -84,6 +85,7 @@ async def _inline_job(app: web.Application) -> AsyncIterator[None]:
         model_label=app[FLEET].labels.label if FLEET in app else None,
         control=cfg.control_arm,
         treatments=cfg.treatment_arms,
+        **ramp_of(cfg),
     )
     app[STATS_JOB] = job
     app[STATS] = job.latest

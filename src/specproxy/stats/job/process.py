@@ -36,7 +36,7 @@ from specproxy.fleet.models import parse_models
 from specproxy.scrape.loop import describe_error, fetch_text
 from specproxy.stats.job.leader import leadership_for
 from specproxy.stats.job.runner import StatsJob
-from specproxy.stats.job.settings import StatsSettings, arm_roles
+from specproxy.stats.job.settings import StatsSettings, arm_roles, ramp_of
 from specproxy.store.factory import open_store
 from specproxy.tasks import cancel_and_wait
 
@@ -124,6 +124,7 @@ async def follow(
         model_label=served.label if served is not None else None,
         on_leadership=on_leadership,
         **arm_roles(settings.config),
+        **ramp_of(settings.config),
     )
     try:
         if served is not None:

@@ -20,12 +20,14 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
-from specproxy.config import StatsConfig, WarmupConfig
+from specproxy.config import RampConfig, StatsConfig, WarmupConfig
+from specproxy.metrics import RampMetrics
 from specproxy.records import SHORTHAND_CONTROL, Arm, GpuSample
 from specproxy.stats.anytime.decision import DecisionMemory
 from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.leader import Leadership
+from specproxy.stats.job.ramp import RampJob, RampStore
 from specproxy.stats.job.tick import compute_stats, stored_evidence
 from specproxy.stats.result import StatsResult
 from specproxy.store.contract import StatsStore
@@ -57,9 +59,13 @@ class StatsJob:
         on_leadership: Callable[[bool], None] | None = None,
         control: Arm = SHORTHAND_CONTROL,
         treatments: Sequence[Arm] | None = None,
+        ramp: RampConfig | None = None,
+        ramp_weights: Mapping[str, float] | None = None,
     ) -> None:
         """`control`, `treatments`: the run's arms (`Config.control_arm`, `treatment_arms`;
-        None: every arm in the data but the control)."""
+        None: every arm in the data but the control). `ramp` (when enabled) with `ramp_weights`,
+        each ramped arm's configured weight (`settings.ramp_of`): the guarded ramp runs after
+        every tick this process computes as the leader (`RampJob.after_tick`)."""
         self._control = control
         self._treatments = tuple(treatments) if treatments is not None else None
         self._store = store
@@ -83,6 +89,14 @@ class StatsJob:
         self._task: asyncio.Task[None] | None = None
         if registry is not None:
             register_stats_collector(registry, self.latest, self.is_leader)
+        self._ramp_cfg = ramp if ramp is not None and ramp.enabled and ramp_weights else None
+        self._ramp_weights = dict(ramp_weights or {})
+        self._ramp_metrics = (
+            RampMetrics(registry) if registry is not None and self._ramp_cfg is not None else None
+        )
+        # Before any arm event the ramp reads the run's records since this job began.
+        self._ramp_start = clock()
+        self._ramp: RampJob | None = None  # made on first use: it shares the tick's one thread
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -142,7 +156,42 @@ class StatsJob:
             self.leader = leader
             if self._on_leadership is not None:
                 self._on_leadership(leader)
-        return await self.run_once() if leader else None
+        if not leader:
+            return None
+        result = await self.run_once()
+        await self._after_tick()
+        return result
+
+    def ramp(self) -> RampJob | None:
+        """The guarded ramp this job runs after each tick (None: `[ramp]` is off)."""
+        if self._ramp_cfg is None:
+            return None
+        if self._ramp is None:
+            self._ramp = RampJob(
+                cast(RampStore, self._store),  # every store is also a `store.contract.Control`
+                run_id=self._run_id,
+                policy=self._ramp_cfg,
+                stats_cfg=self._stats_cfg,
+                configured=self._ramp_weights,
+                run_start=self._ramp_start,
+                control=self._control,
+                metrics=self._ramp_metrics,
+                clock=self._clock,
+                executor=self._pool(),  # numpy off the event loop, on the tick's thread
+            )
+        return self._ramp
+
+    async def _after_tick(self) -> None:
+        """The leader's ramp move after a tick; its failure is logged, never the tick's."""
+        ramp = self.ramp()
+        if ramp is None:
+            return
+        try:
+            await ramp.after_tick()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("ramp: the guarded ramp failed; the ticks go on, retrying next one")
 
     async def _recall_stored(self) -> None:
         """On taking the lead, start each window's memory from the run's last stored result

@@ -116,3 +116,13 @@ def arm_roles(config: Config | None) -> dict[str, Any]:
     if config is None:
         return {}
     return {"control": config.control_arm, "treatments": config.treatment_arms}
+
+
+def ramp_of(config: Config | None) -> dict[str, Any]:
+    """`StatsJob`'s `ramp` and `ramp_weights` from a proxy config: each ramped arm
+    (`ramp.arms`, or every treatment) with its configured weight; {} when `[ramp]` is off."""
+    if config is None or not config.ramp.enabled:
+        return {}
+    arms = config.ramp.arms or tuple(config.treatment_arms)
+    weights = {arm: config.arm_config(arm).weight for arm in arms}
+    return {"ramp": config.ramp, "ramp_weights": weights}

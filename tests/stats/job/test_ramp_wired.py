@@ -1,0 +1,138 @@
+"""The guarded ramp wired into the stats leader: with `[ramp] enabled` a config's StatsJob runs the
+ramp after each tick it computes, starts each ramped treatment, steps a healthy one up and cuts a
+slower one to 0 through guard arm events; a follower never ramps, and a ramp failure never stops
+the ticks. Time is a virtual clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from specproxy.config import Config, StoreConfig
+from specproxy.records import Arm
+from specproxy.stats.job.runner import StatsJob
+from specproxy.stats.job.settings import ramp_of
+from specproxy.store.memory import MemoryStore
+from tests.store.conftest import make_record
+
+T0 = 1_700_000_000.0
+DEAD = "http://127.0.0.1:9"
+
+
+def _config(**ramp: object) -> Config:
+    return Config.from_mapping(
+        {
+            "arms": {
+                "base": {"role": "control", "urls": [DEAD]},
+                "good": {"urls": [DEAD], "weight": 0.5},
+                "slow": {"urls": [DEAD], "weight": 0.5},
+            },
+            "ramp": {"enabled": True, "min_samples": 50, "min_minutes": 1, **ramp},
+        }
+    )
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> MemoryStore:
+    st = MemoryStore(StoreConfig(url="memory://", spill_path=str(tmp_path / "spill.jsonl")))
+    await st.start()
+    return st
+
+
+def _job(store: MemoryStore, cfg: Config, now: list[float], **kw: object) -> StatsJob:
+    return StatsJob(
+        store,
+        run_id="run",
+        stats_cfg=cfg.stats,
+        warmup=cfg.warmup,
+        clock=lambda: now[0],
+        control=cfg.control_arm,
+        treatments=cfg.treatment_arms,
+        **ramp_of(cfg),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def _traffic(store: MemoryStore, start: float, n: int) -> None:
+    """Three arms in turn; "slow" takes twice the control's time, "good" the same."""
+    rng = np.random.default_rng(int(start))
+    factor = {"base": 1.0, "good": 1.0, "slow": 2.0}
+    arms = ("base", "good", "slow")
+    for i in range(n):
+        arm = arms[i % 3]
+        e2e = float(rng.lognormal(0.0, 0.3)) * factor[arm]
+        rid = int(start) * 10_000 + i
+        store.record(make_record(rid, arm=Arm(arm), t_start=start + i * 0.02, e2e_s=e2e))
+    await store.flush()
+
+
+def test_ramp_of_is_empty_when_off_and_names_every_treatment_when_on() -> None:
+    assert ramp_of(_config(enabled=False)) == {}
+    assert ramp_of(None) == {}
+    assert ramp_of(_config())["ramp_weights"] == {"good": 0.5, "slow": 0.5}
+    assert ramp_of(_config(arms=["slow"]))["ramp_weights"] == {"slow": 0.5}
+
+
+async def test_the_leader_steps_a_healthy_treatment_up_and_cuts_a_slower_one(
+    store: MemoryStore,
+) -> None:
+    cfg = _config()
+    registry = CollectorRegistry()
+    now = [T0 + 1.0]
+    job = _job(store, cfg, now, registry=registry)
+    await _traffic(store, T0, 60)
+    assert await job.step() is not None  # a tick, then the ramp: both treatments start
+    started = await store.arm_events(run_id="run")
+    assert {(e.arm, e.weight, e.who) for e in started} == {
+        ("good", 0.01, "guard"),
+        ("slow", 0.01, "guard"),
+    }
+    assert registry.get_sample_value("specproxy_ramp_step", {"arm": "good"}) == 1.0
+    t = max(e.t for e in started)
+    now[0] = t + 180.0
+    await _traffic(store, t + 1.0, 6000)
+    await job.step()
+    last = {e.arm: e for e in await store.arm_events(run_id="run")}
+    assert (last["good"].weight, last["good"].who) == (0.05, "guard"), last["good"].why
+    assert (last["slow"].weight, last["slow"].who) == (0.0, "guard")
+    assert last["slow"].why.startswith("cut: ") and "E2E" in last["slow"].why
+    ramp = job.ramp()
+    assert ramp is not None and ramp.last["slow"].move == "cut"
+    assert registry.get_sample_value("specproxy_ramp_step", {"arm": "slow"}) == 0.0
+
+
+class _NotLeader:
+    async def is_leader(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_follower_never_ramps_and_an_off_ramp_is_none(store: MemoryStore) -> None:
+    now = [T0 + 1.0]
+    await _traffic(store, T0, 60)
+    assert await _job(store, _config(), now, leadership=_NotLeader()).step() is None
+    assert await store.arm_events(run_id="run") == []
+    assert _job(store, _config(enabled=False), now).ramp() is None
+
+
+async def test_a_failing_ramp_is_logged_and_the_tick_still_counts(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [T0 + 1.0]
+    job = _job(store, _config(), now)
+    ramp = job.ramp()
+    assert ramp is not None
+
+    async def broken() -> list[object]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ramp, "after_tick", broken)
+    await _traffic(store, T0, 60)
+    assert await job.step() is not None
+    assert job.latest() is not None
+    assert "the guarded ramp failed" in caplog.text
