@@ -59,6 +59,13 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         ({"bogus": 1}, "unknown setting"),
         ({"routing": {"allow_forced_arm": "yes"}}, "true or false"),
         ({"routing": 3}, "must be a table"),
+        # issue 29 item 10: numbers are type-checked, one clear error naming the setting
+        ({"port": 8000.5}, r"^port must be a whole number, got 8000.5$"),
+        ({"port": True}, r"^port must be a number, got True$"),
+        ({"store": {"batch_size": 10.0}}, r"^store.batch_size must be a whole number"),
+        ({"stats": {"windows_s": ["x"]}}, r'^stats.windows_s entries must be seconds or "all"'),
+        ({"stats": {"windows_s": [300, False]}}, r"^stats.windows_s entries .*got False$"),
+        ({"stats": {"windows_s": "300"}}, r"^stats.windows_s must be a list"),
     ],
 )
 def test_bad_config_names_the_setting(data: dict[str, object], needle: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from specproxy import serve
 from specproxy.config import Config
-from specproxy.config_env import env_settings, setting_fields, variable_name
+from specproxy.config_env import NOT_SETTINGS, env_settings, setting_fields, variable_name
 from specproxy.errors import ConfigError
 
 ARMS = {"SPECPROXY_BASELINE_URL": "http://b:1", "SPECPROXY_SPECULATIVE_URL": "http://s:2"}
@@ -212,3 +212,20 @@ def test_a_bad_file_variable_is_one_clear_error(
     environ = {k: str(tmp_path / "f") if v == "FILE" else v for k, v in environ.items()}
     with pytest.raises(ConfigError, match=expected):
         env_settings(environ)
+
+
+def test_a_misspelt_top_level_variable_is_an_error_with_the_nearest_name() -> None:
+    # issue 29 item 10: one underscore where two are needed was silently ignored
+    with pytest.raises(
+        ConfigError, match=r"SPECPROXY_STORE_URL .*did you mean SPECPROXY_STORE__URL"
+    ):
+        env_settings({"SPECPROXY_STORE_URL": "postgresql://db/x"})
+    with pytest.raises(
+        ConfigError, match=r"SPECPROXY_ADMIN_TOKN .*did you mean SPECPROXY_ADMIN_TOKEN"
+    ):
+        env_settings({"SPECPROXY_ADMIN_TOKN": "t"})
+
+
+def test_variables_read_elsewhere_are_left_alone() -> None:
+    environ = {name: "x" for name in NOT_SETTINGS}
+    assert env_settings(environ) == ({}, {})

@@ -983,8 +983,8 @@ def _build(cls: type[_T], data: Mapping[str, Any], *, prefix: str) -> _T:
         raise ConfigError(f"unknown setting(s): {', '.join(names)}")
     values: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "windows_s" and isinstance(value, list):
-            value = tuple(None if (w is None or w in ("all", "run")) else w for w in value)
+        if key == "windows_s":
+            value = _windows(value, prefix + key)
         f = known[key]
         default = f.default if f.default is not dataclasses.MISSING else None
         if isinstance(default, bool) and not isinstance(value, bool):
@@ -994,13 +994,34 @@ def _build(cls: type[_T], data: Mapping[str, Any], *, prefix: str) -> _T:
         not_number = isinstance(value, bool) or not isinstance(value, (int, float))
         if wants_number and value is not None and not_number:
             raise ConfigError(f"{prefix}{key} must be a number, got {value!r}")
+        if f.type in ("int", "int | None") and isinstance(value, float):
+            raise ConfigError(f"{prefix}{key} must be a whole number, got {value!r}")
         if isinstance(default, str) and not isinstance(value, str):
             raise ConfigError(f"{prefix}{key} must be a string, got {value!r}")
         values[key] = value
     try:
         return cls(**values)
     except TypeError as exc:
-        raise ConfigError(f"missing setting(s) in {prefix or 'config'}: {exc}") from exc
+        if "required" in str(exc) or "missing" in str(exc):
+            raise ConfigError(f"missing setting(s) in {prefix or 'config'}: {exc}") from exc
+        raise ConfigError(f"invalid setting in {prefix or 'config'}: {exc}") from exc
+
+
+def _windows(value: object, name: str) -> object:
+    """`stats.windows_s` as the tuple `StatsConfig` takes: seconds, or None for "all"/"run"."""
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list):
+        raise ConfigError(f'{name} must be a list of seconds or "all", got {value!r}')
+    out: list[float | None] = []
+    for w in value:
+        if w is None or w in ("all", "run"):
+            out.append(None)
+        elif isinstance(w, (int, float)) and not isinstance(w, bool):
+            out.append(w)
+        else:
+            raise ConfigError(f'{name} entries must be seconds or "all", got {w!r}')
+    return tuple(out)
 
 
 _SHORTHAND_ARMS: Final = (SHORTHAND_CONTROL, SHORTHAND_TREATMENT)

@@ -22,10 +22,12 @@ Precedence, highest first: command-line flags > environment > config file > defa
 and `name_variable` adds the variable's name to a validation error about a setting it supplied.
 
 A variable naming a setting that moved (`config.MOVED`) still works, as in the file, with a
-warning naming its new place. Other `SPECPROXY_*` variables that are not settings (e.g.
-SPECPROXY_VLLM_PYTHON for the test tier) are left alone when they have no double underscore; a
-`SPECPROXY_<X>__<Y>` variable is always a setting, so a misspelt section or key there is an error
-with the nearest valid name.
+warning naming its new place. The `SPECPROXY_*` variables that are not settings but are read
+elsewhere (`NOT_SETTINGS`: the admin token, the stats child's handed-over config, the fleet
+workers' directory and index, the vLLM test tier's python and cache) are left alone; any other
+`SPECPROXY_*` variable is an error with the nearest valid name, so a typo such as
+SPECPROXY_STORE_URL (one underscore) fails with "did you mean SPECPROXY_STORE__URL?" instead of
+being silently ignored.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from specproxy.errors import ConfigError
 __all__ = [
     "FILE_SUFFIX",
     "MAX_VALUE_FILE_BYTES",
+    "NOT_SETTINGS",
     "PREFIX",
     "env_settings",
     "file_and_env",
@@ -55,6 +58,24 @@ PREFIX = "SPECPROXY_"
 _SEP = "__"
 FILE_SUFFIX = "_file"  # SPECPROXY_STORE__URL_FILE=/run/secrets/url: the value from a file
 MAX_VALUE_FILE_BYTES = 64 * 1024
+# `SPECPROXY_*` variables read outside `Config` (grep the tree for each before adding one here).
+NOT_SETTINGS: frozenset[str] = frozenset(
+    {
+        "SPECPROXY_ADMIN_TOKEN",  # admin.ADMIN_TOKEN_ENV
+        "SPECPROXY_ADMIN_TOKEN_FILE",  # admin.ADMIN_TOKEN_FILE_ENV
+        "SPECPROXY_STATS_CHILD_CONFIG",  # stats.job.settings.CHILD_CONFIG_ENV
+        "SPECPROXY_WORKER_DIR",  # fleet.workers.WORKER_DIR_ENV
+        "SPECPROXY_WORKER_INDEX",  # fleet.workers.WORKER_INDEX_ENV
+        "SPECPROXY_VLLM_PYTHON",  # realvllm.launcher
+        "SPECPROXY_CACHE_DIR",  # realvllm.model_dir
+        # knobs of the test tiers, read by tests/ (a shell that sets them can still serve)
+        "SPECPROXY_HOSTILE_EXAMPLES",
+        "SPECPROXY_KEEP_BENCH_RESULT",
+        "SPECPROXY_NAMESPACE",
+        "SPECPROXY_VLLM_ATTACH",
+        "SPECPROXY_VLLM_LOG_DIR",
+    }
+)
 
 
 def setting_fields() -> dict[str | None, dict[str, Any]]:
@@ -89,7 +110,7 @@ def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, 
     data: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for variable in sorted(environ):
-        if not variable.startswith(PREFIX):
+        if not variable.startswith(PREFIX) or variable in NOT_SETTINGS:
             continue
         rest = variable[len(PREFIX) :].lower()
         raw = environ[variable]
@@ -116,7 +137,7 @@ def env_settings(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, 
         else:
             section, key = None, rest
             if key not in tables[None]:
-                continue  # not a setting (SPECPROXY_VLLM_PYTHON, ...)
+                _unknown(variable, tables)
         value = _parse(variable, raw, _kind(tables, section, key))
         target = data if section is None else data.setdefault(section, {})
         target[key] = value
@@ -204,5 +225,6 @@ def _parse(variable: str, raw: str, kind: Any) -> Any:
 
 
 def _unknown(variable: str, tables: Mapping[str | None, Mapping[str, Any]]) -> typing.NoReturn:
-    candidates = [variable_name(s, k) for s, keys in tables.items() if s is not None for k in keys]
+    candidates = [variable_name(s, k) for s, keys in tables.items() for k in keys]
+    candidates += sorted(NOT_SETTINGS)
     raise ConfigError(f"{variable} is not a specproxy setting{did_you_mean(variable, candidates)}")
