@@ -369,6 +369,29 @@ class Rig:
         return proc, base
 
 
+def profile(rig: Rig, out: Path) -> None:
+    """One serve of the first tree on one core under cProfile, unpaced streams, closed loop."""
+    import pstats
+
+    name, tree = next(iter(rig.trees.items()))
+    port = free_port()
+    upstream = rig.upstream_base("unpaced")
+    cmd = [sys.executable, "-m", "cProfile", "-o", str(out.resolve()), "-m", "specproxy"]
+    cmd += ["serve", "--port", str(port), "--baseline", upstream, "--speculative", upstream]
+    cmd += ["--store", f"sqlite:///{rig.work / 'profile.db'}", "--log-level", "error"]
+    proc = rig.procs.start(cmd, cores(4), env={"PYTHONPATH": str(tree / "src")}, cwd=rig.work)
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base + "/healthz")
+    time.sleep(1.0)
+    conc = rig.args.conc[0]
+    run = rig.wrk.run(base + PATH, lua(rig.work, stream=True), conc, rig.args.seconds)
+    print(f"profiled {name}: unpaced c{conc} {run['rps']:.0f} streams/s", flush=True)
+    rig.procs.stop(proc)  # SIGTERM: serve exits, cProfile writes its file
+    stats = pstats.Stats(str(out))
+    stats.sort_stats("tottime").print_stats(35)
+    stats.sort_stats("cumulative").print_stats(35)
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -497,6 +520,12 @@ def main() -> None:
         "--workers", type=lambda s: [int(x) for x in s.split(",") if x], default=[1, 2, 4, 8]
     )
     parser.add_argument("--json", type=Path, default=Path("faceoff.json"))
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="instead of the face-off: cProfile the first --tree's serve under unpaced streams "
+        "at the first --conc for --seconds, write the pstats here and print the top functions",
+    )
     args = parser.parse_args()
     if args.role == "paced":
         run_paced(args.port, PACE_S)
@@ -523,6 +552,9 @@ def main() -> None:
                   [str(args.prefix / "usr/sbin/nginx")], trees, native)  # fmt: skip
         try:
             rig.start_upstreams()
+            if args.profile is not None:
+                profile(rig, args.profile)
+                return
             single_core(rig, results)
             multi_worker(rig, results)
         finally:
