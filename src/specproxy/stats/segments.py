@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.stats.estimate.blockboot import block_speedup_intervals
-from specproxy.stats.estimate.crossover import Crossover, LoadSample, crossover
+from specproxy.stats.estimate.crossover import LoadSample, crossover
 from specproxy.stats.result import BandSpeedup, Conditions, CrossoverResult
 from specproxy.stats.sample import ArmSample
 
@@ -197,24 +197,6 @@ def _speedup(
     return "ok", finite(shown.estimate), finite(shown.lower), finite(shown.upper)
 
 
-def _crossover_result(found: Crossover) -> CrossoverResult:
-    return {
-        "status": found.status,
-        "load": found.load,
-        "lower": found.lower,
-        "upper": found.upper,
-        "confidence": found.confidence,
-        "observed": list(found.observed) if found.observed is not None else None,
-        "speedup_below": found.below,
-        "speedup_above": found.above,
-        "groups": [
-            {"load": x, "speedup": s, "n": {"control": nc, "treatment": nt}}
-            for x, s, nc, nt in found.groups
-        ],
-        "block_units": found.block_units,
-    }
-
-
 def crossover_words(found: CrossoverResult, metric: str = "TPOT") -> str | None:
     """The crossover as the diagnosis says it: "speculation helps below about 12 concurrent
     requests per engine [9, 15] (TPOT 1.62x), and costs 8% above"."""
@@ -286,7 +268,7 @@ def conditional(
             resamples=resamples,
             confidence=confidence,
         )
-        crossovers[metric] = _crossover_result(found)
+        crossovers[metric] = found.to_dict()
     tpot = crossovers.get("tpot")
     return {
         "statistic": STATISTIC,

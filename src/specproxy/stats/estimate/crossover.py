@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.stats.estimate.blocklength import plan_blocks
+from specproxy.stats.result import CrossoverResult
 
 __all__ = [
     "MIN_GROUP",
@@ -84,7 +85,7 @@ class Crossover:
     groups: tuple[tuple[float, float, int, int], ...]  # (mean load, speedup, n control, n treat)
     block_units: int
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> CrossoverResult:
         return {
             "status": self.status,
             "load": self.load,
