@@ -235,3 +235,19 @@ def test_speedup_band_fills_between_lower_and_upper() -> None:
             o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "upper"
         )
         assert {"id": "custom.fillBelowTo", "value": "lower"} in upper["properties"]
+
+
+def test_speedup_by_band_per_dimension_and_crossover_with_bounds() -> None:
+    """Issue 26 item 5: every dimension and the crossover, each with estimate/lower/upper."""
+    exprs = [expr for _, expr, _ in panel_queries(build_dashboard())]
+    for dimension in ("load", "prompt", "output", "temperature", "category"):
+        for bound in ("estimate", "lower", "upper"):
+            assert any(
+                m.SEGMENT_SPEEDUP in e
+                and f'dimension="{dimension}"' in e
+                and f'bound="{bound}"' in e
+                for e in exprs
+            ), (dimension, bound)
+    for bound in ("estimate", "lower", "upper"):
+        assert any(m.CROSSOVER_LOAD in e and f'bound="{bound}"' in e for e in exprs), bound
+    assert all('arm=~"$arm"' in e for e in exprs if m.SEGMENT_SPEEDUP in e or m.CROSSOVER_LOAD in e)

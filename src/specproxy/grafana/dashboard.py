@@ -390,6 +390,79 @@ def _speedup_over_time_panels() -> list[_Panel]:
     return panels
 
 
+SEGMENT_DIMENSIONS = ("load", "prompt", "output", "temperature", "category")
+# The condition gauges (`stats.segments`) are computed on the whole-run window of all models
+# only, so they follow the Treatment variable but not $model / $window.
+SEGMENT_SELECTOR = 'arm=~"$arm"'
+_BOUNDS = ("estimate", "lower", "upper")
+
+
+def _bound_table(title: str, description: str, exprs: list[str], unit: str, first: str) -> _Panel:
+    """An instant table: one row per series, estimate / lower / upper as columns."""
+    return _Panel(
+        "table",
+        title,
+        description,
+        [_Query(expr, bound, instant=True) for expr, bound in zip(exprs, _BOUNDS, strict=True)],
+        unit=unit,
+        width=8,
+        height=9,
+        defaults={
+            "custom": {"align": "auto", "cellOptions": {"type": "color-text"}},
+            "decimals": 2,
+            "thresholds": _thresholds((None, "red"), (1, "green")),
+        },
+        options={"cellHeight": "sm", "showHeader": True, "sortBy": [{"displayName": first}]},
+        transformations=[
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True},
+                    "renameByName": {
+                        f"Value #{chr(ord('A') + i)}": bound for i, bound in enumerate(_BOUNDS)
+                    },
+                },
+            },
+        ],
+    )
+
+
+def _condition_panels() -> list[_Panel]:
+    """Issue 26 item 5: the median speedup by band of each condition, and the crossover load."""
+    panels = [
+        _bound_table(
+            f"Speedup by {dimension} band",
+            f"Median speedup (control / treatment) in each {dimension} band, per treatment and"
+            " compared metric, with its CI bounds (whole-run window, all models). A band with"
+            " too little data has no row.",
+            [
+                f"max by (arm, metric, band) ({m.SEGMENT_SPEEDUP}{{{SEGMENT_SELECTOR},"
+                f'dimension="{dimension}",bound="{bound}"}})'
+                for bound in _BOUNDS
+            ],
+            "x",
+            "band",
+        )
+        for dimension in SEGMENT_DIMENSIONS
+    ]
+    panels.append(
+        _bound_table(
+            "Crossover load",
+            "Calls in flight per engine at which the treatment stops being faster than the"
+            " control, per treatment and metric, with its bounds; a bound beyond the observed"
+            " range has no value.",
+            [
+                f'max by (arm, metric) ({m.CROSSOVER_LOAD}{{{SEGMENT_SELECTOR},bound="{bound}"}})'
+                for bound in _BOUNDS
+            ],
+            "suffix: req",
+            "arm",
+        )
+    )
+    return panels
+
+
 def _latency_panels() -> list[_Panel]:
     note = (
         " p50 / p90 / p99 from the proxy's histograms summed over proxies (buckets 26% apart,"
@@ -875,6 +948,7 @@ def _arm_annotations() -> list[Json]:
 ROWS: tuple[tuple[str, Callable[[], list[_Panel]]], ...] = (
     ("Verdict", _verdict_panels),
     ("Speedup over time", _speedup_over_time_panels),
+    ("Speedup by condition", _condition_panels),
     ("Latency by arm", _latency_panels),
     ("Speculative decoding", _speculation_panels),
     ("Engines", _engine_panels),
