@@ -326,7 +326,7 @@ class TelemetryConfig:
 
 @dataclass(frozen=True, slots=True)
 class RampConfig:
-    """The guarded ramp (`control.ramp`, run by the stats leader after each tick): each treatment
+    """The guarded ramp (`control.ramp`, run by the stats leader each interval): each treatment
     arm named in `arms` (empty: every treatment) steps through `schedule`, staying at least
     `min_samples` usable treatment requests and `min_minutes` at each step, while no guard fails,
     and is set to 0 at once when one fails. `dry_run`: log and export, write no event."""

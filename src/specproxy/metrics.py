@@ -41,7 +41,6 @@ __all__ = [
     "TOKEN_BUCKETS",
     "VERDICT_STATES",
     "ProxyMetrics",
-    "RampMetrics",
     "fast_increment",
     "fast_observe",
     "histogram_quantile",
@@ -101,7 +100,7 @@ GPU_THERMAL_THROTTLED = "specproxy_gpu_thermal_throttled"  # 1 if any GPU has a 
 # Runtime arm control (`specproxy.control`): what this replica applies now.
 ARM_WEIGHT = "specproxy_arm_weight_ratio"  # gauge{arm}: its share; the baseline gets the rest
 EXPERIMENT_STOPPED = "specproxy_experiment_stopped"  # 1 while the kill switch is on
-# The guarded ramp (control.ramp; the stats leader exports them)
+# The guarded ramp (control.ramp): from the stored result's `ramp`, on every replica
 RAMP_STEP = "specproxy_ramp_step"  # gauge{arm}: 1-based step of the schedule, 0 off it or cut
 RAMP_DECISIONS = "specproxy_ramp_decisions"  # counter -> ..._total{arm,move,dry_run}
 RAMP_MOVES = ("start", "step", "cut")  # the `move` values it counts (holds are not counted)
@@ -322,27 +321,6 @@ class ProxyMetrics:
             "Engine endpoints ejected from an arm's pool after consecutive failures, and "
             f"readmitted by a probe, by arm and event ({', '.join(ENDPOINT_EVENT_KINDS)}).",
             ["arm", "event"],
-            registry=registry,
-        )
-
-
-class RampMetrics:
-    """The guarded ramp's series, on the stats process's registry: the step each ramped arm is
-    at, and its moves (`dry_run="true"`: what it would have done, no event written)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.step = Gauge(
-            RAMP_STEP,
-            "Step of the guarded ramp's schedule each treatment arm is at (1-based; 0: cut by "
-            "the guard, or set off the schedule).",
-            ["arm"],
-            registry=registry,
-        )
-        self.decisions = Counter(
-            RAMP_DECISIONS,
-            "Moves of the guarded ramp: start, step (up the schedule), cut (to 0 on a failing "
-            "guard); dry_run=true: decided and logged, not applied.",
-            ["arm", "move", "dry_run"],
             registry=registry,
         )
 

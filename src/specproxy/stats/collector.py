@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
-from prometheus_client.core import GaugeMetricFamily, Metric, StateSetMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specproxy import metrics as names
@@ -91,6 +96,18 @@ class StatsCollector(Collector):
             names.STATS_DATA_LAG,
             "Age of the newest data the last stats result saw, at the time it was computed.",
         )
+        ramp_step = GaugeMetricFamily(
+            names.RAMP_STEP,
+            "Step of the guarded ramp's schedule each ramped treatment arm is at (1-based; 0: cut"
+            " by a guard, or set off the schedule), as of the ramp's run after the last tick.",
+            labels=["arm"],
+        )
+        ramp_moves = CounterMetricFamily(
+            names.RAMP_DECISIONS,
+            "Moves of the guarded ramp by the current stats leader: start, step (up the"
+            " schedule), cut (to 0 on a failing guard); dry_run=true: decided and logged only.",
+            labels=["arm", "move", "dry_run"],
+        )
         is_leader = self._leader() if self._leader is not None else None
         if is_leader is not None:
             leader = GaugeMetricFamily(
@@ -103,6 +120,11 @@ class StatsCollector(Collector):
         result = self._latest()
         if result is not None:
             last_run.add_metric([], float(result["computed_at"]))
+            for arm, status in result.get("ramp", {}).items():
+                ramp_step.add_metric([arm], float(status["step"]))
+                dry = "true" if status["dry_run"] else "false"
+                for move in names.RAMP_MOVES:
+                    ramp_moves.add_metric([arm, move, dry], float(status["moves"].get(move, 0)))
             lag = result.get("lag_s")
             if lag is not None:
                 data_lag.add_metric([], float(lag))
@@ -117,7 +139,7 @@ class StatsCollector(Collector):
                     for arm, n in counts.items():
                         samples.add_metric([model, window, arm], float(n))
         yield from (speedup, samples, verdict, gate, slowdown, tokens_per_step, break_even)
-        yield from (segment, crossover, last_run, data_lag)
+        yield from (segment, crossover, last_run, data_lag, ramp_step, ramp_moves)
 
 
 def _conditions(

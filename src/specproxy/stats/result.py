@@ -43,6 +43,7 @@ __all__ = [
     "Multiplicity",
     "Outliers",
     "P99Verdict",
+    "RampStatus",
     "RankTests",
     "Reason",
     "Sequential",
@@ -450,6 +451,17 @@ class Settings(TypedDict):
     metrics: NotRequired[dict[str, dict[str, str]]]  # `METRICS`: {name: {column, label, title}}
 
 
+class RampStatus(TypedDict):
+    """One ramped treatment arm in the guarded ramp (`stats.job.ramp`): the leader moves the
+    ramp each interval just before it computes, so a result carries the moves up to its own."""
+
+    step: int  # 1-based step of the schedule the arm is at; 0: cut by a guard, or off it
+    moves: dict[str, int]  # start | step | cut -> how many this leader made (dry_run: decided)
+    dry_run: bool
+    last_move: NotRequired[str]  # the newest decision: start | step | cut | hold
+    last_why: NotRequired[str]
+
+
 class StatsResult(TypedDict):
     """The whole result of one stats run (`GET /api/stats`)."""
 
@@ -463,6 +475,7 @@ class StatsResult(TypedDict):
     lag_s: NotRequired[float | None]  # computed_at - data_horizon
     settings: Settings
     results: dict[str, dict[str, WindowResult]]  # model or "all" -> window label -> result
+    ramp: NotRequired[dict[str, RampStatus]]  # [ramp] enabled: each ramped arm, by name
 
 
 def comparisons_of(window: WindowResult) -> dict[str, WindowComparison]:

@@ -4,6 +4,7 @@ decision overtaken by another writer is dropped."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -11,9 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from specproxy.config import RampConfig, StatsConfig, StoreConfig
 from specproxy.control.events import ArmEvent
-from specproxy.metrics import RampMetrics
 from specproxy.records import Arm
+from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.job.ramp import RampJob
+from specproxy.stats.result import StatsResult
 from specproxy.store.memory import MemoryStore
 from tests.store.conftest import make_record
 
@@ -31,16 +33,21 @@ async def store(tmp_path: Path) -> MemoryStore:
 def _job(
     store: MemoryStore, registry: CollectorRegistry, now: list[float], **policy: object
 ) -> RampJob:
-    return RampJob(
+    """The job, its status exported on `registry` as a stats result carrying it would be."""
+    job = RampJob(
         store,
         run_id="run",
         policy=RampConfig(enabled=True, min_samples=50, min_minutes=1, **policy),  # type: ignore[arg-type]
         stats_cfg=StatsConfig(),
         configured={"speculative": 0.5},
         run_start=T0,
-        metrics=RampMetrics(registry),
         clock=lambda: now[0],
     )
+    register_stats_collector(
+        registry,
+        lambda: cast(StatsResult, {"computed_at": now[0], "results": {}, "ramp": job.status()}),
+    )
+    return job
 
 
 async def _traffic(
@@ -68,7 +75,7 @@ async def test_it_starts_steps_and_cuts_a_slower_treatment(store: MemoryStore) -
     now = [T0 + 1.0]
     job = _job(store, registry, now)
     await _traffic(store, T0, 40, slow=1.0)
-    (start,) = await job.after_tick()
+    (start,) = await job.move()
     assert (start.move, start.weight) == ("start", 0.01)
     (event,) = await store.arm_events(run_id="run")
     assert (event.who, event.action, event.weight) == ("guard", "set", 0.01)
@@ -76,14 +83,14 @@ async def test_it_starts_steps_and_cuts_a_slower_treatment(store: MemoryStore) -
     # the step's traffic (after the start event) is equal: step up after 50 requests and 1 min
     now[0] = event.t + 120.0
     await _traffic(store, event.t + 1.0, 400, slow=1.0)
-    (step,) = await job.after_tick()
+    (step,) = await job.move()
     assert (step.move, step.weight) == ("step", 0.05), step.why
     assert _sample(registry, "specproxy_ramp_step", arm="speculative") == 2.0
     # a treatment twice as slow in the next step is cut, and the cut is an event
     events = await store.arm_events(run_id="run")
     now[0] = events[-1].t + 120.0
     await _traffic(store, events[-1].t + 1.0, 3000, slow=2.0)
-    (cut,) = await job.after_tick()
+    (cut,) = await job.move()
     assert (cut.move, cut.weight) == ("cut", 0.0)
     assert "E2E" in cut.why
     last = (await store.arm_events(run_id="run"))[-1]
@@ -93,7 +100,7 @@ async def test_it_starts_steps_and_cuts_a_slower_treatment(store: MemoryStore) -
     assert _sample(registry, "specproxy_ramp_decisions_total", move="cut", **labels) == 1.0
     # a cut is final
     now[0] += 600.0
-    (after,) = await job.after_tick()
+    (after,) = await job.move()
     assert after.move == "hold" and len(await store.arm_events(run_id="run")) == 3
 
 
@@ -103,7 +110,7 @@ async def test_an_erring_treatment_is_cut(store: MemoryStore) -> None:
     job = _job(store, registry, now, schedule=(0.5,))
     await _traffic(store, T0, 4000, slow=1.0, errors=0.1)
     now[0] = T0 + 400.0
-    (cut,) = await job.after_tick()
+    (cut,) = await job.move()
     assert cut.move == "cut" and "error rate higher" in cut.why
 
 
@@ -111,7 +118,7 @@ async def test_dry_run_writes_nothing_and_counts_what_it_would_do(store: MemoryS
     registry = CollectorRegistry()
     job = _job(store, registry, [T0 + 1.0], dry_run=True)
     await _traffic(store, T0, 20, slow=1.0)
-    (start,) = await job.after_tick()
+    (start,) = await job.move()
     assert start.move == "start"
     assert await store.arm_events(run_id="run") == []
     labels = {"arm": "speculative", "move": "start", "dry_run": "true"}
@@ -137,7 +144,7 @@ async def test_a_decision_overtaken_by_another_write_is_dropped(tmp_path: Path) 
     await store.start()
     job = _job(store, CollectorRegistry(), [T0 + 1.0])
     await _traffic(store, T0, 20, slow=1.0)
-    (start,) = await job.after_tick()
+    (start,) = await job.move()
     assert start.move == "start"
     events = await store.arm_events(run_id="run")
     assert [(e.who, e.weight) for e in events] == [("alice", 0.2)]

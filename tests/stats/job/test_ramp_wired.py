@@ -1,11 +1,12 @@
 """The guarded ramp wired into the stats leader: with `[ramp] enabled` a config's StatsJob runs the
-ramp after each tick it computes, starts each ramped treatment, steps a healthy one up and cuts a
+ramp each interval it computes, starts each ramped treatment, steps a healthy one up and cuts a
 slower one to 0 through guard arm events; a follower never ramps, and a ramp failure never stops
 the ticks. Time is a virtual clock."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -13,8 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from specproxy.config import Config, StoreConfig
 from specproxy.records import Arm
+from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.job.runner import StatsJob
 from specproxy.stats.job.settings import ramp_of
+from specproxy.stats.result import StatsResult
 from specproxy.store.memory import MemoryStore
 from tests.store.conftest import make_record
 
@@ -102,6 +105,23 @@ async def test_the_leader_steps_a_healthy_treatment_up_and_cuts_a_slower_one(
     ramp = job.ramp()
     assert ramp is not None and ramp.last["slow"].move == "cut"
     assert registry.get_sample_value("specproxy_ramp_step", {"arm": "slow"}) == 0.0
+    # the stored result carries the ramp, so a replica that only reads the store exports it
+    stored = await store.latest_stats(run_id="run")
+    assert stored is not None
+    ramp_state = stored[1]["ramp"]
+    assert ramp_state["slow"]["step"] == 0 and ramp_state["slow"]["last_move"] == "cut"
+    assert ramp_state["good"] == {
+        "step": 2,
+        "moves": {"start": 1, "step": 1},
+        "dry_run": False,
+        "last_move": "step",
+        "last_why": ramp.last["good"].why,
+    }
+    replica = CollectorRegistry()
+    register_stats_collector(replica, lambda: cast(StatsResult, stored[1]))
+    cut = {"arm": "slow", "move": "cut", "dry_run": "false"}
+    assert replica.get_sample_value("specproxy_ramp_decisions_total", cut) == 1.0
+    assert replica.get_sample_value("specproxy_ramp_step", {"arm": "good"}) == 2.0
 
 
 class _NotLeader:
@@ -131,7 +151,7 @@ async def test_a_failing_ramp_is_logged_and_the_tick_still_counts(
     async def broken() -> list[object]:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(ramp, "after_tick", broken)
+    monkeypatch.setattr(ramp, "move", broken)
     await _traffic(store, T0, 60)
     assert await job.step() is not None
     assert job.latest() is not None

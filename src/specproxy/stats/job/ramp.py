@@ -1,5 +1,6 @@
-"""The guarded ramp's place in the stats process: after each tick the leader decides each ramped
-arm's move (`control.ramp.decide`) and writes it as an arm event (who = "guard").
+"""The guarded ramp's place in the stats process: each interval, just before its tick, the leader
+decides each ramped arm's move (`control.ramp.decide`) and writes it as an arm event (who =
+"guard").
 
 Why here: the stats process already reads the run's records, is the one leader of the run
 (`stats.job.leader`), and the proxy process must stay free of numpy. Per ramped treatment arm,
@@ -34,11 +35,10 @@ from specproxy.control.ramp import (
     step_index,
 )
 from specproxy.errors import ErrorKind
-from specproxy.metrics import RampMetrics
 from specproxy.records import SHORTHAND_CONTROL, Arm
 from specproxy.stats.anytime.errorrate import UnitErrors, error_rate_test
 from specproxy.stats.rampguard import StepGuard
-from specproxy.stats.result import Sequential
+from specproxy.stats.result import RampStatus, Sequential
 from specproxy.stats.sample import ArmSample
 
 __all__ = ["COLUMNS", "RampJob", "RampStore", "step_inputs"]
@@ -109,7 +109,8 @@ def step_inputs(
 
 class RampJob:
     """The ramp of the run's treatment arms (`configured`: each ramped arm's configured weight;
-    `treatments` the store's arms by name), run by the leader after each tick (`after_tick`)."""
+    `treatments` the store's arms by name), run by the leader each interval before its tick
+    (`move`)."""
 
     def __init__(
         self,
@@ -121,7 +122,6 @@ class RampJob:
         configured: Mapping[str, float],
         run_start: float,
         control: str = SHORTHAND_CONTROL,
-        metrics: RampMetrics | None = None,
         clock: Callable[[], float],
         executor: Executor | None = None,
     ) -> None:
@@ -131,7 +131,6 @@ class RampJob:
         self._configured = dict(configured)
         self._control = control
         self._run_start = run_start
-        self._metrics = metrics
         self._clock = clock
         self._executor = executor
         level = stats_cfg.alpha / 2.0
@@ -142,8 +141,24 @@ class RampJob:
             for arm in configured
         }
         self.last: dict[str, Decision] = {}
+        self._steps: dict[str, int] = {}  # each arm's 1-based step after its last move
+        self._moves: dict[str, dict[str, int]] = {arm: {} for arm in configured}
 
-    async def after_tick(self) -> list[Decision]:
+    def status(self) -> dict[str, RampStatus]:
+        """Each ramped arm that has been decided on: its step and this job's moves, which the
+        stats collector exports (`specproxy_ramp_step`, `specproxy_ramp_decisions_total`)."""
+        out: dict[str, RampStatus] = {}
+        for arm, step in self._steps.items():
+            status = RampStatus(
+                step=step, moves=dict(self._moves[arm]), dry_run=self._policy.dry_run
+            )
+            if arm in self.last:
+                status["last_move"] = self.last[arm].move
+                status["last_why"] = self.last[arm].why
+            out[arm] = status
+        return out
+
+    async def move(self) -> list[Decision]:
         """Decide (and unless dry_run, apply) each ramped arm's move now."""
         out = []
         for arm in self._configured:
@@ -191,7 +206,7 @@ class RampJob:
         dry = self._policy.dry_run
         event = guard_event(decision, run_id=self._run_id, t=self._clock())
         if event is None or dry:
-            self._export_step(decision.arm, step_index(self._policy.schedule, pos.weight))
+            self._set_step(decision.arm, step_index(self._policy.schedule, pos.weight))
         if event is None:
             return
         if dry:
@@ -209,15 +224,12 @@ class RampJob:
                 log.info("ramp: %s's events changed since the decision; dropped", decision.arm)
                 return
             stored = await self._store.add_arm_event(event)
-            self._export_step(decision.arm, decision.step)
+            self._set_step(decision.arm, decision.step)
             log.warning(
                 "ramp: %s %s (event %d): %s", decision.move, decision.arm, stored.id, decision.why
             )
-        if self._metrics is not None:
-            self._metrics.decisions.labels(
-                arm=decision.arm, move=decision.move, dry_run=str(dry).lower()
-            ).inc()
+        moves = self._moves[decision.arm]
+        moves[decision.move] = moves.get(decision.move, 0) + 1
 
-    def _export_step(self, arm: str, step: int | None) -> None:
-        if self._metrics is not None:
-            self._metrics.step.labels(arm=arm).set(0 if step is None else step + 1)
+    def _set_step(self, arm: str, step: int | None) -> None:
+        self._steps[arm] = 0 if step is None else step + 1

@@ -21,7 +21,6 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from specproxy.config import RampConfig, StatsConfig, WarmupConfig
-from specproxy.metrics import RampMetrics
 from specproxy.records import SHORTHAND_CONTROL, Arm, GpuSample
 from specproxy.stats.anytime.decision import DecisionMemory
 from specproxy.stats.collector import register_stats_collector
@@ -65,7 +64,7 @@ class StatsJob:
         """`control`, `treatments`: the run's arms (`Config.control_arm`, `treatment_arms`;
         None: every arm in the data but the control). `ramp` (when enabled) with `ramp_weights`,
         each ramped arm's configured weight (`settings.ramp_of`): the guarded ramp runs after
-        every tick this process computes as the leader (`RampJob.after_tick`)."""
+        every interval this process leads, just before its tick (`RampJob.move`)."""
         self._control = control
         self._treatments = tuple(treatments) if treatments is not None else None
         self._store = store
@@ -91,9 +90,6 @@ class StatsJob:
             register_stats_collector(registry, self.latest, self.is_leader)
         self._ramp_cfg = ramp if ramp is not None and ramp.enabled and ramp_weights else None
         self._ramp_weights = dict(ramp_weights or {})
-        self._ramp_metrics = (
-            RampMetrics(registry) if registry is not None and self._ramp_cfg is not None else None
-        )
         # Before any arm event the ramp reads the run's records since this job began.
         self._ramp_start = clock()
         self._ramp: RampJob | None = None  # made on first use: it shares the tick's one thread
@@ -113,9 +109,10 @@ class StatsJob:
 
     async def run_once(self) -> StatsResult:
         """Compute now, publish, append to the store's history, then compact the run's closed
-        rollups (the leader's chore). Compaction comes last so it never delays a result: once a
-        minute it folds that minute's ~70k fine rows at 1k req/s (0.5-0.8 s), and the next
-        tick's incremental read picks up the blocks it wrote."""
+        rollups (the leader's chore). With `[ramp]` the result carries the ramp's state
+        (`RampJob.status`), as `step` left it just before. Compaction comes last so it never
+        delays a result: once a minute it folds that minute's ~70k fine rows at 1k req/s
+        (0.5-0.8 s), and the next tick's incremental read picks up the blocks it wrote."""
         result = await compute_stats(
             self._store,
             run_id=self._run_id,
@@ -130,6 +127,8 @@ class StatsJob:
             control=self._control,
             treatments=self._treatments,
         )
+        if self._ramp is not None:  # its moves so far, exported by every replica's collector
+            result["ramp"] = self._ramp.status()
         self._latest = result
         try:
             await self._store.write_stats(
@@ -158,12 +157,11 @@ class StatsJob:
                 self._on_leadership(leader)
         if not leader:
             return None
-        result = await self.run_once()
-        await self._after_tick()
-        return result
+        await self._ramp_move()  # first, so the result this tick stores carries its state
+        return await self.run_once()
 
     def ramp(self) -> RampJob | None:
-        """The guarded ramp this job runs after each tick (None: `[ramp]` is off)."""
+        """The guarded ramp this job runs each interval, before the tick (None: `[ramp]` is off)."""
         if self._ramp_cfg is None:
             return None
         if self._ramp is None:
@@ -175,19 +173,19 @@ class StatsJob:
                 configured=self._ramp_weights,
                 run_start=self._ramp_start,
                 control=self._control,
-                metrics=self._ramp_metrics,
                 clock=self._clock,
                 executor=self._pool(),  # numpy off the event loop, on the tick's thread
             )
         return self._ramp
 
-    async def _after_tick(self) -> None:
-        """The leader's ramp move after a tick; its failure is logged, never the tick's."""
+    async def _ramp_move(self) -> None:
+        """The leader's ramp move each interval, before the tick (the ramp reads the records
+        itself, not the tick's result); its failure is logged, never the tick's."""
         ramp = self.ramp()
         if ramp is None:
             return
         try:
-            await ramp.after_tick()
+            await ramp.move()
         except asyncio.CancelledError:
             raise
         except Exception:
