@@ -22,13 +22,16 @@ RUN pip wheel --wheel-dir /wheels ".[postgres]"
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
 ARG REVISION=unknown
+# PLACEHOLDER: the project's public home (specproxy.deploy.manifests.PROJECT_URL); a fork builds
+# with --build-arg SOURCE_URL=https://github.com/<you>/specproxy
+ARG SOURCE_URL=https://github.com/specproxy/specproxy
 LABEL org.opencontainers.image.title="specproxy" \
       org.opencontainers.image.description="A/B proxy that proves (or disproves) speculative-decoding speedups on live vLLM traffic" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.source="https://github.com/specproxy/specproxy" \
-      org.opencontainers.image.documentation="https://github.com/specproxy/specproxy#deploy"
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      org.opencontainers.image.documentation="${SOURCE_URL}#deploy"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

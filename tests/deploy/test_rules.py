@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from specproxy import metrics
+from specproxy.deploy.manifests import RUNBOOK_BASE
 from specproxy.grafana.dashboard import DASHBOARD_UID
 from specproxy.stats.diagnosis import BANDWIDTH_SATURATED, THERMAL_THROTTLE_SHARE
 from tests.deploy.rulefiles import (
@@ -36,7 +37,6 @@ REQUIRED_ALERTS = {
 SEVERITIES = ("critical", "warning", "info")
 ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
 RUNBOOKS = REPO / "docs" / "runbooks.md"
-RUNBOOK_BASE = "https://github.com/specproxy/specproxy/blob/main/docs/runbooks.md"
 
 
 def _promtool(*args: str, cwd: Path = PROMETHEUS_DIR) -> subprocess.CompletedProcess[str]:
