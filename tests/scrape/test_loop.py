@@ -416,3 +416,11 @@ async def test_engine_load_is_the_endpoint_latest_scrape(rig: Rig) -> None:
     rig.spec.status = 500
     await rig.scraper.scrape_once()  # the endpoint is down: its old load is no condition now
     assert rig.scraper.engine_load(SHORTHAND_TREATMENT, url) == (None, None)
+
+
+def test_next_wait_keeps_parsing_under_its_share_of_a_core() -> None:
+    assert scrape_loop.next_wait(5.0, 0.01) == 5.0  # a real page: the configured interval
+    assert scrape_loop.next_wait(5.0, 0.5) == pytest.approx(10.0)  # 0.5 s of CPU at 5 %
+    assert scrape_loop.next_wait(0.2, 1.0, share=0.5) == pytest.approx(2.0)
+    for cpu in (0.0, 0.1, 0.7, 3.0):
+        assert cpu / scrape_loop.next_wait(1.0, cpu) <= scrape_loop.CPU_SHARE + 1e-12

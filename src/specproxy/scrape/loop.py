@@ -17,6 +17,13 @@ down, is handed to the recorder as an `EngineSample`, so the store holds the eng
 next to the requests it served. Parsing runs in a worker thread: a page with many data-parallel
 engines takes milliseconds to parse (benchmarks/bench_scrape.py), time the proxy's event loop
 owes to the requests it is streaming.
+
+Scraping is bounded in what it costs the proxy, not only in bytes. A worker thread still holds
+the GIL while it parses, so a huge page slows every stream (a 13.6 MB page every 5 s took a core
+and the clients' p50 from 7 to 55 ms). A page is refused above `MAX_BODY_BYTES` (4 MiB: a real
+vLLM page is ~55 kB per engine, so ~70 engines in one page), and the parsing CPU of each round
+(`time.thread_time` in the worker) sets the wait before the next one: at most `CPU_SHARE` (5 %)
+of one core goes to parsing (`next_wait`); the stretch is logged when it starts and ends.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 import aiohttp
 
@@ -40,16 +48,38 @@ from specproxy.tasks import cancel_and_wait
 
 __all__ = [
     "BALANCED_WARNING",
+    "CPU_SHARE",
     "MAX_BODY_BYTES",
     "ArmState",
     "EngineScraper",
     "describe_error",
     "fetch_text",
+    "next_wait",
 ]
 
 logger = logging.getLogger("specproxy.scrape")
 
-MAX_BODY_BYTES = 16 * 1024 * 1024  # a real /metrics page is ~100 kB; more is not vLLM
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024  # a real vLLM page is ~55 kB per engine
+CPU_SHARE: Final = 0.05  # of one core, the most the scrape rounds' parsing may take
+
+
+def next_wait(interval_s: float, parse_cpu_s: float, share: float = CPU_SHARE) -> float:
+    """Seconds from one round's start to the next: `interval_s`, stretched so that the round's
+    parsing CPU is at most `share` of the time (a 0.5 s parse at 5 %: 10 s)."""
+    return max(interval_s, parse_cpu_s / share)
+
+
+def _parse_timed(text: str, t: float) -> tuple[EngineSnapshot | ScrapeError, float]:
+    """`parse_metrics` (or why the text is no vLLM page) and the CPU time it took in this
+    (worker) thread: a page that fails to parse costs as much as one that parses."""
+    start = time.thread_time()
+    try:
+        result: EngineSnapshot | ScrapeError = parse_metrics(text, t=t)
+    except ScrapeError as exc:
+        result = exc
+    return result, time.thread_time() - start
+
+
 # Logged once per URL (`aggregate.ArmAggregate.newly_balanced`), with the arm and the URL.
 BALANCED_WARNING = (
     "engine %s: %s answers from more than one engine process (a load-balanced address, such as"
@@ -106,6 +136,8 @@ class EngineScraper:
             arm: ArmState(arm, endpoints=self._aggregates[arm].endpoints) for arm in arms
         }
         self._task: asyncio.Task[None] | None = None
+        self._round_cpu_s = 0.0  # parsing CPU of the round in progress
+        self.wait_s = config.scrape.interval_s  # the wait the last round set (`next_wait`)
 
     @property
     def states(self) -> Mapping[Arm, ArmState]:
@@ -143,10 +175,27 @@ class EngineScraper:
         interval = self._config.scrape.interval_s
         next_at = loop.time()
         while True:
+            self._round_cpu_s = 0.0
             await self.scrape_once()
+            self._set_wait(next_wait(interval, self._round_cpu_s), interval)
             # Fixed-rate schedule: a slow scrape does not push every later one back.
-            next_at = max(next_at + interval, loop.time())
+            next_at = max(next_at + self.wait_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
+
+    def _set_wait(self, wait_s: float, interval_s: float) -> None:
+        stretched, was = wait_s > interval_s, self.wait_s > interval_s
+        if stretched and not was:
+            logger.warning(
+                "scrape: parsing the engines' /metrics took %.2f s of CPU: scraping every %.1f s"
+                " instead of %g s, so it takes at most %d%% of a core from the requests",
+                self._round_cpu_s,
+                wait_s,
+                interval_s,
+                round(CPU_SHARE * 100),
+            )
+        elif was and not stretched:
+            logger.info("scrape: back to every %g s", interval_s)
+        self.wait_s = wait_s
 
     async def _scrape_arm(self, arm: Arm) -> EngineSample:
         state = self._states[arm]
@@ -177,7 +226,11 @@ class EngineScraper:
         """The endpoint's snapshot, or why it could not be read."""
         try:
             text = await self._fetch(arm, url + "/metrics")
-            return await asyncio.to_thread(parse_metrics, text, t=t)
+            result, cpu_s = await asyncio.to_thread(_parse_timed, text, t)
+            self._round_cpu_s += cpu_s
+            if isinstance(result, ScrapeError):
+                raise result
+            return result
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the loop must survive anything a remote server sends
