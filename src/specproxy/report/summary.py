@@ -31,6 +31,7 @@ __all__ = [
     "ARMS",
     "METRICS",
     "STATISTICS",
+    "arm_comparison",
     "arm_figures",
     "arm_rows",
     "arms_of",
@@ -91,7 +92,7 @@ def comparison_of(window: WindowResult, treatment: str) -> WindowComparison:
     return comparisons_of(window).get(treatment, window)
 
 
-def _holding(window: WindowResult, arm: str) -> WindowComparison:
+def arm_comparison(window: WindowResult, arm: str) -> WindowComparison:
     """The comparison an arm's own figures are read from: a treatment's, the control's from the
     first treatment's (the window itself)."""
     control, _ = arms_of(window)
@@ -105,7 +106,7 @@ def arm_rows(result: StatsResult | None) -> list[tuple[str, ...]]:
         return []
     rows: list[tuple[str, ...]] = []
     for arm in shown_arms(window):
-        held = _holding(window, arm)
+        held = arm_comparison(window, arm)
         metrics = held["metrics"]
         e2e = metrics["e2e"]["summary"].get(arm, {})
         engine = held["engine"].get(arm)
@@ -127,7 +128,7 @@ def arm_rows(result: StatsResult | None) -> list[tuple[str, ...]]:
 def arm_figures(window: WindowResult, arm: str) -> dict[str, Any]:
     """One arm's raw figures as the per-arm tables show them (n, E2E median/P90/P99, TTFT and
     TPOT medians, acceptance rate and length), read from the comparison holding the arm."""
-    held = _holding(window, arm)
+    held = arm_comparison(window, arm)
     metrics = held["metrics"]
     e2e = metrics["e2e"]["summary"].get(arm, {})
     engine = held["engine"].get(arm)
