@@ -39,6 +39,7 @@ __all__ = [
     "best_line",
     "comparison_of",
     "condition_rows",
+    "conditions_of",
     "crossover_text",
     "diagnosis_lines",
     "fmt_ci",
@@ -90,6 +91,14 @@ def shown_arms(window: WindowResult) -> list[str]:
 def comparison_of(window: WindowResult, treatment: str) -> WindowComparison:
     """One treatment's comparison with the control (the first treatment's is the window's)."""
     return comparisons_of(window).get(treatment, window)
+
+
+def conditions_of(window: WindowResult, treatment: str) -> Conditions | None:
+    """A treatment's speedups by condition and crossover (None: the window has none)."""
+    many = window.get("comparisons") or {}
+    if treatment in many:
+        return many[treatment].get("conditions")
+    return window.get("conditions")
 
 
 def arm_comparison(window: WindowResult, arm: str) -> WindowComparison:
