@@ -37,6 +37,7 @@ from specproxy.report.summary import (
     best_line,
     comparison_of,
     condition_rows,
+    conditions_of,
     crossover_text,
     fmt_ci,
     fmt_ms,
@@ -221,7 +222,7 @@ def _check_conditions(dom: _Dom, window: Any) -> None:
     _, treatments = arms_of(window)
     shown_any = False
     for treatment in treatments:
-        conditions = comparison_of(window, treatment).get("conditions")
+        conditions = conditions_of(window, treatment)
         if not conditions:
             assert not dom.find(**{"class": "segments", "data_treatment": treatment})
             continue
