@@ -194,7 +194,13 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     seq = window["metrics"]["e2e"]["sequential"]
     assert seq is not None and window["metrics"]["e2e"]["verdict"] == "faster"
     assert "median" in seq.get("decided_by", [])
-    assert re.search(r"data-metric='e2e'>E2E<b>faster</b><small>by [^<]*median</small>", html)
+    assert re.search(
+        r"data-metric='e2e' data-treatment='speculative'>E2E<b>faster</b>"
+        r"<small>by [^<]*median</small>",
+        html,
+    )
+    # two arms read as they always did: no best line, no per-treatment headings
+    assert "id='best'" not in html and "<h3" not in html
     for section in ("Verdicts", "Speedups", "Per arm", "Diagnosis", "Methodology"):
         assert f"<h2>{section}" in html
     assert "500 resamples" in html and f"first {WARMUP} successful requests per arm" in html

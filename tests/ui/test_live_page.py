@@ -3,7 +3,9 @@
 Chromium loads GET /ui, runs the page's script (`--virtual-time-budget`) and dumps the DOM; the
 test parses the numbers shown and compares them, value by value and as formatted text, with the
 /api/stats result the page rendered (matched by `computed_at`). A screenshot is saved under
-artifacts/ui/ for people to look at.
+artifacts/ui/ for people to look at. A second test serves a three-arm result (A/B/n, from the
+stats pipeline on a synthetic run, `tests.report.abn`): every treatment's comparison, the best
+line and the speedups by condition are checked the same way.
 """
 
 from __future__ import annotations
@@ -11,26 +13,44 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
 import pytest
+from aiohttp import web
+from pytest_aiohttp import AiohttpServer
 from rich.console import Console
 
+from specproxy.appkeys import CONFIG, STORE
+from specproxy.config import Config, StoreConfig
 from specproxy.demo.runner import DemoOptions, run_demo
 from specproxy.report.summary import (
     ARMS,
     METRICS,
     STATISTICS,
+    arm_figures,
+    arms_of,
+    band_text,
+    best_line,
+    comparison_of,
+    condition_rows,
+    conditions_of,
+    crossover_text,
     fmt_ci,
     fmt_ms,
     fmt_ratio,
     main_window,
+    shown_arms,
 )
-from specproxy.stats.result import StatsResult
+from specproxy.stats.result import StatsResult, to_json
+from specproxy.store.memory import MemoryStore
+from specproxy.ui import add_ui_routes
 from tests.conftest import require_binary
+from tests.report import abn
+from tests.report.abn import three_arm_result
 
 pytestmark = pytest.mark.slow
 
@@ -116,49 +136,32 @@ def _check(dom: _Dom, result: StatsResult) -> None:
     at = datetime.datetime.fromtimestamp(float(result["computed_at"]), datetime.UTC)
     ((_, status),) = dom.find(id="status")
     assert f"stats computed at {at.strftime('%Y-%m-%dT%H:%M:%SZ')}," in status, status
-    metrics = window["metrics"]
-    for arm in ARMS:
+    arms = [a["data-arm"] for tag, a, _ in dom.elements if tag == "tr" and "data-arm" in a]
+    assert arms == shown_arms(window)  # the treatments, then the control
+    for arm in arms:
         row = {a["data-field"]: (a["data-value"], text) for a, text in _row_cells(dom, arm)}
-        e2e = metrics["e2e"]["summary"][arm]
+        f = arm_figures(window, arm)
+        rate = f["acceptance_rate"]
         expected = {
-            "n": (metrics["e2e"]["n"][arm], str(metrics["e2e"]["n"][arm])),
-            "e2e_median": (e2e["median"], fmt_ms(e2e["median"])),
-            "e2e_p99": (e2e["p99"], fmt_ms(e2e["p99"])),
-            "ttft_median": (
-                metrics["ttft"]["summary"][arm]["median"],
-                fmt_ms(metrics["ttft"]["summary"][arm]["median"]),
-            ),
-            "tpot_median": (
-                metrics["tpot"]["summary"][arm]["median"],
-                fmt_ms(metrics["tpot"]["summary"][arm]["median"]),
-            ),
+            "n": (f["n"], str(f["n"])),
+            "e2e_median": (f["e2e_median"], fmt_ms(f["e2e_median"])),
+            "e2e_p99": (f["e2e_p99"], fmt_ms(f["e2e_p99"])),
+            "ttft_median": (f["ttft_median"], fmt_ms(f["ttft_median"])),
+            "tpot_median": (f["tpot_median"], fmt_ms(f["tpot_median"])),
+            "acceptance_rate": (rate, f"{rate:.1%}" if rate is not None else "-"),
         }
-        engine = window["engine"].get(arm)
-        rate = engine["acceptance_rate"] if engine is not None else None
-        expected["acceptance_rate"] = (rate, f"{rate:.1%}" if rate is not None else "-")
         for field, (value, text) in expected.items():
             shown_value, shown_text = row[field]
             assert _same(shown_value, value), (arm, field, shown_value, value)
             assert shown_text == text, (arm, field, shown_text, text)
-    for metric in METRICS:
-        ((attrs, box),) = [
-            (a, t) for a, t in dom.find(data_metric=metric) if "verdict" in a.get("class", "")
-        ]
-        assert box.endswith(metrics[metric]["verdict"])
-        seq = metrics[metric]["sequential"]
-        assert attrs["data-decided-by"] == ", ".join(seq.get("decided_by", []) if seq else [])
-        for stat in STATISTICS:
-            block = metrics[metric]["speedup"][stat]
-            (cell,) = dom.find(data_metric=metric, data_stat=stat)
-            assert cell[0]["data-status"] == block["status"]
-            if block["status"] == "ok":
-                (est,) = _inside(dom, metric, stat, "estimate")
-                assert _same(est[0]["data-value"], block["estimate"])
-                assert est[1] == fmt_ratio(block["estimate"])
-                (ci,) = _inside(dom, metric, stat, "ci")
-                assert _same(ci[0]["data-lower"], block["lower"])
-                assert _same(ci[0]["data-upper"], block["upper"])
-                assert ci[1] == fmt_ci(block)
+    control, treatments = arms_of(window)
+    headings = [t for tag, _, t in dom.elements if tag == "h3"]
+    if len(treatments) == 1:
+        assert not headings  # two arms: the page as it always was
+    for treatment in treatments:
+        _check_comparison(dom, window, treatment)
+    _check_best(dom, window)
+    _check_conditions(dom, window)
     # The page takes its columns and labels from the result's settings, not from a copy.
     settings = result["settings"]
     assert settings.get("statistics") == list(STATISTICS)
@@ -167,11 +170,107 @@ def _check(dom: _Dom, result: StatsResult) -> None:
     assert headers[: 1 + len(STATISTICS)] == ["metric", *STATISTICS]
     options = [(a["value"], "".join(t).strip()) for tag, a, t in dom.elements if tag == "option"]
     assert options[: len(METRICS)] == list(METRICS.items())  # the chart's metric picker
-    (summary,) = [t for a, t in dom.find(id="diagnosis-summary")]
-    assert summary == f"diagnosis: {window['diagnosis']['summary']}"
+    ((_, ratio),) = dom.find(id="speedups-ratio")
+    assert ratio.startswith(f"{control} / ")
 
 
-def _check_charts(dom: _Dom, history: list[dict[str, Any]]) -> None:
+def _check_comparison(dom: _Dom, window: Any, treatment: str) -> None:
+    """One treatment's verdicts, speedups and diagnosis, as its comparison says."""
+    metrics = comparison_of(window, treatment)["metrics"]
+    for metric in METRICS:
+        ((attrs, box),) = [
+            (a, t)
+            for a, t in dom.find(data_metric=metric, data_treatment=treatment)
+            if "verdict" in a.get("class", "")
+        ]
+        assert box.endswith(metrics[metric]["verdict"])
+        seq = metrics[metric]["sequential"]
+        assert attrs["data-decided-by"] == ", ".join(seq.get("decided_by", []) if seq else [])
+        for stat in STATISTICS:
+            block = metrics[metric]["speedup"][stat]
+            (cell,) = dom.find(data_metric=metric, data_stat=stat, data_treatment=treatment)
+            assert cell[0]["data-status"] == block["status"]
+            if block["status"] == "ok":
+                (est,) = _inside(dom, metric, stat, "estimate", treatment)
+                assert _same(est[0]["data-value"], block["estimate"])
+                assert est[1] == fmt_ratio(block["estimate"])
+                (ci,) = _inside(dom, metric, stat, "ci", treatment)
+                assert _same(ci[0]["data-lower"], block["lower"])
+                assert _same(ci[0]["data-upper"], block["upper"])
+                assert ci[1] == fmt_ci(block)
+    summary = comparison_of(window, treatment)["diagnosis"]["summary"]
+    ((_, shown),) = dom.find(**{"class": "diagnosis", "data_treatment": treatment})
+    assert shown == f"diagnosis: {summary}"
+
+
+def _check_best(dom: _Dom, window: Any) -> None:
+    """The best line says what summary.best_line says; absent with one treatment."""
+    ((attrs, _),) = dom.find(id="best")
+    line = best_line(window)
+    if line is None:
+        assert "hidden" in attrs
+        return
+    assert "hidden" not in attrs and attrs["data-state"] == window["best"]["state"]
+    ((_, shown),) = dom.find(**{"class": "best-line"})
+    assert shown == line
+    ((_, reason),) = dom.find(**{"class": "sub best-reason"})
+    assert reason == window["best"]["reason"]
+
+
+def _check_conditions(dom: _Dom, window: Any) -> None:
+    """Each treatment's crossovers and band speedups, value by value and as text."""
+    _, treatments = arms_of(window)
+    shown_any = False
+    for treatment in treatments:
+        conditions = conditions_of(window, treatment)
+        if not conditions:
+            assert not dom.find(**{"class": "segments", "data_treatment": treatment})
+            continue
+        shown_any = True
+        for metric, found in conditions["crossover"].items():
+            ((attrs, text),) = [
+                (a, t)
+                for tag, a, t in dom.elements
+                if tag == "li"
+                and a.get("data-treatment") == treatment
+                and a.get("data-metric") == metric
+            ]
+            assert "".join(text).strip() == f"{METRICS[metric]} crossover: {crossover_text(found)}"
+            assert attrs["data-status"] == found["status"]
+            assert _same(attrs["data-load"], found["load"])
+        for dim, band, cells in condition_rows(conditions):
+            for metric, found_band in cells.items():
+                (cell,) = dom.find(
+                    data_treatment=treatment, data_dimension=dim, data_band=band, data_metric=metric
+                )
+                assert cell[0]["data-status"] == found_band["status"]
+                estimate, ci = band_text(found_band)
+                assert cell[1] == f"{estimate}{ci}", (treatment, dim, band, metric)
+                (value,) = _band_spans(dom, treatment, dim, band, metric)
+                assert _same(value, found_band["speedup"])
+    (section,) = [a for a, _ in dom.find(id="conditions-section")]
+    assert ("hidden" in section) == (not shown_any)
+
+
+def _band_spans(dom: _Dom, treatment: str, dim: str, band: str, metric: str) -> list[str]:
+    out: list[str] = []
+    inside = False
+    for tag, attrs, _ in dom.elements:
+        if tag == "td":
+            inside = (
+                attrs.get("data-treatment") == treatment
+                and attrs.get("data-dimension") == dim
+                and attrs.get("data-band") == band
+                and attrs.get("data-metric") == metric
+            )
+        elif inside and tag == "span" and attrs.get("class") == "estimate":
+            out.append(attrs["data-value"])
+    return out
+
+
+def _check_charts(
+    dom: _Dom, history: list[dict[str, Any]], arms: list[str] | tuple[str, ...] = ARMS
+) -> None:
     """The SVG charts drew the stored history: a CI band and estimate line, four latency lines."""
     (charts,) = [a for a, _ in dom.find(id="charts")]
     assert int(charts["data-history"]) >= 1
@@ -189,7 +288,7 @@ def _check_charts(dom: _Dom, history: list[dict[str, Any]]) -> None:
         for tag, a, _ in dom.elements
         if tag == "path" and "arm" in a.get("class", "")
     }
-    assert lines == {f"{arm} {stat}" for arm in ARMS for stat in ("median", "p99")}
+    assert lines == {f"{arm} {stat}" for arm in arms for stat in ("median", "p99")}
     assert any("design split" in t for _, t in dom.find(**{"class": "design"}))
 
 
@@ -205,12 +304,18 @@ def _row_cells(dom: _Dom, arm: str) -> list[tuple[dict[str, str], str]]:
     return out
 
 
-def _inside(dom: _Dom, metric: str, stat: str, cls: str) -> list[tuple[dict[str, str], str]]:
+def _inside(
+    dom: _Dom, metric: str, stat: str, cls: str, treatment: str
+) -> list[tuple[dict[str, str], str]]:
     out: list[tuple[dict[str, str], str]] = []
     inside = False
     for tag, attrs, text in dom.elements:
         if tag == "td":
-            inside = attrs.get("data-metric") == metric and attrs.get("data-stat") == stat
+            inside = (
+                attrs.get("data-metric") == metric
+                and attrs.get("data-stat") == stat
+                and attrs.get("data-treatment") == treatment
+            )
         elif inside and tag == "span" and attrs.get("class") == cls:
             out.append((attrs, "".join(text).strip()))
     return out
@@ -278,3 +383,66 @@ async def test_live_page_shows_api_stats(tmp_path: Path) -> None:
         (ARTIFACTS / "live_page_stats.json").write_text(json.dumps(after, indent=2))
     outcome = await run
     assert outcome.final_stats is not None
+
+
+async def test_live_page_shows_every_arm_of_a_three_arm_result(
+    tmp_path: Path, aiohttp_server: AiohttpServer
+) -> None:
+    """A/B/n: the page lists the three arms, a comparison per treatment, the best line and each
+    treatment's speedups by condition, exactly as /api/stats says them."""
+    chromium = require_binary("chromium", "chromium-browser", "google-chrome")
+    result = await three_arm_result()
+    window = main_window(result)
+    assert window is not None and window["treatments"] == list(abn.TREATMENTS)
+    assert best_line(window) is not None  # the fixture's run has a best line to show
+    assert all(c.get("conditions") for c in window["comparisons"].values())
+    store = MemoryStore(StoreConfig(url="memory://"), run_id=abn.RUN)
+    await store.start()
+    stored = cast(dict[str, Any], result)
+    await store.write_stats(run_id=abn.RUN, t=time.time() - 5, result=stored)
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.Response(body=to_json(result).encode(), content_type="application/json")
+
+    app = web.Application()
+    app[CONFIG] = Config(baseline_url="http://b", speculative_url="http://s", run_id=abn.RUN)
+    app[STORE] = store
+    app.router.add_get("/api/stats", stats)
+    add_ui_routes(app)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        dom_text = await _chromium(
+            chromium,
+            tmp_path / "profile",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            f"{url}/ui?interval=30",
+        )
+        dom = _Dom()
+        dom.feed(dom_text)
+        (body,) = [a for tag, a, _ in dom.elements if tag == "body"]
+        assert body.get("data-computed-at") == repr(result["computed_at"])
+        _check(dom, result)
+        assert [t for tag, _, t in dom.elements if tag == "h3"][:2] == [
+            [f"{t} against {abn.CONTROL}"] for t in abn.TREATMENTS
+        ]
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url + "/api/stats/history") as resp,
+        ):
+            _check_charts(dom, await resp.json(), shown_arms(window))
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "live_page_three_arms.png"
+        await _chromium(
+            chromium,
+            tmp_path / "profile-shot",
+            "--virtual-time-budget=3000",
+            "--window-size=1400,2600",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            f"{url}/ui?interval=30",
+        )
+        assert shot.read_bytes().startswith(b"\x89PNG")
+    finally:
+        await store.close()

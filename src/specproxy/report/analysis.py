@@ -127,12 +127,13 @@ def speedup_by_load(
     return out
 
 
-def mean_position_acceptance(samples: Sequence[EngineSample]) -> tuple[float, ...]:
-    """Per-position acceptance averaged over the speculative arm's scrapes that reported it."""
+def mean_position_acceptance(
+    samples: Sequence[EngineSample], arm: str = "speculative"
+) -> tuple[float, ...]:
+    """Per-position acceptance averaged over one arm's scrapes that reported it (by default the
+    two-arm shorthand's treatment)."""
     rows = [
-        s.position_acceptance
-        for s in samples
-        if s.arm == "speculative" and s.position_acceptance is not None
+        s.position_acceptance for s in samples if s.arm == arm and s.position_acceptance is not None
     ]
     if not rows:
         return ()

@@ -30,7 +30,7 @@ from specproxy.report.analysis import (
 )
 from specproxy.report.data import FloatArray, ReportData
 from specproxy.report.html import render_html
-from specproxy.report.summary import main_window
+from specproxy.report.summary import arm_figures, arms_of, main_window, shown_arms
 from specproxy.stats.job.rows import ROW_READ, usable_mask
 from specproxy.stats.job.tick import configs_of, warmup_rule
 from specproxy.stats.result import METRIC_COLUMNS, StatsResult
@@ -144,7 +144,7 @@ async def collect(
     data = _gather(run_id, arrays, engine, settings, warmup, _unit_s(last), until=until)
     if last is None or not _consistent(last, data):
         # No history (a bench run), or records the last stats run did not see: compute afresh.
-        history.append(await _compute_stats(store, run_id, settings, warmup))
+        history.append(await _compute_stats(store, run_id, settings, warmup, last))
         unit_s = _unit_s(history[-1][1])
         data = _gather(run_id, arrays, engine, settings, warmup, unit_s, until=None)
         data.recomputed = True
@@ -212,7 +212,7 @@ def _consistent(result: StatsResult, data: ReportData) -> bool:
         return False
     if window["design"] != "split":
         return True  # paired n counts pairs, not records: nothing to compare
-    n = window["metrics"]["e2e"]["n"]
+    n = {arm: arm_figures(window, arm)["n"] for arm in shown_arms(window)}  # every arm's
     arms = {*n, *data.latency["e2e"]}
     return all(n.get(arm, 0) == data.latency["e2e"].get(arm, np.array([])).size for arm in arms)
 
@@ -252,12 +252,23 @@ async def _latest_run(store: Export) -> str | None:
 
 
 async def _compute_stats(
-    store: StatsStore, run_id: str, settings: StatsConfig, warmup: WarmupConfig
+    store: StatsStore,
+    run_id: str,
+    settings: StatsConfig,
+    warmup: WarmupConfig,
+    last: StatsResult | None = None,
 ) -> tuple[float, StatsResult]:
-    """A store without stats history (a bench run): compute the comparison once."""
+    """A store without stats history (a bench run), or records the last result did not see:
+    compute the comparison once, with the last result's arms (A/B/n: its control and
+    treatments) where there is one, else the two-arm shorthand."""
     from specproxy.stats.job.tick import compute_stats
 
-    result = await compute_stats(store, run_id=run_id, stats_cfg=settings, warmup=warmup)
+    window = main_window(last)
+    arms: dict[str, Any] = {}
+    if window is not None and "control" in window:
+        control, treatments = arms_of(window)
+        arms = {"control": control, "treatments": treatments}
+    result = await compute_stats(store, run_id=run_id, stats_cfg=settings, warmup=warmup, **arms)
     return float(result["computed_at"]), result
 
 
@@ -286,22 +297,26 @@ def _draw(data: ReportData) -> None:
         data.figures[f"speedup_time_{stat}"] = figures.speedup_over_time_png(
             t, est, lo, hi, title=f"E2E {label} speedup over time (band: CI)"
         )
-    data.positions = mean_position_acceptance(data.engine)
     window = main_window(data.stats)
-    spec_engine = window["engine"].get("speculative") if window is not None else None
+    # the acceptance and load figures: the control against the first treatment (A/B/n: every
+    # treatment's speedups by condition are in the HTML's "By condition" section)
+    control, treatments = arms_of(window) if window is not None else ("baseline", ["speculative"])
+    treatment = treatments[0]
+    data.positions = mean_position_acceptance(data.engine, arm=treatment)
+    rate = arm_figures(window, treatment)["acceptance_rate"] if window is not None else None
     data.figures["acceptance"] = figures.acceptance_png(
         data.positions,
-        overall=spec_engine["acceptance_rate"] if spec_engine is not None else None,
-        title="Draft acceptance per position (speculative arm)",
+        overall=rate,
+        title=f"Draft acceptance per position ({treatment} arm)",
     )
-    _load_figure(data)
+    _load_figure(data, control, treatment)
 
 
-def _load_figure(data: ReportData) -> None:
-    spec_t = data.t_start.get("speculative", np.array([]))
-    base_t = data.t_start.get("baseline", np.array([]))
-    spec_e2e_all = _aligned_e2e(data, "speculative")
-    base_e2e_all = _aligned_e2e(data, "baseline")
+def _load_figure(data: ReportData, control: str, treatment: str) -> None:
+    spec_t = data.t_start.get(treatment, np.array([]))
+    base_t = data.t_start.get(control, np.array([]))
+    spec_e2e_all = _aligned_e2e(data, treatment)
+    base_e2e_all = _aligned_e2e(data, control)
     has_running = any(s.requests_running is not None for s in data.engine)
     if has_running:
         spec_load, base_load = load_at(spec_t, data.engine), load_at(base_t, data.engine)
@@ -338,7 +353,8 @@ def _load_figure(data: ReportData) -> None:
         [b.upper for b in bins],
         [b.n_speculative + b.n_baseline for b in bins],
         xlabel=f"load: {data.load_source}",
-        title="Median E2E speedup against load",
+        title="Median E2E speedup against load"
+        + ("" if (control, treatment) == ("baseline", "speculative") else f" ({treatment})"),
     )
 
 

@@ -22,6 +22,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLo
 __all__ = [
     "ARM_COLOURS",
     "acceptance_png",
+    "arm_colour",
     "latency_cdf_png",
     "log_ticks",
     "speedup_over_time_png",
@@ -30,6 +31,17 @@ __all__ = [
 ]
 
 ARM_COLOURS = {"speculative": "#1f6fb4", "baseline": "#e07b1a"}
+# A/B/n arms with other names: one colour each, by their place among the figure's arms
+_PALETTE = ("#1f6fb4", "#e07b1a", "#2ca02c", "#9467bd", "#d62728", "#17becf", "#8c564b", "#7f7f7f")
+
+
+def arm_colour(arm: str, arms: Sequence[str]) -> str:
+    """An arm's colour: the shorthand's own, else the palette's by its place in `arms`."""
+    if arm in ARM_COLOURS:
+        return ARM_COLOURS[arm]
+    return _PALETTE[arms.index(arm) % len(_PALETTE)] if arm in arms else "#444444"
+
+
 _DPI = 110
 _SIZE = (6.4, 3.6)
 
@@ -73,7 +85,7 @@ def latency_cdf_png(series: Mapping[str, FloatArray], *, title: str, xlabel: str
             continue
         drawn = True
         y = np.arange(1, x.size + 1) / x.size
-        colour = ARM_COLOURS.get(arm, "#444444")
+        colour = arm_colour(arm, list(series))
         ax.step(x * 1e3, y, where="post", color=colour, label=f"{arm} (n={x.size})")
         for q, style in ((0.5, ":"), (0.99, "--")):
             ax.axvline(float(np.quantile(x, q)) * 1e3, color=colour, linestyle=style, lw=0.9)

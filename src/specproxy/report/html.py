@@ -2,7 +2,9 @@
 
 It must read well on its own (mailed, attached to a ticket, opened with no Grafana and no
 network), so it leads with the verdicts and the speedups, then the figures, then how the numbers
-were produced.
+were produced. A/B/n: the best-configuration line, then per treatment its verdicts, speedups,
+diagnosis and speedups by condition (a heading names the treatment only when there are several;
+two arms read as they always did).
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ import html
 
 from specproxy.report.data import ReportData
 from specproxy.report.summary import (
-    ARMS,
     METRICS,
     STATISTICS,
-    diagnosis_lines,
+    arm_figures,
+    arms_of,
+    band_text,
+    best_line,
+    comparison_of,
+    condition_rows,
+    conditions_of,
+    crossover_text,
     fmt_ci,
     fmt_ms,
     fmt_ratio,
     main_window,
     needed_more,
+    shown_arms,
 )
 from specproxy.stats.result import WindowResult
 
@@ -45,6 +54,8 @@ th:first-child, td:first-child { text-align: left; }
 .inconclusive { background: #eef0f3; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #e4e6eb; }
 figcaption { color: #556; font-size: 0.9em; }
+h3 { font-size: 1.05em; margin: 1em 0 0.3em; }
+.crossover { margin: 0.3em 0; }
 .grid { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
 code { background: #f3f4f6; padding: 0 0.2em; }
 """
@@ -92,9 +103,8 @@ def render_html(data: ReportData) -> str:
         parts += _verdicts(window)
         parts += _speedups(window)
         parts += _arms(window)
-        parts += ["<h2>Diagnosis</h2><ul>"]
-        parts += [f"<li>{_e(line.strip(' -'))}</li>" for line in diagnosis_lines(data.stats)]
-        parts.append("</ul>")
+        parts += _diagnosis(window)
+        parts += _conditions(window)
     parts.append("<h2>Figures</h2><div class='grid'>")
     for name, caption in _FIGURES:
         png = data.figures.get(name)
@@ -120,49 +130,99 @@ _DECIDED_BY = {
 }
 
 
+def _heading(window: WindowResult, treatment: str) -> str:
+    """A treatment's sub-heading, only with several treatments."""
+    control, treatments = arms_of(window)
+    if len(treatments) < 2:
+        return ""
+    return f"<h3 data-treatment='{_e(treatment)}'>{_e(treatment)} against {_e(control)}</h3>"
+
+
+def _best(window: WindowResult) -> list[str]:
+    line = best_line(window)
+    best = window.get("best")
+    if line is None or best is None:
+        return []
+    return [
+        f"<p id='best' data-state='{_e(best['state'])}'><b>{_e(line)}</b><br>"
+        f"<span class='sub'>{_e(best['reason'])}</span></p>"
+    ]
+
+
 def _verdicts(window: WindowResult) -> list[str]:
-    out = ["<h2>Verdicts</h2><div class='verdicts'>"]
-    for metric, label in METRICS.items():
-        block = window["metrics"][metric]
-        verdict = block["verdict"]
-        seq = block["sequential"]
-        by = [_DECIDED_BY.get(t, t) for t in (seq.get("decided_by", []) if seq else [])]
-        note = f"<small>by {_e(', '.join(by))}</small>" if by else ""
-        out.append(
-            f"<div class='verdict {_e(verdict)}' data-metric='{metric}'>{label}"
-            f"<b>{_e(verdict)}</b>{note}</div>"
+    control, treatments = arms_of(window)
+    out = ["<h2>Verdicts</h2>", *_best(window)]
+    for treatment in treatments:
+        out += [_heading(window, treatment), "<div class='verdicts'>"]
+        metrics = comparison_of(window, treatment)["metrics"]
+        for metric, label in METRICS.items():
+            block = metrics[metric]
+            verdict = block["verdict"]
+            seq = block["sequential"]
+            by = [_DECIDED_BY.get(t, t) for t in (seq.get("decided_by", []) if seq else [])]
+            note = f"<small>by {_e(', '.join(by))}</small>" if by else ""
+            out.append(
+                f"<div class='verdict {_e(verdict)}' data-metric='{metric}' "
+                f"data-treatment='{_e(treatment)}'>{label}<b>{_e(verdict)}</b>{note}</div>"
+            )
+        out.append("</div>")
+    if len(treatments) == 1:
+        treated = f"the {_e(treatments[0])} median"
+        against = f"the {_e(control)}'s"
+        level = ""
+    else:
+        treated = "a treatment's median"
+        against = f"the control's ({_e(control)})"
+        multiplicity = window.get("multiplicity")
+        level = (
+            f" Each of the {multiplicity['treatments']} comparisons is tested at alpha / "
+            f"{multiplicity['treatments']} = {multiplicity['alpha_per_comparison']:.3g} "
+            "(Bonferroni), so the error rate holds for the whole family."
+            if multiplicity is not None
+            else ""
         )
-    out.append("</div>")
     out.append(
         "<p class='sub'>From anytime-valid tests: confidence sequences on the median and the "
         "P99, and for the P99 also a per-minute exceedance test that stays valid under load "
         "waves (on mirrored pairs a two-sample test instead; each P99 test at half the error "
         "rate). "
-        "<i>slower</i> means the speculative median, or its P99 beyond the tolerance, is above "
-        "the baseline's; <i>faster</i> that one of them is below and neither is above; the "
-        "error rate holds however often the result was looked at.</p>"
+        f"<i>slower</i> means {treated}, or its P99 beyond the tolerance, is above "
+        f"{against}; <i>faster</i> that one of them is below and neither is above; the "
+        f"error rate holds however often the result was looked at.{level}</p>"
     )
     return out
 
 
 def _speedups(window: WindowResult) -> list[str]:
-    out = [
-        "<h2>Speedups</h2><p class='sub'>speedup = baseline / speculative for the statistic; "
-        "above 1 means speculation is faster.</p><table id='speedups'><tr><th>metric</th>",
-    ]
-    out += [f"<th>{s}</th>" for s in STATISTICS]
-    out.append("</tr>")
-    for metric, label in METRICS.items():
-        out.append(f"<tr><td>{label}</td>")
-        for stat in STATISTICS:
-            s = window["metrics"][metric]["speedup"].get(stat)
-            if s is not None and s["status"] == "ok":
-                cell = f"{fmt_ratio(s['estimate'])} <span class='sub'>{fmt_ci(s)}</span>"
-            else:
-                cell = f"<span class='sub'>needs {needed_more(s)} more per arm</span>"
-            out.append(f"<td data-metric='{metric}' data-stat='{stat}'>{cell}</td>")
+    control, treatments = arms_of(window)
+    if len(treatments) == 1:
+        ratio = f"{_e(control)} / {_e(treatments[0])} for the statistic; above 1 means speculation"
+    else:
+        ratio = f"{_e(control)} / the treatment for the statistic; above 1 means the treatment"
+    out = [f"<h2>Speedups</h2><p class='sub'>speedup = {ratio} is faster.</p>"]
+    for i, treatment in enumerate(treatments):
+        ident = " id='speedups'" if i == 0 else ""
+        out += [
+            _heading(window, treatment),
+            f"<table{ident} class='speedups' data-treatment='{_e(treatment)}'><tr><th>metric</th>",
+        ]
+        out += [f"<th>{s}</th>" for s in STATISTICS]
         out.append("</tr>")
-    out.append("</table>")
+        metrics = comparison_of(window, treatment)["metrics"]
+        for metric, label in METRICS.items():
+            out.append(f"<tr><td>{label}</td>")
+            for stat in STATISTICS:
+                s = metrics[metric]["speedup"].get(stat)
+                if s is not None and s["status"] == "ok":
+                    cell = f"{fmt_ratio(s['estimate'])} <span class='sub'>{fmt_ci(s)}</span>"
+                else:
+                    cell = f"<span class='sub'>needs {needed_more(s)} more per arm</span>"
+                out.append(
+                    f"<td data-metric='{metric}' data-stat='{stat}' "
+                    f"data-treatment='{_e(treatment)}'>{cell}</td>"
+                )
+            out.append("</tr>")
+        out.append("</table>")
     return out
 
 
@@ -172,18 +232,15 @@ def _arms(window: WindowResult) -> list[str]:
         "<th>E2E P90</th><th>E2E P99</th><th>TTFT median</th><th>TPOT median</th>"
         "<th>acceptance</th><th>mean acceptance length</th></tr>"
     ]
-    metrics = window["metrics"]
-    for arm in ARMS:
-        e2e = metrics["e2e"]["summary"].get(arm, {})
-        engine = window["engine"].get(arm)
-        rate = engine["acceptance_rate"] if engine is not None else None
-        length = engine["mean_acceptance_length"] if engine is not None else None
+    for arm in shown_arms(window):
+        f = arm_figures(window, arm)
+        rate, length = f["acceptance_rate"], f["mean_acceptance_length"]
         out.append(
-            f"<tr data-arm='{arm}'><td>{arm}</td><td>{metrics['e2e']['n'].get(arm, 0)}</td>"
-            f"<td>{fmt_ms(e2e.get('median'))}</td><td>{fmt_ms(e2e.get('p90'))}</td>"
-            f"<td>{fmt_ms(e2e.get('p99'))}</td>"
-            f"<td>{fmt_ms(metrics['ttft']['summary'].get(arm, {}).get('median'))}</td>"
-            f"<td>{fmt_ms(metrics['tpot']['summary'].get(arm, {}).get('median'))}</td>"
+            f"<tr data-arm='{_e(arm)}'><td>{_e(arm)}</td><td>{f['n']}</td>"
+            f"<td>{fmt_ms(f['e2e_median'])}</td><td>{fmt_ms(f['e2e_p90'])}</td>"
+            f"<td>{fmt_ms(f['e2e_p99'])}</td>"
+            f"<td>{fmt_ms(f['ttft_median'])}</td>"
+            f"<td>{fmt_ms(f['tpot_median'])}</td>"
             f"<td>{f'{rate:.1%}' if rate is not None else '-'}</td>"
             f"<td>{f'{length:.2f}' if length is not None else '-'}</td></tr>"
         )
@@ -191,9 +248,69 @@ def _arms(window: WindowResult) -> list[str]:
     return out
 
 
+def _diagnosis(window: WindowResult) -> list[str]:
+    _, treatments = arms_of(window)
+    out = ["<h2>Diagnosis</h2>"]
+    for treatment in treatments:
+        diagnosis = comparison_of(window, treatment)["diagnosis"]
+        out += [_heading(window, treatment), f"<ul data-treatment='{_e(treatment)}'>"]
+        headline = "diagnosis: " + diagnosis["summary"]
+        out.append(f"<li>{_e(headline)}</li>")
+        out += [f"<li>{_e(r['message'])}</li>" for r in diagnosis["reasons"]]
+        out.append("</ul>")
+    return out
+
+
+def _conditions(window: WindowResult) -> list[str]:
+    """Each treatment's crossover per metric and its median speedup per condition band, where
+    the window has them (the whole run of all models, read from rows)."""
+    _, treatments = arms_of(window)
+    held = [(t, conditions_of(window, t)) for t in treatments]
+    if not any(c for _, c in held):
+        return []
+    out = [
+        "<h2>By condition</h2><p class='sub'>The median speedup among the requests that met "
+        "each condition (one condition at a time; a band shows no number while an arm has too "
+        "few requests in it), and the load at which the speedup crosses 1.</p>"
+    ]
+    for treatment, conditions in held:
+        if not conditions:
+            continue
+        t = _e(treatment)
+        out += [_heading(window, treatment), f"<ul class='crossover' data-treatment='{t}'>"]
+        for metric, found in conditions["crossover"].items():
+            label = METRICS.get(metric, metric)
+            out.append(
+                f"<li data-metric='{metric}' data-status='{_e(found['status'])}'>"
+                f"{_e(f'{label} crossover: {crossover_text(found)}')}</li>"
+            )
+        out.append("</ul>")
+        if conditions["summary"]:
+            out.append(f"<p class='sub'>{_e(conditions['summary'])}</p>")
+        rows = condition_rows(conditions)
+        shown = sorted({m for _, _, cells in rows for m in cells}, key=list(METRICS).index)
+        out.append(
+            f"<table class='segments' data-treatment='{t}'><tr><th>condition</th><th>band</th>"
+            + "".join(f"<th>{METRICS.get(m, m)} {_e(conditions['statistic'])}</th>" for m in shown)
+            + "</tr>"
+        )
+        for dim, band, cells in rows:
+            out.append(f"<tr><td>{_e(dim)}</td><td>{_e(band)}</td>")
+            for metric in shown:
+                estimate, ci = band_text(cells.get(metric))
+                out.append(
+                    f"<td data-dimension='{_e(dim)}' data-band='{_e(band)}' "
+                    f"data-metric='{metric}'>{estimate} <span class='sub'>{ci}</span></td>"
+                )
+            out.append("</tr>")
+        out.append("</table>")
+    return out
+
+
 def _methodology(data: ReportData, window: WindowResult | None) -> list[str]:
     s = data.settings
-    n = window["metrics"]["e2e"]["n"] if window is not None else {}
+    arms = shown_arms(window) if window is not None else ["speculative", "baseline"]
+    n = {arm: arm_figures(window, arm)["n"] for arm in arms} if window is not None else {}
     design = window["design"] if window is not None else "split"
     design_text = (
         "paired: mirrored requests sent to both arms, resampled as pairs"
@@ -207,17 +324,17 @@ def _methodology(data: ReportData, window: WindowResult | None) -> list[str]:
             "sent; TTFT to the first SSE event with content; TPOT = (E2E - TTFT) / (output tokens "
             "- 1). Arms are compared on the same traffic through the same proxy.",
         ),
-        ("Requests used (n per arm)", ", ".join(f"{a}: {n.get(a, 0)}" for a in ARMS)),
+        ("Requests used (n per arm)", ", ".join(f"{a}: {n.get(a, 0)}" for a in arms)),
         (
             "Warm-up excluded",
             f"the time units holding the first {data.warmup.requests} successful requests per "
             "arm after the start, and after every engine restart the units holding its first "
             f"{data.warmup.restart_requests} and those within {data.warmup.restart_seconds:g} s; "
-            "excluded here: " + ", ".join(f"{a}: {data.excluded_warmup.get(a, 0)}" for a in ARMS),
+            "excluded here: " + ", ".join(f"{a}: {data.excluded_warmup.get(a, 0)}" for a in arms),
         ),
         (
             "Failed requests excluded",
-            ", ".join(f"{a}: {data.excluded_failed.get(a, 0)}" for a in ARMS),
+            ", ".join(f"{a}: {data.excluded_failed.get(a, 0)}" for a in arms),
         ),
         ("Design", design_text),
         (

@@ -3,31 +3,56 @@
 The stats job's JSON is the single source of the headline numbers; this module picks the window
 to show (the whole run) and turns it into rows of strings. The live page (`ui/app.js`) applies
 the same choices and the same formats, so the three views print identical numbers.
+
+A/B/n (schema 3): the window's own fields are the control against the first treatment;
+`arms_of` names the control and every treatment, `comparison_of` gives each treatment's
+comparison, `best_line` the best-configuration answer and `crossover_text` / `condition_rows`
+a treatment's speedups by condition. Results stored before schema 3 read as the two-arm
+shorthand ("baseline" against "speculative").
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from specproxy.records import SHORTHAND_CONTROL
 from specproxy.stats import result as schema
-from specproxy.stats.result import STATISTICS, StatsResult, WindowResult
+from specproxy.stats.result import (
+    STATISTICS,
+    Conditions,
+    CrossoverResult,
+    StatsResult,
+    WindowComparison,
+    WindowResult,
+    comparisons_of,
+)
 
 __all__ = [
     "ARMS",
     "METRICS",
     "STATISTICS",
+    "arm_comparison",
+    "arm_figures",
     "arm_rows",
+    "arms_of",
+    "band_text",
+    "best_line",
+    "comparison_of",
+    "condition_rows",
+    "conditions_of",
+    "crossover_text",
     "diagnosis_lines",
     "fmt_ci",
     "fmt_ms",
     "fmt_ratio",
     "main_window",
     "needed_more",
+    "shown_arms",
     "speedup_rows",
     "verdict_rows",
 ]
 
-ARMS = ("speculative", "baseline")
+ARMS = ("speculative", "baseline")  # the two-arm shorthand, in the order the views list them
 # metric -> label, and STATISTICS, both from the result's one declaration (`stats.result`)
 METRICS: dict[str, str] = {name: spec.label for name, spec in schema.METRICS.items()}
 
@@ -48,16 +73,52 @@ def main_window(result: StatsResult | None) -> WindowResult | None:
     return max(per_window.values(), key=_window_seconds)
 
 
+def arms_of(window: WindowResult) -> tuple[str, list[str]]:
+    """(control, treatments) of a window: its `control` and `treatments` (schema 3), else the
+    shorthand control and the one treatment of its comparison."""
+    control = window.get("control", SHORTHAND_CONTROL)
+    treatments = window.get("treatments") or list(comparisons_of(window))
+    return control, list(treatments)
+
+
+def shown_arms(window: WindowResult) -> list[str]:
+    """Every arm in the order the views list them: the treatments, then the control (two arms:
+    "speculative", "baseline")."""
+    control, treatments = arms_of(window)
+    return [*treatments, control]
+
+
+def comparison_of(window: WindowResult, treatment: str) -> WindowComparison:
+    """One treatment's comparison with the control (the first treatment's is the window's)."""
+    return comparisons_of(window).get(treatment, window)
+
+
+def conditions_of(window: WindowResult, treatment: str) -> Conditions | None:
+    """A treatment's speedups by condition and crossover (None: the window has none)."""
+    many = window.get("comparisons") or {}
+    if treatment in many:
+        return many[treatment].get("conditions")
+    return window.get("conditions")
+
+
+def arm_comparison(window: WindowResult, arm: str) -> WindowComparison:
+    """The comparison an arm's own figures are read from: a treatment's, the control's from the
+    first treatment's (the window itself)."""
+    control, _ = arms_of(window)
+    return window if arm == control else comparison_of(window, arm)
+
+
 def arm_rows(result: StatsResult | None) -> list[tuple[str, ...]]:
-    """(arm, n, E2E p50, E2E p99, TTFT p50, TPOT p50, acceptance) per arm."""
+    """(arm, n, E2E p50, E2E p99, TTFT p50, TPOT p50, acceptance) per arm (`shown_arms`)."""
     window = main_window(result)
     if window is None:
         return []
-    metrics = window["metrics"]
     rows: list[tuple[str, ...]] = []
-    for arm in ARMS:
+    for arm in shown_arms(window):
+        held = arm_comparison(window, arm)
+        metrics = held["metrics"]
         e2e = metrics["e2e"]["summary"].get(arm, {})
-        engine = window["engine"].get(arm)
+        engine = held["engine"].get(arm)
         acceptance = engine["acceptance_rate"] if engine is not None else None
         rows.append(
             (
@@ -71,6 +132,93 @@ def arm_rows(result: StatsResult | None) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def arm_figures(window: WindowResult, arm: str) -> dict[str, Any]:
+    """One arm's raw figures as the per-arm tables show them (n, E2E median/P90/P99, TTFT and
+    TPOT medians, acceptance rate and length), read from the comparison holding the arm."""
+    held = arm_comparison(window, arm)
+    metrics = held["metrics"]
+    e2e = metrics["e2e"]["summary"].get(arm, {})
+    engine = held["engine"].get(arm)
+    return {
+        "n": metrics["e2e"]["n"].get(arm, 0),
+        "e2e_median": e2e.get("median"),
+        "e2e_p90": e2e.get("p90"),
+        "e2e_p99": e2e.get("p99"),
+        "ttft_median": metrics["ttft"]["summary"].get(arm, {}).get("median"),
+        "tpot_median": metrics["tpot"]["summary"].get(arm, {}).get("median"),
+        "acceptance_rate": engine["acceptance_rate"] if engine is not None else None,
+        "mean_acceptance_length": engine["mean_acceptance_length"] if engine is not None else None,
+    }
+
+
+def best_line(window: WindowResult) -> str | None:
+    """The best-configuration answer in one line; None with one treatment (its comparison is
+    the answer) or in results without one. `best["reason"]` says why in words."""
+    best = window.get("best")
+    if best is None or best["state"] == "single":
+        return None
+    control, _ = arms_of(window)
+    leader, runner_up = best["leader"], best["runner_up"]
+    if leader is None or runner_up is None:
+        return f"no winner yet: {best['reason']}"
+    margin = best["margin"]
+    over = f"{fmt_ratio(margin['estimate'])} {fmt_ci(margin)}" if margin is not None else "-"
+    speedup = fmt_ratio(best["speedups"].get(leader))
+    if best["state"] == "winner":
+        head = f"best: {leader}, {speedup} over {control}"
+    else:
+        head = f"no winner yet: {leader} leads, {speedup} over {control}"
+    return f"{head}; {over} over the runner-up {runner_up}"
+
+
+def _load(x: float | None) -> str:
+    return f"{x:.1f}" if isinstance(x, (int, float)) else "-"
+
+
+def crossover_text(found: CrossoverResult) -> str:
+    """Where a treatment's speedup crosses 1 against load, in the views' numbers."""
+    status, seen = found["status"], found["observed"]
+    span = f" ({_load(seen[0])}-{_load(seen[1])})" if seen else ""
+    if status == "helps_throughout":
+        return f"helps at every load observed{span}"
+    if status == "costs_throughout":
+        return f"costs at every load observed{span}"
+    if status != "ok":
+        return "too little data"
+    return (
+        f"crosses 1 at load {_load(found['load'])} [{_load(found['lower'])}, "
+        f"{_load(found['upper'])}]: {fmt_ratio(found['speedup_below'])} below, "
+        f"{fmt_ratio(found['speedup_above'])} above"
+    )
+
+
+def condition_rows(
+    conditions: Conditions,
+) -> list[tuple[str, str, dict[str, schema.BandSpeedup]]]:
+    """(dimension, band, {metric: its band}) per band of every condition, in the result's order
+    (each metric's bands are the same bands)."""
+    rows: list[tuple[str, str, dict[str, schema.BandSpeedup]]] = []
+    for dim, per_metric in conditions["segments"].items():
+        bands: dict[str, dict[str, schema.BandSpeedup]] = {}
+        for metric, found in per_metric.items():
+            for band in found:
+                bands.setdefault(band["band"], {})[metric] = band
+        rows += [(dim, band, cells) for band, cells in bands.items()]
+    return rows
+
+
+def band_text(band: schema.BandSpeedup | None) -> tuple[str, str]:
+    """(estimate, CI) of one band as the views print it; "too little data" below the minimum."""
+    if band is None or band["status"] != "ok":
+        return "-", "too little data"
+    interval: schema.Interval = {
+        "estimate": band["speedup"],
+        "lower": band["lower"],
+        "upper": band["upper"],
+    }
+    return fmt_ratio(band["speedup"]), fmt_ci(interval)
 
 
 def speedup_rows(

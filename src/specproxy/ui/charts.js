@@ -6,7 +6,35 @@
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 const CHART = { width: 640, height: 230, left: 56, right: 12, top: 22, bottom: 28 };
-const ARM_COLORS = { speculative: "#1f6feb", baseline: "#d9822b" };
+// The control's colour, then the treatments' in order (two arms: speculative blue, baseline
+// orange, as ever). A point's latency lists the treatments first and the control last.
+const CONTROL_COLOR = "#d9822b";
+const TREATMENT_COLORS = ["#1f6feb", "#2da44e", "#8250df", "#cf222e", "#0a7f8f", "#bf8700", "#6e7781"];
+
+function armColors(history, metric) {
+  const last = history.length ? history[history.length - 1].latency[metric] || {} : {};
+  const arms = Object.keys(last);
+  const colors = {};
+  arms.forEach((arm, i) => {
+    colors[arm] = i === arms.length - 1 ? CONTROL_COLOR : TREATMENT_COLORS[i % TREATMENT_COLORS.length];
+  });
+  return colors;
+}
+
+// The latency chart's key: one swatch per arm, in the chart's colours.
+function fillKeys(colors) {
+  const box = document.getElementById("latency-keys");
+  if (!box || Object.keys(colors).length === 0) return;
+  const spans = Object.entries(colors).map(([arm, color]) => {
+    const span = document.createElement("span");
+    span.className = "key";
+    span.setAttribute("data-arm", arm);
+    span.style.setProperty("--key-color", color);
+    span.textContent = arm;
+    return span;
+  });
+  box.replaceChildren(...spans.flatMap((s, i) => (i ? [document.createTextNode(" "), s] : [s])));
+}
 let chartLabels = {};  // {metric: label}, from the stats result's settings (see app.js)
 
 function svgEl(tag, attrs, text) {
@@ -76,7 +104,7 @@ function drawSpeedup(svg, history, metric, stat) {
   const values = pts.flatMap((p) => p.speedup[metric][stat]).concat([1]);
   const pad = 0.05 * (Math.max(...values) - Math.min(...values) || 1);
   const { sx, sy } = frame(svg, pts.map((p) => p.t), Math.min(...values) - pad, Math.max(...values) + pad,
-    (v) => v.toFixed(2) + "x", "speedup (baseline / speculative)");
+    (v) => v.toFixed(2) + "x", "speedup (" + (pts[pts.length - 1].ratio || ["baseline", "speculative"]).join(" / ") + ")");
   const upper = pts.map((p) => [sx(p.t), sy(p.speedup[metric][stat][2])]);
   const lower = pts.map((p) => [sx(p.t), sy(p.speedup[metric][stat][1])]).reverse();
   svg.appendChild(svgEl("path", { d: pathOf(upper.concat(lower)) + " Z", class: "band", "data-series": "ci" }));
@@ -94,6 +122,8 @@ function drawSpeedup(svg, history, metric, stat) {
 // Median (solid) and P99 (dashed) latency per arm over time, in ms.
 function drawLatency(svg, history, metric) {
   const series = [];
+  const ARM_COLORS = armColors(history, metric);
+  fillKeys(ARM_COLORS);
   for (const arm of Object.keys(ARM_COLORS)) {
     for (const stat of ["median", "p99"]) {
       const pts = history.filter((p) => isNum((p.latency[metric][arm] || {})[stat]))
