@@ -13,6 +13,7 @@ from specproxy.demo.capacity import (
     events_per_request,
     overload_slowdown,
     saturation_rate,
+    split_rate,
 )
 from specproxy.demo.runner import DemoOptions, emulated_loads
 from specproxy.emulator.model import Physics, simulate
@@ -64,3 +65,12 @@ def test_events_per_request_count_the_prefill_token_and_one_per_step() -> None:
     assert events_per_request(Physics(), 64) == 64  # baseline: a token per event
     spec = Physics(speculative=True, acceptance=0.5, num_speculative_tokens=4)
     assert events_per_request(spec, 64) == pytest.approx(1 + 63 / 1.9375)
+
+
+def test_split_rate_gives_each_arm_its_weight_over_the_sum() -> None:
+    assert split_rate(12.0, {"baseline": 1, "ngram-k2": 1, "ngram-k4": 1}) == pytest.approx(
+        {"baseline": 4.0, "ngram-k2": 4.0, "ngram-k4": 4.0}
+    )
+    assert split_rate(10.0, {"a": 3.0, "b": 1.0, "c": 0.0}) == {"a": 7.5, "b": 2.5, "c": 0.0}
+    with pytest.raises(ValueError, match="weights"):
+        split_rate(1.0, {"a": 0.0})
