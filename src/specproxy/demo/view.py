@@ -104,16 +104,16 @@ def render(stats: StatsResult | None, tally: ClientTally, *, title: str = "live"
         parts.append(Text(best))
     # several treatments: their rows and the best line take the reasons' rows (the report has
     # them)
-    rows = 0 if many else MAX_REASONS
+    reason_rows = 0 if many else MAX_REASONS
     diagnosis = diagnosis_lines(stats)
     if diagnosis:
         head = diagnosis[0].replace("diagnosis:", f"diagnosis ({treatments[0]}):", 1)
         head = head if many else diagnosis[0]
         parts.append(Text(head))  # the headline wraps, never cut
     shown, used = 0, 0
-    for line in diagnosis[1 : 1 + rows]:
+    for line in diagnosis[1 : 1 + reason_rows]:
         need = -(-len(line) // VIEW_WIDTH)  # wrapped, never cut: a reason's end is its point
-        if shown and used + need > rows:
+        if shown and used + need > reason_rows:
             break
         parts.append(Text(line))
         shown, used = shown + 1, used + need
