@@ -129,6 +129,24 @@ def test_three_arm_config_names_the_arms_and_splits_by_weight() -> None:
     assert two.shorthand and two.arm_names == ("baseline", "speculative")
 
 
+def test_the_two_arm_demo_keeps_its_emulators() -> None:
+    """`make demo` (`--arms 2`) runs the emulators it always did, seeds included."""
+    opts = DemoOptions()
+    common = {
+        "num_speculative_tokens": 4,
+        "acceptance": 0.8,
+        "per_request_metrics": True,
+        "time_scale": 1.0,
+        "slowdown": 1.0,
+    }
+    assert emulator_configs(opts) == {
+        "baseline": EmulatorConfig(speculative=False, seed=2, **common),
+        "speculative": EmulatorConfig(
+            speculative=True, per_request_spec_metrics="summary", seed=1, **common
+        ),
+    }
+
+
 @pytest.mark.slow
 async def test_three_arm_demo_compares_each_treatment_and_answers_best(tmp_path: Path) -> None:
     opts = DemoOptions(

@@ -259,14 +259,17 @@ def emulator_configs(opts: DemoOptions, slowdown: float = 1.0) -> dict[str, Emul
     if slowdown > 1.0:
         common["warmup_factor"] = 1.0
     configs: dict[str, EmulatorConfig] = {}
-    for i, arm in enumerate(_demo_arms(opts)):
+    arms = _demo_arms(opts)
+    # the two-arm demo's seeds as they always were (speculative + 1, baseline + 2)
+    seeds = [2, 1] if opts.arms == 2 else list(range(1, len(arms) + 1))
+    for arm, seed in zip(arms, seeds, strict=True):
         if arm.speculative:
             configs[arm.name] = EmulatorConfig(
                 speculative=True,
                 num_speculative_tokens=arm.k,
                 acceptance=arm.acceptance,
                 per_request_spec_metrics="summary",
-                seed=opts.seed + 1 + i,
+                seed=opts.seed + seed,
                 **common,
             )
         else:  # the two-arm demo's baseline always had the speculative arm's k and acceptance
@@ -274,7 +277,7 @@ def emulator_configs(opts: DemoOptions, slowdown: float = 1.0) -> dict[str, Emul
                 speculative=False,
                 num_speculative_tokens=opts.speculative_tokens,
                 acceptance=opts.acceptance,
-                seed=opts.seed + 2 if opts.arms == 2 else opts.seed + 1 + i,
+                seed=opts.seed + seed,
                 **common,
             )
     return configs
