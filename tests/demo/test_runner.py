@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -132,7 +133,7 @@ def test_three_arm_config_names_the_arms_and_splits_by_weight() -> None:
 def test_the_two_arm_demo_keeps_its_emulators() -> None:
     """`make demo` (`--arms 2`) runs the emulators it always did, seeds included."""
     opts = DemoOptions()
-    common = {
+    common: dict[str, Any] = {
         "num_speculative_tokens": 4,
         "acceptance": 0.8,
         "per_request_metrics": True,
