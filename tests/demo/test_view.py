@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
 from rich.console import Console
 
 from specproxy.demo.view import ClientTally, plain_line, render
-from specproxy.report.summary import arm_rows, main_window, speedup_rows
+from specproxy.report.summary import (
+    arm_rows,
+    best_line,
+    main_window,
+    speedup_rows,
+    treatments_of,
+)
 from specproxy.stats.result import StatsResult
 
 
@@ -79,6 +86,68 @@ def _full_result() -> dict[str, object]:
     return {"results": {"all": {"all": window}}}
 
 
+def _three_arm_result() -> dict[str, object]:
+    """`_full_result` as A/B/n (schema 3) over baseline, ngram-k2 and ngram-k4."""
+    treatments = ("ngram-k2", "ngram-k4")
+    base: Any = _full_result()["results"]
+    one = base["all"]["all"]
+    comparisons = {}
+    for t in treatments:
+        arms = ("baseline", t)
+        comparisons[t] = {
+            **one,
+            "treatment": t,
+            "samples": {a: 12345 for a in arms},
+            "metrics": {
+                m: {
+                    **block,
+                    "n": {a: 12345 for a in arms},
+                    "summary": {a: {"median": 0.1234, "p99": 1.2345} for a in arms},
+                }
+                for m, block in one["metrics"].items()
+            },
+            "engine": {t: {"acceptance_rate": 0.61}},
+        }
+    window = {
+        **comparisons["ngram-k2"],
+        "control": "baseline",
+        "treatments": list(treatments),
+        "comparisons": comparisons,
+        "best": {
+            "metric": "e2e",
+            "statistic": "median",
+            "state": "winner",
+            "leader": "ngram-k2",
+            "runner_up": "ngram-k4",
+            "speedups": {"ngram-k2": 1.7512, "ngram-k4": 1.3021},
+            "margin": None,
+            "separated_from": ["ngram-k4"],
+            "level": 0.025,
+            "reason": "ngram-k2 is faster than every other treatment",
+        },
+    }
+    return {"results": {"all": {"all": window}}}
+
+
+def test_three_arms_show_each_treatments_comparison_and_the_best_answer() -> None:
+    result = cast(StatsResult, _three_arm_result())
+    assert treatments_of(result) == ["ngram-k2", "ngram-k4"]
+    assert [row[0] for row in arm_rows(result)] == ["ngram-k2", "ngram-k4", "baseline"]
+    assert speedup_rows(result, treatment="ngram-k4")[0] == (
+        "E2E", "median", "2.163x", "[1.891, 2.421]"
+    )  # fmt: skip
+    window = main_window(result)
+    assert window is not None
+    best = best_line(window)
+    assert best is not None and best.startswith("best: ngram-k2, 1.751x over baseline; "), best
+    assert best.endswith(" over the runner-up ngram-k4"), best
+    line = plain_line(result, ClientTally())
+    assert "ngram-k2: E2E median" in line and "ngram-k4: E2E median" in line and "best" in line
+    # a two-arm result has no best line (its one comparison is the answer)
+    two_arms = main_window(cast(StatsResult, _full_result()))
+    assert two_arms is not None and best_line(two_arms) is None
+
+
 _PTY_SCRIPT = """
 import json, sys
 from rich.console import Console
@@ -90,7 +159,8 @@ print("END")
 """
 
 
-def test_view_fits_an_80x24_pseudo_terminal() -> None:
+@pytest.mark.parametrize("arms", [2, 3])
+def test_view_fits_an_80x24_pseudo_terminal(arms: int) -> None:
     """Rendered by rich in a real pseudo-terminal of 80x24: <= 24 rows, numbers never cut."""
     import fcntl
     import json
@@ -101,11 +171,12 @@ def test_view_fits_an_80x24_pseudo_terminal() -> None:
     import sys
     import termios
 
+    result = _three_arm_result() if arms == 3 else _full_result()
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.Popen(
-        [sys.executable, "-c", _PTY_SCRIPT, json.dumps(_full_result())],
+        [sys.executable, "-c", _PTY_SCRIPT, json.dumps(result)],
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -132,9 +203,15 @@ def test_view_fits_an_80x24_pseudo_terminal() -> None:
     assert len(view) <= 24, "\n".join(view)
     assert all(len(line) <= 80 for line in view)
     body = "\n".join(view)
-    assert body.count("2.163x [1.891, 2.421]") == 6  # three metrics x (median, p99), uncut
+    # three metrics x (median, p99) per treatment, uncut
+    assert body.count("2.163x [1.891, 2.421]") == 6 * (arms - 1)
     assert "12345" in body and "inconclusive" in body
-    assert " speculative " in body and "1234.5 ms" in body and "61.0%" in body
+    assert "1234.5 ms" in body and "61.0%" in body
+    if arms == 2:
+        assert " speculative " in body
+    else:
+        assert " ngram-k2 " in body and " ngram-k4 " in body and " baseline " in body
+        assert "best: ngram-k2, " in body
     assert "not yet sure" in " ".join(body.split())  # the headline wraps, never cut
 
 

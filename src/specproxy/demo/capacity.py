@@ -35,7 +35,7 @@ an overloaded run that costs no more CPU than a healthy one.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -51,6 +51,7 @@ __all__ = [
     "mean_lengths",
     "overload_slowdown",
     "saturation_rate",
+    "split_rate",
 ]
 
 DEMO_UTILISATION: Final = 0.5  # the default load's share of each arm's modelled saturation
@@ -113,6 +114,15 @@ def arm_load(
         ),
         events_per_s=rate * events_per_request(physics, output_tokens),
     )
+
+
+def split_rate(rate: float, weights: Mapping[str, float]) -> dict[str, float]:
+    """Each arm's share of `rate` requests per second: its weight over the sum of the weights,
+    as the proxy's weighted routing splits the traffic (`Config.arm_shares`)."""
+    total = sum(weights.values())
+    if total <= 0:
+        raise ValueError("the arms' weights must not all be 0")
+    return {arm: rate * weight / total for arm, weight in weights.items()}
 
 
 def overload_slowdown(loads: Sequence[ArmLoad]) -> float:

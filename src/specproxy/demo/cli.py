@@ -2,6 +2,7 @@
 
 With real vLLM (`--vllm` or `--vllm-python`) the defaults change to a gentler load, since real
 CPU servers share two cores. `--overload` (emulators only) forces an overloaded run.
+`--arms 3` (emulators only) runs the baseline and two n-gram treatments (`runner.demo_arms`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 from rich.console import Console
 
 from specproxy.demo.capacity import OVERLOAD_FACTOR
-from specproxy.demo.runner import DemoOptions, run_demo
+from specproxy.demo.runner import DEMO_ARM_COUNTS, DemoOptions, run_demo
 from specproxy.errors import ConfigError
 from specproxy.logs import use_console
 from specproxy.store.sqlite import sqlite_path
@@ -63,6 +64,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="emulators only: slow both arms' steps until the slower arm gets "
         f"{OVERLOAD_FACTOR:g}x the requests it serves (by the emulator's model), to see what "
         "the diagnosis says of a comparison that measures queueing",
+    )
+    add(
+        "--arms",
+        type=int,
+        choices=DEMO_ARM_COUNTS,
+        default=d.arms,
+        help="emulators only: 2 (baseline and speculative, default) or 3 (baseline, n-gram k=2 "
+        "at acceptance 0.7 and n-gram k=4 at 0.5, whose true speedups differ; --acceptance and "
+        "--speculative-tokens are the two-arm demo's)",
     )
     add("--stats-interval", type=float, default=d.stats_interval_s, help="seconds between stats")
     add("--resamples", type=int, default=d.resamples, help="bootstrap resamples")
@@ -119,6 +129,8 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         raise ConfigError("--max-tokens must be >= 0")
     if real and args.overload:
         raise ConfigError("--overload slows the emulated arms: not with --vllm or --vllm-python")
+    if real and args.arms != 2:
+        raise ConfigError("--arms 3 runs emulated arms: not with --vllm or --vllm-python")
     if rate <= 0:
         raise ConfigError("--rate must be > 0")
     if args.duration <= 0:
@@ -142,6 +154,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         prompts=args.prompts,
         max_tokens=max_tokens or None,
         overload=args.overload,
+        arms=args.arms,
         stats_interval_s=args.stats_interval,
         resamples=args.resamples,
         seed=args.seed,

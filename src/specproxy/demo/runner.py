@@ -15,6 +15,11 @@ half of its saturation by the emulator's timing model, and few enough streamed e
 one event loop the demo runs in); the start-up lines say where the load stands. `--overload`
 slows both emulated arms' steps alike until the slower one gets 1.5 times what it serves, so
 the run shows what the diagnosis says of a comparison that measures queueing.
+
+`--arms 3` (`demo_arms`) runs three emulated arms, named `[arms.NAME]` style: the baseline
+(control) and two n-gram treatments whose true speedups differ, k=2 at acceptance 0.7 (TPOT
+speedup 1.83x by the emulator's model) and k=4 at 0.5 (1.38x), each a third of the load. The
+view then shows each treatment's comparison with the control and which one is `best`.
 """
 
 from __future__ import annotations
@@ -37,13 +42,28 @@ from rich.live import Live
 
 from specproxy.app import create_app
 from specproxy.appkeys import STATS, STATS_JOB, STORE
-from specproxy.config import Config, RoutingConfig, ScrapeConfig, StatsConfig, StoreConfig
-from specproxy.demo.capacity import ArmLoad, arm_load, mean_lengths, overload_slowdown
+from specproxy.config import (
+    ArmConfig,
+    ArmRole,
+    Config,
+    RoutingConfig,
+    ScrapeConfig,
+    StatsConfig,
+    StoreConfig,
+)
+from specproxy.demo.capacity import (
+    ArmLoad,
+    arm_load,
+    mean_lengths,
+    overload_slowdown,
+    split_rate,
+)
 from specproxy.demo.view import ClientTally, plain_line, render
 from specproxy.errors import ConfigError
 from specproxy.extras import require
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
 from specproxy.prompts import Prompt, load_prompts
+from specproxy.records import SHORTHAND_ARMS, SHORTHAND_CONTROL, SHORTHAND_TREATMENT
 from specproxy.stats.result import StatsResult
 
 if TYPE_CHECKING:
@@ -51,8 +71,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_STORE",
+    "DEMO_ARM_COUNTS",
+    "DemoArm",
     "DemoOptions",
     "DemoOutcome",
+    "demo_arms",
     "emulated_loads",
     "emulator_configs",
     "run_demo",
@@ -62,6 +85,53 @@ DEFAULT_STORE = "sqlite:///specproxy-demo.db"
 _FINAL_SLACK_S = 60.0  # beyond 4 stats intervals: the stats process's start-up, a slow machine
 
 log = logging.getLogger(__name__)
+
+DEMO_ARM_COUNTS: tuple[int, ...] = (2, 3)  # `--arms`
+# The three-arm demo's treatments: (name, k, acceptance). k=2 at 0.7 expects 2.19 tokens a
+# step, k=4 at 0.5 1.94 at a dearer step (k drafts): TPOT speedups 1.83x and 1.38x by the
+# emulator's model (`Physics.expected_speedup`, draft cost 0.1), clearly apart.
+_NGRAM_ARMS: tuple[tuple[str, int, float], ...] = (("ngram-k2", 2, 0.7), ("ngram-k4", 4, 0.5))
+
+
+@dataclass(frozen=True, slots=True)
+class DemoArm:
+    """One arm of the demo: its name, role, traffic weight, labels, and emulated speculation
+    (k = 0: none, the baseline)."""
+
+    name: str
+    role: ArmRole
+    k: int = 0
+    acceptance: float = 0.0
+    weight: float = 1.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def speculative(self) -> bool:
+        return self.k > 0
+
+
+def demo_arms(n: int, *, acceptance: float = 0.8, speculative_tokens: int = 4) -> list[DemoArm]:
+    """The demo's arms, the control first (pure).
+
+    n = 2: the two-arm shorthand as `make demo` always ran it, baseline and speculative (k =
+    `speculative_tokens` at `acceptance`), split by `routing.speculative_share`. n = 3: the
+    baseline and the n-gram treatments of `_NGRAM_ARMS`, equal weights.
+    """
+    if n not in DEMO_ARM_COUNTS:
+        raise ConfigError(f"the demo runs {' or '.join(map(str, DEMO_ARM_COUNTS))} arms, not {n}")
+    if n == 2:
+        share = RoutingConfig().speculative_share
+        return [
+            DemoArm(SHORTHAND_CONTROL, "control", weight=1.0 - share),
+            DemoArm(SHORTHAND_TREATMENT, "treatment", speculative_tokens, acceptance, weight=share),
+        ]
+    return [
+        DemoArm(SHORTHAND_CONTROL, "control", labels={"method": "none"}),
+        *(
+            DemoArm(name, "treatment", k, alpha, labels={"method": "ngram", "k": str(k)})
+            for name, k, alpha in _NGRAM_ARMS
+        ),
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +161,7 @@ class DemoOptions:
     refresh_s: float = 1.0  # live view refresh
     plain_every_s: float = 10.0  # without a terminal: one status line this often
     overload: bool = False  # emulators only: slow both arms until the slower one is overloaded
+    arms: int = 2  # emulators only: 2 (baseline, speculative) or 3 (`demo_arms`)
 
 
 @dataclass(slots=True)
@@ -118,16 +189,17 @@ async def run_demo(
     run_id = opts.run_id or f"demo-{int(time.time())}"
     stop = asyncio.Event()
     emulated = opts.vllm_urls is None and opts.vllm_python is None
-    slowdown = overload_slowdown(emulated_loads(opts, prompts)) if opts.overload else 1.0
+    loads = emulated_loads(opts, prompts)
+    slowdown = overload_slowdown(list(loads.values())) if opts.overload else 1.0
     async with contextlib.AsyncExitStack() as stack:
-        spec_url, base_url = await stack.enter_async_context(_arms(opts, console, slowdown))
-        cfg = _config(opts, run_id, spec_url, base_url)
+        urls = await stack.enter_async_context(_arms(opts, console, slowdown))
+        cfg = _config(opts, run_id, urls)
         app = create_app(cfg, registry=CollectorRegistry())  # opens the store, scraper, stats
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         proxy_url = await _listen(runner, opts.host, opts.port)
         stack.push_async_callback(runner.cleanup)
-        _print_urls(console, proxy_url, spec_url, base_url, opts)
+        _print_urls(console, proxy_url, urls, opts)
         if emulated:
             _print_load(console, emulated_loads(opts, prompts, slowdown), slowdown)
         if started is not None and not started.done():
@@ -173,33 +245,49 @@ async def run_demo(
     )
 
 
-def emulator_configs(
-    opts: DemoOptions, slowdown: float = 1.0
-) -> tuple[EmulatorConfig, EmulatorConfig]:
-    """(speculative, baseline) emulator settings of the demo's arms; slowed down (`--overload`),
-    without the warm-up's extra slowdown, whose first steps would otherwise finish nothing."""
+def emulator_configs(opts: DemoOptions, slowdown: float = 1.0) -> dict[str, EmulatorConfig]:
+    """{arm: emulator settings} of the demo's arms (`demo_arms(opts.arms)`), the control first;
+    slowed down (`--overload`), without the warm-up's extra slowdown, whose first steps would
+    otherwise finish nothing."""
     from specproxy.emulator.config import EmulatorConfig
 
     common: dict[str, Any] = {
-        "num_speculative_tokens": opts.speculative_tokens,
-        "acceptance": opts.acceptance,
         "per_request_metrics": True,
         "time_scale": opts.time_scale,
         "slowdown": slowdown,
     }
     if slowdown > 1.0:
         common["warmup_factor"] = 1.0
-    spec_cfg = EmulatorConfig(
-        speculative=True, per_request_spec_metrics="summary", seed=opts.seed + 1, **common
-    )
-    return spec_cfg, EmulatorConfig(speculative=False, seed=opts.seed + 2, **common)
+    configs: dict[str, EmulatorConfig] = {}
+    arms = _demo_arms(opts)
+    # the two-arm demo's seeds as they always were (speculative + 1, baseline + 2)
+    seeds = [2, 1] if opts.arms == 2 else list(range(1, len(arms) + 1))
+    for arm, seed in zip(arms, seeds, strict=True):
+        if arm.speculative:
+            configs[arm.name] = EmulatorConfig(
+                speculative=True,
+                num_speculative_tokens=arm.k,
+                acceptance=arm.acceptance,
+                per_request_spec_metrics="summary",
+                seed=opts.seed + seed,
+                **common,
+            )
+        else:  # the two-arm demo's baseline always had the speculative arm's k and acceptance
+            configs[arm.name] = EmulatorConfig(
+                speculative=False,
+                num_speculative_tokens=opts.speculative_tokens,
+                acceptance=opts.acceptance,
+                seed=opts.seed + seed,
+                **common,
+            )
+    return configs
 
 
 def emulated_loads(
     opts: DemoOptions, prompts: list[Prompt], slowdown: float = 1.0
-) -> tuple[ArmLoad, ArmLoad]:
-    """(speculative, baseline): the model's view of the demo's load on emulated arms (the
-    proxy's default split, the prompts' mean lengths under `max_tokens`)."""
+) -> dict[str, ArmLoad]:
+    """{arm: the model's view of its load} on emulated arms: the rate split by the arms'
+    weights (as the proxy routes), the prompts' mean lengths under `max_tokens`."""
     from specproxy.emulator.vocab import chat_prompt_ids
 
     prompt_tokens, output_tokens = mean_lengths(
@@ -207,33 +295,33 @@ def emulated_loads(
         [p.max_tokens for p in prompts],
         opts.max_tokens,
     )
-    share = RoutingConfig().speculative_share
-    spec_cfg, base_cfg = emulator_configs(opts, slowdown)
-    return (
-        arm_load(
-            spec_cfg.physics(),
-            opts.rate * share,
+    rates = split_rate(opts.rate, {arm.name: arm.weight for arm in _demo_arms(opts)})
+    return {
+        name: arm_load(
+            cfg.physics(),
+            rates[name],
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
-            max_num_seqs=spec_cfg.max_num_seqs,
-        ),
-        arm_load(
-            base_cfg.physics(),
-            opts.rate * (1.0 - share),
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            max_num_seqs=base_cfg.max_num_seqs,
-        ),
+            max_num_seqs=cfg.max_num_seqs,
+        )
+        for name, cfg in emulator_configs(opts, slowdown).items()
+    }
+
+
+def _demo_arms(opts: DemoOptions) -> list[DemoArm]:
+    return demo_arms(
+        opts.arms, acceptance=opts.acceptance, speculative_tokens=opts.speculative_tokens
     )
 
 
 @contextlib.asynccontextmanager
 async def _arms(
     opts: DemoOptions, console: Console, slowdown: float = 1.0
-) -> AsyncIterator[tuple[str, str]]:
-    """(speculative URL, baseline URL): given, launched real vLLM, or in-process emulators."""
+) -> AsyncIterator[dict[str, str]]:
+    """{arm: base URL}: given, launched real vLLM (two arms), or in-process emulators."""
     if opts.vllm_urls is not None:
-        yield opts.vllm_urls
+        spec, base = opts.vllm_urls
+        yield {SHORTHAND_TREATMENT: spec, SHORTHAND_CONTROL: base}
         return
     if opts.vllm_python is not None:
         from specproxy.realvllm.launcher import VllmPair, resolve_vllm_python
@@ -241,28 +329,46 @@ async def _arms(
         pair = VllmPair(resolve_vllm_python(opts.vllm_python), log_dir=Path(opts.out) / "vllm-logs")
         console.print("starting real vLLM CPU servers (1-3 minutes on 2 cores)...")
         async with pair:
-            yield pair.speculative_url, pair.baseline_url
+            yield {SHORTHAND_TREATMENT: pair.speculative_url, SHORTHAND_CONTROL: pair.baseline_url}
         return
     from specproxy.emulator.server import run_emulator
 
-    spec_cfg, base_cfg = emulator_configs(opts, slowdown)
-    async with run_emulator(spec_cfg) as spec_url, run_emulator(base_cfg) as base_url:
-        yield spec_url, base_url
+    async with contextlib.AsyncExitStack() as stack:
+        urls = {
+            name: await stack.enter_async_context(run_emulator(cfg))
+            for name, cfg in emulator_configs(opts, slowdown).items()
+        }
+        yield urls
 
 
-def _config(opts: DemoOptions, run_id: str, spec_url: str, base_url: str) -> Config:
-    return Config(
-        baseline_url=base_url,
-        speculative_url=spec_url,
-        host=opts.host,
-        port=opts.port,
-        run_id=run_id,
-        store=StoreConfig(url=opts.store, flush_interval_s=0.5),
-        scrape=ScrapeConfig(interval_s=opts.scrape_interval_s),
-        stats=StatsConfig(
+def _config(opts: DemoOptions, run_id: str, urls: dict[str, str]) -> Config:
+    common: dict[str, Any] = {
+        "host": opts.host,
+        "port": opts.port,
+        "run_id": run_id,
+        "store": StoreConfig(url=opts.store, flush_interval_s=0.5),
+        "scrape": ScrapeConfig(interval_s=opts.scrape_interval_s),
+        "stats": StatsConfig(
             interval_s=opts.stats_interval_s, resamples=opts.resamples, seed=opts.seed
         ),
-    )
+    }
+    if opts.arms == 2:  # the two-arm shorthand, as the demo always configured it
+        return Config(
+            baseline_url=urls[SHORTHAND_CONTROL],
+            speculative_url=urls[SHORTHAND_TREATMENT],
+            **common,
+        )
+    arms = {
+        arm.name: ArmConfig(
+            urls=(urls[arm.name],),
+            role=arm.role,
+            weight=arm.weight,
+            labels=arm.labels,
+            name=arm.name,
+        )
+        for arm in _demo_arms(opts)
+    }
+    return Config(arms=arms, **common)
 
 
 async def _listen(runner: web.AppRunner, host: str, port: int) -> str:
@@ -277,10 +383,16 @@ async def _listen(runner: web.AppRunner, host: str, port: int) -> str:
     return f"http://{host}:{bound}"
 
 
-def _print_urls(console: Console, proxy: str, spec: str, base: str, opts: DemoOptions) -> None:
+def _print_urls(console: Console, proxy: str, urls: dict[str, str], opts: DemoOptions) -> None:
     kind = "real vLLM" if opts.vllm_urls or opts.vllm_python else "emulated"
-    console.print(f"speculative arm ({kind}): {spec}")
-    console.print(f"baseline arm ({kind}):    {base}")
+    if opts.arms == 2:
+        console.print(f"speculative arm ({kind}): {urls[SHORTHAND_TREATMENT]}")
+        console.print(f"baseline arm ({kind}):    {urls[SHORTHAND_CONTROL]}")
+    else:
+        width = max(map(len, urls))
+        for arm in _demo_arms(opts):
+            what = f"k={arm.k}, acceptance {arm.acceptance:g}" if arm.speculative else "control"
+            console.print(f"{arm.name:<{width}} ({kind}, {what}): {urls[arm.name]}")
     console.print(f"proxy:  {proxy}/v1  (OpenAI-compatible)")
     console.print(f"live page:  {proxy}/ui")
     console.print(f"metrics:    {proxy}/metrics")
@@ -291,22 +403,38 @@ def _print_urls(console: Console, proxy: str, spec: str, base: str, opts: DemoOp
     )
 
 
-def _print_load(console: Console, loads: tuple[ArmLoad, ArmLoad], slowdown: float) -> None:
+def _print_load(console: Console, loads: dict[str, ArmLoad], slowdown: float) -> None:
     """Where the load stands against what the emulated arms serve, by their model."""
-    spec, base = loads
-    if slowdown > 1.0:
+    events = sum(load.events_per_s for load in loads.values())
+    most = max(load.utilisation for load in loads.values())
+    if set(loads) == set(SHORTHAND_ARMS):
+        spec, base = loads[SHORTHAND_TREATMENT], loads[SHORTHAND_CONTROL]
+        if slowdown > 1.0:
+            console.print(
+                f"overload: both arms' steps {slowdown:.1f}x slower, so the speculative arm gets "
+                f"{spec.utilisation:.0%} and the baseline {base.utilisation:.0%} of what it "
+                "serves (emulator model): the queues grow, and the diagnosis should say so"
+            )
+            return
         console.print(
-            f"overload: both arms' steps {slowdown:.1f}x slower, so the speculative arm gets "
-            f"{spec.utilisation:.0%} and the baseline {base.utilisation:.0%} of what it serves "
-            "(emulator model): the queues grow, and the diagnosis should say so"
+            f"model: {spec.rate:g} req/s per arm is {spec.utilisation:.0%} of what the "
+            f"speculative arm serves, {base.utilisation:.0%} of the baseline's; "
+            f"{events:.0f} streamed events/s"
         )
-        return
-    console.print(
-        f"model: {spec.rate:g} req/s per arm is {spec.utilisation:.0%} of what the speculative "
-        f"arm serves, {base.utilisation:.0%} of the baseline's; "
-        f"{spec.events_per_s + base.events_per_s:.0f} streamed events/s"
-    )
-    if max(spec.utilisation, base.utilisation) >= 1.0:
+    else:
+        shares = ", ".join(
+            f"{name} {load.rate:.3g} req/s, {load.utilisation:.0%}" for name, load in loads.items()
+        )
+        if slowdown > 1.0:
+            console.print(
+                f"overload: every arm's steps {slowdown:.1f}x slower ({shares} of what it "
+                "serves, emulator model): the queues grow, and the diagnosis should say so"
+            )
+            return
+        console.print(
+            f"model: {shares} of what it serves; {events:.0f} streamed events/s", soft_wrap=True
+        )
+    if most >= 1.0:
         console.print("note: above what an arm serves: expect queueing, not a speedup")
 
 

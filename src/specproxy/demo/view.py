@@ -5,7 +5,9 @@ size): per-arm latency, one speedup row per metric with its verdict and the medi
 the diagnosis with its first reasons. Rendering is pure (a stats result and the client's tally
 in, a renderable or a string out), so it can be tested without a terminal. Per-arm latency
 comes from the client's own results while the stats job has not run yet, then from the stats
-result, which is what /api/stats and the report show.
+result, which is what /api/stats and the report show. With several treatments (`--arms 3`) the
+speedup table has a row per treatment and metric, and a `best` line says which one leads; the
+diagnosis shown is the first treatment's.
 """
 
 from __future__ import annotations
@@ -59,7 +61,13 @@ class ClientTally:
 
 def render(stats: StatsResult | None, tally: ClientTally, *, title: str = "live") -> RenderableType:
     """The whole view: per-arm latency, then speedups, acceptance, verdicts and diagnosis."""
-    from specproxy.report.summary import arm_rows, diagnosis_lines
+    from specproxy.report.summary import (
+        arm_rows,
+        best_line,
+        diagnosis_lines,
+        main_window,
+        treatments_of,
+    )
 
     parts: list[RenderableType] = []
     arms = Table(
@@ -75,7 +83,9 @@ def render(stats: StatsResult | None, tally: ClientTally, *, title: str = "live"
         for row in rows:
             arms.add_row(*row)
     else:
-        for arm in ("speculative", "baseline"):
+        # the shorthand's two arms from the start; named arms (A/B/n) as their answers come
+        named = not set(tally.e2e) <= set(SHORTHAND_ARMS)
+        for arm in sorted(tally.e2e) if named else SHORTHAND_ARMS:
             arms.add_row(
                 arm,
                 str(len(tally.e2e.get(arm, []))),
@@ -92,14 +102,24 @@ def render(stats: StatsResult | None, tally: ClientTally, *, title: str = "live"
             Text(f"requests sent: {tally.sent}, errors: {tally.errors}; waiting for stats")
         )
         return Group(*parts)
-    parts.append(_speedup_table(stats))
+    treatments = treatments_of(stats)
+    many = len(treatments) > 1
+    parts.append(_speedups_table(stats, treatments) if many else _speedup_table(stats))
+    best = best_line(window) if (window := main_window(stats)) is not None else None
+    if best is not None:
+        parts.append(Text(best))
+    # several treatments: their rows and the best line take the reasons' rows (the report has
+    # them)
+    reason_rows = 0 if many else MAX_REASONS
     diagnosis = diagnosis_lines(stats)
     if diagnosis:
-        parts.append(Text(diagnosis[0]))  # the headline wraps, never cut
+        head = diagnosis[0].replace("diagnosis:", f"diagnosis ({treatments[0]}):", 1)
+        head = head if many else diagnosis[0]
+        parts.append(Text(head))  # the headline wraps, never cut
     shown, used = 0, 0
-    for line in diagnosis[1 : 1 + MAX_REASONS]:
+    for line in diagnosis[1 : 1 + reason_rows]:
         need = -(-len(line) // VIEW_WIDTH)  # wrapped, never cut: a reason's end is its point
-        if shown and used + need > MAX_REASONS:
+        if shown and used + need > reason_rows:
             break
         parts.append(Text(line))
         shown, used = shown + 1, used + need
@@ -130,14 +150,53 @@ def _speedup_table(stats: StatsResult) -> Table:
     return table
 
 
+def _speedups_table(stats: StatsResult, treatments: list[str]) -> Table:
+    """`_speedup_table` with a row per treatment and metric, the treatment named in its first
+    row's metric cell (a column of its own would not fit 80 columns)."""
+    from specproxy.report.summary import speedup_rows, verdict_rows
+
+    table = Table(
+        title="speedup = control / treatment (> 1: faster), 95% CI",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+    )
+    statistics = ("median", "p99")
+    for column in ("metric", "verdict", *statistics):
+        table.add_column(column, justify="right", no_wrap=True)
+    for treatment in treatments:
+        cells: dict[str, dict[str, str]] = {}
+        for label, stat, estimate, ci in speedup_rows(stats, statistics, treatment):
+            cells.setdefault(label, {})[stat] = ci if estimate == "-" else f"{estimate} {ci}"
+        for i, (label, verdict) in enumerate(verdict_rows(stats, treatment)):
+            row = cells.get(label, {})
+            metric = f"{treatment} {label}" if i == 0 else label
+            table.add_row(metric, verdict, *(row.get(s, "-") for s in statistics))
+    return table
+
+
 def plain_line(stats: StatsResult | None, tally: ClientTally) -> str:
     """One status line for logs and CI (no terminal)."""
     head = f"sent {tally.sent}, errors {tally.errors}"
     if stats is None:
         spec, base = (tally.quantile("e2e", a, 0.5) for a in SHORTHAND_ARMS)
         return f"{head}; client E2E p50 speculative {_ms(spec)}, baseline {_ms(base)}; no stats yet"
-    from specproxy.report.summary import speedup_rows, verdict_rows
+    from specproxy.report.summary import (
+        best_line,
+        main_window,
+        speedup_rows,
+        treatments_of,
+        verdict_rows,
+    )
 
+    treatments = treatments_of(stats)
+    if len(treatments) > 1:
+        each = []
+        for t in treatments:
+            speed = "; ".join(" ".join(r) for r in speedup_rows(stats, treatment=t)[:2])
+            verdict = ", ".join(f"{m}: {v}" for m, v in verdict_rows(stats, t))
+            each.append(f"{t}: {speed}; {verdict}")
+        best = best_line(window) if (window := main_window(stats)) is not None else None
+        return "; ".join([head, *each, *([best] if best is not None else [])])
     speed = "; ".join(" ".join(r) for r in speedup_rows(stats)[:2])
     verdict = ", ".join(f"{m}: {v}" for m, v in verdict_rows(stats))
     return f"{head}; {speed}; {verdict}"

@@ -49,6 +49,7 @@ __all__ = [
     "needed_more",
     "shown_arms",
     "speedup_rows",
+    "treatments_of",
     "verdict_rows",
 ]
 
@@ -99,6 +100,17 @@ def conditions_of(window: WindowResult, treatment: str) -> Conditions | None:
     if treatment in many:
         return many[treatment].get("conditions")
     return window.get("conditions")
+
+
+def treatments_of(result: StatsResult | None) -> list[str]:
+    """Every treatment of the shown window, in configured order (one for a two-arm result)."""
+    window = main_window(result)
+    return arms_of(window)[1] if window is not None else []
+
+
+def _comparison(window: WindowResult, treatment: str | None) -> WindowComparison:
+    """The treatment's comparison with the control (None: the window's own, the first's)."""
+    return window if treatment is None else comparison_of(window, treatment)
 
 
 def arm_comparison(window: WindowResult, arm: str) -> WindowComparison:
@@ -222,15 +234,19 @@ def band_text(band: schema.BandSpeedup | None) -> tuple[str, str]:
 
 
 def speedup_rows(
-    result: StatsResult | None, statistics: tuple[str, ...] = ("median", "p99")
+    result: StatsResult | None,
+    statistics: tuple[str, ...] = ("median", "p99"),
+    treatment: str | None = None,
 ) -> list[tuple[str, str, str, str]]:
-    """(metric, statistic, estimate, CI) for each metric and statistic."""
+    """(metric, statistic, estimate, CI) for each metric and statistic, of `treatment`'s
+    comparison (None: the first treatment's)."""
     window = main_window(result)
     if window is None:
         return []
+    comparison = _comparison(window, treatment)
     rows = []
     for metric, label in METRICS.items():
-        block = window["metrics"][metric]["speedup"]
+        block = comparison["metrics"][metric]["speedup"]
         for stat in statistics:
             s = block.get(stat)
             if s is not None and s["status"] == "ok":
@@ -245,12 +261,13 @@ def needed_more(speedup: schema.Speedup | None) -> int:
     return max(speedup["n_needed"].values(), default=0) if speedup is not None else 0
 
 
-def verdict_rows(result: StatsResult | None) -> list[tuple[str, str]]:
-    """(metric, verdict) from the anytime-valid tests."""
+def verdict_rows(result: StatsResult | None, treatment: str | None = None) -> list[tuple[str, str]]:
+    """(metric, verdict) from the anytime-valid tests, of `treatment` (None: the first)."""
     window = main_window(result)
     if window is None:
         return []
-    return [(label, window["metrics"][m]["verdict"]) for m, label in METRICS.items()]
+    comparison = _comparison(window, treatment)
+    return [(label, comparison["metrics"][m]["verdict"]) for m, label in METRICS.items()]
 
 
 def diagnosis_lines(result: StatsResult | None) -> list[str]:
