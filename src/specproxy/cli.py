@@ -11,6 +11,7 @@ Modules are imported lazily, so `specproxy --help` stays fast and one broken opt
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import sys
 from collections.abc import Sequence
@@ -129,11 +130,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    program = argv is None  # a program's run (not a test calling main)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
     setup_logging("debug" if args.verbose else args.log_level, args.log_format)
+    if program and not faulthandler.is_enabled():
+        # a process killed by a signal (SIGBUS from a mapped file, SIGSEGV) leaves a traceback
+        # on stderr instead of nothing (a program's run only: tests keep pytest's own)
+        faulthandler.enable()
     try:
         code: int = args._run(args)
     except SpecProxyError as exc:

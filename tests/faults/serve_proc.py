@@ -4,6 +4,7 @@ measured (RSS from /proc), and killed by pid; plus what its SQLite store holds."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sqlite3
@@ -28,7 +29,9 @@ def stored_rows(db: Path, run_id: str) -> list[tuple[str, str | None, int]]:
     """(request_id, error_kind, status) of every stored request of `run_id`."""
     if not db.exists():
         return []
-    with sqlite3.connect(db, timeout=30) as conn:
+    # closed here, not when collected: a connection left open keeps SQLite's -shm mapped in
+    # the test process (a test that truncates it would then crash this one)
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
         return list(
             conn.execute(
                 "SELECT request_id, error_kind, status FROM requests WHERE run_id = ?", (run_id,)

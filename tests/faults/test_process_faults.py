@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from specproxy.store.sqlite import EXIT_UNSAFE
 from tests.faults.conftest import RUN, fault_row
 from tests.faults.serve_proc import Serve, stored_rows
 from tests.faults.upstream import FaultUpstream
@@ -182,3 +183,57 @@ async def test_sigkill_in_an_outage_below_max_buffer_loses_at_most_a_batch(
     assert await second.wait() == 0
     fault_row("SIGKILL in store outage, max_buffer 200k", f"{sent} x 200",
               f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip
+
+
+async def test_a_truncated_shm_is_no_sigbus_and_loses_no_row(
+    faulty: FaultUpstream, tmp_path: Path
+) -> None:
+    """SQLite's `-shm` truncated under a running proxy (issue 29, defect 5: SIGBUS, exit 135, no
+    log line, 44 answered rows lost). The store checks the file before each statement, stops
+    touching the database, spills, logs at CRITICAL and exits 75 after the drain; the restart
+    reopens the database and replays the spill: every answered request is stored once."""
+    db = tmp_path / "store.db"
+    toml = _toml(faulty, tmp_path, f"sqlite:///{db}")
+    first = Serve(tmp_path, toml)
+    await first.ready()
+    rss_before = first.rss_bytes()
+    before, after = 40, 60
+
+    async def send(serve: Serve, n: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(n):
+                headers = {"x-fault": "ok"}
+                async with session.post(serve.url + CHAT, json=chat(), headers=headers) as r:
+                    assert r.status == 200
+                    await r.read()
+
+    await send(first, before)
+    for _ in range(1200):
+        if len(stored_rows(db, RUN)) == before:
+            break
+        await asyncio.sleep(0.1)
+    assert len(stored_rows(db, RUN)) == before
+    os.truncate(f"{db}-shm", 0)  # what a cleanup job or a disk tool might do
+    await send(first, after)
+    for _ in range(1200):
+        if await first.metric("specproxy_store_spilled_total") >= after:
+            break
+        await asyncio.sleep(0.1)
+    assert await first.metric("specproxy_store_spilled_total") >= after
+    assert first.proc.poll() is None  # alive: no SIGBUS
+    assert "shrank from" in first.log.read_text() and "CRITICAL" in first.log.read_text()
+    rss_after = first.rss_bytes()
+    os.kill(first.pid, signal.SIGTERM)
+    assert await first.wait() == EXIT_UNSAFE  # drained to the spill, the map never touched
+    second = Serve(tmp_path, toml)
+    await second.ready()
+    for _ in range(1200):
+        if len(stored_rows(db, RUN)) >= before + after:
+            break
+        await asyncio.sleep(0.1)
+    ids = [r[0] for r in stored_rows(db, RUN)]
+    assert len(ids) == len(set(ids)) == before + after  # every answered request, once
+    os.kill(second.pid, signal.SIGTERM)
+    assert await second.wait() == 0
+    fault_row("SQLite -shm truncated under load", f"{before + after} x 200",
+              f"{after} spilled, replayed on restart", 0, rss_before, rss_after)  # fmt: skip

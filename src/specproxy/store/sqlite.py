@@ -7,6 +7,18 @@ writer commits, and a read of several statements runs in one transaction (one sn
 `synchronous=NORMAL` under WAL survives a crash of the process (not of the OS) without an fsync
 per commit.
 
+SIGBUS. WAL keeps its index in `<db>-shm`, which SQLite maps into memory; a process whose
+mapped `-shm` is truncated under it (another program, a cleanup job, a disk tool) dies of SIGBUS
+on its next statement, with no log line and its buffered rows lost (issue 29, defect 5). The
+kernel gives no error code to catch, so every statement checks first (`ShmGuard`, one `stat`):
+a `-shm` smaller than this process has seen it makes the store unsafe for good. From then on
+nothing touches SQLite: writes fail, so the rows go to the spill file (`buffered`); reads fail
+with `StoreError`; the process logs it once at CRITICAL, keeps serving, and at exit skips the
+close that would touch the map (`os._exit(EXIT_UNSAFE)`, after the spill is written); a restart
+reopens the database, whose WAL is intact, and replays the spill. A truncation in the instant
+between the check and the statement still kills the process; this narrows it from the whole
+outage to microseconds, and `faulthandler` (enabled by `specproxy serve`) names the signal.
+
 URL form (as SQLAlchemy): `sqlite:///relative.db`, `sqlite:////absolute/path.db`; the optional
 query `?timeout=SECONDS` sets how long a write waits for a lock before it counts as an outage.
 """
@@ -14,6 +26,7 @@ query `?timeout=SECONDS` sets how long a write waits for a lock before it counts
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -21,11 +34,12 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from specproxy.config import StoreConfig
@@ -188,6 +202,73 @@ def _engine_sample(row: Sequence[Any]) -> EngineSample:
     return EngineSample.from_dict(values)
 
 
+EXIT_UNSAFE: Final = 75  # EX_TEMPFAIL: the exit status after the -shm became unsafe
+_UNCLOSED: list[sqlite3.Connection] = []  # connections an unsafe -shm keeps from closing
+
+
+class ShmGuard:
+    """Whether SQLite may touch the database's mapped `-shm` (see the module docstring): `check`
+    raises `StoreError` once the file is smaller than this process has seen it. One per process
+    and database file: every connection of a process shares SQLite's one map, which the store's
+    long-lived connection (the writer's, or a read-only store's) keeps mapped."""
+
+    _guards: ClassVar[dict[str, ShmGuard]] = {}
+
+    def __init__(self, db_path: str) -> None:
+        self.shm = db_path + "-shm"
+        self.seen = 0  # the largest size seen of the mapped file
+        self.inode: tuple[int, int] | None = None  # (st_dev, st_ino) of the mapped file
+        self.unsafe: str | None = None
+
+    @classmethod
+    def of(cls, db_path: str) -> ShmGuard:
+        key = os.path.realpath(db_path)
+        guard = cls._guards.get(key)
+        if guard is None:
+            guard = cls._guards[key] = cls(key)
+        return guard
+
+    def check(self) -> None:
+        if self.unsafe is not None:
+            raise StoreError(self.unsafe)
+        try:
+            st = os.stat(self.shm)
+        except OSError:  # not made yet, or unlinked (the mapped inode stays valid), or unreadable
+            return
+        if (st.st_dev, st.st_ino) != self.inode or st.st_size >= self.seen:
+            return  # another file at the path is not the one mapped; a map only grows
+        self.unsafe = (
+            f"SQLite's {self.shm} shrank from {self.seen} to {st.st_size} bytes under this "
+            "process (something outside specproxy truncated it): touching the database again "
+            "would crash the process (SIGBUS), so the store is closed to it; rows go to the "
+            "spill file, and a restart reopens the database and replays them"
+        )
+        log.critical("store: %s", self.unsafe)
+        atexit.register(_exit_without_closing)
+        raise StoreError(self.unsafe)
+
+    def mapped(self) -> None:
+        """After a statement: note the file SQLite has mapped and its size (which only grows
+        while a connection is open)."""
+        try:
+            st = os.stat(self.shm)
+        except OSError:
+            return
+        inode = (st.st_dev, st.st_ino)
+        self.seen = max(self.seen, st.st_size) if inode == self.inode else st.st_size
+        self.inode = inode
+
+
+def _exit_without_closing() -> None:
+    """At exit after a `-shm` truncation: closing the connections would checkpoint through the
+    poisoned map and die of SIGBUS, so end the process here, after the spill was written."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(EXIT_UNSAFE)
+
+
 @register_backend("sqlite")
 class SqliteStore(BufferedStore):
     def __init__(self, cfg: StoreConfig, *, run_id: str = "default") -> None:
@@ -195,6 +276,7 @@ class SqliteStore(BufferedStore):
         self.path, self.timeout_s = sqlite_path(cfg.url)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="specproxy-sqlite-writer")
         self._conn: sqlite3.Connection | None = None  # used only on the writer thread
+        self._shm = ShmGuard.of(self.path)
 
     # -- writer thread -------------------------------------------------------------------------
 
@@ -210,6 +292,7 @@ class SqliteStore(BufferedStore):
         return conn
 
     def _open_sync(self) -> None:
+        self._shm.check()
         if self._read_only and self._schema_is_current():
             # stats / report / export: a read-only connection, nothing to migrate
             self._conn = sqlite3.connect(
@@ -223,6 +306,7 @@ class SqliteStore(BufferedStore):
             conn.close()
             raise
         self._conn = conn
+        self._shm.mapped()
 
     def _schema_is_current(self) -> bool:
         """Whether the file exists and needs no migration (an older one is migrated first)."""
@@ -244,6 +328,7 @@ class SqliteStore(BufferedStore):
         conn = self._conn
         if conn is None:
             raise sqlite3.OperationalError("store not open")
+        self._shm.check()
         conn.execute("BEGIN IMMEDIATE")
         try:
             result = fn(conn)
@@ -252,6 +337,7 @@ class SqliteStore(BufferedStore):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self._shm.mapped()
         return result
 
     def _write_sync(
@@ -349,6 +435,9 @@ class SqliteStore(BufferedStore):
         return await self._on_writer(self._compact_sync, run_id, bounds, fold)
 
     def _close_sync(self) -> None:
+        if self._conn is not None and self._shm.unsafe is not None:
+            _UNCLOSED.append(self._conn)  # closing would touch the map; the exit skips it
+            self._conn = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -397,6 +486,7 @@ class SqliteStore(BufferedStore):
         await self._ensure_open()
 
         def run() -> _T:
+            self._shm.check()
             conn = sqlite3.connect(
                 self.path, timeout=self.timeout_s, detect_types=sqlite3.PARSE_COLNAMES
             )
@@ -410,6 +500,7 @@ class SqliteStore(BufferedStore):
                 finally:
                     conn.execute("ROLLBACK")
             finally:
+                self._shm.mapped()
                 conn.close()
 
         try:
