@@ -248,8 +248,9 @@ async def _client(session: aiohttp.ClientSession, url: str, stop: asyncio.Event)
         "max_tokens": 24,
         "stream": True,
     }
+    headers = {"x-specproxy-category": "chat"}  # so the category panels have a band
     while not stop.is_set():
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
             await resp.read()
             assert resp.status == 200, await resp.text()
         sent += 1
@@ -312,6 +313,13 @@ def test_substitute_handles_every_form() -> None:
 
 # --- the test -------------------------------------------------------------------------------
 
+# Panels whose series exist only under a condition this traffic does not meet (their queries
+# still run: a query Prometheus rejects fails the test), and why.
+CONDITIONAL_PANELS = {
+    "Crossover load": "a series only where the speedup crosses 1 inside the observed load; "
+    "the emulated treatment helps at every load this closed loop reaches",
+}
+
 
 async def test_dashboard_queries_and_p99_alert_in_real_prometheus(tmp_path: Path) -> None:
     binary = require_binary("prometheus")
@@ -356,7 +364,7 @@ async def test_dashboard_queries_and_p99_alert_in_real_prometheus(tmp_path: Path
                     result = await (
                         prometheus.query(query) if instant else prometheus.query_range(query)
                     )
-                    if not result:
+                    if not result and title not in CONDITIONAL_PANELS:
                         failures.append(f"{title} [{window}]: no series for {query}")
             assert not failures, "\n".join(failures)
 
