@@ -91,6 +91,12 @@ class StatsCollector(Collector):
             names.STATS_DATA_LAG,
             "Age of the newest data the last stats result saw, at the time it was computed.",
         )
+        future_rows = GaugeMetricFamily(
+            names.STATS_FUTURE_ROWS,
+            "Usable requests the last stats result left out of every window for a timestamp"
+            " more than stats.future_skew_s after now (a clock stepped back, or a replica's"
+            " clock runs fast on the shared store).",
+        )
         is_leader = self._leader() if self._leader is not None else None
         if is_leader is not None:
             leader = GaugeMetricFamily(
@@ -106,6 +112,7 @@ class StatsCollector(Collector):
             lag = result.get("lag_s")
             if lag is not None:
                 data_lag.add_metric([], float(lag))
+            future_rows.add_metric([], float(result.get("future_rows", 0)))
             for model, windows in result["results"].items():
                 for window, res in windows.items():
                     counts: dict[str, int] = {}
@@ -117,7 +124,7 @@ class StatsCollector(Collector):
                     for arm, n in counts.items():
                         samples.add_metric([model, window, arm], float(n))
         yield from (speedup, samples, verdict, gate, slowdown, tokens_per_step, break_even)
-        yield from (segment, crossover, last_run, data_lag)
+        yield from (segment, crossover, last_run, data_lag, future_rows)
 
 
 def _conditions(
