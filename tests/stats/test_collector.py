@@ -126,3 +126,14 @@ def test_speedups_by_condition_and_the_crossover_are_gauges_with_bounded_labels(
         in text
     )
     assert f'{cross}{{arm="speculative",bound="upper"' not in text  # beyond the observed range
+
+
+def test_the_future_rows_gauge_reads_the_result_and_zero_for_an_older_one() -> None:
+    """specproxy_stats_future_rows: the requests the result left out for stamps after now; a
+    result stored before the field existed left none out."""
+    for held, want in (({"future_rows": 12}, "12.0"), ({}, "0.0")):
+        result = {"computed_at": 1.0, "results": {}, **held}
+        registry = CollectorRegistry()
+        register_stats_collector(registry, lambda r=result: cast(StatsResult, r))
+        text = generate_latest(registry).decode()
+        assert f"{names.STATS_FUTURE_ROWS} {want}" in text
