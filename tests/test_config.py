@@ -241,6 +241,18 @@ def test_load_toml_returns_the_unvalidated_table(tmp_path: Path) -> None:
         load_toml(tmp_path / "missing.toml")
 
 
+def test_stats_future_skew_is_a_non_negative_number_of_seconds() -> None:
+    """How far past now a row's stamp may be before the windows leave it out: 5 s unless set,
+    0 allowed (not one second ahead), negative or not a number refused at load."""
+    assert Config.from_mapping(ARMS).stats.future_skew_s == 5.0
+    cfg = Config.from_mapping({**ARMS, "stats": {"future_skew_s": 0}})
+    assert cfg.stats.future_skew_s == 0
+    with pytest.raises(ConfigError, match=r"stats\.future_skew_s must be >= 0"):
+        Config.from_mapping({**ARMS, "stats": {"future_skew_s": -1}})
+    with pytest.raises(ConfigError, match=r"stats\.future_skew_s must be a number"):
+        Config.from_mapping({**ARMS, "stats": {"future_skew_s": "5s"}})
+
+
 def test_stats_compute_is_child_or_external() -> None:
     assert Config.from_mapping(ARMS).stats.compute == "child"
     cfg = Config.from_mapping({**ARMS, "stats": {"compute": "external"}})

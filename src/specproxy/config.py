@@ -380,6 +380,10 @@ class StatsConfig:
     `specproxy stats --follow` Deployment). Either way the proxy serves the latest result the
     computing process stored. A `memory://` store is the exception: no other process can read
     it, so its statistics run inside the proxy whatever `compute` says.
+
+    Windows end at now at the latest: a row stamped more than `future_skew_s` (default 5 s)
+    after now (a clock stepped back, a replica's clock running fast on a shared store) is in no
+    window, and the result counts it (`future_rows`, `specproxy_stats_future_rows`).
     """
 
     interval_s: float = 15.0
@@ -390,9 +394,13 @@ class StatsConfig:
     p99_tolerance: float = 0.05  # "slower" means spec P99 > baseline P99 * (1 + tolerance)
     seed: int = 0
     compute: StatsCompute = "child"
+    # How far past now a row's timestamp may be and still count (a replica's clock a little
+    # ahead); rows stamped later are left out of every window and reported as future rows.
+    future_skew_s: float = 5.0
 
     def __post_init__(self) -> None:
         _check(self.interval_s > 0, "stats.interval_s", "must be > 0")
+        _check(self.future_skew_s >= 0, "stats.future_skew_s", "must be >= 0")
         _check(self.compute in get_args(StatsCompute), "stats.compute", "must be child or external")
         _check(len(self.windows_s) > 0, "stats.windows_s", "must name at least one window")
         _check(

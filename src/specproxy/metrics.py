@@ -145,6 +145,8 @@ RECORDED_TOKENS_PER_EVENT = "arm:specproxy_tokens_per_event:mean5m"
 RECORDED_P99_RATIO = "specproxy:request_duration_seconds:p99_ratio_5m"
 STATS_LAST_RUN = "specproxy_stats_last_run_timestamp_seconds"  # the result's computed_at
 STATS_DATA_LAG = "specproxy_stats_data_lag_seconds"  # computed_at - newest data the result saw
+# usable requests stamped after now + stats.future_skew_s: in no window (`compute_stats`)
+STATS_FUTURE_ROWS = "specproxy_stats_future_rows"
 STATS_LEADER = "specproxy_stats_leader"  # 1 in the replica that computes, 0 in followers
 
 

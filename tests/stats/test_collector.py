@@ -3,6 +3,7 @@ low-acceptance rule's inputs for its alert."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -126,3 +127,14 @@ def test_speedups_by_condition_and_the_crossover_are_gauges_with_bounded_labels(
         in text
     )
     assert f'{cross}{{arm="speculative",bound="upper"' not in text  # beyond the observed range
+
+
+def test_the_future_rows_gauge_reads_the_result_and_zero_for_an_older_one() -> None:
+    """specproxy_stats_future_rows: the requests the result left out for stamps after now; a
+    result stored before the field existed left none out."""
+    for held, want in (({"future_rows": 12}, "12.0"), ({}, "0.0")):
+        result = cast(StatsResult, {"computed_at": 1.0, "results": {}, **held})
+        registry = CollectorRegistry()
+        register_stats_collector(registry, functools.partial(lambda r: r, result))
+        text = generate_latest(registry).decode()
+        assert f"{names.STATS_FUTURE_ROWS} {want}" in text

@@ -99,7 +99,7 @@ class StatsCollector(Collector):
         ramp_step = GaugeMetricFamily(
             names.RAMP_STEP,
             "Step of the guarded ramp's schedule each ramped treatment arm is at (1-based; 0: cut"
-            " by a guard, or set off the schedule), as of the ramp's run after the last tick.",
+            " by a guard, or set off the schedule), as of the ramp's move before the last tick.",
             labels=["arm"],
         )
         ramp_moves = CounterMetricFamily(
@@ -107,6 +107,12 @@ class StatsCollector(Collector):
             "Moves of the guarded ramp by the current stats leader: start, step (up the"
             " schedule), cut (to 0 on a failing guard); dry_run=true: decided and logged only.",
             labels=["arm", "move", "dry_run"],
+        )
+        future_rows = GaugeMetricFamily(
+            names.STATS_FUTURE_ROWS,
+            "Usable requests the last stats result left out of every window for a timestamp"
+            " more than stats.future_skew_s after now (a clock stepped back, or a replica's"
+            " clock runs fast on the shared store).",
         )
         is_leader = self._leader() if self._leader is not None else None
         if is_leader is not None:
@@ -128,6 +134,7 @@ class StatsCollector(Collector):
             lag = result.get("lag_s")
             if lag is not None:
                 data_lag.add_metric([], float(lag))
+            future_rows.add_metric([], float(result.get("future_rows", 0)))
             for model, windows in result["results"].items():
                 for window, res in windows.items():
                     counts: dict[str, int] = {}
@@ -139,7 +146,7 @@ class StatsCollector(Collector):
                     for arm, n in counts.items():
                         samples.add_metric([model, window, arm], float(n))
         yield from (speedup, samples, verdict, gate, slowdown, tokens_per_step, break_even)
-        yield from (segment, crossover, last_run, data_lag, ramp_step, ramp_moves)
+        yield from (segment, crossover, last_run, data_lag, future_rows, ramp_step, ramp_moves)
 
 
 def _conditions(

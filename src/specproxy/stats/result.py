@@ -472,7 +472,11 @@ class StatsResult(TypedDict):
     window_end: float  # Unix time; windows are [window_end - w, window_end]
     data_horizon: NotRequired[float | None]  # newest data seen (rows: last t_start; rollups:
     # the end of the last minute holding data); None while the store is empty
-    lag_s: NotRequired[float | None]  # computed_at - data_horizon
+    lag_s: NotRequired[float | None]  # computed_at - data_horizon, never below 0
+    # usable requests stamped more than stats.future_skew_s after now (a clock stepped back, a
+    # replica's clock running fast): in no window; and the newest such stamp (None: none)
+    future_rows: NotRequired[int]
+    future_newest: NotRequired[float | None]
     settings: Settings
     results: dict[str, dict[str, WindowResult]]  # model or "all" -> window label -> result
     ramp: NotRequired[dict[str, RampStatus]]  # [ramp] enabled: each ramped arm, by name

@@ -102,3 +102,34 @@ def test_segments_gather_the_keys_their_label_maps_to() -> None:
     plan = WindowPlan(None, 1000, 1002, 60.0, hourly=False, coarse=False)
     both = arm_window(tiers, plan, "baseline", set(), bounded["a"] | bounded["other"])
     assert both.samples["e2e"].n == 2 and both.samples["e2e"].unit.tolist() == [0, 2]
+
+
+def test_units_after_the_limit_are_future_in_no_window_and_set_no_horizon() -> None:
+    """Minutes 1000-1004 hold the run; minute 1180 (3 h ahead) a fast replica's requests. The
+    limit (now + the skew allowance) leaves minute 1180 out of the horizon and every window,
+    counted per arm; a window end after the limit is brought back to it."""
+    tier = ArmTier()
+    for unit in range(1000, 1005):
+        tier.fine[(unit, "m")] = FineMinute(2, 2.0, 2.0, np.array([5]), np.array([2]))
+    tier.fine[(1180, "m")] = FineMinute(3, 3.0, 3.0, np.array([5]), np.array([3]))
+    tiers = _tiers(tier)
+    now = 1005 * 60.0
+    frame = Frame.of(tiers, None, now, limit=now + 5.0)
+    assert (frame.window_end, frame.horizon) == (now, now)
+    assert (frame.first_unit, frame.last_unit) == (1000, 1005)
+    assert (frame.future, frame.future_end) == (6, 1181 * 60.0)  # 3 requests on each arm
+    for window_s in (300.0, 3600.0, None):
+        plan = frame.plan(tiers, window_s)
+        assert plan.hi == 1005
+        assert arm_window(tiers, plan, "baseline", set(), None).samples["e2e"].n == 10
+    late_end = Frame.of(tiers, 1181 * 60.0, now, limit=now + 5.0)
+    assert late_end.window_end == now + 5.0 and late_end.horizon == now
+    # without a limit (as before the bound) the windows end 3 h ahead, with the future minute
+    unbounded = Frame.of(tiers, None, now)
+    assert unbounded.window_end == 1181 * 60.0 and unbounded.future == 0
+    whole = unbounded.plan(tiers, None)
+    assert arm_window(tiers, whole, "baseline", set(), None).samples["e2e"].n == 13
+    assert (
+        arm_window(tiers, unbounded.plan(tiers, 300.0), "baseline", set(), None).samples["e2e"].n
+        == 3
+    )

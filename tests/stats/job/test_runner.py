@@ -258,3 +258,24 @@ async def test_a_new_leader_after_failover_diagnoses_the_gpu_samples_of_the_old_
     assert gpu is not None and gpu["samples"] == 3 and gpu["thermal_throttle_share"] == 1.0
     codes = {r["code"] for r in window["diagnosis"]["reasons"]}
     assert {"memory_bandwidth_saturated", "thermal_throttling"} <= codes
+
+
+async def test_the_job_bounds_its_windows_by_its_own_clock(store: MemoryStore) -> None:
+    """The job's clock is its now: at 1100.05 the run's rows from 1105.05 on (549 of them, past
+    the 5 s allowance) are future rows, in no window and in the gauge. Its windows end at its
+    clock, so the rows within the allowance wait for a later tick, and the horizon is capped
+    there as before."""
+    registry = CollectorRegistry()
+    job = StatsJob(
+        store, run_id=RUN, stats_cfg=CFG, warmup=WARMUP, registry=registry, clock=lambda: 1100.05
+    )
+    result = await job.run_once()
+    assert result["future_rows"] == 549  # t = 1000 + 0.1 i for i = 1051..1599
+    assert result["window_end"] == result["data_horizon"] == 1100.05
+    whole = result["results"]["all"]["all"]
+    assert whole["span"][1] <= 1101.0  # whole units up to the clock's
+    # the rows of the units (1 s) up to the clock's, 1000-1100.9: 1010 (the 502 and the 404
+    # are not usable), less the warm-up
+    assert sum(whole["samples"].values()) + sum(whole["excluded_warmup"].values()) == 1010
+    text = generate_latest(registry).decode()
+    assert "specproxy_stats_future_rows 549.0" in text

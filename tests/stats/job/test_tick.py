@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from typing import Any
 
 import aiohttp
@@ -458,3 +459,56 @@ async def test_the_whole_run_window_carries_speedups_by_condition() -> None:
     assert result["results"]["all"]["1m"].get("conditions") is None
     assert result["results"]["m-a"]["all"].get("conditions") is None
     json.dumps(result, allow_nan=False)
+
+
+@pytest.mark.parametrize("source", ["rows", "summaries"])
+async def test_future_rows_change_no_window_and_are_counted(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """A replica 3 h fast (or a clock stepped back) adds 400 rows stamped 3 h after now: every
+    window, on rows and on summaries, is what it was without them; the result counts them."""
+    if source == "summaries":
+        monkeypatch.setattr(tick, "ROWS_MAX", 0)
+    now = 1160.0  # the run's rows: 1000-1159.9
+    clean = await compute_stats(store, run_id=RUN, stats_cfg=CFG, warmup=WARMUP, now=now)
+    for rec in records(400, now + 3 * 3600.0, 1.5, 7):
+        store.record(dataclasses.replace(rec, request_id=f"fast-{rec.request_id}"))
+    await store.flush()
+    skewed = await compute_stats(store, run_id=RUN, stats_cfg=CFG, warmup=WARMUP, now=now)
+    assert skewed["results"] == clean["results"]
+    assert skewed["window_end"] == clean["window_end"] <= now + CFG.future_skew_s
+    assert skewed["data_horizon"] == clean["data_horizon"]
+    assert (clean["future_rows"], clean["future_newest"]) == (0, None)
+    assert skewed["future_rows"] == 400
+    newest = skewed["future_newest"]
+    # rows: the newest stamp; summaries: the end of its minute
+    want = now + 3 * 3600.0 + 39.9 if source == "rows" else 12_000.0
+    assert newest is not None and newest == pytest.approx(want)
+    lag = skewed["lag_s"]
+    assert lag is not None and lag >= 0
+    first = skewed["results"]["all"]["1m"]
+    assert first["span"][1] <= now + CFG.future_skew_s + first["unit_s"]
+
+
+async def test_rows_within_the_skew_allowance_count_and_the_lag_stays_at_zero() -> None:
+    """Stamps up to future_skew_s after now are data (clocks a little apart): in the windows,
+    the horizon at the newest of them, and the lag 0 rather than negative. The result's
+    computed_at is the wall clock, so the stamps are set from it (1000 s ahead, an allowance
+    of an hour: the computation would have to take 16 minutes to see them in the past)."""
+    s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
+    await s.start()
+    now = time.time()
+    for rec in records(200, now + 1000.0, 1.5, 3):
+        s.record(rec)
+    await s.flush()
+    cfg = dataclasses.replace(CFG, future_skew_s=3600.0)
+    result = await compute_stats(s, run_id=RUN, stats_cfg=cfg, warmup=WARMUP, now=now)
+    await s.close()
+    assert result["future_rows"] == 0
+    assert result["data_horizon"] == pytest.approx(now + 1019.9, abs=1e-3)
+    whole = result["results"]["all"]["all"]
+    assert {arm: n + whole["excluded_warmup"][arm] for arm, n in whole["samples"].items()} == {
+        "baseline": 100,
+        "speculative": 100,
+    }
+    assert result["lag_s"] == 0.0

@@ -111,24 +111,49 @@ class WindowPlan:
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """Where a run's summaries lie, and the window end every window is measured from."""
+    """Where a run's summaries lie, and the window end every window is measured from.
+
+    `limit` (`Frame.of`): the latest time a unit may start and still be data, now plus the skew
+    allowance (`StatsConfig.future_skew_s`). Units starting after it hold future rows (a clock
+    stepped back, a replica's clock running fast): they are in no window and set no horizon,
+    and `future` counts their usable requests, `future_end` the end of the last of them."""
 
     window_end: float
     horizon: float | None  # end of the last unit holding data (capped at window_end)
     first_unit: int
     last_unit: int
+    future: int = 0  # usable requests in units after the limit
+    future_end: float | None = None  # end of the last unit after the limit holding any
 
     @classmethod
-    def of(cls, tiers: Tiers, window_end: float | None, now: float) -> Frame:
-        units = [tiers.unit_counts(arm)[0] for arm in tiers.arms]
-        used = [int(u.max()) for u in units if u.size]
-        first = [int(u.min()) for u in units if u.size]
+    def of(
+        cls, tiers: Tiers, window_end: float | None, now: float, limit: float | None = None
+    ) -> Frame:
+        bound = math.floor(limit / tiers.unit_s) if limit is not None else None
+        used: list[int] = []
+        first: list[int] = []
+        future = 0
+        ahead: list[int] = []
+        for arm in tiers.arms:
+            units, counts = tiers.unit_counts(arm)
+            if bound is not None:
+                late = units > bound
+                if late.any():
+                    future += int(counts[late].sum())
+                    ahead.append(int(units[late].max()))
+                    units = units[~late]
+            if units.size:
+                used.append(int(units.max()))
+                first.append(int(units.min()))
         horizon = (max(used) + 1) * tiers.unit_s if used else None
         end = window_end if window_end is not None else horizon if horizon is not None else now
+        if limit is not None:
+            end = min(end, limit)
         if horizon is not None:
             horizon = min(horizon, end)
         last = math.floor(end / tiers.unit_s)
-        return cls(end, horizon, min(first) if first else last, last)
+        future_end = (max(ahead) + 1) * tiers.unit_s if ahead else None
+        return cls(end, horizon, min(first) if first else last, last, future, future_end)
 
     def plan(self, tiers: Tiers, window_s: float | None) -> WindowPlan:
         """The units of the window of `window_s` seconds (None: the whole run)."""

@@ -91,6 +91,27 @@ class Rows:
             return None
         return float(min(t.min() for t in times)), float(max(t.max() for t in times))
 
+    def until(self, limit: float) -> tuple[Rows, int, float | None]:
+        """The rows that started at or before `limit` (now plus the skew allowance), the primary
+        rows left out (stamped later: a clock stepped back, a replica's clock running fast) and
+        the newest start among them (None: none)."""
+        kept: dict[Arm, RowArrays] = {}
+        future = 0
+        newest: float | None = None
+        for arm, arrays in self.arrays.items():
+            t = np.asarray(arrays["t_start"], dtype=np.float64)
+            late = t > limit
+            if not late.any():
+                kept[arm] = arrays
+                continue
+            primary = late & ~np.asarray(arrays["shadow"], dtype=bool)
+            if primary.any():
+                future += int(primary.sum())
+                top = float(t[primary].max())
+                newest = top if newest is None else max(newest, top)
+            kept[arm] = {name: np.asarray(column)[~late] for name, column in arrays.items()}
+        return Rows(kept), future, newest
+
     def tiers(self, unit_s: float, label: Callable[[str], str]) -> Tiers:
         """The primary rows as fine units of `unit_s` seconds, keyed by `label(model)`."""
         metrics = {m: {arm: ArmTier() for arm in self.arrays} for m in ROLLUP_METRICS}

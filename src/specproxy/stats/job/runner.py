@@ -113,12 +113,14 @@ class StatsJob:
         (`RampJob.status`), as `step` left it just before. Compaction comes last so it never
         delays a result: once a minute it folds that minute's ~70k fine rows at 1k req/s
         (0.5-0.8 s), and the next tick's incremental read picks up the blocks it wrote."""
+        now = self._clock()
         result = await compute_stats(
             self._store,
             run_id=self._run_id,
             stats_cfg=self._stats_cfg,
             warmup=self._warmup,
-            window_end=self._clock(),
+            window_end=now,
+            now=now,
             model_label=self._model_label,
             gpu_samples=self._gpu_samples() if self._gpu_samples is not None else None,
             cache=self._cache,

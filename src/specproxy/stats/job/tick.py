@@ -13,6 +13,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
+import logging
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -73,6 +74,8 @@ __all__ = [
 GPU_SAMPLES_READ = 20_000
 ALL = "all"
 
+log = logging.getLogger(__name__)
+
 
 def window_label(window_s: float | None) -> str:
     """ "all" for the whole run, else the largest whole unit: "5m", "1h", "1d", "90s"."""
@@ -115,6 +118,8 @@ class TickPlan:
     frame: Frame
     windows: tuple[_Window, ...]
     rows: Rows | None
+    future: int = 0  # usable requests stamped after the limit: in no window
+    future_newest: float | None = None  # the newest such stamp (summaries: its minute's end)
 
     @property
     def horizon(self) -> float | None:
@@ -143,10 +148,18 @@ def plan_tick(
     rows: Rows | None,
     label: Callable[[str], str],
     now: float | None = None,
+    limit: float | None = None,
 ) -> TickPlan:
-    """Each window from `rows` (finer units, pairs) when given, else from the summaries."""
+    """Each window from `rows` (finer units, pairs) when given, else from the summaries.
+
+    `limit` (now plus `StatsConfig.future_skew_s`; None: no bound): data stamped after it is
+    in no window and sets no horizon; the plan counts it (`TickPlan.future`). Rows are cut at
+    the limit itself, the summaries at the minute holding it."""
     clock = time.time() if now is None else now
-    frame = Frame.of(tiers, window_end, clock)
+    frame = Frame.of(tiers, window_end, clock, limit)
+    future, future_newest = frame.future, frame.future_end
+    if rows is not None and limit is not None:
+        rows, future, future_newest = rows.until(limit)
     span = rows.span() if rows is not None else None
     planned: list[_Window] = []
     by_unit: dict[float, Tiers] = {}
@@ -170,7 +183,7 @@ def plan_tick(
         row_frame = Frame.of(unit_tiers, frame.window_end, clock)
         plan = row_frame.plan(unit_tiers, window_s)
         planned.append(_Window(window_s, window_label(window_s), unit_tiers, plan, "rows"))
-    return TickPlan(frame, tuple(planned), rows)
+    return TickPlan(frame, tuple(planned), rows, future, future_newest)
 
 
 def compute_tick(
@@ -325,7 +338,10 @@ def compute_tick(
         "duration_s": time.perf_counter() - started,
         "window_end": plan.frame.window_end,
         "data_horizon": horizon,
-        "lag_s": computed_at - horizon if horizon is not None else None,
+        # never below 0: a row within the skew allowance may start after computed_at
+        "lag_s": max(computed_at - horizon, 0.0) if horizon is not None else None,
+        "future_rows": plan.future,
+        "future_newest": plan.future_newest,
         "settings": result_settings(stats_cfg, warmup),
         "results": results,
     }
@@ -490,9 +506,15 @@ async def compute_stats(
     memory: DecisionMemory | None = None,
     control: Arm = SHORTHAND_CONTROL,
     treatments: Sequence[Arm] | None = None,
+    now: float | None = None,
 ) -> StatsResult:
     """Read the run from the store, then compute on `executor` (None: the loop's default pool).
     `control` and `treatments`: as `compute_tick` takes them.
+
+    Windows end at `now` (None: the wall clock) plus `stats_cfg.future_skew_s` at the latest,
+    whatever `window_end` says: rows stamped later (a clock stepped back, a replica's clock
+    running fast on a shared store) are in no window, set no horizon, and are counted in the
+    result's `future_rows` (with a warning in the log).
 
     `cache` (the job's, kept between ticks) makes the summaries' read incremental. A run with at
     most `ROWS_MAX` usable requests on its larger arm is read as rows. `gpu_samples` None: the
@@ -515,12 +537,31 @@ async def compute_stats(
         arms = (control, *(treatments or ()))
         rows = Rows(await asyncio.to_thread(records_to_arrays, ROW_COLUMNS, records, arms))
     label = model_label or known_label(tiers.keys())
+    clock = time.time() if now is None else now
     plan = await loop.run_in_executor(
         executor,
         functools.partial(
-            plan_tick, tiers, stats_cfg.windows_s, window_end=window_end, rows=rows, label=label
+            plan_tick,
+            tiers,
+            stats_cfg.windows_s,
+            window_end=window_end,
+            rows=rows,
+            label=label,
+            now=clock,
+            limit=clock + stats_cfg.future_skew_s,
         ),
     )
+    if plan.future:
+        ahead = (plan.future_newest or clock) - clock
+        log.warning(
+            "stats: %d usable requests of run %s are stamped more than %g s after now (the "
+            "newest %.0f s ahead): a clock stepped back, or a replica's clock runs fast on the "
+            "shared store; they are left out of every window",
+            plan.future,
+            run_id,
+            stats_cfg.future_skew_s,
+            ahead,
+        )
     by_unit = [w.plan.lo for w in plan.windows if w.source == "summaries" and not w.plan.hourly]
     if any(w.source == "summaries" for w in plan.windows):
         # windows reaching hour blocks take hour rows, the others minute rows from their start
