@@ -31,8 +31,12 @@ def _check(value: Any, hint: Any, path: str) -> int:
     origin = typing.get_origin(hint)
     if is_typeddict(hint):
         assert isinstance(value, dict), path
-        required, optional = hint.__required_keys__, hint.__optional_keys__
-        assert required <= value.keys() <= required | optional, (path, sorted(value))
+        # NotRequired read from the hints: Python 3.11 puts every key of a module with
+        # postponed annotations in __required_keys__
+        extras = typing.get_type_hints(hint, include_extras=True)
+        optional = {k for k, t in extras.items() if typing.get_origin(t) is typing.NotRequired}
+        required = set(extras) - optional
+        assert required <= value.keys() <= set(extras), (path, sorted(value))
         hints = typing.get_type_hints(hint)
         return 1 + sum(_check(value[k], hints[k], f"{path}.{k}") for k in value)
     if origin in (typing.Union, types.UnionType):
