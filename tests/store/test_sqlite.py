@@ -15,7 +15,7 @@ from specproxy.errors import ErrorKind
 from specproxy.records import RECORD_FIELDS, Arm, RequestRecord
 from specproxy.store.factory import open_store
 from specproxy.store.queries import RecordQuery, records_sql, with_arm
-from specproxy.store.sqlite import SqliteStore
+from specproxy.store.sqlite import WAL_SIZE_LIMIT_BYTES, SqliteStore
 from tests.store.conftest import make_record, store_config
 
 T0 = 1_700_000_000.0
@@ -172,3 +172,35 @@ async def test_read_only_start_opens_the_file_read_only(tmp_path: Path) -> None:
     finally:
         await reader.close()
     assert db.stat().st_mtime_ns == before
+
+
+def _grow_and_checkpoint(conn: sqlite3.Connection, wal: Path) -> tuple[int, int, int]:
+    """The WAL's size grown past a 64 KiB limit, after a PASSIVE checkpoint, and after the next
+    write restarts it."""
+    conn.execute("PRAGMA journal_size_limit=65536")  # a small limit, to see it act
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("CREATE TABLE pad (x BLOB)")
+    for _ in range(64):
+        conn.execute("INSERT INTO pad VALUES (randomblob(16384))")
+    grown = wal.stat().st_size
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()  # copies, never truncates
+    checkpointed = wal.stat().st_size
+    conn.execute("INSERT INTO pad VALUES (1)")  # restarts the WAL: truncated to the limit
+    return grown, checkpointed, wal.stat().st_size
+
+
+async def test_the_wal_shrinks_back_after_a_checkpoint(tmp_path: Path) -> None:
+    """journal_size_limit: a WAL grown past the limit (a long outage's replay, a long read) is
+    truncated back to it once a checkpoint lets it restart, not kept at its high-water mark."""
+    store = open_store(store_config(f"sqlite:///{tmp_path}/store.db", tmp_path, batch_size=1000))
+    assert isinstance(store, SqliteStore)
+    await store.start()
+    conn = store._connect()  # the store's own connection settings
+    try:
+        assert conn.execute("PRAGMA journal_size_limit").fetchone()[0] == WAL_SIZE_LIMIT_BYTES
+        grown, checkpointed, restarted = _grow_and_checkpoint(conn, tmp_path / "store.db-wal")
+    finally:
+        conn.close()
+        await store.close()
+    assert grown > 4 * 65536 and checkpointed == grown
+    assert restarted <= 65536

@@ -202,6 +202,7 @@ def _engine_sample(row: Sequence[Any]) -> EngineSample:
     return EngineSample.from_dict(values)
 
 
+WAL_SIZE_LIMIT_BYTES: Final = 64 * 1024 * 1024  # the WAL kept on disk after a checkpoint
 EXIT_UNSAFE: Final = 75  # EX_TEMPFAIL: the exit status after the -shm became unsafe
 _UNCLOSED: list[sqlite3.Connection] = []  # connections an unsafe -shm keeps from closing
 
@@ -289,6 +290,9 @@ class SqliteStore(BufferedStore):
         conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        # After a checkpoint resets it, the WAL file shrinks back to this size (SQLite's default
+        # keeps it at its high-water mark: the size it reached during an outage or a long read)
+        conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
         return conn
 
     def _open_sync(self) -> None:
