@@ -251,3 +251,23 @@ def test_speedup_by_band_per_dimension_and_crossover_with_bounds() -> None:
     for bound in ("estimate", "lower", "upper"):
         assert any(m.CROSSOVER_LOAD in e and f'bound="{bound}"' in e for e in exprs), bound
     assert all('arm=~"$arm"' in e for e in exprs if m.SEGMENT_SPEEDUP in e or m.CROSSOVER_LOAD in e)
+
+
+def test_a_verdict_row_per_treatment_after_an_overview_of_all() -> None:
+    """A/B/n: the overview row lists every selected treatment (its table keeps `arm`); the
+    verdict row repeats once per selected treatment, its panels titled by that one."""
+    panels = build_dashboard()["panels"]
+    rows = [p for p in panels if p["type"] == "row"]
+    assert rows[0]["title"].startswith("Overview") and "repeat" not in rows[0]
+    assert rows[1]["repeat"] == "arm" and "$arm" in rows[1]["title"]
+    assert [r for r in rows if "repeat" in r] == [rows[1]]  # one repeated row
+    variables = {v["name"]: v for v in build_dashboard()["templating"]["list"]}
+    assert variables["arm"]["multi"] and variables["arm"]["includeAll"]
+    start, end = panels.index(rows[1]), panels.index(rows[2])
+    repeated = panels[start + 1 : end]
+    assert repeated and all("$arm" in p["title"] or "arm" in str(p["targets"]) for p in repeated)
+    overview = panels[panels.index(rows[0]) + 1 : start]
+    table = next(p for p in overview if p["type"] == "table")
+    organize = next(t for t in table["transformations"] if t["id"] == "organize")
+    assert organize["options"]["indexByName"]["arm"] == 0
+    assert all("without (bound, instance, pod)" in t["expr"] for t in table["targets"])

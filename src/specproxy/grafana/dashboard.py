@@ -241,9 +241,10 @@ def _value_mapping(values: dict[str, tuple[str, str]]) -> list[Json]:
 def _verdict_panels() -> list[_Panel]:
     verdict = _Panel(
         "stat",
-        "Verdict (speculative vs baseline)",
-        "Anytime-valid verdict per compared metric in the selected window: slower when the"
-        " speculative median or its P99 (beyond the tolerance) is confidently higher, else"
+        "Verdict ($arm against the control)",
+        "Anytime-valid verdict per compared metric in the selected window, for the treatment"
+        " this row repeats for (one row per selected treatment): slower when the"
+        " treatment's median or its P99 (beyond the tolerance) is confidently higher, else"
         " faster when its median or its P99 (beyond the tolerance) is confidently lower,"
         " otherwise inconclusive. specproxy_verdict is a state set; this panel shows it as"
         " 1 faster, 0 inconclusive, -1 slower.",
@@ -281,6 +282,11 @@ def _verdict_panels() -> list[_Panel]:
         },
         options=_stat_options(),
     )
+    return [verdict, slowdown]
+
+
+def _overview_panels() -> list[_Panel]:
+    """Every treatment at once: the stats job's age and each treatment's speedups with CIs."""
     stats_age = _Panel(
         "stat",
         "Stats job age",
@@ -299,9 +305,9 @@ def _verdict_panels() -> list[_Panel]:
     bounds = ("estimate", "lower", "upper")
     ci_table = _Panel(
         "table",
-        "Speedup with confidence interval",
-        "Speedup = baseline / speculative for each metric and statistic (above 1: speculative"
-        " is faster), with the bootstrap CI bounds.",
+        "Speedup with confidence interval, every treatment",
+        "Speedup = control / treatment for each selected treatment (`arm`), metric and"
+        " statistic (above 1: the treatment is faster), with the bootstrap CI bounds.",
         [
             _Query(
                 f"max without (bound, instance, pod)"
@@ -327,13 +333,14 @@ def _verdict_panels() -> list[_Panel]:
                 "options": {
                     "excludeByName": {"Time": True, "job": True},
                     "indexByName": {
-                        "metric": 0,
-                        "statistic": 1,
-                        "Value #A": 2,
-                        "Value #B": 3,
-                        "Value #C": 4,
-                        "model": 5,
-                        "window": 6,
+                        "arm": 0,
+                        "metric": 1,
+                        "statistic": 2,
+                        "Value #A": 3,
+                        "Value #B": 4,
+                        "Value #C": 5,
+                        "model": 6,
+                        "window": 7,
                     },
                     "renameByName": {
                         f"Value #{chr(ord('A') + i)}": bound for i, bound in enumerate(bounds)
@@ -342,7 +349,7 @@ def _verdict_panels() -> list[_Panel]:
             },
         ],
     )
-    return [verdict, slowdown, stats_age, ci_table]
+    return [stats_age, ci_table]
 
 
 def _speedup_over_time_panels() -> list[_Panel]:
@@ -945,15 +952,18 @@ def _arm_annotations() -> list[Json]:
     ]
 
 
-ROWS: tuple[tuple[str, Callable[[], list[_Panel]]], ...] = (
-    ("Verdict", _verdict_panels),
-    ("Speedup over time", _speedup_over_time_panels),
-    ("Speedup by condition", _condition_panels),
-    ("Latency by arm", _latency_panels),
-    ("Speculative decoding", _speculation_panels),
-    ("Engines", _engine_panels),
-    ("GPU telemetry (optional: dcgm-exporter)", _gpu_panels),
-    ("Traffic, errors and the proxy itself", _traffic_panels),
+# (title, panels, the variable the row repeats for): Grafana repeats a row and its panels once
+# per selected value, with the variable set to that one value.
+ROWS: tuple[tuple[str, Callable[[], list[_Panel]], str | None], ...] = (
+    ("Overview: every treatment against the control", _overview_panels, None),
+    ("Verdict: $arm", _verdict_panels, "arm"),
+    ("Speedup over time", _speedup_over_time_panels, None),
+    ("Speedup by condition", _condition_panels, None),
+    ("Latency by arm", _latency_panels, None),
+    ("Speculative decoding", _speculation_panels, None),
+    ("Engines", _engine_panels, None),
+    ("GPU telemetry (optional: dcgm-exporter)", _gpu_panels, None),
+    ("Traffic, errors and the proxy itself", _traffic_panels, None),
 )
 
 
@@ -961,7 +971,7 @@ def _layout() -> Iterator[Json]:
     """Rows of panels, each panel placed left to right and wrapped at Grafana's 24 columns."""
     panel_id = 1
     y = 0
-    for title, build in ROWS:
+    for title, build, repeat in ROWS:
         yield {
             "collapsed": False,
             "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
@@ -969,6 +979,7 @@ def _layout() -> Iterator[Json]:
             "panels": [],
             "title": title,
             "type": "row",
+            **({"repeat": repeat} if repeat is not None else {}),
         }
         panel_id += 1
         y += 1
@@ -1114,7 +1125,7 @@ def build_dashboard() -> Json:
         "time": {"from": "now-1h", "to": "now"},
         "timepicker": {},
         "timezone": "browser",
-        "title": "specproxy: speculative vs baseline",
+        "title": "specproxy: speculative decoding A/B/n",
         "uid": DASHBOARD_UID,
         "version": 1,
         "weekStart": "",
