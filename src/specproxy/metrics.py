@@ -69,6 +69,9 @@ SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (cap reached
 # one of records.RerouteReason's values (down, connect).
 REROUTED = "specproxy_rerouted_requests"
 ARM_UP = "specproxy_arm_up"  # gauge{arm}: 1 while the arm has an endpoint in rotation
+# info -> specproxy_arm_info{arm,role} 1: each configured arm's role (control | treatment), so
+# rules and panels need not know the control's name (`[arms.NAME]`)
+ARM = "specproxy_arm"
 # The proxy answered itself (bad JSON, too deep, too large, bad method): ..._total{reason}.
 REJECTED = "specproxy_rejected_requests"  # reason: proxy.limits.Rejection's values
 INFLIGHT = "specproxy_inflight_requests"  # gauge{arm}
@@ -290,6 +293,12 @@ class ProxyMetrics:
             "Requests routed to a treatment arm that was down, served by the control arm instead "
             "(failing open; left out of the comparison), by reason (down, connect).",
             ["from", "to", "reason"],
+            registry=registry,
+        )
+        self.arm_role = Info(
+            ARM,
+            "Each configured arm and its role (control or treatment); the value is always 1.",
+            ["arm"],
             registry=registry,
         )
         self.arm_up = Gauge(

@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import binomtest
 
 from specproxy.config import ArmConfig, OutlierConfig
-from specproxy.metrics import ARM_UP, OUTPUT_TOKENS, REQUESTS, REROUTED, UPSTREAM_ERRORS
+from specproxy.metrics import ARM, ARM_UP, OUTPUT_TOKENS, REQUESTS, REROUTED, UPSTREAM_ERRORS
 from specproxy.records import RerouteReason
 from specproxy.summary.minute import rollup_records
 from tests.conftest import fixture_path
@@ -208,3 +208,11 @@ async def test_the_control_never_fails_over_to_a_treatment(make_proxy: MakeProxy
         assert resp.headers["x-specproxy-arm"] == "baseline"
     rec = proxy.recorder.records[-1]
     assert rec.arm == "baseline" and rec.rerouted_from is None and rec.error_kind == "connect"
+
+
+async def test_each_arm_is_exported_with_its_role(make_proxy: MakeProxy) -> None:
+    """specproxy_arm_info{arm,role}: the alerts find the control by role, not by its name."""
+    proxy = await make_proxy()
+    assert proxy.sample(ARM + "_info", {"arm": "baseline", "role": "control"}) == 1
+    assert proxy.sample(ARM + "_info", {"arm": "speculative", "role": "treatment"}) == 1
+    assert proxy.sample(ARM + "_info", {"arm": "baseline", "role": "treatment"}) == 0  # none

@@ -113,6 +113,8 @@ class Forwarder:
         self._observer = Observer(metrics, fleet.labels.label, fleet.arms)
         for arm in fleet.arms:
             metrics.arm_up.labels(arm).set_function(functools.partial(_up, fleet.pool(arm)))
+            role = "control" if arm == cfg.control_arm else "treatment"
+            metrics.arm_role.labels(arm).info({"role": role})
         fail_open = [arm for arm in cfg.treatment_arms if cfg.arm_config(arm).on_down == "control"]
         self._router = router if router is not None else router_of(cfg)
         self._control = cfg.control_arm
