@@ -98,6 +98,12 @@ async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
 
 
 async def generate(pair: Pair, arm: Arm, requests: int) -> None:
+    await complete(pair.session, pair.urls[arm], requests)
+
+
+async def complete(session: aiohttp.ClientSession, url: str, requests: int) -> None:
+    """`requests` concurrent completions of MAX_TOKENS tokens from the engine at `url`."""
+
     async def one(i: int) -> None:
         body = {
             "model": "tiny-llama",
@@ -105,7 +111,7 @@ async def generate(pair: Pair, arm: Arm, requests: int) -> None:
             "max_tokens": MAX_TOKENS,
             "temperature": 1.0,
         }
-        async with pair.session.post(pair.urls[arm] + "/v1/completions", json=body) as resp:
+        async with session.post(url + "/v1/completions", json=body) as resp:
             assert resp.status == 200, await resp.text()
             await resp.read()
 
@@ -217,6 +223,39 @@ async def test_two_emulators_behind_one_round_robin_url_are_no_restart(
     mean_j, _ = accepted_prefix_moments(ALPHA, K)
     for sample in samples[2:]:
         assert sample.acceptance_rate == pytest.approx(mean_j / K, abs=0.1)
+
+
+async def test_two_engines_without_start_times_behind_one_url_are_no_restart(
+    aiohttp_server: AiohttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same balancer in front of engines that export no process start time (vLLM with
+    --api-server-count > 1): only their counters go back and forth, never a restart is
+    recorded, and the warning names the dns form."""
+    cfg = EmulatorConfig(speculative=True, time_scale=0.02, seed=7)
+    async with (
+        run_emulator(cfg) as busy,
+        run_emulator(cfg) as idle,
+        aiohttp.ClientSession() as session,
+    ):
+        # one engine has served more than the other has: its counters are higher
+        await complete(session, busy, 8)
+        balancer = RoundRobinBalancer([busy, idle], session, hide_start_time=True)
+        url = str((await aiohttp_server(balancer.app())).make_url("")).rstrip("/")
+        config = Config(
+            speculative_url=url,
+            baseline_url=idle,
+            scrape=ScrapeConfig(timeout_s=5.0),
+            run_id="lb-nostart",
+        )
+        recorder = ListRecorder()
+        scraper = EngineScraper(config, {arm: session for arm in SHORTHAND_ARMS}, recorder)
+        samples = [(await scraper.scrape_once())[SHORTHAND_TREATMENT] for _ in range(6)]
+    assert all(s.up and s.process_start_time is None for s in samples)
+    assert scraper.restart_times(SHORTHAND_TREATMENT) == ()
+    assert not any(s.restarted for s in recorder.engine_samples)
+    assert scraper.states[SHORTHAND_TREATMENT].endpoints[url].balanced
+    warnings = [r.getMessage() for r in caplog.records if "load-balanced" in r.getMessage()]
+    assert len(warnings) == 1 and 'dns = "<headless Service>"' in warnings[0]
 
 
 async def test_a_gateway_arm_is_scraped_at_its_engines(aiohttp_server: AiohttpServer) -> None:
