@@ -285,9 +285,8 @@ class Forwarder:
         endpoint, clients = self._upstreams.pick(arm)
         transport = clients.transports[Mode.PASSTHROUGH]
         try:
-            upstream = await transport.send(
-                request.method, request.raw_path, body or None, OutboundHeaders.of(request)
-            )
+            headers = self._upstreams.headers_to(arm, OutboundHeaders.of(request))
+            upstream = await transport.send(request.method, request.raw_path, body or None, headers)
         except UpstreamError as exc:
             self._upstreams.done(arm, endpoint, exc.kind)
             outcome[0] = exc.kind
