@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -99,10 +99,22 @@ async def test_it_starts_steps_and_cuts_a_slower_treatment(store: MemoryStore) -
     assert _sample(registry, "specproxy_ramp_step", arm="speculative") == 0.0
     labels = {"arm": "speculative", "dry_run": "false"}
     assert _sample(registry, "specproxy_ramp_decisions_total", move="cut", **labels) == 1.0
-    # a cut is final
+    # a cut is final, and the arm at 0 costs no read of the requests however long the run goes
+    reads = 0
+    read_records = store.read_records
+
+    async def counted(**kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await read_records(**kwargs)
+
+    store.read_records = counted  # type: ignore[method-assign]
     now[0] += 600.0
+    await _traffic(store, now[0] - 300.0, 100, slow=1.0)
     (after,) = await job.move()
-    assert after.move == "hold" and len(await store.arm_events(run_id="run")) == 3
+    assert after.move == "hold" and "cut by the guard" in after.why
+    assert len(await store.arm_events(run_id="run")) == 3
+    assert reads == 0
 
 
 async def test_an_erring_treatment_is_cut(store: MemoryStore) -> None:
