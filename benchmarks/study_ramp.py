@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from tests.stats.ramp_sim import (
+    RampRun,
     Sampler,
     control_sampler,
     drifting_load,
@@ -90,17 +91,24 @@ def _quartiles(values: Sequence[float]) -> str:
     return f"median {q2:,.0f} (quartiles {q1:,.0f}-{q3:,.0f})"
 
 
-def worse_p99(runs: int, seed: int) -> None:
-    ramp, in_step, step_of_cut, minutes, p99_only = [], [], [], [], 0
-    for i in range(runs):
-        run = simulate(
+def _ramps(treatment: Sampler, runs: int, seed: int, minutes: int) -> list[RampRun]:
+    """`runs` simulated ramps of `minutes` each (the final step held to the end)."""
+    return [
+        simulate(
             np.random.default_rng(seed + i),
-            slower_p99(1.3),
+            treatment,
             policy=POLICY,
             rate_per_minute=RATE,
-            minutes=600,
-            stay_at_final=600,
+            minutes=minutes,
+            stay_at_final=minutes,
         )
+        for i in range(runs)
+    ]
+
+
+def worse_p99(runs: int, seed: int) -> None:
+    ramp, in_step, step_of_cut, minutes, p99_only = [], [], [], [], 0
+    for run in _ramps(slower_p99(1.3), runs, seed, 600):
         if run.cut and run.requests_at_cut is not None:
             ramp.append(run.requests_at_cut)
             in_step.append(run.step_requests_at_cut or 0)
@@ -160,14 +168,7 @@ def faster_15(runs: int, seed: int) -> None:
 
 def aa(runs: int, seed: int, minutes: int) -> None:
     cuts: list[str] = []
-    for i in range(runs):
-        run = simulate(
-            np.random.default_rng(seed + i),
-            faster(1.0),
-            policy=POLICY,
-            minutes=minutes,
-            stay_at_final=minutes,
-        )
+    for run in _ramps(faster(1.0), runs, seed, minutes):
         if run.cut:
             cuts.append(run.decisions[-1].why)
     print(
