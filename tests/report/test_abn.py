@@ -3,6 +3,7 @@ and each treatment's speedups by condition, in the numbers GET /api/stats and /u
 
 from __future__ import annotations
 
+import asyncio
 import html as html_lib
 import json
 import re
@@ -12,6 +13,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from specproxy.cli import main
 from specproxy.config import StoreConfig
 from specproxy.report.build import write_report
 from specproxy.report.summary import (
@@ -192,3 +194,33 @@ async def test_each_treatments_conditions_are_reported(
     assert low["band"] == "1" and low["speedup"] is not None
     assert low["speedup"] == pytest.approx(1.6, rel=0.1)
     assert np.isfinite(low["speedup"])
+
+
+async def test_a_named_arm_run_without_a_stored_result_is_reported_against_its_control(
+    tmp_path: Path,
+) -> None:
+    """A bench or ingest run (records, no stats history) with named arms: the report computes
+    the comparisons itself, against `--control`; without it, it says which arms it found."""
+    from specproxy.errors import ConfigError
+
+    url = f"sqlite:///{tmp_path / 'bench.db'}"
+    store = open_store(StoreConfig(url=url))
+    await store.start()
+    try:
+        for rec in abn.records(per_arm=200):
+            store.record(rec)
+        await store.flush()
+    finally:
+        await store.close()
+    out = tmp_path / "report"
+    with pytest.raises(ConfigError, match="the run's arms are base, eagle, ngram-k4"):
+        await write_report(url, run_id=abn.RUN, out_dir=out, warmup=abn.WARMUP)
+    flags = ["--store", url, "--out", str(out), "--run-id", abn.RUN, "--warmup-requests", "0"]
+    # `specproxy report --control base`, run where the command runs (its own event loop)
+    assert await asyncio.to_thread(main, ["report", *flags, "--control", "base"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    window = main_window(cast(StatsResult, report["stats"]))
+    assert window is not None
+    assert (window["control"], window["treatments"]) == ("base", ["eagle", "ngram-k4"])
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert re.findall(r"<tr data-arm='([^']+)'>", page) == ["eagle", "ngram-k4", "base"]

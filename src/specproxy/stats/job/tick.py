@@ -91,10 +91,20 @@ def run_treatments(
     control: Arm, found: Iterable[Arm], configured: Sequence[Arm] | None
 ) -> tuple[Arm, ...]:
     """The treatments a tick compares with `control`: the configured ones (in their order), else
-    every other arm the data holds (in name order), else the shorthand's one."""
+    every other arm the data holds (in name order), else the shorthand's one.
+
+    Without configured treatments, data holding two or more arms and none of them `control` is a
+    run whose arms were named (`[arms.NAME]`, `bench --arm`, `ingest --arm`) by a process that
+    did not say which is the control: comparing them with an arm that has no data would print
+    empty comparisons, so it is refused, naming the arms."""
     if configured:
         return tuple(configured)
     others = sorted(set(found) - {control})
+    if control not in found and len(others) >= 2:
+        raise ConfigError(
+            f"the run's arms are {', '.join(others)} and none is the control {control!r}: name"
+            " the control (--control NAME, or --config with the run's [arms.NAME] tables)"
+        )
     return tuple(others) if others else (SHORTHAND_TREATMENT,)
 
 
@@ -208,7 +218,9 @@ def compute_tick(
     at = time.time() if now is None else now
     settings = CompareSettings.from_config(stats_cfg)
     rule = warmup_rule(warmup)
-    found = {arm for w in plan.windows for arm in w.tiers.arms}
+    found = {  # the arms holding data (rows give every arm asked for, empty ones too)
+        arm for w in plan.windows for arm in w.tiers.arms if w.tiers.unit_counts(arm)[0].size
+    }
     chosen = run_treatments(control, found, treatments)
     arms = (control, *chosen)
     restarts = {arm: restart_times(engine.restart_samples, arm) for arm in arms}
