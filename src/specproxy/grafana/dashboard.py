@@ -807,11 +807,16 @@ def _traffic_panels() -> list[_Panel]:
     )
     p99_ratio = _Panel(
         "timeseries",
-        "P99 ratio from histograms (speculative / baseline)",
+        "P99 ratio from histograms (treatment / control)",
         "Recording rule, fleet-wide, 5 m, streamed and non-streamed requests together: a"
-        " coarse cross-check of the stats job's P99 speedup (no CI; above 1 the speculative"
-        " tail is slower).",
-        [_Query(f'{m.RECORDED_P99_RATIO}{{model=~"$model"}}', "{{model}} p99 ratio")],
+        " coarse cross-check of the stats job's P99 speedup, one line per treatment arm (no CI;"
+        " above 1 the treatment's tail is slower than the control's).",
+        [
+            _Query(
+                f'{m.RECORDED_P99_RATIO}{{model=~"$model",arm=~"$arm"}}',
+                "{{arm}} {{model}} p99 ratio",
+            )
+        ],
         unit="x",
         width=8,
         defaults={
