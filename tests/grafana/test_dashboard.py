@@ -20,7 +20,7 @@ from specproxy.grafana.dashboard import (
     panel_queries,
 )
 from tests.deploy.rulefiles import load_rules, promtool
-from tests.promql_names import exported_names, names_in
+from tests.promql_names import arm_matchers, exported_names, names_in
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "dashboards" / DASHBOARD_FILENAME
@@ -225,6 +225,13 @@ def test_request_queries_follow_model_and_instance_and_recorded_ones_model() -> 
             assert 'model=~"$model",instance=~"$instance"' in expr, (title, expr)
         if any(name in expr for name in _recorded()):
             assert 'model=~"$model"' in expr, (title, expr)
+
+
+def test_no_query_names_an_arm() -> None:
+    """A/B/n: adding an arm is a config change only; a query filters arms by `$arm` (whose
+    values Prometheus lists), never by a name."""
+    for title, expr, _ in panel_queries(build_dashboard()):
+        assert arm_matchers(expr) <= {"$arm"}, (title, expr)
 
 
 def test_recording_rules_are_used_where_they_exist() -> None:

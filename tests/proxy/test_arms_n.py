@@ -1,6 +1,9 @@
 """A/B/n end to end: a run with five named arms is configuration only. Requests reach every
-arm by weight, shadows go to the control, and the statistics compare each of the four
-treatments with the control (at alpha / 4)."""
+arm by weight, shadows go to the control, every arm is exported with its role
+(`specproxy_arm_info`, what the rules and panels select by), and the statistics compare each
+of the four treatments with the control (at alpha / 4), one gauge series set per treatment.
+The rest of "a fifth arm touches the config only": no rule (tests/deploy/test_rules.py) and no
+dashboard query (tests/grafana/test_dashboard.py) names an arm."""
 
 from __future__ import annotations
 
@@ -11,10 +14,12 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
+from specproxy import metrics as names
 from specproxy.app import create_app
 from specproxy.config import Config, StatsConfig, StoreConfig, WarmupConfig
 from specproxy.proxy.headers import ARM_HEADER
 from specproxy.proxy.recorder import MemoryRecorder
+from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.job.tick import compute_stats
 from specproxy.store.memory import MemoryStore
 from tests.proxy.conftest import CHAT, chat
@@ -44,7 +49,13 @@ async def test_five_arms_serve_and_compare_four_treatments(
         assert resp.status == 200
         answered.add(resp.headers[ARM_HEADER])
         await resp.read()
+    exposition = await (await client.get("/metrics")).text()
     await client.close()  # shadows still running write their records
+    # the rules and panels find every arm and its role without naming one (config only)
+    for name in FIVE:
+        role = "control" if name == "base" else "treatment"
+        assert f'{names.ARM}_info{{arm="{name}",role="{role}"}} 1.0' in exposition
+        assert f'{names.REQUESTS}_total{{arm="{name}",' in exposition
     assert answered == set(FIVE)
     assert all(fakes[name].seen for name in FIVE)  # each engine got requests
     records = list(recorder.records)
@@ -77,3 +88,9 @@ async def test_five_arms_serve_and_compare_four_treatments(
         assert min(comparison["samples"].values()) > 0
     assert window["samples"] == window["comparisons"]["ngram-k2"]["samples"]  # the first's
     assert set(window["best"]["speedups"]) == set(FIVE[1:])
+    stats = CollectorRegistry()
+    register_stats_collector(stats, lambda: result)
+    gauges = {
+        s.labels["arm"] for f in stats.collect() if f.name == names.SPEEDUP for s in f.samples
+    }
+    assert gauges == set(FIVE[1:])  # one series set per treatment, bounded by the config's arms
