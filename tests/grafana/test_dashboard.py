@@ -327,7 +327,13 @@ def test_a_verdict_row_per_treatment_after_an_overview_of_all() -> None:
     repeated = panels[start + 1 : end]
     assert repeated and all("$arm" in p["title"] or "arm" in str(p["targets"]) for p in repeated)
     overview = panels[panels.index(rows[0]) + 1 : start]
-    table = next(p for p in overview if p["type"] == "table")
+    table = next(p for p in overview if p["title"].startswith("Speedup with confidence"))
     organize = next(t for t in table["transformations"] if t["id"] == "organize")
     assert organize["options"]["indexByName"]["arm"] == 0
     assert all("without (bound, instance, pod)" in t["expr"] for t in table["targets"])
+    # and every configured arm with its role and labels (`[arms.NAME] labels`: label_KEY)
+    arms = next(p for p in overview if p["title"] == "Arms: role and labels")
+    (target,) = arms["targets"]
+    assert f"{m.ARM}_info" in target["expr"] and target["instant"]
+    organize = next(t for t in arms["transformations"] if t["id"] == "organize")
+    assert organize["options"]["indexByName"] == {"arm": 0, "role": 1}

@@ -23,6 +23,8 @@ RUN = "abn3"
 CONTROL = "base"
 TREATMENTS = ("ngram-k4", "eagle")
 ARMS = (CONTROL, *TREATMENTS)
+# `[arms.NAME] labels`, as the stats job carries them for the views (the control has none)
+LABELS = {"ngram-k4": {"method": "ngram", "k": "4"}, "eagle": {"method": "eagle"}}
 T0 = 1_700_000_000.0
 STEP_S = 0.05
 PER_ARM = 1200
@@ -120,6 +122,7 @@ async def three_arm_result() -> StatsResult:
             warmup=WARMUP,
             control=CONTROL,
             treatments=TREATMENTS,
+            labels=LABELS,
         )
     finally:
         await store.close()

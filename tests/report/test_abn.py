@@ -53,6 +53,7 @@ async def _report(tmp_path: Path) -> tuple[StatsResult, str, dict[str, Any]]:
             warmup=abn.WARMUP,
             control=abn.CONTROL,
             treatments=abn.TREATMENTS,
+            labels=abn.LABELS,
         )
         stored = cast(dict[str, Any], result)
         await store.write_stats(run_id=abn.RUN, t=result["computed_at"], result=stored)
@@ -95,8 +96,10 @@ async def test_every_arm_and_every_comparison_is_reported(
         (row,) = re.findall(rf"<tr data-arm='{re.escape(arm)}'>(.*?)</tr>", page)
         cells = [html_lib.unescape(c) for c in re.findall(r"<td>(.*?)</td>", row)]
         rate, length = f["acceptance_rate"], f["mean_acceptance_length"]
-        assert cells == [
-            arm,
+        labels = ", ".join(f"{k}={v}" for k, v in abn.LABELS.get(arm, {}).items())
+        # the configured labels beside the name ("method=ngram, k=4"), none for the control
+        assert cells[0] == (f"{arm} <span class='labels'>{labels}</span>" if labels else arm)
+        assert cells[1:] == [
             str(f["n"]),
             fmt_ms(f["e2e_median"]),
             fmt_ms(f["e2e_p90"]),

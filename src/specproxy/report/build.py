@@ -275,8 +275,8 @@ async def _compute_stats(
 
     held = run_arms(last)
     arms: dict[str, Any] = {}
-    if held is not None:
-        arms = {"control": held[0], "treatments": held[1]}
+    if held is not None and last is not None:
+        arms = {"control": held[0], "treatments": held[1], "labels": last.get("arm_labels", {})}
     elif control is not None:
         arms = {"control": control}
     result = await compute_stats(store, run_id=run_id, stats_cfg=settings, warmup=warmup, **arms)

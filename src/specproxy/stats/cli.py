@@ -242,6 +242,7 @@ async def _run_once(args: argparse.Namespace, settings: StatsSettings) -> StatsR
         compared = run_arms(cast(StatsResult | None, latest))
         if not arms and compared is not None:  # the arms the live job compared (A/B/n)
             arms = {"control": compared[0], "treatments": compared[1]}
+            arms["labels"] = (latest or {}).get("arm_labels") or {}
         return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg, warmup=warmup, **arms)
     finally:
         await store.close()

@@ -481,6 +481,8 @@ class StatsResult(TypedDict):
     settings: Settings
     results: dict[str, dict[str, WindowResult]]  # model or "all" -> window label -> result
     ramp: NotRequired[dict[str, RampStatus]]  # [ramp] enabled: each ramped arm, by name
+    # A/B/n: the configured arms' free-form labels (`[arms.NAME] labels`), arms with any only
+    arm_labels: NotRequired[dict[str, dict[str, str]]]
 
 
 def comparisons_of(window: WindowResult) -> dict[str, WindowComparison]:

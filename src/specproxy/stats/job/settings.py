@@ -112,14 +112,20 @@ def _from_config(cfg: Config) -> StatsSettings:
 
 
 def arm_roles(settings: StatsSettings) -> dict[str, Any]:
-    """`StatsJob`'s (and `compute_stats`') `control` and `treatments`: a `--control` given
-    (every other arm in the data a treatment), else the proxy config's arms; {} with neither
-    (the shorthand's control, every other arm in the data a treatment)."""
+    """`StatsJob`'s (and `compute_stats`') `control`, `treatments` and `labels`: a `--control`
+    given (every other arm in the data a treatment), else the proxy config's arms; {} with
+    neither (the shorthand's control, every other arm in the data a treatment). The config's
+    arm labels go with either."""
+    config = settings.config
+    roles: dict[str, Any] = {}
+    if config is not None:
+        roles = {"control": config.control_arm, "treatments": config.treatment_arms}
+        if config.arm_labels:
+            roles["labels"] = config.arm_labels
     if settings.control is not None:
-        return {"control": settings.control}
-    if settings.config is None:
-        return {}
-    return {"control": settings.config.control_arm, "treatments": settings.config.treatment_arms}
+        roles["control"] = settings.control
+        roles.pop("treatments", None)
+    return roles
 
 
 def ramp_of(config: Config | None) -> dict[str, Any]:

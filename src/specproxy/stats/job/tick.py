@@ -209,11 +209,13 @@ def compute_tick(
     now: float | None = None,
     control: Arm = SHORTHAND_CONTROL,
     treatments: Sequence[Arm] | None = None,
+    labels: Mapping[Arm, Mapping[str, str]] | None = None,
 ) -> StatsResult:
     """The whole result from a planned tick; CPU only. `memory`: the computing job's memory of
     the anytime-valid evidence per (segment, window, metric), None for a one-off computation.
     `control`: the run's control arm; `treatments`: the arms compared with it (None: every
-    other arm the data holds)."""
+    other arm the data holds); `labels`: the arms' configured labels, which the result carries
+    for the views (`arm_labels`)."""
     started = time.perf_counter()
     at = time.time() if now is None else now
     settings = CompareSettings.from_config(stats_cfg)
@@ -356,6 +358,7 @@ def compute_tick(
         "future_newest": plan.future_newest,
         "settings": result_settings(stats_cfg, warmup),
         "results": results,
+        "arm_labels": {arm: dict(kv) for arm, kv in (labels or {}).items() if kv},
     }
 
 
@@ -519,9 +522,10 @@ async def compute_stats(
     control: Arm = SHORTHAND_CONTROL,
     treatments: Sequence[Arm] | None = None,
     now: float | None = None,
+    labels: Mapping[Arm, Mapping[str, str]] | None = None,
 ) -> StatsResult:
     """Read the run from the store, then compute on `executor` (None: the loop's default pool).
-    `control` and `treatments`: as `compute_tick` takes them.
+    `control`, `treatments` and `labels`: as `compute_tick` takes them.
 
     Windows end at `now` (None: the wall clock) plus `stats_cfg.future_skew_s` at the latest,
     whatever `window_end` says: rows stamped later (a clock stepped back, a replica's clock
@@ -595,5 +599,6 @@ async def compute_stats(
             memory=memory,
             control=control,
             treatments=treatments,
+            labels=labels,
         ),
     )
