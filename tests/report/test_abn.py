@@ -32,7 +32,6 @@ from specproxy.report.summary import (
     main_window,
     shown_arms,
 )
-from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import StatsResult, WindowResult
 from specproxy.store.factory import open_store
 from tests.report import abn
@@ -46,17 +45,7 @@ async def _report(tmp_path: Path) -> tuple[StatsResult, str, dict[str, Any]]:
     try:
         abn.fill(store)
         await store.flush()
-        result = await compute_stats(
-            store,
-            run_id=abn.RUN,
-            stats_cfg=abn.SETTINGS,
-            warmup=abn.WARMUP,
-            control=abn.CONTROL,
-            treatments=abn.TREATMENTS,
-            labels=abn.LABELS,
-        )
-        stored = cast(dict[str, Any], result)
-        await store.write_stats(run_id=abn.RUN, t=result["computed_at"], result=stored)
+        result = await abn.store_stats(store)
     finally:
         await store.close()
     out = tmp_path / "report"

@@ -275,7 +275,6 @@ urls = ["http://127.0.0.1:3"]
 async def _store_named_arms(db: str, *, with_result: bool = False) -> None:
     """tests.report.abn's three-arm run (control "base"), 150 requests per arm; with the stats
     job's result stored too when `with_result` (what a proxy with `[arms.NAME]` leaves)."""
-    from specproxy.stats.job.tick import compute_stats
     from specproxy.store.factory import open_store
     from tests.report import abn
 
@@ -286,16 +285,7 @@ async def _store_named_arms(db: str, *, with_result: bool = False) -> None:
             store.record(rec)
         await store.flush()
         if with_result:
-            result = await compute_stats(
-                store,
-                run_id=abn.RUN,
-                stats_cfg=StatsConfig(resamples=200),
-                warmup=WarmupConfig(requests=0),
-                control=abn.CONTROL,
-                treatments=abn.TREATMENTS,
-            )
-            stored = cast(dict[str, Any], result)
-            await store.write_stats(run_id=abn.RUN, t=result["computed_at"], result=stored)
+            await abn.store_stats(store, StatsConfig(resamples=200))
     finally:
         await store.close()
 
