@@ -32,6 +32,7 @@ import re
 from typing import TYPE_CHECKING, Any, Final
 
 from specproxy.errors import ErrorKind
+from specproxy.proxy.usage import usage_of
 
 __all__ = ["COMPILED", "MAX_EVENT_BYTES", "PySSEScanner", "SSEScanner", "count_token_ids"]
 
@@ -51,6 +52,7 @@ _ERROR = b'{"error"'
 # One search for `"content":""`, `"text":""`, `"delta":{}` and `"content":null`, each also with a
 # space after the colon.
 _MAYBE_EMPTY = re.compile(rb'"content": ?(?:""|null)|"text": ?""|"delta": ?\{\}')
+_NO_CHOICES = re.compile(rb'"choices": ?\[\]')
 _CONTENT_KEYS = ("content", "text", "reasoning", "reasoning_content", "tool_calls", "token_ids")
 _DECODER = json.JSONDecoder()
 
@@ -94,7 +96,14 @@ def _has_content(payload: bytes) -> bool:
 
 def _usage_doc(payload: bytes) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
     """The final usage chunk's `usage` and `metrics.speculative_decoding`, or None when the
-    event is no usage chunk (`choices` not empty: continuous usage stats on a content event)."""
+    event is no usage chunk (`choices` not empty: continuous usage stats on a content event).
+
+    vLLM's usage chunk (`"choices":[]`) is read as a non-stream body is (`usage.usage_of`: the
+    two small objects decoded alone, not the chunk's per-request metrics around them); any
+    other shape is parsed whole."""
+    if _NO_CHOICES.search(payload) is not None:
+        usage, speculative = usage_of(payload)
+        return None if usage is None else (usage, speculative)
     try:
         doc = json.loads(payload)
     except (ValueError, RecursionError):
