@@ -658,10 +658,10 @@ def main() -> None:
             if args.profile is not None:
                 profile(rig, args.profile)
                 return
-            single_core(rig, results)
-            multi_worker(rig, results)
-            if args.soak:
-                soak(rig, results)
+            phases = [single_core, multi_worker] + ([soak] if args.soak else [])
+            for phase in phases:
+                phase(rig, results)
+                args.json.write_text(json.dumps(results, indent=1))  # kept if a later one dies
         finally:
             procs.stop_all()
     args.json.write_text(json.dumps(results, indent=1))
