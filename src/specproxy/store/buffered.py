@@ -316,15 +316,24 @@ class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, Control, ab
             log.info("store available again")
         self._healthy = True
 
-    async def _flush_buffers(self) -> bool:
-        """Write everything buffered now. False when the store failed (rows stay buffered)."""
+    async def _flush_buffers(self, *, drain: bool = True) -> bool:
+        """Write what is buffered, in batches of `batch_size`; False when the store failed (rows
+        stay buffered). `drain`: also what arrives meanwhile, until the buffers are empty
+        (`flush`, `close`); else only the rows buffered when it began (the periodic flusher:
+        rows recorded during its write wait for the next interval instead of being written as
+        a string of small transactions right after it, each paying a commit and the rollup
+        upserts of its keys: one serve process under load made 53-69 transactions in 5 s instead
+        of 9, at 32-43 instead of 26-31 us of writer CPU per row)."""
         async with self._lock:
             if not await self._try_open():
                 return False
-            while self._requests or self._engine:
+            left = None if drain else len(self._requests) + len(self._engine)
+            while (self._requests or self._engine) and (left is None or left > 0):
                 size = self.cfg.batch_size
                 reqs = [self._requests.popleft() for _ in range(min(size, len(self._requests)))]
                 engs = [self._engine.popleft() for _ in range(min(size, len(self._engine)))]
+                if left is not None:
+                    left -= len(reqs) + len(engs)
                 if not await self._write_rows(reqs, engs, requeue=True):
                     return False
             return True
@@ -421,7 +430,7 @@ class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, Control, ab
             if self._stop.is_set():
                 break
             try:
-                ok = await self._flush_buffers() and await self._replay()
+                ok = await self._flush_buffers(drain=False) and await self._replay()
                 if ok:
                     await self._maybe_purge()
             except Exception:
