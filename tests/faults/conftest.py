@@ -111,7 +111,9 @@ def make_rig(
             speculative=ArmConfig(on_down=on_down),
             run_id=RUN,
             routing=RoutingConfig(speculative_share=1.0),
-            timeouts=TimeoutConfig(**{"read_s": 0.5, "total_s": 0.5, **timeouts}),
+            # generous: a loaded machine must not turn a case's answer into a timeout (a case
+            # about timeouts passes its own short ones)
+            timeouts=TimeoutConfig(**{"read_s": 60.0, "total_s": 60.0, **timeouts}),
             store=StoreConfig(
                 **{
                     "url": f"sqlite:///{tmp_path}/store.db",
