@@ -5,8 +5,9 @@ SIGKILL's stated bound: records still in memory when the process dies are lost. 
 at most `store.max_buffer` rows in memory before it spills (the spill file survives the kill), a
 failed batch put back may add `store.batch_size` more, and one batch may be being written: at most
 max_buffer + 2 x batch_size records per SIGKILL.
-In an outage (a write has failed), every buffered and every new row goes to the spill file at once,
-whatever max_buffer is: a SIGKILL then loses at most the batch being written.
+In an outage (a write has failed, or one has run `STALLED_WRITE_S` without ending), every
+buffered and every new row goes to the spill file at once, whatever max_buffer is: a SIGKILL then
+loses at most the batch being written (and the rows of a hung write's first STALLED_WRITE_S).
 """
 
 from __future__ import annotations
@@ -182,6 +183,56 @@ async def test_sigkill_in_an_outage_below_max_buffer_loses_at_most_a_batch(
     os.kill(second.pid, signal.SIGTERM)
     assert await second.wait() == 0
     fault_row("SIGKILL in store outage, max_buffer 200k", f"{sent} x 200",
+              f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip
+
+
+async def test_sigkill_while_a_write_hangs_loses_at_most_a_batch(
+    faulty: FaultUpstream, tmp_path: Path
+) -> None:
+    """A store outage in which writes hang rather than fail (the database locked, SQLite's lock
+    timeout 600 s here; a black-holed PostgreSQL waits its 30 s command timeout): once the write
+    has run STALLED_WRITE_S, the rows behind it go to the spill file, so a SIGKILL loses at most
+    the batch being written (main held them in memory until the timeout and lost all 100)."""
+    db = tmp_path / "store.db"
+    toml = _toml(faulty, tmp_path, f"sqlite:///{db}?timeout=600").replace(
+        f"max_buffer = {MAX_BUFFER}", "max_buffer = 200000"
+    )
+    first = Serve(tmp_path, toml)
+    await first.ready()
+    rss_before = first.rss_bytes()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # every write now waits for the lock
+    sent = 100
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(sent):
+                headers = {"x-fault": "ok"}
+                async with session.post(first.url + CHAT, json=chat(), headers=headers) as r:
+                    assert r.status == 200
+                    await r.read()
+        for _ in range(1200):  # bounded generously; main spilled nothing before the timeout
+            if await first.metric("specproxy_store_spilled_total") >= sent - BATCH:
+                break
+            await asyncio.sleep(0.1)
+        rss_after = first.rss_bytes()
+        os.kill(first.pid, signal.SIGKILL)
+        assert await first.wait() == -signal.SIGKILL
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    second = Serve(tmp_path, toml)
+    await second.ready()
+    for _ in range(1200):
+        if await second.metric("specproxy_store_pending") == 0 and stored_rows(db, RUN):
+            break
+        await asyncio.sleep(0.1)
+    ids = [r[0] for r in stored_rows(db, RUN)]
+    assert len(ids) == len(set(ids))
+    lost = sent - len(ids)
+    assert 0 <= lost <= BATCH  # the stated bound: the batch in the hung write
+    os.kill(second.pid, signal.SIGTERM)
+    assert await second.wait() == 0
+    fault_row("SIGKILL while a store write hangs", f"{sent} x 200",
               f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip
 
 
