@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-__all__ = ["Serve", "free_port", "stored_rows"]
+__all__ = ["Serve", "free_port", "refusal", "stored_rows"]
 
 
 def free_port() -> int:
@@ -50,7 +50,9 @@ class Serve:
         preexec_fn: Callable[[], None] | None = None,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        wrap: Sequence[str] = (),
     ) -> None:
+        """`wrap`: a command that execs the rest (`unshare ...`), so `pid` is still serve's."""
         self.port = free_port()
         self.workdir = workdir
         config = workdir / "specproxy.toml"
@@ -58,7 +60,7 @@ class Serve:
         self.log = workdir / f"serve-{self.port}.log"
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "specproxy", "serve", "--config", str(config), *args],
+                [*wrap, sys.executable, "-m", "specproxy", "serve", "--config", str(config), *args],
                 cwd=workdir,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -107,3 +109,41 @@ class Serve:
 
     async def wait(self, timeout_s: float = 120.0) -> int:
         return await asyncio.to_thread(self.proc.wait, timeout_s)
+
+
+async def refusal(workdir: Path, toml: str, env: Mapping[str, str]) -> tuple[int | None, str]:
+    """`specproxy serve` on a config it should refuse (`{port}` in `toml`: a free port), with
+    only `env`'s SPECPROXY_* variables: (its exit status, its stderr) once it exits, or (None,
+    its stderr) once it listens, which means it took the mistake (bounded: 240 s)."""
+    port = free_port()
+    config = workdir / "specproxy.toml"
+    config.write_text(toml.replace("{port}", str(port)))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SPECPROXY_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "specproxy", "serve", "--config", str(config), cwd=workdir,
+        env={**environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        for _ in range(2400):  # a slow machine only takes longer
+            if proc.returncode is not None or await _listens(port):
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 0.1)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.stderr is not None
+    stderr = (await proc.stderr.read()).decode()
+    status = proc.returncode
+    assert status is not None
+    return (None if status < 0 else status), stderr
+
+
+async def _listens(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True

@@ -5,17 +5,12 @@ setting(s)", and a misspelt `SPECPROXY_*` variable was ignored, so every replica
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.faults.conftest import RUN
-from tests.faults.serve_proc import free_port
+from tests.faults.serve_proc import refusal
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,37 +40,9 @@ CASES = [
 async def test_a_config_mistake_is_one_line_and_no_proxy(
     tmp_path: Path, toml: str, env: dict[str, str], said: str
 ) -> None:
-    port = free_port()
-    config = tmp_path / "specproxy.toml"
-    config.write_text(toml.replace("{port}", str(port)))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SPECPROXY_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "specproxy",
-        "serve",
-        "--config",
-        str(config),
-        cwd=tmp_path,
-        env={**environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        # until it exits; a proxy that listens took the mistake (a slow machine: longer only)
-        for _ in range(2400):
-            if proc.returncode is not None or await _listens(port):
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 0.1)
-        assert proc.returncode is not None, "serve runs despite the mistake"
-        assert proc.stderr is not None
-        stderr = (await proc.stderr.read()).decode()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 2, stderr  # the CLI's configuration error, not a crash (1)
+    status, stderr = await refusal(tmp_path, toml, env)
+    assert status is not None, "serve runs despite the mistake"
+    assert status == 2, stderr  # the CLI's configuration error, not a crash (1)
     assert "Traceback" not in stderr, stderr
     errors = [line for line in stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and said in errors[0], stderr
@@ -86,12 +53,3 @@ async def test_a_config_mistake_is_one_line_and_no_proxy(
 
 def _stores(directory: Path) -> list[Path]:
     return list(directory.glob("*.db*"))
-
-
-async def _listens(port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return False
-    writer.close()
-    return True

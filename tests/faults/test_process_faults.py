@@ -137,22 +137,27 @@ async def test_sigkill_during_a_store_outage_then_restart_replays_the_spill(
               f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("lock_timeout_s", "sent"), [(0.05, 200), (600.0, 100)], ids=["writes_fail", "writes_hang"]
+)
 async def test_sigkill_in_an_outage_below_max_buffer_loses_at_most_a_batch(
-    faulty: FaultUpstream, tmp_path: Path
+    faulty: FaultUpstream, tmp_path: Path, lock_timeout_s: float, sent: int
 ) -> None:
     """With the default-sized memory buffer (far above what the outage sees), rows recorded in a
-    store outage go to the spill file as soon as the first write fails: a SIGKILL then loses at
-    most the batch being written (main kept them all in memory and lost every one)."""
+    store outage go to the spill file as soon as the first write fails (`writes_fail`: SQLite's
+    lock timeout 0.05 s) or has run STALLED_WRITE_S without ending (`writes_hang`: the lock
+    timeout 600 s, as a hung PostgreSQL waits its 30 s command timeout): a SIGKILL then loses at
+    most the batch being written. Main kept them all in memory until a write failed, and lost
+    every one."""
     db = tmp_path / "store.db"
-    toml = _toml(faulty, tmp_path, f"sqlite:///{db}?timeout=0.05").replace(
+    toml = _toml(faulty, tmp_path, f"sqlite:///{db}?timeout={lock_timeout_s}").replace(
         f"max_buffer = {MAX_BUFFER}", "max_buffer = 200000"
     )
     first = Serve(tmp_path, toml)
     await first.ready()
     rss_before = first.rss_bytes()
     blocker = sqlite3.connect(db, isolation_level=None)
-    blocker.execute("BEGIN EXCLUSIVE")  # store outage
-    sent = 200
+    blocker.execute("BEGIN EXCLUSIVE")  # store outage: every write waits for the lock
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(sent):
@@ -160,7 +165,7 @@ async def test_sigkill_in_an_outage_below_max_buffer_loses_at_most_a_batch(
                 async with session.post(first.url + CHAT, json=chat(), headers=headers) as r:
                     assert r.status == 200
                     await r.read()
-        for _ in range(1200):  # bounded generously (main never spilled below max_buffer)
+        for _ in range(1200):  # bounded generously (main spilled nothing below max_buffer)
             if await first.metric("specproxy_store_spilled_total") >= sent - BATCH:
                 break
             await asyncio.sleep(0.1)
@@ -182,57 +187,8 @@ async def test_sigkill_in_an_outage_below_max_buffer_loses_at_most_a_batch(
     assert 0 <= lost <= BATCH  # the stated bound in an outage: the batch being written
     os.kill(second.pid, signal.SIGTERM)
     assert await second.wait() == 0
-    fault_row("SIGKILL in store outage, max_buffer 200k", f"{sent} x 200",
-              f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip
-
-
-async def test_sigkill_while_a_write_hangs_loses_at_most_a_batch(
-    faulty: FaultUpstream, tmp_path: Path
-) -> None:
-    """A store outage in which writes hang rather than fail (the database locked, SQLite's lock
-    timeout 600 s here; a black-holed PostgreSQL waits its 30 s command timeout): once the write
-    has run STALLED_WRITE_S, the rows behind it go to the spill file, so a SIGKILL loses at most
-    the batch being written (main held them in memory until the timeout and lost all 100)."""
-    db = tmp_path / "store.db"
-    toml = _toml(faulty, tmp_path, f"sqlite:///{db}?timeout=600").replace(
-        f"max_buffer = {MAX_BUFFER}", "max_buffer = 200000"
-    )
-    first = Serve(tmp_path, toml)
-    await first.ready()
-    rss_before = first.rss_bytes()
-    blocker = sqlite3.connect(db, isolation_level=None)
-    blocker.execute("BEGIN EXCLUSIVE")  # every write now waits for the lock
-    sent = 100
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(sent):
-                headers = {"x-fault": "ok"}
-                async with session.post(first.url + CHAT, json=chat(), headers=headers) as r:
-                    assert r.status == 200
-                    await r.read()
-        for _ in range(1200):  # bounded generously; main spilled nothing before the timeout
-            if await first.metric("specproxy_store_spilled_total") >= sent - BATCH:
-                break
-            await asyncio.sleep(0.1)
-        rss_after = first.rss_bytes()
-        os.kill(first.pid, signal.SIGKILL)
-        assert await first.wait() == -signal.SIGKILL
-    finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
-    second = Serve(tmp_path, toml)
-    await second.ready()
-    for _ in range(1200):
-        if await second.metric("specproxy_store_pending") == 0 and stored_rows(db, RUN):
-            break
-        await asyncio.sleep(0.1)
-    ids = [r[0] for r in stored_rows(db, RUN)]
-    assert len(ids) == len(set(ids))
-    lost = sent - len(ids)
-    assert 0 <= lost <= BATCH  # the stated bound: the batch in the hung write
-    os.kill(second.pid, signal.SIGTERM)
-    assert await second.wait() == 0
-    fault_row("SIGKILL while a store write hangs", f"{sent} x 200",
+    how = "writes fail" if lock_timeout_s < 1 else "writes hang"
+    fault_row(f"SIGKILL in store outage ({how}), max_buffer 200k", f"{sent} x 200",
               f"{len(ids)} replayed from spill", lost, rss_before, rss_after)  # fmt: skip
 
 
