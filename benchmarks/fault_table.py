@@ -24,14 +24,13 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,14 +39,20 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.faults' rig
 
+from tests.faults.serve_proc import Serve, refusal, stored_rows
+from tests.faults.upstream import (
+    BIG_SSE_BYTES,
+    FaultUpstream,
+    blackholed_url,
+    padded_metrics_page,
+)
+from tests.proctree import descendants, wait_gone
+from tests.store.pgcluster import PgCluster, find_pg_bin
+
 from specproxy.config import StoreConfig
 from specproxy.proxy.headers import REQUEST_ID_HEADER
 from specproxy.proxy.limits import MAX_HEADER_BYTES
 from specproxy.store.sqlite import EXIT_UNSAFE, SqliteStore
-from tests.faults.serve_proc import Serve, free_port, stored_rows
-from tests.faults.upstream import BIG_SSE_BYTES, FaultUpstream, padded_metrics_page
-from tests.proctree import descendants, wait_gone
-from tests.store.pgcluster import PgCluster, find_pg_bin
 
 RUN = "faults"
 CHAT = "/v1/chat/completions"
@@ -189,6 +194,9 @@ async def until(check: Callable[[], Awaitable[bool] | bool], timeout_s: float) -
 
 # ------------------------------------------------------------------------------ the cases
 
+# A case: (procs, the fault upstream, its own directory, its arguments) -> its row(s).
+Case = Callable[..., Awaitable[Row | list[Row]]]
+
 
 def environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_text().split("\0")
@@ -281,7 +289,7 @@ async def protected_metrics(procs: Procs, up: FaultUpstream, work: Path) -> Row:
         for _ in range(sent):
             statuses[await post(session, serve.url)] += 1
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    scrapes = Counter(
+    scrapes: Counter[int | str] = Counter(
         [int(await serve.metric("specproxy_requests_total", headers=auth)) for _ in range(20)]
     )
     mems = [proc_mem(k) for k in kids]
@@ -372,7 +380,8 @@ async def huge_event(procs: Procs, up: FaultUpstream, work: Path, strip: bool) -
     first_cell = f"first byte {first:.2f} s, " if first is not None else "no body byte, "
     return Row(
         f"a 100 MB SSE event ({'usage stripped' if strip else 'include_usage: passed through'})",
-        f"{status}, {received / MiB:.1f} MiB, {first_cell}ended at {total:.1f} s{cut or ', clean end'}",
+        f"{status}, {received / MiB:.1f} MiB, {first_cell}ended at {total:.1f} s"
+        f"{cut or ', clean end'}",
         ", ".join(f"{n} x {k}" for k, n in kinds.items()),
         str(1 - sum(kinds.values())),
         rss_cell(rss_before, rss_after, peak),
@@ -551,28 +560,8 @@ async def count_rows(backend: str, work: Path, url: str) -> int:
         await conn.close()
 
 
-@contextlib.contextmanager
-def blackhole() -> Iterator[str]:
-    """A URL whose connects time out: a listener with a full backlog that never accepts."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(4):
-        filler = socket.socket()
-        filler.setblocking(False)
-        filler.connect_ex(("127.0.0.1", port))
-        fillers.append(filler)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        for sock in [*fillers, listener]:
-            sock.close()
-
-
 async def blackholed(procs: Procs, up: FaultUpstream, work: Path) -> Row:
-    with blackhole() as dead:
+    with blackholed_url() as dead:
         toml = f"""
 baseline_url = "{up.url}"
 speculative_url = "{dead}"
@@ -604,11 +593,12 @@ url = "sqlite:///{work}/store.db"
         "black-holed treatment endpoint (SYNs dropped; its connect_s 1 s), 30 requests",
         f"{seen(statuses)}; {slow} waited its connect_s (~{max(took):.1f} s) before failing "
         f"over, then p50 {statistics.median(took[slow:]) * 1000:.0f} ms; ejection "
-        f"{'logged' if logged else 'NOT logged'}, specproxy_endpoint_events_total ejected {ejected:.0f}",
+        f"{'logged' if logged else 'NOT logged'}, "
+        f"specproxy_endpoint_events_total ejected {ejected:.0f}",
         ", ".join(
             f"{n} x {arm} (rerouted from {src}: {why})"
             for (arm, src, why), n in Counter(rows).items()
-        ),  # fmt: skip
+        ),
         str(statuses[200] - len(rows)),
         rss_cell(rss_before, rss_after, peak),
     )
@@ -681,7 +671,7 @@ requests = 5
     )
 
 
-async def big_metrics(procs: Procs, work: Path, page_bytes: int | None) -> Row:
+async def big_metrics(procs: Procs, up: FaultUpstream, work: Path, page_bytes: int | None) -> Row:
     """4 closed-loop clients for 20 s while the speculative engine's /metrics page is
     `page_bytes` (None: a real page, ~3 kB), scraped every 5 s (the default)."""
     async with (
@@ -734,27 +724,18 @@ url = "memory://"
 
 
 async def config_mistake(work: Path, name: str, toml: str, env: dict[str, str]) -> Row:
-    work.mkdir(parents=True, exist_ok=True)
-    config = work / "specproxy.toml"
-    config.write_text(toml.replace("{port}", str(free_port())))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SPECPROXY_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "specproxy", "serve", "--config", str(config), cwd=work,
-        env={**environ, **env}, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+    await asyncio.to_thread(work.mkdir, parents=True, exist_ok=True)
+    status, stderr = await refusal(work, toml, env)
+    if status is None:
         return Row(f"config: {name}", "serve RAN with the mistake", "-", "-", "-")
-    lines = [line for line in err.decode().splitlines() if line.strip()]
+    lines = [line for line in stderr.splitlines() if line.strip()]
     traceback = any("Traceback" in line for line in lines)
+    made = await asyncio.to_thread(lambda: list(work.glob("*.db")))
     return Row(
         f"config: {name}",
-        f"serve exits {proc.returncode}{' WITH A TRACEBACK' if traceback else ''}: "
+        f"serve exits {status}{' WITH A TRACEBACK' if traceback else ''}: "
         f"`{lines[-1] if lines else ''}`",
-        "none (nothing started)" if not list(work.glob("*.db")) else "A STORE WAS MADE",
+        "A STORE WAS MADE" if made else "none (nothing started)",
         "-",
         "-",
     )
@@ -769,13 +750,13 @@ async def config_cases(procs: Procs, up: FaultUpstream, work: Path) -> list[Row]
             '`windows_s = ["x"]`',
             f'port = {{port}}\n{arms}[stats]\nwindows_s = ["x"]\n',
             {},
-        ),  # fmt: skip
+        ),
         await config_mistake(
             work / "env",
             "`SPECPROXY_STORE_URL` (one underscore)",
             f"port = {{port}}\n{arms}",
             {"SPECPROXY_STORE_URL": "sqlite:///shared.db"},
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -806,7 +787,7 @@ async def long_header_lines(procs: Procs, up: FaultUpstream, work: Path) -> Row:
             f"Authorization: Bearer {'j' * size}\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n"
         ).encode() + body
-        status, headers, payload = await raw(serve.port, head)
+        status, headers, _ = await raw(serve.port, head)
         forwarded += status == 200
         kind = "JSON" if headers.get("content-type", "").startswith("application/json") else "text"
         rid = "request id" if headers.get(REQUEST_ID_HEADER) else "no request id"
@@ -832,9 +813,12 @@ async def dns_subsets(procs: Procs, up: FaultUpstream, work: Path) -> Row:
     """130 addresses behind one name, one live engine (127.0.0.99, last in string order);
     8 replicas, each with its own host name (rendezvous seed) and a private /etc/hosts."""
     replicas, addresses = 8, 130
-    if os.system("unshare -Urmu true 2>/dev/null") != 0:
+    check = await asyncio.create_subprocess_exec(
+        "unshare", "-Urmu", "true", stderr=asyncio.subprocess.DEVNULL
+    )
+    if await check.wait() != 0:
         return Row("DNS: 130 addresses", "skipped: unshare not permitted", "-", "-", "-")
-    work.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(work.mkdir, parents=True, exist_ok=True)
     hosts = work / "hosts"
     hosts.write_text(
         "127.0.0.1 localhost\n"
@@ -861,7 +845,7 @@ url = "sqlite:///{rdir}/store.db"
 """
             wrap = [
                 "unshare", "-Urmu", "sh", "-c",
-                'mount --bind "$0" /etc/hosts && hostname "$1" && shift 2 && exec "$@"',
+                'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"',
                 str(hosts), f"specproxy-{replica}",
             ]  # fmt: skip
             serve = procs.serve(rdir, toml, wrap=wrap)
@@ -898,50 +882,43 @@ async def main(only: set[str], case_timeout_s: float) -> None:
     rows: list[tuple[str, Row]] = []
     root = Path(tempfile.mkdtemp(prefix="specproxy-faults-"))
 
-    async def case(
-        number: str, name: str, make: Callable[[Path], Awaitable[Row | list[Row]]]
-    ) -> None:
-        if only and name not in only:
-            return
-        print(f"... {number} {name}", file=sys.stderr, flush=True)
-        try:
-            got = await asyncio.wait_for(make(root / name), case_timeout_s)
-        except Exception as exc:  # the row says what went wrong; the table goes on
-            got = Row(name, f"ERROR: {type(exc).__name__}: {exc}"[:300], "-", "-", "-")
-        finally:
-            procs.kill_all()
-        for row in got if isinstance(got, list) else [got]:
-            rows.append((number, row))
-
     async with FaultUpstream() as up:
-        await case("1", "workers", lambda w: sigkill_worker(procs, up, w, 2))
-        await case("2", "protect_metrics", lambda w: protected_metrics(procs, up, w))
-        await case("3", "slow_readers", lambda w: slow_readers(procs, up, w))
-        await case("4", "huge_event", lambda w: huge_event(procs, up, w, strip=True))
-        await case("4", "huge_event_passthrough", lambda w: huge_event(procs, up, w, strip=False))
-        await case("5", "shm", lambda w: shm_truncated(procs, up, w))
-        outages = (
+
+        async def case(number: str, name: str, make: Case, *args: Any) -> None:
+            if only and name not in only:
+                return
+            print(f"... {number} {name}", file=sys.stderr, flush=True)
+            try:
+                got = await asyncio.wait_for(make(procs, up, root / name, *args), case_timeout_s)
+            except Exception as exc:  # the row says what went wrong; the table goes on
+                got = Row(name, f"ERROR: {type(exc).__name__}: {exc}"[:300], "-", "-", "-")
+            finally:
+                procs.kill_all()
+            for row in got if isinstance(got, list) else [got]:
+                rows.append((number, row))
+
+        await case("1", "workers", sigkill_worker, 2)
+        await case("2", "protect_metrics", protected_metrics)
+        await case("3", "slow_readers", slow_readers)
+        await case("4", "huge_event", huge_event, True)
+        await case("4", "huge_event_passthrough", huge_event, False)
+        await case("5", "shm", shm_truncated)
+        for backend, after in (
             ("sqlite", 3.0),
             ("sqlite", 30.0),
             ("postgresql", 30.0),
             ("postgresql-frozen", 10.0),
-        )
-        for backend, after in outages:
-            await case(
-                "6", f"outage_{backend}_{after:g}",
-                lambda w, b=backend, a=after: outage_then_sigkill(procs, up, w, b, a),
-            )  # fmt: skip
-        await case("7", "blackhole", lambda w: blackholed(procs, up, w))
-        await case("8", "future", lambda w: future_rows(procs, up, w))
+        ):
+            await case("6", f"outage_{backend}_{after:g}", outage_then_sigkill, backend, after)
+        await case("7", "blackhole", blackholed)
+        await case("8", "future", future_rows)
         for size in (None, 3_900_000, 13_600_000):
-            await case("9", f"metrics_{size}", lambda w, s=size: big_metrics(procs, w, s))
-        await case("10", "config", lambda w: config_cases(procs, up, w))
-        await case("11", "headers", lambda w: long_header_lines(procs, up, w))
-        await case("12", "dns", lambda w: dns_subsets(procs, up, w))
+            await case("9", f"metrics_{size}", big_metrics, size)
+        await case("10", "config", config_cases)
+        await case("11", "headers", long_header_lines)
+        await case("12", "dns", dns_subsets)
         for index in (0, 1):
-            await case(
-                "+", f"worker_{index}", lambda w, i=index: sigkill_worker(procs, up, w, i)
-            )  # fmt: skip
+            await case("+", f"worker_{index}", sigkill_worker, index)
     print(
         f"\nfault table ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end)\n"
     )
