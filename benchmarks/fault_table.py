@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import sqlite3
 import statistics
@@ -344,8 +345,9 @@ async def slow_readers(procs: Procs, up: FaultUpstream, work: Path) -> Row:
     kinds = Counter(kind for _, kind, _ in stored_rows(db, RUN))
     return Row(
         f"{readers} clients that do not read (a {BIG_SSE_BYTES // MiB} MB stream each)",
-        f"read nothing; the engine got to write {streamed / MiB:.0f} of "
-        f"{readers * BIG_SSE_BYTES / MiB:.0f} MiB before backpressure stopped it; then they left",
+        f"read nothing; the engine wrote {streamed / MiB:.0f} of "
+        f"{readers * BIG_SSE_BYTES / MiB:.0f} MiB before its writes stalled (the rest waits in "
+        "the sockets); then they left",
         ", ".join(f"{n} x {k}" for k, n in kinds.items()),
         str(readers - sum(kinds.values())),
         rss_cell(rss_before, rss_held, peak),
@@ -680,13 +682,9 @@ async def big_metrics(procs: Procs, up: FaultUpstream, work: Path, page_bytes: i
             metrics=padded_metrics_page(page_bytes) if page_bytes else FaultUpstream().metrics
         ) as spec,
     ):
-        toml = f"""
-baseline_url = "{base.url}"
-speculative_url = "{spec.url}"
-run_id = "{RUN}"
-[store]
-url = "memory://"
-"""
+        toml = store_toml(base, work).replace(
+            f'speculative_url = "{base.url}"', f'speculative_url = "{spec.url}"'
+        )
         serve = procs.serve(work, toml)
         await serve.ready()
         await asyncio.sleep(6.0)  # a first round of scrapes
@@ -708,17 +706,21 @@ url = "memory://"
         rss_after, peak = proc_mem(serve.pid)
         log = serve.log.read_text()
         await stop(serve)
+    kept = len(stored_rows(work / "store.db", RUN))
     took.sort()
     p50, p99 = took[len(took) // 2], took[int(len(took) * 0.99)]
     size = "a real page (3 kB)" if page_bytes is None else f"a {page_bytes / 1e6:.1f} MB page"
-    stretched = "stretched" if "of CPU: scraping every" in log else ""
+    stretch = re.search(r"took ([0-9.]+) s of CPU: scraping every ([0-9.]+) s", log)
+    stretched = (
+        f"a parse took {stretch[1]} s of CPU: scraped every {stretch[2]} s" if stretch else ""
+    )
     refused = "refused (over 4 MiB)" if "exceeds" in log else ""
     return Row(
         f"engine /metrics: {size}, scraped every 5 s; 4 clients for 20 s",
         f"{seen(statuses)}; p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms; proxy CPU "
-        f"{share:.0%} of a core {('; ' + (stretched or refused)) if stretched or refused else ''}",
-        "memory store",
-        "-",
+        f"{share:.0%} of a core{'; ' if stretched or refused else ''}{stretched or refused}",
+        f"{kept} stored",
+        str(statuses[200] - kept),
         rss_cell(rss_before, rss_after, peak),
     )
 
