@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-__all__ = ["Serve", "free_port", "refusal", "stored_rows"]
+__all__ = ["Serve", "free_port", "kill_leftovers", "refusal", "started", "stored_rows"]
 
 
 def free_port() -> int:
@@ -37,6 +37,25 @@ def stored_rows(db: Path, run_id: str) -> list[tuple[str, str | None, int]]:
                 "SELECT request_id, error_kind, status FROM requests WHERE run_id = ?", (run_id,)
             )
         )
+
+
+_STARTED: list[Serve] = []  # every serve started, so a failed test leaves none running
+
+
+def started() -> int:
+    """How many serves were started so far (a mark for `kill_leftovers`)."""
+    return len(_STARTED)
+
+
+def kill_leftovers(since: int = 0) -> None:
+    """SIGKILL every serve started after mark `since` that still runs (its children die with
+    it): after each test, so an assertion that fails before a test stops its proxies leaves no
+    process behind (a module-scoped one, started before the mark, lives on)."""
+    while len(_STARTED) > since:
+        serve = _STARTED.pop()
+        if serve.proc.poll() is None:
+            serve.proc.kill()
+            serve.proc.wait(30)
 
 
 class Serve:
@@ -68,6 +87,7 @@ class Serve:
                 env=None if env is None else {**os.environ, **env},
             )
         self.url = f"http://127.0.0.1:{self.port}"
+        _STARTED.append(self)
 
     @property
     def pid(self) -> int:
