@@ -323,11 +323,11 @@ async def slow_readers(procs: Procs, up: FaultUpstream, work: Path) -> Row:
         writer.write(request)  # and never a read
         writers.append(writer)
     last, still = -1, 0
-    for _ in range(2400):  # until the engine's writes stall: 1 s without progress
-        await asyncio.sleep(0.05)
+    for _ in range(2400):  # until the engine's writes stall: 5 s without progress
+        await asyncio.sleep(0.1)
         if up.streamed == last:
             still += 1
-            if still == 20:
+            if still == 50:
                 break
         else:
             last, still = up.streamed, 0

@@ -94,10 +94,17 @@ class Serve:
         return self.proc.pid
 
     def rss_bytes(self) -> int:
+        return self._status_bytes("VmRSS")
+
+    def peak_rss_bytes(self) -> int:
+        """The highest RSS the process has had (VmHWM)."""
+        return self._status_bytes("VmHWM")
+
+    def _status_bytes(self, field: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-        raise AssertionError("no VmRSS")
+        raise AssertionError(f"no {field}")
 
     async def ready(self, timeout_s: float = 120.0) -> None:
         """Until /healthz answers (a slow machine only takes longer)."""
