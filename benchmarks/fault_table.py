@@ -40,7 +40,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.faults' rig
 
-from tests.faults.serve_proc import Serve, refusal, stored_rows
+from tests.faults.serve_proc import Serve, refusal, serve_toml, stored_rows
 from tests.faults.upstream import (
     BIG_SSE_BYTES,
     FaultUpstream,
@@ -115,15 +115,7 @@ def store_toml(
 ) -> str:
     """Both arms on `upstream`, a SQLite store in `work` (or `store`); `extra`: top-level keys,
     `tables`: more TOML tables."""
-    url = store or f"sqlite:///{work}/store.db"
-    return f"""{extra}
-baseline_url = "{upstream.url}"
-speculative_url = "{upstream.url}"
-run_id = "{RUN}"
-[store]
-url = "{url}"
-spill_path = "{work}/spill/spill.jsonl"
-{tables}"""
+    return serve_toml(upstream.url, work, RUN, top=extra, store_url=store or None, tables=tables)
 
 
 class Procs:

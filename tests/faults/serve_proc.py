@@ -15,7 +15,15 @@ from pathlib import Path
 
 import aiohttp
 
-__all__ = ["Serve", "free_port", "kill_leftovers", "refusal", "started", "stored_rows"]
+__all__ = [
+    "Serve",
+    "free_port",
+    "kill_leftovers",
+    "refusal",
+    "serve_toml",
+    "started",
+    "stored_rows",
+]
 
 
 def free_port() -> int:
@@ -23,6 +31,28 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def serve_toml(
+    upstream_url: str,
+    workdir: Path,
+    run_id: str,
+    *,
+    top: str = "",
+    store_url: str | None = None,
+    tables: str = "",
+) -> str:
+    """A serve config: both arms on `upstream_url`, a SQLite store (or `store_url`) and its spill
+    file in `workdir`; `top`: more top-level keys, `tables`: more TOML tables."""
+    url = store_url or f"sqlite:///{workdir}/store.db"
+    return f"""{top}
+baseline_url = "{upstream_url}"
+speculative_url = "{upstream_url}"
+run_id = "{run_id}"
+[store]
+url = "{url}"
+spill_path = "{workdir}/spill/spill.jsonl"
+{tables}"""
 
 
 def stored_rows(db: Path, run_id: str) -> list[tuple[str, str | None, int]]:

@@ -12,7 +12,7 @@ import pytest
 
 from specproxy.proxy.transports.lean import LeanTransport
 from tests.faults.conftest import RUN, MakeRig, MiB, fault_row, rss_bytes
-from tests.faults.serve_proc import Serve, stored_rows
+from tests.faults.serve_proc import Serve, serve_toml, stored_rows
 from tests.faults.upstream import FaultUpstream
 from tests.proxy.conftest import CHAT, chat
 
@@ -123,19 +123,8 @@ async def test_a_real_serve_leaves_unread_streams_in_the_sockets(
     the streams (measured on the 2-core build machine: +65 MiB; +731 MiB without the
     backpressure, which took every stream whole); when they leave, one record each."""
     db = tmp_path / "store.db"
-    serve = Serve(
-        tmp_path,
-        f"""
-baseline_url = "{faulty.url}"
-speculative_url = "{faulty.url}"
-run_id = "{RUN}"
-[timeouts]
-read_s = 120.0
-[store]
-url = "sqlite:///{db}"
-spill_path = "{tmp_path}/spill/spill.jsonl"
-""",
-    )
+    toml = serve_toml(faulty.url, tmp_path, RUN, tables="[timeouts]\nread_s = 120.0\n")
+    serve = Serve(tmp_path, toml)
     await serve.ready()
     rss_before = serve.rss_bytes()
     writers = []

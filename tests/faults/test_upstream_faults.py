@@ -14,7 +14,7 @@ import pytest
 
 from specproxy.metrics import REJECTED
 from tests.faults.conftest import RUN, MakeRig, MiB, fault_row, rss_bytes
-from tests.faults.serve_proc import Serve, stored_rows
+from tests.faults.serve_proc import Serve, serve_toml, stored_rows
 from tests.faults.upstream import HUGE_BYTES, FaultUpstream
 from tests.proxy.conftest import CHAT, chat
 
@@ -149,17 +149,7 @@ async def test_a_real_serve_ends_a_100_mb_event_at_its_bound(
     never held the event (peak +3 MiB on the 2-core build machine; without the bound it peaked
     310 MiB higher, held the client's first byte for seconds and recorded a usable 200)."""
     db = tmp_path / "store.db"
-    serve = Serve(
-        tmp_path,
-        f"""
-baseline_url = "{faulty.url}"
-speculative_url = "{faulty.url}"
-run_id = "{RUN}"
-[store]
-url = "sqlite:///{db}"
-spill_path = "{tmp_path}/spill/spill.jsonl"
-""",
-    )
+    serve = Serve(tmp_path, serve_toml(faulty.url, tmp_path, RUN))
     await serve.ready()
     rss_before = serve.rss_bytes()
     received = b""
