@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -913,6 +914,7 @@ async def main(only: set[str], case_timeout_s: float) -> None:
         await case("12", "dns", dns_subsets)
         for index in (0, 1):
             await case("+", f"worker_{index}", sigkill_worker, index)
+    await asyncio.to_thread(shutil.rmtree, root, True)
     print(
         f"\nfault table ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end)\n"
     )
