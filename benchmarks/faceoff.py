@@ -403,8 +403,8 @@ def profile(rig: Rig, out: Path) -> None:
     sampler = None
     if spy:  # sampling: no per-call overhead to distort the small functions of the event path
         sampler = subprocess.Popen(
-            [spy, "record", "-r", "500", "-d", str(int(rig.args.seconds)), "-f", "raw"]
-            + ["-o", str(out), "-p", str(proc.pid), "--nonblocking"],
+            [spy, "record", "-r", "500", "-d", str(int(rig.args.seconds)), "-f", "raw",
+             "-o", str(out), "-p", str(proc.pid), "--nonblocking"],  # fmt: skip
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

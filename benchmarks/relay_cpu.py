@@ -21,6 +21,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,7 +107,7 @@ def main() -> None:
 
 def start(
     procs: faceoff.Procs, name: str, upstream: str, work: Path
-) -> tuple[faceoff.subprocess.Popen[bytes], str]:
+) -> tuple[subprocess.Popen[bytes], str]:
     port = faceoff.free_port()
     base = f"http://127.0.0.1:{port}"
     cpu = faceoff.cores(1)

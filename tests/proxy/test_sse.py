@@ -153,7 +153,7 @@ def test_timestamps_and_gaps_come_from_chunk_arrival(impl: type[PySSEScanner]) -
         scanner.feed(event, at)
     assert scanner.first_content_at == 2.0
     assert scanner.last_content_at == 4.0
-    assert scanner.gaps == [0.5, 1.5]
+    assert list(scanner.gaps) == [0.5, 1.5]
     assert scanner.n_events == 3
     assert scanner.last_event_at == 4.6
 

@@ -29,6 +29,7 @@ static PyObject *str_raw_value;      /* "_raw_value" */
 static PyObject *bytes_empty;        /* b"" */
 static PyObject *bytes_join;         /* b"".join */
 static PyObject *bytes_fingerprint;  /* b'"system_fingerprint":' */
+static PyObject *array_type;         /* array.array */
 
 #define LIT(s) s, (sizeof(s) - 1)
 
@@ -48,7 +49,8 @@ typedef struct {
     Py_ssize_t token_ids;
     int has_first, has_last_content, has_last_event;
     double first_content_at, last_content_at, last_event_at;
-    PyObject *gaps;        /* list[float] */
+    double *gaps;          /* between consecutive content events: 8 bytes each */
+    Py_ssize_t n_gaps, gaps_cap;
     PyObject *usage;       /* dict or NULL */
     PyObject *speculative; /* dict or NULL */
     PyObject *held;        /* list[bytes]: finish events awaiting the usage chunk's fingerprint */
@@ -363,13 +365,18 @@ static int scan_event(Scanner *s, const char *ev, Py_ssize_t evn, double now) {
             s->first_content_at = now;
             s->has_first = 1;
         } else {
-            PyObject *gap = PyFloat_FromDouble(now - s->last_content_at);
-            if (gap == NULL || PyList_Append(s->gaps, gap) < 0) {
-                Py_XDECREF(gap);
-                rc = -1;
-                goto end;
+            if (s->n_gaps == s->gaps_cap) {
+                Py_ssize_t cap = s->gaps_cap ? 2 * s->gaps_cap : 32;
+                double *grown = PyMem_Realloc(s->gaps, (size_t)cap * sizeof(double));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    rc = -1;
+                    goto end;
+                }
+                s->gaps = grown;
+                s->gaps_cap = cap;
             }
-            Py_DECREF(gap);
+            s->gaps[s->n_gaps++] = now - s->last_content_at;
         }
         s->last_content_at = now;
         s->has_last_content = 1;
@@ -543,7 +550,6 @@ static int Scanner_init(Scanner *s, PyObject *args, PyObject *kwds) {
     s->max_event_bytes = max_event;
     s->token_ids_complete = 1;
     s->seplen = 2;
-    if (s->gaps == NULL && (s->gaps = PyList_New(0)) == NULL) return -1;
     if (s->held == NULL && (s->held = PyList_New(0)) == NULL) return -1;
     if (s->out == NULL && (s->out = PyList_New(0)) == NULL) return -1;
     return 0;
@@ -551,7 +557,6 @@ static int Scanner_init(Scanner *s, PyObject *args, PyObject *kwds) {
 
 static int Scanner_traverse(Scanner *s, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(s));
-    Py_VISIT(s->gaps);
     Py_VISIT(s->usage);
     Py_VISIT(s->speculative);
     Py_VISIT(s->held);
@@ -560,7 +565,6 @@ static int Scanner_traverse(Scanner *s, visitproc visit, void *arg) {
 }
 
 static int Scanner_clear(Scanner *s) {
-    Py_CLEAR(s->gaps);
     Py_CLEAR(s->usage);
     Py_CLEAR(s->speculative);
     Py_CLEAR(s->held);
@@ -573,6 +577,7 @@ static void Scanner_dealloc(Scanner *s) {
     PyObject_GC_UnTrack(s);
     Scanner_clear(s);
     PyMem_Free(s->buf);
+    PyMem_Free(s->gaps);
     tp->tp_free((PyObject *)s);
     Py_DECREF(tp);
 }
@@ -592,7 +597,10 @@ static PyObject *get_error_event(Scanner *s, void *c) { return PyBool_FromLong(s
 static PyObject *get_oversized(Scanner *s, void *c) { return PyBool_FromLong(s->oversized); }
 static PyObject *get_strip_usage(Scanner *s, void *c) { return PyBool_FromLong(s->strip); }
 static PyObject *get_max_event_bytes(Scanner *s, void *c) { return PyLong_FromSsize_t(s->max_event_bytes); }
-static PyObject *get_gaps(Scanner *s, void *c) { return Py_NewRef(s->gaps); }
+static PyObject *get_gaps(Scanner *s, void *c) {
+    return PyObject_CallFunction(array_type, "sy#", "d", s->gaps ? (const char *)s->gaps : "",
+                                 (Py_ssize_t)(s->n_gaps * (Py_ssize_t)sizeof(double)));
+}
 static PyObject *get_usage(Scanner *s, void *c) { return Py_NewRef(s->usage ? s->usage : Py_None); }
 static PyObject *get_speculative(Scanner *s, void *c) { return Py_NewRef(s->speculative ? s->speculative : Py_None); }
 static PyObject *get_buf(Scanner *s, void *c) { return PyBytes_FromStringAndSize(s->buf ? s->buf : "", s->buf_len); }
@@ -609,7 +617,7 @@ static PyGetSetDef Scanner_getset[] = {
     {"oversized", (getter)get_oversized, NULL, "an event outgrew max_event_bytes", NULL},
     {"strip_usage", (getter)get_strip_usage, NULL, "the usage chunk is removed", NULL},
     {"max_event_bytes", (getter)get_max_event_bytes, NULL, "the bound on one event", NULL},
-    {"gaps", (getter)get_gaps, NULL, "gaps between consecutive content events", NULL},
+    {"gaps", (getter)get_gaps, NULL, "gaps between consecutive content events (a copy, array('d'))", NULL},
     {"usage", (getter)get_usage, NULL, "the usage chunk's usage", NULL},
     {"speculative", (getter)get_speculative, NULL, "its metrics.speculative_decoding", NULL},
     {"_buf", (getter)get_buf, NULL, "the open event's bytes", NULL},
@@ -651,6 +659,11 @@ static int module_exec(PyObject *m) {
     if ((bytes_empty = PyBytes_FromStringAndSize(NULL, 0)) == NULL) return -1;
     if ((bytes_join = PyObject_GetAttrString(bytes_empty, "join")) == NULL) return -1;
     if ((bytes_fingerprint = PyBytes_FromString(FINGERPRINT)) == NULL) return -1;
+    PyObject *array_module = PyImport_ImportModule("array");
+    if (array_module == NULL) return -1;
+    array_type = PyObject_GetAttrString(array_module, "array");
+    Py_DECREF(array_module);
+    if (array_type == NULL) return -1;
     PyObject *type = PyType_FromModuleAndSpec(m, &Scanner_spec, NULL);
     if (type == NULL) return -1;
     if (PyModule_AddObject(m, "Scanner", type) < 0) {

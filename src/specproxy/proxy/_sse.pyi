@@ -1,5 +1,6 @@
 # The compiled core of `specproxy.proxy.sse.SSEScanner` (`_sse.c`); `sse.PySSEScanner` is the
 # reference with the same attributes.
+from array import array
 from typing import Any
 
 DEFAULT_MAX_EVENT_BYTES: int
@@ -31,7 +32,7 @@ class Scanner:
     @property
     def max_event_bytes(self) -> int: ...
     @property
-    def gaps(self) -> list[float]: ...
+    def gaps(self) -> array[float]: ...  # a copy
     @property
     def usage(self) -> dict[str, Any] | None: ...
     @property

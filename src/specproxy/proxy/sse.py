@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from array import array
 from typing import TYPE_CHECKING, Any, Final
 
 from specproxy.errors import ErrorKind
@@ -161,7 +162,9 @@ class PySSEScanner:
         self.last_content_at: float | None = None
         self.last_event_at: float | None = None
         self.n_events = 0  # events with content
-        self.gaps: list[float] = []  # between consecutive content events
+        # between consecutive content events: 8 bytes each (a stream is bounded in time by
+        # `stream_total_s`, so this is too)
+        self.gaps: array[float] = array("d")
         self.token_ids = 0
         self.token_ids_complete = True  # every content event carried token_ids
         self.usage: dict[str, Any] | None = None
