@@ -402,9 +402,9 @@ def profile(rig: Rig, out: Path) -> None:
     conc = rig.args.conc[0]
     sampler = None
     if spy:  # sampling: no per-call overhead to distort the small functions of the event path
+        record = ["record", "-r", "500", "-d", str(int(rig.args.seconds)), "-f", "raw"]
         sampler = subprocess.Popen(
-            [spy, "record", "-r", "500", "-d", str(int(rig.args.seconds)), "-f", "raw",
-             "-o", str(out), "-p", str(proc.pid), "--nonblocking"],  # fmt: skip
+            [spy, *record, "-o", str(out), "-p", str(proc.pid), "--nonblocking"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
