@@ -328,7 +328,8 @@ class Comparison(WindowComparison):
     treatment: str
     excluded_warmup: dict[str, int]  # per arm of the comparison
     gate: NotRequired[Gate]
-    # speedups by condition and the crossover (the whole-run window of all models, from rows)
+    # speedups by condition and the crossover (the whole-run window of all models, from its
+    # condition summaries: the store's keys, or a small run's rows keyed alike)
     conditions: NotRequired[Conditions | None]
 
 

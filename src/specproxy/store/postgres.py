@@ -85,7 +85,7 @@ from specproxy.store.schema import (
     request_row,
 )
 from specproxy.summary.engine import EngineAggregate, StoredView
-from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.minute import STORED_METRICS
 from specproxy.summary.tiering import CompactionBounds
 
 if TYPE_CHECKING:
@@ -260,7 +260,7 @@ class PostgresStore(BufferedStore):
             sums: list[Any] = []
             bins: list[Any] = []
             sums_sql, bins_sql = delete_fine_returning_sql("postgresql")
-            for metric in ROLLUP_METRICS:
+            for metric in STORED_METRICS:
                 blocks += await conn.fetch(
                     delete_blocks_returning_sql("postgresql"), run_id, metric, bounds.hours_before
                 )
