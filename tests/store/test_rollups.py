@@ -337,15 +337,19 @@ async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
         assert unpacked and all(np.all(b[1:] > b[:-1]) for b in unpacked)
         spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
         assert spans == {(True, 60), (False, 1)}  # hours before the bound, minutes after
-    usable = sum(1 for r in records if usable_for_rollup(r))
-    for metric in CONDITION_METRICS:  # the conditions' rollups, compacted in the same pass
+    # the conditions' rollups, in the same pass: their last hour kept in 1-minute blocks, the
+    # rest dropped, never folded into hours
+    cut = bounds.conditions_before
+    assert cut is not None and bounds.hours_before < cut < bounds.fine_before
+    recent = sum(1 for r in records if usable_for_rollup(r) and minute_of(r.t_start) >= cut)
+    for metric in CONDITION_METRICS:
         read = await _full(store, metric)
         assert all(m >= bounds.fine_before for m, *_ in read.minutes)
-        spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
-        assert spans == {(True, 60), (False, 1)}
+        assert read.blocks and {span for _s, span, *_ in read.blocks} == {1}
+        assert min(start for start, *_ in read.blocks) == cut
         if metric == "cond_e2e":  # every usable request states its temperature ("default")
             kept = sum(n for *_k, n in read.blocks) + sum(r[3] for r in read.minutes)
-            assert kept == usable
+            assert kept == recent
     before = await _full(store)
     assert await store.compact(fold=fold, run_id="run", bounds=at(now)) == 0  # idempotent
     assert _plain(await _full(store)) == _plain(before)

@@ -24,6 +24,7 @@ from specproxy.report.summary import (
     comparison_of,
     condition_rows,
     conditions_of,
+    conditions_span,
     crossover_text,
     fmt_ci,
     fmt_ms,
@@ -263,7 +264,7 @@ def _diagnosis(window: WindowResult) -> list[str]:
 
 def _conditions(window: WindowResult) -> list[str]:
     """Each treatment's crossover per metric and its median speedup per condition band, where
-    the window has them (the whole run of all models, read from rows)."""
+    the window has them (the whole-run window of all models), and the span they cover."""
     _, treatments = arms_of(window)
     held = [(t, conditions_of(window, t)) for t in treatments]
     if not any(c for _, c in held):
@@ -277,7 +278,12 @@ def _conditions(window: WindowResult) -> list[str]:
         if not conditions:
             continue
         t = _e(treatment)
-        out += [_heading(window, treatment), f"<ul class='crossover' data-treatment='{t}'>"]
+        out += [
+            _heading(window, treatment),
+            f"<p class='sub conditions-span' data-treatment='{t}'>"
+            f"{_e(conditions_span(conditions))}</p>",
+            f"<ul class='crossover' data-treatment='{t}'>",
+        ]
         for metric, found in conditions["crossover"].items():
             label = METRICS.get(metric, metric)
             out.append(

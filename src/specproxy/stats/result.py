@@ -408,6 +408,9 @@ class Conditions(TypedDict):
     segments: dict[str, dict[str, list[BandSpeedup]]]
     crossover: dict[str, CrossoverResult]
     summary: str | None
+    # the span they cover: None for the whole run (a run read as rows), else the last seconds
+    # of it (a run read from its summaries: the conditions' rollups are kept an hour)
+    window_s: NotRequired[float | None]
 
 
 class WindowResult(WindowComparison):

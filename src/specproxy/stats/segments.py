@@ -165,16 +165,6 @@ def crossover_words(found: CrossoverResult, metric: str = "TPOT") -> str | None:
     return text
 
 
-def _load_cells(source: ConditionSource, metric: str, keys: list[str]) -> LoadSample:
-    """The arm's crossover cells: each load key's sample at the load it stands for (one sample
-    at a time: each holds arrays as long as the window's units)."""
-    return LoadSample.joined(
-        LoadSample.of_sample(key_load(int(split_key(k)[1])), source.sample(metric, frozenset({k})))
-        for k in keys
-        if split_key(k)[0] == "load"
-    )
-
-
 def conditional(
     control: ConditionSource,
     treatment: ConditionSource,
@@ -201,12 +191,20 @@ def conditional(
             for k in keys
             if split_key(k)[0] == "category"
         }
+        cells: tuple[LoadSample, LoadSample] | None = None
+        piece_units, log_error = 1, 0.0
         for dim in DIMENSIONS:
+            # each key's sample once (one pass over its summaries), a band the merge of its keys'
+            members_of = band_keys(dim, keys, counts)
+            each = {
+                arm: {k: source.sample(metric, frozenset({k})) for _b, ks in members_of for k in ks}
+                for arm, source in (("control", control), ("treatment", treatment))
+            }
             bands: list[BandSpeedup] = []
-            for band, members in band_keys(dim, keys, counts):
+            for band, members in members_of:
                 found = _speedup(
-                    control.sample(metric, members),
-                    treatment.sample(metric, members),
+                    ArmSample.merged([each["control"][k] for k in sorted(members)]),
+                    ArmSample.merged([each["treatment"][k] for k in sorted(members)]),
                     band_rng,
                     resamples,
                     confidence,
@@ -214,23 +212,33 @@ def conditional(
                 found["band"] = band
                 bands.append(found)
             segments.setdefault(dim, {})[metric] = bands
+            if dim == "load" and each["control"]:
+                # the crossover's cells: each load key's sample at the load it stands for
+                c_cells, t_cells = (
+                    LoadSample.joined(
+                        LoadSample.of_sample(key_load(int(split_key(k)[1])), sample)
+                        for k, sample in each[arm].items()
+                    )
+                    for arm in ("control", "treatment")
+                )
+                cells = (c_cells, t_cells)
+                some = next(iter(each["control"].values()))
+                piece_units, log_error = some.piece_units, binned_log_error(some)
         exact = loads.get(metric) if loads is not None else None
         if exact is not None:
             found_load = crossover(
                 *exact, units=units, rng=load_rng, resamples=resamples, confidence=confidence
             )
         else:
-            every = frozenset(k for k in keys if split_key(k)[0] == "load")
-            probe = control.sample(metric, every)
+            empty = LoadSample.joined([])
             found_load = crossover(
-                _load_cells(control, metric, keys),
-                _load_cells(treatment, metric, keys),
+                *(cells or (empty, empty)),
                 units=units,
                 rng=load_rng,
                 resamples=resamples,
                 confidence=confidence,
-                piece_units=probe.piece_units,
-                log_error=binned_log_error(probe),
+                piece_units=piece_units,
+                log_error=log_error,
                 load_error=key_load_error,
             )
         crossovers[metric] = found_load.to_dict()

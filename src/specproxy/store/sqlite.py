@@ -415,7 +415,7 @@ class SqliteStore(BufferedStore):
             for metric in STORED_METRICS:
                 key = (run_id, metric)
                 blocks += conn.execute(
-                    delete_blocks_returning_sql("sqlite"), (*key, bounds.hours_before)
+                    delete_blocks_returning_sql("sqlite"), (*key, bounds.blocks_before(metric))
                 ).fetchall()
                 sums += conn.execute(sums_sql, (*key, bounds.fine_before)).fetchall()
                 bins += conn.execute(bins_sql, (*key, bounds.fine_before)).fetchall()

@@ -22,11 +22,13 @@ from specproxy.stats.job import tick
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.tick import compute_stats
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.contract import TierVersions
 from specproxy.store.factory import open_store
 from specproxy.summary.compaction import fold
+from specproxy.summary.conditions import CONDITION_METRICS
 from specproxy.summary.grid import COARSE_ERROR_BOUND
 from specproxy.summary.minute import ROLLUP_METRICS, STORED_METRICS, usable_for_rollup
-from specproxy.summary.tiering import CompactionBounds
+from specproxy.summary.tiering import CONDITION_MINUTES, CompactionBounds
 from tests.stats.oracles import adjusted_hc3
 
 RUN = "r"
@@ -124,9 +126,9 @@ async def test_a_warm_cache_holds_what_a_cold_read_gets(store: BufferedStore) ->
         if step:
             assert warm.rows_read < cold.rows_read  # only what changed was read
     assert any(span == 60 for start, span, _ in warm.tiers["e2e"]["baseline"].blocks)
-    # the conditions' rollups are compacted alike, keyed by condition
+    # the conditions' rollups, keyed by condition, are kept an hour in 1-minute blocks
     conditions = warm.tiers["cond_tpot"]["baseline"]
-    assert any(span == 60 for start, span, _ in conditions.blocks)
+    assert conditions.blocks and {span for _s, span, _k in conditions.blocks} == {1}
     assert {key for _s, _sp, key in conditions.blocks} >= {"load=1", "load=5", "category=math"}
 
 
@@ -238,15 +240,20 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
 async def test_a_large_run_s_speedups_by_condition_come_from_its_compacted_summaries(
     store: BufferedStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 26: a run read from its summaries (hour blocks, minute blocks, fine minutes) gets
-    its speedups by condition from the condition keys: each band holds exactly its usable
-    requests, its median speedup is within the coarse grid's bound of the exact ratio, and the
-    crossover resamples whole hours."""
+    """Issue 26: a run read from its summaries gets its speedups by condition from the
+    condition keys, which compaction keeps for `CONDITION_MINUTES` (1-minute blocks and fine
+    minutes, never hour blocks): each band holds exactly the usable requests of that last hour
+    that met it, and its median speedup is within the coarse grid's bound of the exact ratio."""
     records, window = await _compacted_run(store, monkeypatch)
     assert window["source"] == "summaries" and window["grid_error_bound"] == COARSE_ERROR_BOUND
     conditions = window["conditions"]
-    assert conditions is not None
-    usable = [r for r in records if usable_for_rollup(r)]
+    assert conditions is not None and conditions["window_s"] == CONDITION_MINUTES * 60
+    since = (M0 + 187 - CONDITION_MINUTES) * 60.0  # the window ends at minute M0 + 187
+    for metric in CONDITION_METRICS:  # what compaction left of the conditions' rollups
+        read = await store.read_tiers(run_id=RUN, metric=metric, known=TierVersions())
+        assert read.blocks and {span for _s, span, *_ in read.blocks} == {1}
+        assert min(s for s, *_ in read.blocks) == M0 + 187 - CONDITION_MINUTES
+    usable = [r for r in records if usable_for_rollup(r) and r.t_start >= since]
     bands_of: dict[str, Callable[[RequestRecord], str | None]] = {
         "load": lambda r: {1: "1", 2: "2-3", 3: "2-3"}.get(r.endpoint_in_flight or 0, "4-7"),
         "temperature": lambda r: "(0.5,1]" if r.temperature == 0.7 else "default",
@@ -282,7 +289,6 @@ async def test_a_large_run_s_speedups_by_condition_come_from_its_compacted_summa
     crossover = conditions["crossover"]["tpot"]
     assert crossover["status"] == "helps_throughout"  # 1.2x faster at every load
     assert [g["load"] for g in crossover["groups"]] == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert crossover["block_units"] % 60 == 0  # whole hours: the hour blocks' entries
 
 
 async def test_decoding_runs_on_the_given_executor_not_the_event_loop(

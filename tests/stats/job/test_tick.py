@@ -304,6 +304,7 @@ async def test_rows_and_summaries_agree_on_every_statistic_within_the_grid_bound
     # the crossover: each request at its own load and latency from rows, the load keys' coarse
     # bins from the summaries (their intervals widened by the grid's bound): compared apart
     crossovers = []
+    spans = []  # the whole run from rows, the last hour from summaries: here the same 40 min
     for result in (rows, sums):
         for key in ("computed_at", "duration_s", "lag_s", "data_horizon"):
             result.pop(key)  # type: ignore[misc]
@@ -314,8 +315,10 @@ async def test_rows_and_summaries_agree_on_every_statistic_within_the_grid_bound
                     conditions = block.get("conditions")
                     if conditions is not None and "crossover" in conditions:  # one dict, shared
                         crossovers.append(conditions.pop("crossover"))  # type: ignore[misc]
+                        spans.append(conditions.pop("window_s"))
     # the whole-run window of all models (and of its one model, the same), from each source
     assert len(crossovers) == 4
+    assert spans == [None, None, 3600.0, 3600.0]
     for metric in ("e2e", "tpot"):
         from_rows, from_sums = crossovers[0][metric], crossovers[2][metric]
         assert from_rows["status"] == from_sums["status"] == "helps_throughout"

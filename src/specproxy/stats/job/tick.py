@@ -59,6 +59,7 @@ from specproxy.summary.conditions import CONDITION_METRICS
 from specproxy.summary.engine import EngineView, as_view
 from specproxy.summary.minute import ROLLUP_METRICS
 from specproxy.summary.rows import records_to_arrays
+from specproxy.summary.tiering import CONDITION_MINUTES
 
 __all__ = [
     "GPU_SAMPLES_READ",
@@ -118,8 +119,10 @@ class _Window:
     tiers: Tiers
     plan: WindowPlan
     source: str  # "rows" | "summaries"
-    # the condition summaries of the whole-run window (`summary.conditions`), None: not read
+    # the whole-run window's condition summaries (`summary.conditions`; None: not read) and
+    # the units they are compared over (the summaries keep `CONDITION_MINUTES` of them)
     conditions: Tiers | None = None
+    conditions_plan: WindowPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +175,8 @@ def plan_tick(
     `limit` (now plus `StatsConfig.future_skew_s`; None: no bound): data stamped after it is
     in no window and sets no horizon; the plan counts it (`TickPlan.future`). Rows are cut at
     the limit itself, the summaries at the minute holding it. The whole-run window carries its
-    condition summaries: the rows' own (`Rows.condition_tiers`), else `conditions` (the
-    store's; None: not read)."""
+    condition summaries: the rows' own (`Rows.condition_tiers`, over the window), else
+    `conditions` (the store's, over their last `CONDITION_MINUTES`; None: not read)."""
     clock = time.time() if now is None else now
     frame = Frame.of(tiers, window_end, clock, limit)
     future, future_newest = frame.future, frame.future_end
@@ -185,20 +188,15 @@ def plan_tick(
     for window_s in windows_s:
         if rows is None or span is None:
             whole = conditions if window_s is None else None
-            # compacted alike, but read in other snapshots: a block of either widens the window
-            planning = (
-                Tiers(tiers.unit_s, {**tiers.metrics, **whole.metrics})
-                if whole is not None
-                else tiers
-            )
             planned.append(
                 _Window(
                     window_s,
                     window_label(window_s),
                     tiers,
-                    frame.plan(planning, window_s),
+                    frame.plan(tiers, window_s),
                     "summaries",
                     whole,
+                    frame.plan(whole, CONDITION_MINUTES * 60.0) if whole is not None else None,
                 )
             )
             continue
@@ -210,7 +208,9 @@ def plan_tick(
         row_frame = Frame.of(unit_tiers, frame.window_end, clock)
         plan = row_frame.plan(unit_tiers, window_s)
         whole = rows.condition_tiers(unit) if window_s is None else None
-        planned.append(_Window(window_s, window_label(window_s), unit_tiers, plan, "rows", whole))
+        planned.append(
+            _Window(window_s, window_label(window_s), unit_tiers, plan, "rows", whole, plan)
+        )
     return TickPlan(frame, tuple(planned), rows, future, future_newest)
 
 
@@ -303,7 +303,7 @@ def compute_tick(
         conditions = (
             window_conditions(
                 w.conditions,
-                w.plan,
+                w.conditions_plan or w.plan,
                 gone,
                 settings,
                 seed,
@@ -448,9 +448,10 @@ def window_conditions(
     *,
     rows: Rows | None = None,
 ) -> Conditions:
-    """The window's speedups by condition (`stats.segments`), control against one treatment,
-    from its condition summaries less the warm-up units; the crossover from `rows` (each
-    request at its own load) when the window was read from them."""
+    """The speedups by condition (`stats.segments`) over `plan`'s units, control against one
+    treatment, from the condition summaries less the warm-up units; the crossover from `rows`
+    (each request at its own load) when the window was read from them. `window_s` says the
+    span: None for the whole run (rows), else the summaries' last `CONDITION_MINUTES`."""
 
     def source(arm: Arm) -> ConditionSamples:
         return ConditionSamples.of(conditions, plan, arm, excluded.get(arm, set()))
@@ -464,7 +465,7 @@ def window_conditions(
             )
             for metric in SEGMENT_METRICS
         }
-    return conditional(
+    found = conditional(
         source(control),
         source(treatment),
         units=plan.units,
@@ -473,6 +474,8 @@ def window_conditions(
         confidence=settings.confidence,
         loads=loads,
     )
+    found["window_s"] = plan.window_s
+    return found
 
 
 def _seed(base: int, segment: str, plan: WindowPlan) -> list[int]:
