@@ -130,6 +130,10 @@ def test_a_band_s_speedup_is_its_requests_median_ratio() -> None:
     assert bands["1"]["speedup"] == pytest.approx(2.0, rel=0.01)  # the coarse grid: 0.5 %
     assert bands["16-31"]["speedup"] == pytest.approx(1.25, rel=0.01)
     assert bands["1"]["n"] == {"control": n // 2, "treatment": n // 2}
+    # where each was measured: its requests' mean load, a key's middle above 7 (20-23 for 20)
+    assert bands["1"]["load"] == 1.0 and bands["16-31"]["load"] == 21.5
+    other = result["segments"]["temperature"]["tpot"]
+    assert all("load" not in b for b in other)
 
 
 def test_crossover_words() -> None:

@@ -373,6 +373,9 @@ class BandSpeedup(TypedDict):
     speedup: float | None
     lower: float | None
     upper: float | None
+    # load bands: the mean calls in flight of the band's requests, both arms (where the
+    # speedup was measured: "speedup vs load"); absent for the other conditions
+    load: NotRequired[float]
 
 
 class CrossoverGroup(TypedDict):

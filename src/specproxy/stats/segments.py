@@ -210,6 +210,15 @@ def conditional(
                     confidence,
                 )
                 found["band"] = band
+                if dim == "load":  # where it was measured: the band's mean calls in flight
+                    weights = [
+                        (key_load(int(split_key(k)[1])), each[arm][k].n)
+                        for arm in ("control", "treatment")
+                        for k in members
+                    ]
+                    total = sum(n for _x, n in weights)
+                    if total:
+                        found["load"] = sum(x * n for x, n in weights) / total
                 bands.append(found)
             segments.setdefault(dim, {})[metric] = bands
             if dim == "load" and each["control"]:
