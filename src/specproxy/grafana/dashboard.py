@@ -291,8 +291,7 @@ def _speedup_vs_load() -> _Panel:
     selector = f'{SEGMENT_SELECTOR},metric="tpot"'
     queries = [
         _Query(
-            f"max by (band) ({m.SEGMENT_SPEEDUP}{{{selector},"
-            f'dimension="load",bound="{bound}"}})',
+            f'max by (band) ({m.SEGMENT_SPEEDUP}{{{selector},dimension="load",bound="{bound}"}})',
             bound,
             instant=True,
         )

@@ -85,7 +85,8 @@ _FIGURES = [
     ("acceptance", "Share of drafts accepted at each draft position, averaged over the scrapes."),
     (
         "speedup_load",
-        "Median E2E speedup per load level (quantile bins of load), with bootstrap CIs.",
+        "Median TPOT speedup per load band (each arm's own calls in flight), with its CI, as"
+        " the stats result has it; a band with too little data is not drawn.",
     ),
 ]
 
@@ -355,8 +356,9 @@ def _methodology(data: ReportData, window: WindowResult | None) -> list[str]:
         ),
         (
             "Speedup against load",
-            f"load = {data.load_source}; bins are load quantiles, CI by "
-            "a percentile bootstrap of the median ratio within each bin",
+            f"{data.load_source or 'no load recorded'}: each arm's own calls in flight at its"
+            " engine when a request was sent; per band the median's speedup and its time-block"
+            " bootstrap CI, as GET /api/stats has them",
         ),
         (
             "Source",
