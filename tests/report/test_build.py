@@ -178,7 +178,9 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     # Speedup by load: the stats result's load bands (TPOT), each at its requests' mean load,
     # and every band's requests add up to the requests used.
     bins = figure["load_bins"]
-    every = window["conditions"]["segments"]["load"]["tpot"]
+    conditions = window.get("conditions")
+    assert conditions is not None
+    every = conditions["segments"]["load"]["tpot"]
     assert [b["band"] for b in every] == ["1", "2-3", "4-7"]
     assert every[0]["status"] == "too_little_data"  # ~33 requests an arm, less warm-up: no point
     bands = every[1:]

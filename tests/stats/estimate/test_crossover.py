@@ -16,6 +16,7 @@ from specproxy.emulator.model import (
     steady_state,
     tpot_of,
 )
+from specproxy.stats.estimate import crossover as crossover_module
 from specproxy.stats.estimate.crossover import (
     LoadSample,
     binned_log_error,
@@ -232,3 +233,34 @@ def test_a_key_s_width_moves_each_bound_out_and_hour_pieces_are_whole_blocks() -
     assert wide.upper == pytest.approx(plain.upper + 0.5)
     hourly = crossover(c, t, units=100, rng=np.random.default_rng(0), resamples=200, piece_units=20)
     assert hourly.block_units % 20 == 0 and hourly.status == "ok"
+
+
+def test_a_group_of_few_blocks_has_its_replicates_spread_by_the_small_sample_factor() -> None:
+    """A group's k resampled blocks understate its spread as they do a block interval's
+    (`blockboot`): sqrt(k / (k - 1)) t_(k-1) / z; 1 for a single block, near 1 for many."""
+    factor = crossover_module._expansion(np.array([1, 3, 10, 1000]), 0.95)
+    assert factor[0] == 1.0
+    assert factor[1] == pytest.approx(math.sqrt(1.5) * 4.302653 / 1.959964, rel=1e-5)
+    assert factor[2] == pytest.approx(math.sqrt(10 / 9) * 2.262157 / 1.959964, rel=1e-5)
+    assert 1.0 < factor[3] < 1.002
+
+
+def test_the_crossover_interval_is_widened_where_groups_hold_few_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each load spans three time blocks: the interval is wider than the plain percentile one
+    (the same replicates with no expansion), around the same estimate."""
+    c, t = _known({1: 1.5, 2: 1.5, 4: 1.2, 8: 0.9, 16: 0.9}, 400, seed=1)
+
+    def three_blocks(arm: LoadSample) -> LoadSample:
+        level = np.searchsorted(np.unique(arm.load), arm.load)
+        return dataclasses.replace(arm, unit=level * 3 + arm.unit % 3)
+
+    c, t = three_blocks(c), three_blocks(t)
+    kwargs: dict[str, Any] = {"units": 15, "resamples": 400, "block_units": 1}
+    wide = crossover(c, t, rng=np.random.default_rng(0), **kwargs)
+    monkeypatch.setattr(crossover_module, "_expansion", lambda k, _c: np.ones(k.size))
+    plain = crossover(c, t, rng=np.random.default_rng(0), **kwargs)
+    assert wide.load == plain.load and wide.load is not None
+    assert None not in (wide.lower, wide.upper, plain.lower, plain.upper)
+    assert wide.lower < plain.lower and plain.upper < wide.upper  # type: ignore[operator]

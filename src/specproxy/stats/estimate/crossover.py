@@ -16,7 +16,11 @@ The interval resamples whole blocks of time units within each load group (a Pois
 block and group, as `estimate.blockboot` weights blocks), both arms with the same weights, so a
 burst that slowed both arms at once is resampled as one, and every load group stays in every
 replicate (the fit is conditional on the loads observed: a group that a replicate dropped would
-move the crossing for want of data, not for what the data say). A replicate without a crossing
+move the crossing for want of data, not for what the data say). Each group's replicate log
+speedups are spread out around its estimate by the small-sample expansion of its k blocks,
+sqrt(k / (k - 1)) t_(k-1) / z, as `blockboot` widens a block interval: with a few blocks a level
+(three passes over each load in the emulator study) the plain percentile interval held the truth
+in 26 of 30 runs. A replicate without a crossing
 lies beyond the observed range: +inf when its fit stays above 0 (speculation helps at every load
 seen), -inf when it never rises above 0. A bound at infinity is reported as None ("beyond the
 observed range"). Binned values move each arm's mean log of a group by at most half a bin
@@ -38,6 +42,7 @@ from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
+from scipy import stats as scipy_stats
 
 from specproxy.stats.estimate.blocklength import plan_blocks
 from specproxy.stats.result import CrossoverResult
@@ -241,6 +246,19 @@ def _block_units(
     return plan_blocks(series, units).block_units
 
 
+def _expansion(blocks: IntArray, confidence: float) -> FloatArray:
+    """Per group holding k time blocks, sqrt(k / (k - 1)) t_(k-1) / z: the factor a percentile
+    interval over k resampled blocks is widened by (`blockboot`, here with k - 1 degrees of
+    freedom); 1 with a single block (its replicates do not vary)."""
+    tail = 0.5 + confidence / 2.0
+    z = float(scipy_stats.norm.ppf(tail))
+    out = np.ones(blocks.size)
+    for g, k in enumerate(blocks.tolist()):
+        if k >= 2:
+            out[g] = math.sqrt(k / (k - 1)) * float(scipy_stats.t.ppf(tail, k - 1)) / z
+    return out
+
+
 def crossover(
     control: LoadSample,
     treatment: LoadSample,
@@ -316,6 +334,10 @@ def crossover(
         rc_n, rt_n = replicate(c_n), replicate(t_n)
         ry = replicate(c_log) / rc_n - replicate(t_log) / rt_n
         rw = rc_n * rt_n / (rc_n + rt_n)
+    # each group's replicates spread out by the small-sample expansion of its k blocks, as a
+    # block interval is widened (`blockboot`): k Poisson-weighted blocks understate the spread
+    expansion = _expansion(np.bincount(cell_group, minlength=n_groups), confidence)
+    ry = y + expansion * (ry - y)
     # a fit shifted by a constant is the shifted fit (pool adjacent violators): the bounds of
     # binned values are where each replicate's fit reaches -+ the binning's bound
     slack = 2.0 * log_error
