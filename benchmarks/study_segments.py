@@ -5,18 +5,19 @@
    TPOTs with a per-unit level the arms share (`tests.stats.test_segments.category_run`). Printed:
    the share of per-category 95 % intervals that hold their category's speedup, with its
    Monte-Carlo SE, as a small run gets them (its rows' condition summaries) and, with
-   `--summaries-runs`, as a large one does: the same requests as records in a store, one per
-   minute unit, read from the store's condition summaries by `compute_stats`.
+   `--summaries-category-runs`, as a large one does: the same requests as records in a store,
+   one unit a minute, read from the store's condition summaries by `compute_stats`.
 2. Crossover: both arms through the emulator's engine on a virtual clock, three passes over 15
    closed-loop concurrency levels from 1 to 40 (`tests.stats.estimate.test_crossover.
    emulated_rows`); the truth is the model's own crossover (`emulator.model.
    crossover_concurrency`, 4,000 requests per level). Printed: the truth, the share of runs whose
    interval holds it, the estimates' mean and sd, the intervals' median width; from the
    requests (a run read as rows) and, with `--summaries-runs`, from the store's load keys (the
-   run's virtual time stretched over 200 minutes: coarse bins, intervals widened by their bound).
+   run's virtual time stretched over 59 minutes, inside the hour the conditions' rollups are
+   kept: coarse bins, quarter-doubling load keys, intervals widened by their bounds).
 
     .venv/bin/python -m benchmarks.study_segments [--category-runs 200] [--crossover-runs 30]
-        [--summaries-runs 30]
+        [--summaries-category-runs 200] [--summaries-runs 30]
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from specproxy.stats.estimate.crossover import crossover
 from specproxy.stats.job import tick
 from specproxy.stats.result import Conditions
 from specproxy.store.memory import MemoryStore
+from specproxy.summary.tiering import CONDITION_MINUTES
 
 T0 = 60_000.0  # a minute boundary
 NO_WARMUP = WarmupConfig(requests=0, restart_requests=0, restart_seconds=0.0)
@@ -125,14 +127,16 @@ def summaries_category_coverage(runs: int, resamples: int = 300) -> float:
 def summaries_crossover(seed: int, resamples: int = 500) -> tuple[float | None, float, float]:
     """(estimate, lower, upper) of the TPOT crossover from the store's load keys."""
     rows, span = emulated_rows(seed)
-    stretch = 200 * 60.0 / span  # the run over 200 minute units, as rows get 200 units
+    # the run over 59 minute units: within the hour the conditions' rollups are kept
+    minutes = CONDITION_MINUTES - 1
+    stretch = minutes * 60.0 / span
     records = [
         _record(i, "speculative" if spec else "baseline", T0 + t * stretch, tpot,
                 endpoint_in_flight=int(level))
         for spec, arm_rows in rows.items()
         for i, (t, level, tpot) in enumerate(arm_rows)
     ]  # fmt: skip
-    found = from_summaries(records, T0 + 200 * 60.0, resamples)["crossover"]["tpot"]
+    found = from_summaries(records, T0 + minutes * 60.0, resamples)["crossover"]["tpot"]
     lo = found["lower"] if found["lower"] is not None else -math.inf
     hi = found["upper"] if found["upper"] is not None else math.inf
     return found["load"], lo, hi
@@ -178,15 +182,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--category-runs", type=int, default=200)
     parser.add_argument("--crossover-runs", type=int, default=30)
-    parser.add_argument("--summaries-runs", type=int, default=0)
+    parser.add_argument("--summaries-category-runs", type=int, default=0)
+    parser.add_argument("--summaries-runs", type=int, default=0, help="crossover runs")
     args = parser.parse_args()
 
     started = time.perf_counter()
-    _coverage_line("rows", category_coverage(args.category_runs), 3 * args.category_runs, started)
-    if args.summaries_runs:
+    if args.category_runs:
+        c = category_coverage(args.category_runs)
+        _coverage_line("rows", c, 3 * args.category_runs, started)
+    if args.summaries_category_runs:
         started = time.perf_counter()
-        c = summaries_category_coverage(args.summaries_runs)
-        _coverage_line("summaries", c, 3 * args.summaries_runs, started)
+        c = summaries_category_coverage(args.summaries_category_runs)
+        _coverage_line("summaries", c, 3 * args.summaries_category_runs, started)
 
     truth = crossover_concurrency(
         SPECULATIVE, BASELINE, low=1, high=64, requests=4000, max_tokens=MAX_TOKENS
