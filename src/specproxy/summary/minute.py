@@ -155,6 +155,8 @@ def rollup_records(
     order), keyed by `model_label(record.model)`, and of their conditions (`CONDITION_METRICS`,
     keyed by `summary.conditions.condition_keys`, on the coarse grid)."""
     groups: dict[tuple[str, str, int, str, str], list[float]] = {}
+    # (run, condition metric, minute, arm) -> key -> (values, their coarse bins' counts)
+    cond_groups: dict[tuple[str, str, int, str], dict[str, tuple[list[float], dict[int, int]]]] = {}
     covariates: dict[tuple[str, int, str, str], list[tuple[float, float, float]]] = {}
     labels: dict[str, str] = {}
     for rec in records:
@@ -187,25 +189,45 @@ def rollup_records(
                     rec.temperature,
                     rec.category,
                 )
+            x = float(value)
+            b = coarse_centre_of(x)  # once: the value is in a group per condition
+            per_key = cond_groups.setdefault((rec.run_id, metric, minute, arm), {})
             for cond in keys:
-                groups.setdefault((rec.run_id, metric, minute, cond, arm), []).append(float(value))
+                entry = per_key.get(cond)
+                if entry is None:
+                    entry = per_key[cond] = ([], {})
+                entry[0].append(x)
+                entry[1][b] = entry[1].get(b, 0) + 1
     summaries: list[SummaryRow] = []
     bins: list[BinRow] = []
     for key, values in groups.items():
-        squares = [x * x for x in values]
-        summaries.append((*key, len(values), pairwise_sum(values), pairwise_sum(squares)))
-        binned = coarse_centre_of if key[1] in CONDITION_METRICS else bin_of
         hist: dict[int, int] = {}
         for x in values:
-            b = binned(x)
+            b = bin_of(x)
             hist[b] = hist.get(b, 0) + 1
-        bins.extend((*key, b, hist[b]) for b in sorted(hist))
+        _add_group(key, values, hist, summaries, bins)
+    for (run_id, metric, minute, arm), per_key in cond_groups.items():
+        for cond, (values, hist) in per_key.items():
+            _add_group((run_id, metric, minute, cond, arm), values, hist, summaries, bins)
     moments: list[MomentRow] = []
     for mkey, rows in covariates.items():
         e2e, output, prompt = zip(*rows, strict=True)
         sums = moment_values(e2e, output, prompt)
         moments.append((*mkey, int(sums[0]), *sums[1:]))
     return RollupBatch(summaries, bins, moments)
+
+
+def _add_group(
+    key: tuple[str, str, int, str, str],
+    values: list[float],
+    hist: dict[int, int],
+    summaries: list[SummaryRow],
+    bins: list[BinRow],
+) -> None:
+    """A group's summary row and its bin rows in bin order."""
+    squares = [x * x for x in values]
+    summaries.append((*key, len(values), pairwise_sum(values), pairwise_sum(squares)))
+    bins.extend((*key, b, hist[b]) for b in sorted(hist))
 
 
 def _regressable(rec: RequestRecord) -> bool:
