@@ -19,6 +19,13 @@ from specproxy.proxy.conditions import CATEGORY_MAX_CHARS, OTHER, Categories, te
 from specproxy.proxy.recorder import MemoryRecorder
 from tests.proxy.conftest import CHAT, chat
 
+COMPLETION = {
+    "id": "c",
+    "object": "chat.completion",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+}
+
 
 def test_temperature_is_a_finite_number_at_least_zero_else_none() -> None:
     assert temperature_of({"temperature": 0}) == 0.0
@@ -71,13 +78,7 @@ async def test_records_carry_the_conditions_of_their_requests(
         if len(arrived) == 3:
             release.set()
         await release.wait()
-        body = {
-            "id": "c",
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
-        }
-        return web.json_response(body)
+        return web.json_response(COMPLETION)
 
     engine = web.Application()
     engine.router.add_post(CHAT, generate)
@@ -131,13 +132,7 @@ async def test_records_carry_the_engine_load_of_the_endpoint_s_latest_scrape(
         return web.Response(text=text, content_type="text/plain")
 
     async def generate(request: web.Request) -> web.Response:
-        body = {
-            "id": "c",
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
-        }
-        return web.json_response(body)
+        return web.json_response(COMPLETION)
 
     engine = web.Application()
     engine.router.add_post(CHAT, generate)

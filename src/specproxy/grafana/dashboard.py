@@ -176,6 +176,32 @@ def _timeseries(**custom: Any) -> Json:
     }
 
 
+def _ci_band(**custom: Any) -> tuple[Json, list[Json]]:
+    """(defaults, overrides) of a speedup drawn as its estimate with the CI as a band between
+    the series named lower and upper, and a dashed line at 1; `custom`: more of the defaults'
+    and the bounds' own drawing (showPoints)."""
+    defaults = {
+        **_timeseries(thresholdsStyle={"mode": "dashed"}, **custom),
+        "color": {"fixedColor": "blue", "mode": "fixed"},
+        "thresholds": _thresholds((None, "transparent"), (1, "red")),
+    }
+    hidden: list[Json] = [{"id": "custom.lineWidth", "value": 0}]
+    if custom:
+        hidden.append({"id": "custom.showPoints", "value": "never"})
+    overrides: list[Json] = [
+        {
+            "matcher": {"id": "byName", "options": "upper"},
+            "properties": [
+                {"id": "custom.fillBelowTo", "value": "lower"},
+                {"id": "custom.fillOpacity", "value": 20},
+                *hidden,
+            ],
+        },
+        {"matcher": {"id": "byName", "options": "lower"}, "properties": hidden},
+    ]
+    return defaults, overrides
+
+
 def _arm_colors() -> list[Json]:
     return [
         {
@@ -300,6 +326,7 @@ def _speedup_vs_load() -> _Panel:
     queries.append(
         _Query(f"max by (band) ({m.SEGMENT_IN_FLIGHT}{{{selector}}})", IN_FLIGHT, instant=True)
     )
+    defaults, overrides = _ci_band(showPoints="always")
     return _Panel(
         "trend",
         "TPOT speedup vs load ($arm)",
@@ -312,28 +339,9 @@ def _speedup_vs_load() -> _Panel:
         unit="x",
         width=8,
         height=5,
-        defaults={
-            **_timeseries(thresholdsStyle={"mode": "dashed"}, showPoints="always"),
-            "color": {"fixedColor": "blue", "mode": "fixed"},
-            "thresholds": _thresholds((None, "transparent"), (1, "red")),
-        },
+        defaults=defaults,
         overrides=[
-            {
-                "matcher": {"id": "byName", "options": "upper"},
-                "properties": [
-                    {"id": "custom.fillBelowTo", "value": "lower"},
-                    {"id": "custom.fillOpacity", "value": 20},
-                    {"id": "custom.lineWidth", "value": 0},
-                    {"id": "custom.showPoints", "value": "never"},
-                ],
-            },
-            {
-                "matcher": {"id": "byName", "options": "lower"},
-                "properties": [
-                    {"id": "custom.lineWidth", "value": 0},
-                    {"id": "custom.showPoints", "value": "never"},
-                ],
-            },
+            *overrides,
             {
                 "matcher": {"id": "byName", "options": IN_FLIGHT},
                 "properties": [{"id": "unit", "value": "short"}],
@@ -426,6 +434,7 @@ def _overview_panels() -> list[_Panel]:
 
 def _speedup_over_time_panels() -> list[_Panel]:
     panels: list[_Panel] = []
+    band_defaults, band_overrides = _ci_band()
     for metric, title in COMPARED_METRICS:
         selector = f'{STATS_SELECTOR},metric="{metric}",statistic="$statistic"'
         panels.append(
@@ -440,24 +449,9 @@ def _speedup_over_time_panels() -> list[_Panel]:
                 ],
                 unit="x",
                 width=8,
-                defaults={
-                    **_timeseries(thresholdsStyle={"mode": "dashed"}),
-                    "color": {"fixedColor": "blue", "mode": "fixed"},
-                    "thresholds": _thresholds((None, "transparent"), (1, "red")),
-                },
+                defaults=band_defaults,
                 overrides=[
-                    {
-                        "matcher": {"id": "byName", "options": "upper"},
-                        "properties": [
-                            {"id": "custom.fillBelowTo", "value": "lower"},
-                            {"id": "custom.fillOpacity", "value": 20},
-                            {"id": "custom.lineWidth", "value": 0},
-                        ],
-                    },
-                    {
-                        "matcher": {"id": "byName", "options": "lower"},
-                        "properties": [{"id": "custom.lineWidth", "value": 0}],
-                    },
+                    *band_overrides,
                     {
                         "matcher": {"id": "byName", "options": "estimate"},
                         "properties": [{"id": "custom.lineWidth", "value": 2}],
