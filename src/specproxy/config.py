@@ -297,10 +297,10 @@ class TelemetryConfig:
 
     otlp_traces_endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/traces
     service_name: str = "specproxy"  # the spans' service.name
-    # One JSON line per request on the logger `specproxy.access` (stderr): arm, status, e2e,
-    # TTFT, error kind. Bounded: at most access_log_per_s lines a second for answered requests
-    # and as many again for errors (a flood of one never hides the other); a line after dropped
-    # ones says how many.
+    # One JSON line per request on stderr (`proxy.accesslog`): arm, status, e2e, TTFT, error
+    # kind. Bounded: at most access_log_per_s lines a second for answered requests and as many
+    # again for errors (a flood of one never hides the other); a line after dropped ones says
+    # how many.
     access_log: bool = False
     access_log_per_s: float = 100.0
 
@@ -815,6 +815,15 @@ class Config:
     def treatment_arms(self) -> tuple[str, ...]:
         """The treatments' names, in configured order."""
         return tuple(name for name, arm in self._arms.items() if not arm.is_control)
+
+    @property
+    def arm_labels(self) -> dict[str, dict[str, str]]:
+        """{arm: its labels} of the arms that have any (`[arms.NAME] labels`), control first."""
+        return {
+            name: dict(self._arms[name].labels)
+            for name in self.arm_names
+            if self._arms[name].labels
+        }
 
     def arm_shares(self) -> dict[str, float]:
         """{arm: its share of the traffic}: the weights normalised to sum 1, control first."""

@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from specproxy.bench.result import arm_result, result_filename, setup_fields
 from specproxy.records import SHORTHAND_CONTROL
 from tests.bench.test_summary import _result
+
+# verbatim `vllm bench serve --save-result` files of vLLM 0.32.0 (tests/fixtures/.../README.md)
+VLLM_RESULTS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-cpu"
+
+
+def closed_loop_setup(
+    endpoint: str, model: str, *, num_prompts: int, concurrency: int
+) -> dict[str, Any]:
+    """`setup_fields` of a closed-loop run dated 2026-12-04 13:15:00."""
+    return setup_fields(
+        date="20261204-131500",
+        endpoint=endpoint,
+        model=model,
+        num_prompts=num_prompts,
+        rate=None,
+        burstiness=1.0,
+        concurrency=concurrency,
+    )
 
 
 def test_arm_result_uses_vllms_names_and_meanings() -> None:
@@ -34,15 +55,7 @@ def test_arm_result_uses_vllms_names_and_meanings() -> None:
 
 
 def test_setup_and_file_name_follow_vllm() -> None:
-    closed = setup_fields(
-        date="20261204-131500",
-        endpoint="chat.completions",
-        model="org/tiny",
-        num_prompts=100,
-        rate=None,
-        burstiness=1.0,
-        concurrency=8,
-    )
+    closed = closed_loop_setup("chat.completions", "org/tiny", num_prompts=100, concurrency=8)
     assert closed["request_rate"] == "inf" and closed["max_concurrency"] == 8
     assert closed["backend"] == "openai-chat" and closed["model_id"] == "org/tiny"
     name = result_filename(model="org/tiny", date="20261204-131500", rate=None, concurrency=8)
@@ -51,3 +64,27 @@ def test_setup_and_file_name_follow_vllm() -> None:
         result_filename(model="m", date="d", rate=2.5, concurrency=None)
         == "specproxy-bench-2.5qps-m-d.json"
     )
+
+
+@pytest.mark.parametrize("arm", ["baseline", "speculative"])
+def test_every_name_is_one_vllm_itself_writes_with_the_same_type(arm: str) -> None:
+    """Against vLLM's own saved result, not a list copied from its source: each setup and arm
+    field specproxy writes is a field of vLLM's file, holding a value of the same JSON type.
+    vLLM writes e2el figures only with `--percentile-metrics e2el` (that run had its default,
+    ttft,tpot,itl), so they are held to the names of its ttft figures instead."""
+    vllm = json.loads((VLLM_RESULTS / f"vllm_bench_serve_{arm}.json").read_text())
+    ours = closed_loop_setup("completions", "tiny-llama", num_prompts=24, concurrency=2)
+    rows = [replace(_result(SHORTHAND_CONTROL, ms), t_start=0.0) for ms in (100.0, 200.0)]
+    ours |= arm_result(rows, {"ttft": 500.0})
+    for name, value in ours.items():
+        if name == "label":  # vLLM's default label is None (the backend's name in the file name)
+            assert vllm[name] is None and isinstance(value, str)
+            continue
+        theirs = vllm[name.replace("_e2el_", "_ttft_")]
+        if name == "request_goodput":  # None there: that run had no --goodput
+            assert theirs is None and isinstance(value, float)
+            continue
+        assert type(value) is type(theirs) or {type(value), type(theirs)} == {int, float}, name
+    assert {k: ours[k] for k in ("backend", "request_rate", "max_concurrency")} == {
+        k: vllm[k] for k in ("backend", "request_rate", "max_concurrency")
+    }

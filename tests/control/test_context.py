@@ -15,6 +15,7 @@ import aiohttp
 from pytest_aiohttp import AiohttpClient
 
 from specproxy.appkeys import CONTROL, ROUTER, STORE
+from tests.control.cutline import CutLine
 from tests.control.test_api import control_app, control_config
 from tests.fleet.test_workers import REPO, _free_port, children, worker_environ
 from tests.test_app import closed_url
@@ -48,6 +49,35 @@ async def test_a_weight_change_through_one_replica_is_applied_by_both(
             (event["id"], "set", 0.2, "canary")
         ]  # stored once, whoever reads it
         assert app[ROUTER].share == 0.2
+
+
+async def test_a_replica_cut_off_from_the_store_keeps_its_last_known_weights(
+    aiohttp_client: AiohttpClient, pg_url: str, tmp_path: Path
+) -> None:
+    async with CutLine(pg_url) as line:
+        first = control_app(control_config(tmp_path / "a", url=pg_url, poll_s=3600))
+        second = control_app(control_config(tmp_path / "b", url=line.url, poll_s=3600))
+        client = await aiohttp_client(first)
+        client_b = await aiohttp_client(second)
+        await client.post("/api/arms/speculative", json={"action": "set", "weight": 0.2})
+        assert await second[CONTROL].poll() and second[ROUTER].share == 0.2
+        line.cut()  # the second replica loses its store; the first still reaches it
+        resp = await client.post("/api/arms/speculative", json={"action": "set", "weight": 0.9})
+        assert resp.status == 200 and first[ROUTER].share == 0.9
+        assert not await second[CONTROL].poll()  # cannot read the store ...
+        assert not await second[CONTROL].poll()
+        assert second[ROUTER].share == 0.2  # ... so it keeps the last weight it knew (not 0.5)
+        assert second[CONTROL].poll_failures == 2
+        view = await (await client_b.get("/api/arms")).json()
+        assert view["arms"][0]["share"] == 0.2 and view["last_event_id"] == 1
+        # A change through the cut-off replica cannot be stored: refused, applied nowhere.
+        resp = await client_b.post("/api/experiment", json={"action": "stop"})
+        assert resp.status == 503 and not second[CONTROL].state.stopped
+        line.mend()
+        assert await second[CONTROL].poll()  # back: it catches up with the change it missed
+        assert second[ROUTER].share == 0.9 and not second[CONTROL].state.stopped
+        stored = await first[STORE].arm_events(run_id="run")
+        assert [(e.action, e.weight) for e in stored] == [("set", 0.2), ("set", 0.9)]
 
 
 async def test_the_poller_applies_a_change_made_elsewhere(

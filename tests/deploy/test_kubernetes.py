@@ -40,6 +40,7 @@ OVERLAY_KINDS = {
     "production": EXPECTED_KINDS | {"HorizontalPodAutoscaler", "NetworkPolicy"},
 }
 STATS_COMMAND = ["specproxy", "stats"]
+LOCAL_STORES = ("sqlite:", "memory:")  # store URLs no other pod can read
 STATS_ARGS = ["--follow", "--config", "/etc/specproxy/specproxy.toml"]
 # aiohttp's graceful shutdown: run_app waits this long for in-flight requests (serve.run keeps it).
 DRAIN_S = inspect.signature(web.run_app).parameters["shutdown_timeout"].default
@@ -107,7 +108,9 @@ def workload_problems(objects: list[Obj]) -> list[str]:
     compute = cfg.get("stats", {}).get("compute", "child")
     stats = stats_deployment(objects)
     hpas = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
-    local_store = (store_secret_url(objects) or "").startswith("sqlite:")
+    # SQLite on the pod's emptyDir, or memory: no other pod reads it, so each replica would
+    # compare only its own requests (and the dashboard take the maximum of their speedups)
+    local_store = (store_secret_url(objects) or "").startswith(LOCAL_STORES)
     if local_store:
         check(deployment["spec"]["replicas"] == 1, "a SQLite store is one pod: replicas must be 1")
         check(not hpas, "a SQLite store is one pod: no autoscaler")
@@ -401,6 +404,26 @@ def test_the_demo_is_one_pod_that_computes_its_own_statistics() -> None:
     two = copy.deepcopy(objects)
     find(two, "Deployment", "specproxy")["spec"]["replicas"] = 2
     assert any("replicas must be 1" in p for p in workload_problems(two))
+
+
+@pytest.mark.parametrize("url", ["sqlite:////var/lib/specproxy/specproxy.db", "memory://"])
+def test_the_production_overlay_with_a_store_of_one_pod_is_caught(url: str) -> None:
+    """The production overlay's replicas, autoscaler and stats Deployment with a store no other
+    pod reads (what the demo overlay once shipped: 2-6 replicas, each its own SQLite file)."""
+    objects = copy.deepcopy(render("production"))
+    assert workload_problems(objects) == []
+    encoded = base64.b64encode(url.encode()).decode()
+    objects.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "specproxy-store"},
+            "data": {"url": encoded},
+        }
+    )
+    problems = workload_problems(objects)
+    for expected in ("replicas must be 1", "no autoscaler", "compute must be child"):
+        assert any(expected in p for p in problems), (expected, problems)
 
 
 def test_drain_is_aiohttps_default() -> None:

@@ -13,6 +13,9 @@ other. What is guaranteed, and asserted:
   reason (`connect` before the pool ejected every endpoint, `down` after), are counted in
   `specproxy_rerouted_requests_total`, and are neither in the rows the stats job reads
   (`usable_only`) nor in the rollups; a rerouted request is in no mirrored pair;
+- nothing is sent twice, from what each engine read: a request reached the arm that answered
+  it once (no retry on another endpoint of a treatment after sending), and a rerouted one never
+  reached the treatment; `x-specproxy-arm` is the arm of the request's record;
 - `/readyz` stays 200 and names the treatment under `degraded`; `specproxy_arm_up` goes to 0;
 - when the engines come back, the treatment stays out of rotation until a probe (the scraper's
   /metrics scrape, called here explicitly, after the injected clock passed the ejection time)
@@ -24,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,22 +83,36 @@ class Clock:
         return self.now
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
 class Engine:
     """One emulated engine that can be killed like a crashed process and started again on the
-    same port (so its URL in the proxy's config stays right)."""
+    same port (so its URL in the proxy's config stays right). `received` logs the text of every
+    completion request it read, shadows included: what the proxy really sent it."""
 
     def __init__(self, cfg: EmulatorConfig) -> None:
         self.cfg = cfg
         self.port = 0
         self.runner: web.AppRunner | None = None
         self.site: web.TCPSite | None = None
+        self.received: list[str] = []
+
+    @web.middleware
+    async def _log(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == CHAT:
+            doc = await request.json()  # read once; aiohttp keeps the body for the handler
+            self.received.append(doc["messages"][0]["content"])
+        return await handler(request)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        runner = web.AppRunner(create_emulator_app(self.cfg), access_log=None, shutdown_timeout=0)
+        app = create_emulator_app(self.cfg)
+        app.middlewares.append(self._log)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", self.port)
         await site.start()
@@ -122,6 +140,7 @@ class Sent:
     complete: bool  # the whole body arrived
     arm: str  # x-specproxy-arm
     request_id: str
+    text: str  # the message, unique per request: how the engines' logs name it
 
 
 @dataclass
@@ -133,12 +152,15 @@ class Load:
     sent: list[Sent] = field(default_factory=list)
     stop: bool = False
     progress: asyncio.Event = field(default_factory=asyncio.Event)
+    started: int = 0
 
     async def one(self, i: int) -> None:
         phase = self.phase
+        self.started += 1
+        text = f"request {self.started}"
         body: dict[str, Any] = {
             "model": "tiny-llama",
-            "messages": [{"role": "user", "content": f"request {i}"}],
+            "messages": [{"role": "user", "content": text}],
             "max_tokens": 8,
             "stream": i % 2 == 0,
         }
@@ -150,7 +172,7 @@ class Load:
                 complete = False
             arm = resp.headers.get("x-specproxy-arm", "")
             request_id = resp.headers.get("x-specproxy-request-id", "")
-            self.sent.append(Sent(phase, resp.status, complete, arm, request_id))
+            self.sent.append(Sent(phase, resp.status, complete, arm, request_id, text))
         self.progress.set()
 
     async def worker(self, w: int) -> None:
@@ -338,6 +360,30 @@ async def test_a_treatment_arm_killed_under_load_fails_open_and_comes_back(
         if r["pair_id"] is not None:
             pairs.setdefault(r["pair_id"], []).append(r["arm"])
     assert all(len(arms) == len(set(arms)) <= 2 for arms in pairs.values())
+
+    # x-specproxy-arm names the arm that answered: the record's, request by request.
+    assert all(s.arm == primaries[s.request_id]["arm"] for s in load.sent if s.arm)
+    # Never sent twice, from what the engines read: a request reached the arm that answered it
+    # once (no retry on the arm's other endpoint either) and its shadow's arm once, nothing
+    # else; a rerouted one never reached the treatment. (A request mirrored to the control and
+    # then rerouted there, before the pool knew the arm was down, reaches the control twice: as
+    # its shadow, sent first, and as the primary that could not be sent to the treatment.)
+    arm_of = {"baseline": "baseline", "s1": "speculative", "s2": "speculative"}
+    reached: dict[str, Counter[str]] = {}
+    for name, engine in engines.items():
+        for text in engine.received:
+            reached.setdefault(text, Counter())[arm_of[name]] += 1
+    shadow_arm = {r["pair_id"]: r["arm"] for r in rows if r["shadow"]}
+    for s in load.sent:
+        rec = primaries[s.request_id]
+        arms = reached.get(s.text, Counter())
+        shadow = [shadow_arm[s.request_id]] if s.request_id in shadow_arm else []
+        assert arms <= Counter([rec["arm"], *shadow]), (s, arms)
+        if s.status == 200 and s.complete:
+            assert arms[rec["arm"]] >= 1, (s, arms)
+        if rec["rerouted_from"] is not None:
+            assert arms["speculative"] == 0, (s, arms)
+    assert set(reached) <= {s.text for s in load.sent}  # the clients' requests, nothing else
 
     # What the stats job reads: neither the usable rows nor the rollups hold a rerouted request.
     usable = await store.read_records(run_id=RUN, columns=["request_id"], usable_only=True)

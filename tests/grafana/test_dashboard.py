@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
@@ -18,8 +19,8 @@ from specproxy.grafana.dashboard import (
     dashboard_json,
     panel_queries,
 )
-from tests.deploy.rulefiles import load_rules
-from tests.promql_names import exported_names, names_in
+from tests.deploy.rulefiles import load_rules, promtool
+from tests.promql_names import arm_matchers, exported_names, names_in
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "dashboards" / DASHBOARD_FILENAME
@@ -111,6 +112,58 @@ def test_weight_changes_and_stops_are_annotated_from_exported_gauges() -> None:
         assert 'instance=~"$instance"' in expr or name == "specproxy alerts"
 
 
+def _annotation_test(exprs: dict[str, str]) -> dict[str, Any]:
+    """A promtool test of the annotation queries on the gauges two replicas export: the weight
+    set 0.5 -> 0.2 at minute 10 (the second replica applies it a poll later, at 11), the
+    experiment stopped at minute 20; `$instance` is Grafana's All."""
+    series = []
+    for i, changed in enumerate((10, 11)):
+        instance = f'instance="proxy-{i}"'
+        for arm, before, after in (("speculative", 0.5, 0.2), ("baseline", 0.5, 0.8)):
+            series.append(
+                {
+                    "series": f'{m.ARM_WEIGHT}{{arm="{arm}",{instance}}}',
+                    "values": f"{before}x{changed - 1} {after}x{40 - changed}",
+                }
+            )
+        series.append({"series": f"{m.EXPERIMENT_STOPPED}{{{instance}}}", "values": "0x19 1x20"})
+    weights, stops = exprs["arm weight changes"], exprs["experiment stopped or started"]
+    marks = [{"labels": f'{{arm="{arm}"}}', "value": 1} for arm in ("baseline", "speculative")]
+    expected = [
+        (weights, "5m", []),  # nothing changed: no annotation
+        (weights, "10m30s", marks),  # one mark per arm, however many replicas apply it
+        (weights, "30m", []),
+        (stops, "15m", []),
+        (stops, "20m30s", [{"labels": "{}", "value": 1}]),
+        (stops, "30m", []),
+    ]
+    return {
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            {"expr": expr.replace("$instance", ".*"), "eval_time": at, "exp_samples": samples}
+            for expr, at, samples in expected
+        ],
+    }
+
+
+def test_the_annotations_mark_a_weight_change_and_a_stop_once(tmp_path: Path) -> None:
+    annotations = build_dashboard()["annotations"]["list"]
+    exprs = {a["name"]: a["expr"] for a in annotations if "expr" in a}
+    path = tmp_path / "annotations_test.yml"
+    path.write_text(
+        yaml.safe_dump({"rule_files": [], "tests": [_annotation_test(exprs)]}), encoding="utf-8"
+    )
+    result = promtool("test", "rules", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # the check can fail: a query that never fires is reported
+    never = {name: expr + " > 1e9" for name, expr in exprs.items()}
+    path.write_text(
+        yaml.safe_dump({"rule_files": [], "tests": [_annotation_test(never)]}), encoding="utf-8"
+    )
+    assert promtool("test", "rules", str(path), cwd=tmp_path).returncode != 0
+
+
 def test_required_panels_are_there() -> None:
     """The issue's panel list, each checked by the metric its query must read."""
     queries = panel_queries(build_dashboard())
@@ -172,6 +225,13 @@ def test_request_queries_follow_model_and_instance_and_recorded_ones_model() -> 
             assert 'model=~"$model",instance=~"$instance"' in expr, (title, expr)
         if any(name in expr for name in _recorded()):
             assert 'model=~"$model"' in expr, (title, expr)
+
+
+def test_no_query_names_an_arm() -> None:
+    """A/B/n: adding an arm is a config change only; a query filters arms by `$arm` (whose
+    values Prometheus lists), never by a name."""
+    for title, expr, _ in panel_queries(build_dashboard()):
+        assert arm_matchers(expr) <= {"$arm"}, (title, expr)
 
 
 def test_recording_rules_are_used_where_they_exist() -> None:
@@ -267,10 +327,16 @@ def test_a_verdict_row_per_treatment_after_an_overview_of_all() -> None:
     repeated = panels[start + 1 : end]
     assert repeated and all("$arm" in p["title"] or "arm" in str(p["targets"]) for p in repeated)
     overview = panels[panels.index(rows[0]) + 1 : start]
-    table = next(p for p in overview if p["type"] == "table")
+    table = next(p for p in overview if p["title"].startswith("Speedup with confidence"))
     organize = next(t for t in table["transformations"] if t["id"] == "organize")
     assert organize["options"]["indexByName"]["arm"] == 0
     assert all("without (bound, instance, pod)" in t["expr"] for t in table["targets"])
+    # and every configured arm with its role and labels (`[arms.NAME] labels`: label_KEY)
+    arms = next(p for p in overview if p["title"] == "Arms: role and labels")
+    (target,) = arms["targets"]
+    assert f"{m.ARM}_info" in target["expr"] and target["instant"]
+    organize = next(t for t in arms["transformations"] if t["id"] == "organize")
+    assert organize["options"]["indexByName"] == {"arm": 0, "role": 1}
 
 
 def test_speedup_vs_load_plots_each_treatment_s_load_bands_with_a_ci_band() -> None:

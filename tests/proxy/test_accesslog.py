@@ -77,6 +77,17 @@ def test_the_rate_is_bounded_per_kind_and_drops_are_counted() -> None:
     assert "dropped" not in json.loads(lines[-1])
 
 
+def test_below_one_line_a_second_a_line_is_written_every_1_over_rate_seconds() -> None:
+    lines: list[str] = []
+    clock = Clock()
+    log = AccessLog(0.25, emit=lines.append, clock=clock)
+    for i in range(17):  # one request a second for 16 s
+        log.request(record(i=i))
+        clock.now += 1.0
+    assert [json.loads(x)["request_id"] for x in lines] == ["r0", "r4", "r8", "r12", "r16"]
+    assert [json.loads(x).get("dropped") for x in lines] == [None, 3, 3, 3, 3]
+
+
 def closed_port_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -109,6 +120,46 @@ async def test_a_502_and_a_rejection_leave_a_line_each(
         "status": 400,
         "rejected": "invalid_json",
     }
+
+
+async def test_forwarded_calls_and_refused_ones_leave_a_line_each(
+    make_proxy: MakeProxy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Any other /v1/* call is forwarded to the control unmeasured: its line has its path; one
+    to a control that refuses is a 502 with its error kind; a 400 for an unknown forced arm (no
+    limit's rejection) has its line too."""
+    proxy = await make_proxy(
+        routing={"allow_forced_arm": True}, telemetry=TelemetryConfig(access_log=True)
+    )
+    async with proxy.client.get("/v1/models?secret=1") as resp:
+        assert resp.status == 200
+        models_id = resp.headers["x-specproxy-request-id"]
+    async with proxy.client.post(CHAT, json=chat(), headers={"x-specproxy-arm": "nope"}) as resp:
+        assert resp.status == 400
+        forced_id = resp.headers["x-specproxy-request-id"]
+    dead = await make_proxy(
+        baseline_url=closed_port_url(), telemetry=TelemetryConfig(access_log=True)
+    )
+    async with dead.client.get("/v1/models") as resp:
+        assert resp.status == 502
+        dead_id = resp.headers["x-specproxy-request-id"]
+    lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if '"access"' in x]
+    models, forced, failed = lines
+    assert models == {
+        "time": models["time"],
+        "log": "access",
+        "request_id": models_id,
+        "arm": "baseline",
+        "path": "/v1/models",  # never the query
+        "status": 200,
+        "e2e_s": models["e2e_s"],
+        "error_kind": None,
+    }
+    assert models["e2e_s"] > 0
+    assert forced["request_id"] == forced_id and forced["status"] == 400
+    assert forced["rejected"] == "bad_request"
+    assert failed["request_id"] == dead_id and failed["arm"] == "baseline"
+    assert failed["status"] == 502 and failed["error_kind"] == "connect"
 
 
 async def test_off_by_default(make_proxy: MakeProxy, capsys: pytest.CaptureFixture[str]) -> None:

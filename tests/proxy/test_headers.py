@@ -111,6 +111,26 @@ async def test_an_arms_headers_and_api_key_reach_only_that_arm(
     assert "sk-arm" not in caplog.text
 
 
+async def test_the_controls_headers_and_key_reach_it_on_forwarded_calls_too(
+    arms: Arms, make_proxy: MakeProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls the proxy forwards unmeasured (GET /v1/models, ...) go to the control: behind a
+    gateway that wants its key, they need the control arm's key and headers as much as the
+    measured ones."""
+    monkeypatch.setenv("GATEWAY_KEY", "sk-control")
+    own = ArmConfig(headers={"X-Tenant": "base-team"}, api_key_env="GATEWAY_KEY")
+    proxy = await make_proxy(routing=SPEC_ONLY, baseline=own)
+    async with proxy.client.get("/v1/models") as resp:
+        assert resp.status == 200
+    seen = arms.baseline.seen[-1]
+    assert seen["path"] == "/v1/models"
+    assert seen["headers"]["Authorization"] == "Bearer sk-control"
+    assert seen["headers"]["X-Tenant"] == "base-team"
+    async with proxy.client.get("/v1/models", headers={"Authorization": "Bearer mine"}) as resp:
+        assert resp.status == 200
+    assert arms.baseline.seen[-1]["headers"]["Authorization"] == "Bearer mine"  # the client's
+
+
 def test_for_arm_renders_the_same_headers_for_both_transports() -> None:
     raw = [(b"X-Keep-Me", b"client"), (b"Authorization", b"Bearer c"), (b"Accept", b"*/*")]
     parsed = CIMultiDict([(k.decode(), v.decode()) for k, v in raw])

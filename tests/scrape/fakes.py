@@ -125,6 +125,9 @@ class RoundRobinBalancer:
     picks: dict[str, int] = field(default_factory=dict)  # requests so far, by path
     # a gateway's own /metrics (LiteLLM's, a router's), served instead of passing it on
     own_metrics: str | None = None
+    # drop process_start_time_seconds from the backends' /metrics, as engines without one show
+    # it (vLLM with --api-server-count > 1 serves a multiprocess registry, no process_* series)
+    hide_start_time: bool = False
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -146,7 +149,10 @@ class RoundRobinBalancer:
             request.method, backend + request.path_qs, data=body or None, headers=_passed(request)
         ) as resp:
             data = await resp.read()
-            return web.Response(body=data, status=resp.status, content_type=resp.content_type)
+        if self.hide_start_time and request.path == "/metrics":
+            lines = data.decode().splitlines(keepends=True)
+            data = "".join(line for line in lines if "process_start_time" not in line).encode()
+        return web.Response(body=data, status=resp.status, content_type=resp.content_type)
 
 
 def _passed(request: web.Request) -> dict[str, str]:

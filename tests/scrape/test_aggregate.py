@@ -19,7 +19,7 @@ def v1(
     tokens: float,
     accepted: float,
     gen: float = 0.0,
-    start: float = 100.0,
+    start: float | None = 100.0,
     **extra: Any,
 ) -> EngineSnapshot:
     return EngineSnapshot(
@@ -213,6 +213,52 @@ def test_a_new_pod_behind_a_balancer_is_one_restart_then_the_old_one_shows_the_b
     s = a.update(20.0, {A: v1(20, 110, 440, 330, start=-500.0)})  # the old process again
     assert not s.restarted and a.restart_times == [5.0]
     assert a.newly_balanced == [A]
+
+
+def test_counters_back_and_forth_without_start_times_are_a_balancer_never_a_restart() -> None:
+    """Engines that export no process start time (vLLM with --api-server-count > 1) behind one
+    URL: only the counters show the balancer, dropping to the other engine's and coming back."""
+    a = agg()
+    a.update(0.0, {A: v1(0, 1000, 4000, 3000, 9000, start=None)})
+    s = a.update(10.0, {A: v1(10, 10, 40, 20, 90, start=None)})  # the other engine's counters
+    assert not s.restarted and a.restart_times == [] and s.acceptance_rate is None
+    assert a.newly_balanced == [] and not a.endpoints[A].balanced  # not known yet
+    s = a.update(20.0, {A: v1(20, 1010, 4040, 3030, 9100, start=None)})  # and back again
+    assert not s.restarted and a.restart_times == [] and a.endpoints[A].restarts == 0
+    assert a.newly_balanced == [A] and a.endpoints[A].balanced
+    assert s.acceptance_rate is None  # no delta across two engines' counters
+    for t in (30.0, 40.0, 50.0):  # and so on: never a restart
+        s = a.update(t, {A: v1(t, 10 + t, 40 + 4 * t, 20 + t, 90 + t, start=None)})
+        s = a.update(t + 5, {A: v1(t + 5, 1010 + t, 4040 + 4 * t, 3030 + t, 9100, start=None)})
+        assert not s.restarted
+    assert a.restart_times == [] and a.newly_balanced == []
+
+
+def test_a_restart_without_start_times_is_counted_at_the_next_scrape_dated_at_the_drop() -> None:
+    a = agg()
+    a.update(0.0, {A: v1(0, 1000, 4000, 3000, start=None), B: v1(0, 10, 40, 20, start=None)})
+    s = a.update(
+        10.0, {A: v1(10, 2, 8, 4, start=None), B: v1(10, 20, 80, 40, start=None)}
+    )  # A's counters dropped: a restart or another engine, unknown yet
+    assert not s.restarted and a.restart_times == []
+    assert s.acceptance_rate == pytest.approx(20 / 40)  # B's delta only
+    s = a.update(20.0, {A: v1(20, 12, 48, 34, start=None), B: v1(20, 30, 120, 60, start=None)})
+    # A grew from its new counters, never back to the old ones: it restarted after 0.0
+    assert s.restarted and a.restart_times == [0.0] and a.endpoints[A].restarts == 1
+    assert not a.endpoints[A].balanced and a.newly_balanced == []
+    assert s.acceptance_rate == pytest.approx((30 + 20) / (40 + 40))  # the new process's delta
+    s = a.update(30.0, {A: v1(30, 22, 88, 44, start=None), B: v1(30, 40, 160, 80, start=None)})
+    assert not s.restarted and a.restart_times == [0.0]
+
+
+def test_a_counter_drop_then_failed_scrapes_is_dated_by_the_failures() -> None:
+    a = agg()
+    a.update(0.0, {A: v1(0, 1000, 4000, 3000, start=None)})
+    a.update(10.0, {A: "refused"})
+    a.update(20.0, {A: v1(20, 2, 8, 4, start=None)})
+    a.update(30.0, {A: "refused"})
+    s = a.update(40.0, {A: v1(40, 12, 48, 14, start=None)})
+    assert s.restarted and a.restart_times == [10.0]
 
 
 def test_balanced_and_direct_endpoints_together_sum_only_the_direct_gauges() -> None:

@@ -231,8 +231,16 @@ def test_a_change_of_process_is_a_restart_only_when_it_can_be_one() -> None:
     assert classify_change(prev, v1(110.0, process_start_time=105.0), {105.0}) is (
         Change.OTHER_ENGINE
     )
-    # the same process: its counters decide
+    # the same start time, or none to compare: counters that went up are the same process; one
+    # that went down is a restart or another engine, which the next scrape tells
     same = v1(110.0, process_start_time=50.0, num_drafts=12.0)
     assert classify_change(prev, same, ()) is Change.NONE
     reset = v1(110.0, process_start_time=50.0, num_drafts=1.0)
-    assert classify_change(prev, reset, ()) is Change.RESTART
+    assert classify_change(prev, reset, ()) is Change.COUNTERS_DOWN
+    startless = v1(100.0, process_start_time=None, num_drafts=10.0)
+    assert classify_change(startless, v1(110.0, process_start_time=None, num_drafts=11.0), ()) is (
+        Change.NONE
+    )
+    assert classify_change(startless, v1(110.0, process_start_time=None, num_drafts=1.0), ()) is (
+        Change.COUNTERS_DOWN
+    )

@@ -58,6 +58,20 @@ class Pair:
     session: aiohttp.ClientSession
 
 
+def two_arm_scraper(
+    session: aiohttp.ClientSession, speculative: str, baseline: str, run_id: str
+) -> tuple[EngineScraper, ListRecorder]:
+    """A scraper of the two shorthand arms at these URLs, recording into a list."""
+    config = Config(
+        speculative_url=speculative,
+        baseline_url=baseline,
+        scrape=ScrapeConfig(timeout_s=5.0),
+        run_id=run_id,
+    )
+    recorder = ListRecorder()
+    return EngineScraper(config, {arm: session for arm in SHORTHAND_ARMS}, recorder), recorder
+
+
 async def emulator_pair(version: MetricsVersion) -> AsyncIterator[Pair]:
     spec_cfg = EmulatorConfig(
         speculative=True,
@@ -74,16 +88,7 @@ async def emulator_pair(version: MetricsVersion) -> AsyncIterator[Pair]:
         run_emulator(base_cfg) as base_url,
         aiohttp.ClientSession() as session,
     ):
-        config = Config(
-            speculative_url=spec_url,
-            baseline_url=base_url,
-            scrape=ScrapeConfig(timeout_s=5.0),
-            run_id="emu",
-        )
-        recorder = ListRecorder()
-        scraper = EngineScraper(
-            config, {arm: session for arm in ("speculative", "baseline")}, recorder
-        )
+        scraper, recorder = two_arm_scraper(session, spec_url, base_url, "emu")
         yield Pair(scraper, recorder, {"speculative": spec_url, "baseline": base_url}, session)
 
 
@@ -98,6 +103,12 @@ async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
 
 
 async def generate(pair: Pair, arm: Arm, requests: int) -> None:
+    await complete(pair.session, pair.urls[arm], requests)
+
+
+async def complete(session: aiohttp.ClientSession, url: str, requests: int) -> None:
+    """`requests` concurrent completions of MAX_TOKENS tokens from the engine at `url`."""
+
     async def one(i: int) -> None:
         body = {
             "model": "tiny-llama",
@@ -105,7 +116,7 @@ async def generate(pair: Pair, arm: Arm, requests: int) -> None:
             "max_tokens": MAX_TOKENS,
             "temperature": 1.0,
         }
-        async with pair.session.post(pair.urls[arm] + "/v1/completions", json=body) as resp:
+        async with session.post(url + "/v1/completions", json=body) as resp:
             assert resp.status == 200, await resp.text()
             await resp.read()
 
@@ -171,6 +182,28 @@ async def test_emulator_restart_is_detected(pair: Pair) -> None:
     assert not third[SHORTHAND_TREATMENT].restarted
 
 
+async def scraper_behind(
+    aiohttp_server: AiohttpServer, balancer: RoundRobinBalancer, control: str
+) -> tuple[str, EngineScraper, ListRecorder]:
+    """The balancer served on its own URL, and a scraper whose treatment arm is that URL."""
+    url = str((await aiohttp_server(balancer.app())).make_url("")).rstrip("/")
+    scraper, recorder = two_arm_scraper(balancer.session, url, control, "lb")
+    return url, scraper, recorder
+
+
+def assert_a_balancer_never_a_restart(
+    scraper: EngineScraper, recorder: ListRecorder, url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No restart anywhere, the URL known as load-balanced, and one warning naming it and the
+    dns form."""
+    assert scraper.restart_times(SHORTHAND_TREATMENT) == ()
+    assert not any(s.restarted for s in recorder.engine_samples)
+    assert scraper.states[SHORTHAND_TREATMENT].endpoints[url].balanced
+    warnings = [r.getMessage() for r in caplog.records if "load-balanced" in r.getMessage()]
+    assert len(warnings) == 1 and 'dns = "<headless Service>"' in warnings[0]
+    assert url in warnings[0]
+
+
 async def test_two_emulators_behind_one_round_robin_url_are_no_restart(
     aiohttp_server: AiohttpServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -190,15 +223,7 @@ async def test_two_emulators_behind_one_round_robin_url_are_no_restart(
         await asyncio.sleep(0.05)  # two distinct process start times
         async with run_emulator(cfg) as newer:
             balancer = RoundRobinBalancer([newer, older], session)
-            url = str((await aiohttp_server(balancer.app())).make_url("")).rstrip("/")
-            config = Config(
-                speculative_url=url,
-                baseline_url=older,
-                scrape=ScrapeConfig(timeout_s=5.0),
-                run_id="lb",
-            )
-            recorder = ListRecorder()
-            scraper = EngineScraper(config, {arm: session for arm in SHORTHAND_ARMS}, recorder)
+            url, scraper, recorder = await scraper_behind(aiohttp_server, balancer, older)
             pair = Pair(
                 scraper, recorder, {SHORTHAND_TREATMENT: url, SHORTHAND_CONTROL: older}, session
             )
@@ -206,17 +231,33 @@ async def test_two_emulators_behind_one_round_robin_url_are_no_restart(
             for _ in range(4):
                 samples.append((await scraper.scrape_once())[SHORTHAND_TREATMENT])
                 await generate(pair, SHORTHAND_TREATMENT, 8)  # 4 to each engine
-    assert scraper.restart_times(SHORTHAND_TREATMENT) == ()
-    assert not any(s.restarted for s in recorder.engine_samples)
-    assert scraper.states[SHORTHAND_TREATMENT].endpoints[url].balanced
-    warnings = [r.getMessage() for r in caplog.records if "load-balanced" in r.getMessage()]
-    assert len(warnings) == 1 and 'dns = "<headless Service>"' in warnings[0]
-    assert url in warnings[0]
+    assert_a_balancer_never_a_restart(scraper, recorder, url, caplog)
     # scrapes 3 and 4 each see the process of scrapes 1 and 2 again: deltas of 8 requests of
     # one engine, near E[j] / k (0.44; a sum over ~400 drafts, so within 0.1 by far)
     mean_j, _ = accepted_prefix_moments(ALPHA, K)
     for sample in samples[2:]:
         assert sample.acceptance_rate == pytest.approx(mean_j / K, abs=0.1)
+
+
+async def test_two_engines_without_start_times_behind_one_url_are_no_restart(
+    aiohttp_server: AiohttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same balancer in front of engines that export no process start time (vLLM with
+    --api-server-count > 1): only their counters go back and forth, never a restart is
+    recorded, and the warning names the dns form."""
+    cfg = EmulatorConfig(speculative=True, time_scale=0.02, seed=7)
+    async with (
+        run_emulator(cfg) as busy,
+        run_emulator(cfg) as idle,
+        aiohttp.ClientSession() as session,
+    ):
+        # one engine has served more than the other has: its counters are higher
+        await complete(session, busy, 8)
+        balancer = RoundRobinBalancer([busy, idle], session, hide_start_time=True)
+        url, scraper, recorder = await scraper_behind(aiohttp_server, balancer, idle)
+        samples = [(await scraper.scrape_once())[SHORTHAND_TREATMENT] for _ in range(6)]
+    assert all(s.up and s.process_start_time is None for s in samples)
+    assert_a_balancer_never_a_restart(scraper, recorder, url, caplog)
 
 
 async def test_a_gateway_arm_is_scraped_at_its_engines(aiohttp_server: AiohttpServer) -> None:

@@ -253,6 +253,12 @@ async def test_restart_while_down_is_detected_on_recovery(rig: Rig) -> None:
     rig.spec.body = v1_text([EngineCounts(2, 8, 4, (2, 1, 1, 0), 12)], start_time=START)
     rig.clock.now += 30
     samples = await rig.scraper.scrape_once()
+    # no start time explains the drop: a restart, or another engine behind the URL
+    assert not samples["speculative"].restarted
+    assert rig.scraper.restart_times("speculative") == ()
+    rig.spec.body = v1_text([EngineCounts(4, 16, 8, (4, 2, 1, 1), 30)], start_time=START)
+    rig.clock.now += 5
+    samples = await rig.scraper.scrape_once()  # grown from the new counters: a restart
     assert samples["speculative"].restarted
     # Dated at the first failed scrape: nothing new was served while the arm was down.
     assert rig.scraper.restart_times("speculative") == (1005.0,)

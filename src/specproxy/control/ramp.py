@@ -41,6 +41,7 @@ __all__ = [
     "RampPosition",
     "decide",
     "guard_event",
+    "guarded",
     "guards",
     "step_index",
 ]
@@ -106,6 +107,12 @@ def step_index(schedule: Sequence[float], weight: float) -> int | None:
         if abs(w - weight) <= _EPS:
             return i
     return None
+
+
+def guarded(position: RampPosition) -> bool:
+    """Whether the guards can change the arm's move: only an arm with a weight can be cut, so
+    for one at 0 (cut, or set to 0 by a person) the ramp reads no requests at all."""
+    return position.weight > 0.0
 
 
 def decide(

@@ -2,15 +2,17 @@
 
 Off by default (`[telemetry] access_log`). Each measured request that was routed writes one line
 when its record is made (`request`): time (UTC ISO-8601), request id, arm (and the treatment it
-was rerouted from), endpoint, model, stream, status, e2e and TTFT in seconds, error kind. A
-request the proxy answered itself (bad JSON, too large, ...) writes one too (`rejected`), with
-the reason, and no arm. So a 502 from an arm that refused leaves a line, as does every 4xx.
+was rerouted from), endpoint, model, stream, status, e2e and TTFT in seconds, error kind. Any
+other `/v1/*` call, forwarded to the control unmeasured, writes one when its answer is over
+(`passthrough`: its path instead of endpoint and model). A request the proxy answered itself
+(bad JSON, too large, an unknown forced arm, ...) writes one too (`rejected`), with the reason,
+and no arm. So a 502 from an arm that refused leaves a line, as does every 4xx.
 
-Bounded: two token buckets of `per_s` lines a second (one second of burst), one for answered
-requests and one for errors (an error kind, or a status of 400 or more), so a flood of one never
-hides the other. A line that finds its bucket empty is dropped and counted; the next line
-written from that bucket carries `"dropped": n`. Lines go to stderr, unbuffered by this module,
-one `write` each; the clock is injected.
+Bounded: two token buckets of `per_s` lines a second (one second of burst, at least one line),
+one for answered requests and one for errors (an error kind, or a status of 400 or more), so a
+flood of one never hides the other. A line that finds its bucket empty is dropped and counted;
+the next line written from that bucket carries `"dropped": n`. Lines go to stderr, unbuffered by
+this module, one `write` each; the clock is injected.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from specproxy.errors import ErrorKind
 from specproxy.records import RequestRecord
 
-__all__ = ["AccessLog"]
+__all__ = ["MAX_PATH_CHARS", "AccessLog"]
+
+MAX_PATH_CHARS = 256  # of a forwarded call's path (a client's): the line stays one short line
 
 
 def _stderr_line(line: str) -> None:
@@ -31,16 +36,19 @@ def _stderr_line(line: str) -> None:
 
 
 class _Bucket:
-    __slots__ = ("dropped", "last", "per_s", "tokens")
+    __slots__ = ("capacity", "dropped", "last", "per_s", "tokens")
 
     def __init__(self, per_s: float, now: float) -> None:
         self.per_s = per_s
-        self.tokens = per_s
+        # one second of lines, and never less than one: below 1 line/s a bucket holding less
+        # than one token would never write a line
+        self.capacity = max(per_s, 1.0)
+        self.tokens = self.capacity
         self.last = now
         self.dropped = 0
 
     def take(self, now: float) -> bool:
-        self.tokens = min(self.per_s, self.tokens + (now - self.last) * self.per_s)
+        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.per_s)
         self.last = now
         if self.tokens >= 1.0:
             self.tokens -= 1.0
@@ -83,6 +91,27 @@ class AccessLog:
         if rec.rerouted_from is not None:
             line["rerouted_from"] = rec.rerouted_from
         self._write(line, error=rec.error_kind is not None or rec.status >= 400)
+
+    def passthrough(
+        self,
+        request_id: str,
+        arm: str,
+        path: str,
+        status: int,
+        e2e_s: float,
+        error_kind: ErrorKind | None,
+    ) -> None:
+        """The line of a request forwarded unmeasured (any other `/v1/*` call): its path
+        instead of an endpoint and a model, no TTFT."""
+        line: dict[str, object] = {
+            "request_id": request_id,
+            "arm": arm,
+            "path": path[:MAX_PATH_CHARS],
+            "status": status,
+            "e2e_s": round(e2e_s, 6),
+            "error_kind": None if error_kind is None else error_kind.value,
+        }
+        self._write(line, error=error_kind is not None or status >= 400)
 
     def rejected(self, request_id: str, status: int, reason: str) -> None:
         """The line of a request the proxy answered itself."""

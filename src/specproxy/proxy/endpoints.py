@@ -139,7 +139,8 @@ class Upstreams:
         trace.reroute(RerouteReason.CONNECT, self._fleet.control)
         return self.pick(trace.arm)
 
-    def _headers_to(self, arm: Arm, headers: OutboundHeaders) -> OutboundHeaders:
+    def headers_to(self, arm: Arm, headers: OutboundHeaders) -> OutboundHeaders:
+        """A client's headers as `arm` is sent them: with its own headers and API key."""
         own = self._arm_headers.get(arm)
         return headers if own is None else headers.for_arm(own)
 
@@ -172,7 +173,7 @@ class Upstreams:
         tried: list[str] = []
         while True:
             try:
-                sent = self._headers_to(arm, headers)
+                sent = self.headers_to(arm, headers)
                 reply = await clients.transports[mode].send(method, target, body, sent)
                 break
             except UpstreamError as exc:

@@ -114,7 +114,10 @@ class Forwarder:
         for arm in fleet.arms:
             metrics.arm_up.labels(arm).set_function(functools.partial(_up, fleet.pool(arm)))
             role = "control" if arm == cfg.control_arm else "treatment"
-            metrics.arm_role.labels(arm).info({"role": role})
+            # `[arms.NAME] labels` ride along as label_KEY (kube-state-metrics' form), so the
+            # dashboard shows them and no key can collide with arm or role
+            labels = {f"label_{k}": v for k, v in cfg.arm_config(arm).labels.items()}
+            metrics.arm_role.labels(arm).info({"role": role, **labels})
         fail_open = [arm for arm in cfg.treatment_arms if cfg.arm_config(arm).on_down == "control"]
         self._router = router if router is not None else router_of(cfg)
         self._control = cfg.control_arm
@@ -196,7 +199,7 @@ class Forwarder:
         try:
             arm = self._router.choose(request.headers, doc.get("user"))
         except ForcedArmError as exc:
-            return bad_request(request_id, str(exc), param=FORCED_ARM_HEADER)
+            return self._refused(bad_request(request_id, str(exc), param=FORCED_ARM_HEADER))
         model = doc.get("model")
         model = model if isinstance(model, str) else ""
         stream = doc.get("stream") is True
@@ -250,22 +253,46 @@ class Forwarder:
             )
         raw = request.raw_path
         if not safe_path(raw):
-            return json_error(400, "BadRequestError", f"refusing to proxy path {raw!r}", request_id)
+            return self._refused(
+                json_error(400, "BadRequestError", f"refusing to proxy path {raw!r}", request_id)
+            )
         problem = header_rejection(request.raw_headers)
         if problem is not None:
             return self._reject(Rejection.HEADERS_TOO_LARGE, headers_too_large(request_id, problem))
+        started = time.perf_counter()
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._reject(Rejection.BODY_TOO_LARGE, too_large(request_id, self._max_body))
+        outcome: list[ErrorKind | None] = [ErrorKind.DISCONNECTED]  # until the answer is over
+        status = STATUS_CLIENT_GONE
+        try:
+            resp = await self._forward(request, request_id, arm, body, outcome)
+            status = resp.status
+            return resp
+        finally:
+            if self._access is not None:
+                e2e_s = time.perf_counter() - started
+                self._access.passthrough(request_id, arm, request.path, status, e2e_s, outcome[0])
+
+    async def _forward(
+        self,
+        request: web.Request,
+        request_id: str,
+        arm: Arm,
+        body: bytes,
+        outcome: list[ErrorKind | None],
+    ) -> web.StreamResponse:
+        """`passthrough`'s call to the arm and its answer relayed; `outcome[0]` becomes the
+        error kind (None: the answer went through whole, below 400)."""
         endpoint, clients = self._upstreams.pick(arm)
         transport = clients.transports[Mode.PASSTHROUGH]
         try:
-            upstream = await transport.send(
-                request.method, raw, body or None, OutboundHeaders.of(request)
-            )
+            headers = self._upstreams.headers_to(arm, OutboundHeaders.of(request))
+            upstream = await transport.send(request.method, request.raw_path, body or None, headers)
         except UpstreamError as exc:
             self._upstreams.done(arm, endpoint, exc.kind)
+            outcome[0] = exc.kind
             return upstream_error_response(exc, request_id, arm)
         except BaseException:  # cancelled: the client went away
             self._upstreams.done(arm, endpoint, ErrorKind.CANCELLED)
@@ -285,7 +312,9 @@ class Forwarder:
                 await resp.write(chunk)
             await resp.write_eof()
             complete = True
-        except UpstreamError:
+            outcome[0] = ErrorKind.of_status(upstream.status)
+        except UpstreamError as exc:
+            outcome[0] = exc.kind
             cut_off(request)
         except ConnectionError:
             pass  # the client went away
@@ -358,6 +387,14 @@ class Forwarder:
         if self._access is not None:
             request_id = response.headers.get(REQUEST_ID_HEADER, "")
             self._access.rejected(request_id, response.status, reason.value)
+        return response
+
+    def _refused(self, response: web.Response) -> web.Response:
+        """A 400 the proxy answers for a request that is no limit's (an unknown forced arm, a
+        path it will not forward): not counted as a rejection, but the access log has its line."""
+        if self._access is not None:
+            request_id = response.headers.get(REQUEST_ID_HEADER, "")
+            self._access.rejected(request_id, response.status, "bad_request")
         return response
 
     def _finish(self, trace: Trace) -> None:

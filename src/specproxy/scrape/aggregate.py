@@ -19,6 +19,13 @@ of its changes is a restart, and its counters are compared only with the last sc
 same process (by start time), so its acceptance stays a ratio of real deltas; its gauges and
 token rate describe one engine of several and are not summed as the URL's.
 
+A counter that went down with no change of start time to explain it (`Change.COUNTERS_DOWN`:
+engines that export no start time) is decided at the endpoint's next good scrape: counters back
+at or above those before the drop went back and forth, so the URL is load-balanced and no
+restart is recorded; otherwise the drop was a restart, counted then and dated by the scrapes
+around the drop (the arm's sample of that next round carries `restarted`). The interval of the
+drop adds no delta either way.
+
 Pure: no I/O, the scrapes and their times are handed in.
 """
 
@@ -55,6 +62,10 @@ class EndpointState:
     balanced: bool = False  # answers from several engine processes (a load-balanced URL)
     # The last scrape of each process seen behind this URL, by start time (the newest few).
     by_start: dict[float, EngineSnapshot] = field(default_factory=dict)
+    # A counter drop awaiting the next good scrape (`Change.COUNTERS_DOWN`): the last good scrape
+    # before it, and the first failed scrape between that one and the drop.
+    before_drop: EngineSnapshot | None = None
+    drop_first_failed: float | None = None
 
 
 _KEPT_STARTS = 16  # process start times remembered per URL
@@ -160,15 +171,34 @@ class ArmAggregate:
             if base is not None and base.t < cur.t and not is_restart(base, cur):
                 _add_deltas(sums, base, cur, token_rate=False)
             return
+        before_drop, state.before_drop = state.before_drop, None
+        if before_drop is not None:  # `prev` showed a counter drop: `cur` tells what it was
+            if not is_restart(before_drop, cur):  # back to the counters before it: two engines
+                self._balance(state)
+                return
+            self._restart(state, before_drop, prev, state.drop_first_failed, restarted_starts)
         change = classify_change(prev, cur, state.by_start.keys() - {prev.process_start_time})
         if change is Change.OTHER_ENGINE:
             self._balance(state)
         elif change is Change.RESTART:
-            self.restart_times.append(restart_time(prev, cur, state.first_failed))
-            state.restarts += 1
-            restarted_starts.append(cur.process_start_time)
+            self._restart(state, prev, cur, state.first_failed, restarted_starts)
+        elif change is Change.COUNTERS_DOWN:
+            state.before_drop, state.drop_first_failed = prev, state.first_failed
         else:
             _add_deltas(sums, prev, cur)
+
+    def _restart(
+        self,
+        state: EndpointState,
+        prev: EngineSnapshot,
+        cur: EngineSnapshot,
+        first_failed: float | None,
+        restarted_starts: list[float | None],
+    ) -> None:
+        """Count the restart between `prev` and `cur`, the endpoint's scrapes around it."""
+        self.restart_times.append(restart_time(prev, cur, first_failed))
+        state.restarts += 1
+        restarted_starts.append(cur.process_start_time)
 
     def _balance(self, state: EndpointState) -> None:
         state.balanced = True

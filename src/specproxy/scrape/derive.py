@@ -21,6 +21,14 @@ start time seen before behind this URL is another engine, never a restart (a res
 never comes back to its old process). Only a newer process that started after the previous
 scrape can be a restart: behind a balancer that is an engine that just started (a new pod), whose
 warm-up is worth excluding anyway, and the balancer's next pick of an older one then shows it.
+
+Without start times to compare (an engine that exports no `process_start_time_seconds`, as vLLM
+with `--api-server-count` > 1 serves its metrics from a multiprocess registry, or two processes
+that read the same one), a counter that went down is `Change.COUNTERS_DOWN`: a restart, or
+another engine behind the URL. The next good scrape tells (`aggregate.ArmAggregate`): counters
+that come back to at least those before the drop went back and forth, which a restarted engine's
+never do, so the URL is load-balanced; otherwise the drop was a restart, dated as if it had been
+seen at once.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ class Change(enum.Enum):
     NONE = "none"  # the same process, its counters only went up
     RESTART = "restart"  # the process start time moved on, or a counter went down
     OTHER_ENGINE = "other_engine"  # another engine process answered: a load-balanced URL
+    # a counter went down and no change of start time explains it: a restart or another engine,
+    # which the next scrape tells apart
+    COUNTERS_DOWN = "counters_down"
 
 
 def classify_change(
@@ -65,7 +76,7 @@ def classify_change(
         if now in seen_starts or now < before or now < prev.t - START_SLACK_S:
             return Change.OTHER_ENGINE
         return Change.RESTART
-    return Change.RESTART if is_restart(prev, cur) else Change.NONE
+    return Change.COUNTERS_DOWN if is_restart(prev, cur) else Change.NONE
 
 
 def is_restart(prev: EngineSnapshot, cur: EngineSnapshot) -> bool:

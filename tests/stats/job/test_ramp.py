@@ -3,8 +3,9 @@ decision overtaken by another writer is dropped."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -98,10 +99,22 @@ async def test_it_starts_steps_and_cuts_a_slower_treatment(store: MemoryStore) -
     assert _sample(registry, "specproxy_ramp_step", arm="speculative") == 0.0
     labels = {"arm": "speculative", "dry_run": "false"}
     assert _sample(registry, "specproxy_ramp_decisions_total", move="cut", **labels) == 1.0
-    # a cut is final
+    # a cut is final, and the arm at 0 costs no read of the requests however long the run goes
+    reads = 0
+    read_records = store.read_records
+
+    async def counted(**kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await read_records(**kwargs)
+
+    store.read_records = counted  # type: ignore[method-assign]
     now[0] += 600.0
+    await _traffic(store, now[0] - 300.0, 100, slow=1.0)
     (after,) = await job.move()
-    assert after.move == "hold" and len(await store.arm_events(run_id="run")) == 3
+    assert after.move == "hold" and "cut by the guard" in after.why
+    assert len(await store.arm_events(run_id="run")) == 3
+    assert reads == 0
 
 
 async def test_an_erring_treatment_is_cut(store: MemoryStore) -> None:
@@ -114,17 +127,34 @@ async def test_an_erring_treatment_is_cut(store: MemoryStore) -> None:
     assert cut.move == "cut" and "error rate higher" in cut.why
 
 
-async def test_dry_run_writes_nothing_and_counts_what_it_would_do(store: MemoryStore) -> None:
+async def test_dry_run_writes_nothing_and_counts_what_it_would_do(
+    store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
     registry = CollectorRegistry()
-    job = _job(store, registry, [T0 + 1.0], dry_run=True)
+    now = [T0 + 1.0]
+    job = _job(store, registry, now, dry_run=True)
     await _traffic(store, T0, 20, slow=1.0)
-    (start,) = await job.move()
+    with caplog.at_level(logging.WARNING, logger="specproxy.stats.job.ramp"):
+        (start,) = await job.move()
     assert start.move == "start"
+    assert [r.getMessage() for r in caplog.records] == [
+        "ramp (dry run): would start speculative: start: weight 0.01 (the ramp's first step)"
+    ]
     assert await store.arm_events(run_id="run") == []
     labels = {"arm": "speculative", "move": "start", "dry_run": "true"}
     assert _sample(registry, "specproxy_ramp_decisions_total", **labels) == 1.0
     # nothing changed: the arm stays at its configured 0.5, the schedule's step 4
     assert _sample(registry, "specproxy_ramp_step", arm="speculative") == 4.0
+    # a treatment twice as slow at its configured weight: the log says it would be cut
+    caplog.clear()
+    now[0] = T0 + 600.0
+    await _traffic(store, T0 + 2.0, 3000, slow=2.0)
+    with caplog.at_level(logging.WARNING, logger="specproxy.stats.job.ramp"):
+        (cut,) = await job.move()
+    assert cut.move == "cut"
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("ramp (dry run): would cut speculative: cut: E2E")
+    assert await store.arm_events(run_id="run") == []
 
 
 class _Overtaken(MemoryStore):

@@ -31,6 +31,7 @@ from specproxy.control.ramp import (
     RampPosition,
     decide,
     guard_event,
+    guarded,
     guards,
     step_index,
 )
@@ -170,6 +171,11 @@ class RampJob:
     async def _decide(self, arm: str) -> Decision | None:
         events = await self._store.arm_events(run_id=self._run_id)
         pos = RampPosition.of(arm, self._configured[arm], events, self._run_start)
+        if not guarded(pos):  # e.g. cut: it holds for the rest of the run, reading nothing
+            decision = decide(self._policy, pos, now=self._clock(), guards=[], samples=0)
+            self.last[arm] = decision
+            await self._apply(decision, pos)
+            return decision
         since = pos.since if pos.since is not None else self._run_start
         rows = await self._store.read_records(run_id=self._run_id, columns=COLUMNS, since=since)
         by_name = dict(rows)
