@@ -27,6 +27,12 @@ and rows after the result, and the child's peak RSS.
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000            # SQLite
     .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000 --pg       # PostgreSQL
     .venv/bin/python benchmarks/bench_rollups.py --days 0 --raw-rows 43000        # raw rows
+    .venv/bin/python benchmarks/bench_rollups.py --days 30 --rate 1000 --conditions
+
+With --conditions the requests state their conditions (issue 26): the store also holds the
+condition keys' rollups (`summary.conditions`, `CONDITION_SHARES`: 26 keys per metric) as
+compaction leaves them (their last hour, in 1-minute blocks and fine minutes), and the
+whole-run window computes the speedups by condition from them.
 
 With --raw-rows N: N records through `record()` into a SQLite store, then two row-path ticks and
 one tick of the same run from its summaries (`tick.ROWS_MAX` set to 0 for it).
@@ -72,7 +78,7 @@ from specproxy.store.rollups import upsert_block_sql
 from specproxy.summary.blocks import Block
 from specproxy.summary.compaction import fold
 from specproxy.summary.grid import COARSE_FACTOR, GRID_LOG_WIDTH
-from specproxy.summary.histogram import bin_index
+from specproxy.summary.histogram import bin_index, coarse_as_fine, coarse_bin
 from specproxy.summary.tiering import HOUR_SPAN, CompactionBounds
 
 RUN = "bench"
@@ -81,6 +87,17 @@ SIGMA = 0.5
 METRIC_MU = {"e2e": 0.0, "ttft": -1.6, "tpot": -4.6}
 ARM_SHIFT = {"baseline": 0.0, "speculative": -0.2}
 WINDOWS = (300.0, 3600.0, None)
+# --conditions: each request's conditions as summary keys (`summary.conditions`), a traffic mix
+# of 26 keys per metric: loads 1-31 (15 keys), two prompt and two output bands, two
+# temperatures, four categories; each dimension's shares sum to 1
+CONDITION_SHARES: dict[str, float] = {
+    **{f"load={k}": 1 / 15 for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28)},
+    "prompt=<128": 0.3, "prompt=128-511": 0.7,
+    "output=32-127": 0.5, "output=128-511": 0.5,
+    "temperature=0": 0.4, "temperature=default": 0.6,
+    "category=code": 0.4, "category=chat": 0.3, "category=math": 0.2, "category=rag": 0.1,
+}  # fmt: skip
+CONDITION_MU = {"cond_e2e": METRIC_MU["e2e"], "cond_tpot": METRIC_MU["tpot"]}
 
 
 def _rss_mb() -> float:
@@ -116,19 +133,36 @@ def _coarse_block(
     )
 
 
+def _keys(conditions: bool) -> list[tuple[str, str, float, float]]:
+    """(metric, key, share of the requests, log-median) of every rollup key."""
+    keys = [(metric, "m", 1.0, mu) for metric, mu in METRIC_MU.items()]
+    if conditions:
+        keys += [
+            (metric, key, share, mu)
+            for metric, mu in CONDITION_MU.items()
+            for key, share in CONDITION_SHARES.items()
+        ]
+    return keys
+
+
 def _fine_rows(
-    rng: np.random.Generator, minute: int, n: int
+    rng: np.random.Generator, minute: int, n: int, conditions: bool = False
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Fine summary and bin rows of `n` requests per arm in one minute (every metric)."""
+    """Fine summary and bin rows of `n` requests per arm in one minute (every metric; the
+    conditions' on the coarse grid, as the writer bins them)."""
     summaries: list[tuple[Any, ...]] = []
     bins: list[tuple[Any, ...]] = []
     for arm, shift in ARM_SHIFT.items():
-        for metric, mu in METRIC_MU.items():
-            v = np.exp(rng.normal(mu + shift + _wave(minute), SIGMA, n))
-            summaries.append((RUN, metric, minute, "m", arm, n, float(v.sum()), float(v @ v)))
-            b, c = np.unique(bin_index(v), return_counts=True)
+        for metric, key, share, mu in _keys(conditions):
+            k = max(1, round(n * share))
+            v = np.exp(rng.normal(mu + shift + _wave(minute), SIGMA, k))
+            summaries.append((RUN, metric, minute, key, arm, k, float(v.sum()), float(v @ v)))
+            fine = bin_index(v)
+            if key != "m":
+                fine = coarse_as_fine(coarse_bin(fine))
+            b, c = np.unique(fine, return_counts=True)
             bins.extend(
-                (RUN, metric, minute, "m", arm, int(i), int(k)) for i, k in zip(b, c, strict=True)
+                (RUN, metric, minute, key, arm, int(i), int(c)) for i, c in zip(b, c, strict=True)
             )
     return summaries, bins
 
@@ -168,8 +202,10 @@ def _dialect(url: str) -> Any:
     return "sqlite" if url.startswith("sqlite") else "postgresql"
 
 
-async def _write_fine(url: str, rng: np.random.Generator, minute: int, n: int) -> int:
-    summaries, bins = _fine_rows(rng, minute, n)
+async def _write_fine(
+    url: str, rng: np.random.Generator, minute: int, n: int, conditions: bool = False
+) -> int:
+    summaries, bins = _fine_rows(rng, minute, n, conditions)
     d = _dialect(url)
     await _execute(
         url, {upsert_sql(ROLLUP_MINUTES, d): summaries, upsert_sql(ROLLUP_BINS, d): bins}
@@ -177,7 +213,9 @@ async def _write_fine(url: str, rng: np.random.Generator, minute: int, n: int) -
     return len(bins)
 
 
-async def build_rollups(url: str, days: float, rate: float, end_minute: int) -> None:
+async def build_rollups(
+    url: str, days: float, rate: float, end_minute: int, conditions: bool = False
+) -> None:
     """The steady state at minute `end_minute` (see the module docstring)."""
     rng = np.random.default_rng(0)
     per_minute = round(rate * 60)
@@ -189,10 +227,13 @@ async def build_rollups(url: str, days: float, rate: float, end_minute: int) -> 
     starts = [(s, HOUR_SPAN) for s in range(first, bounds.hours_before, HOUR_SPAN)]
     starts += [(s, 1) for s in range(bounds.hours_before, bounds.fine_before)]
     for start, span in starts:
+        # the conditions' rollups: their last hour only, in 1-minute blocks (`tiering`)
+        kept = conditions and span == 1 and start >= (bounds.conditions_before or 0)
         for arm, shift in ARM_SHIFT.items():
-            for metric, mu in METRIC_MU.items():
-                b = _coarse_block(rng, start, span, per_minute, mu + shift + _wave(start))
-                blocks.append((RUN, metric, start, span, "m", arm, b.n, b.encode()))
+            for metric, key, share, mu in _keys(kept):
+                n = max(1, round(per_minute * share))
+                b = _coarse_block(rng, start, span, n, mu + shift + _wave(start))
+                blocks.append((RUN, metric, start, span, key, arm, b.n, b.encode()))
     # the length adjustment's moments (schema v8): a row per minute of the whole run and a row
     # per hour, as the writes leave them (nothing compacts them)
     e2e_mu = METRIC_MU["e2e"]
@@ -219,7 +260,7 @@ async def build_rollups(url: str, days: float, rate: float, end_minute: int) -> 
     for minute in range(bounds.fine_before, end_minute + 1):
         # the current minute is half full
         n = per_minute if minute < end_minute else per_minute // 2
-        fine += await _write_fine(url, rng, minute, n)
+        fine += await _write_fine(url, rng, minute, n, conditions)
     requests = (end_minute - first) * per_minute * 2 + per_minute // 2 * 2
     print(
         f"built {len(blocks):,} blocks ({len(starts):,} per arm and metric) and {fine:,} fine bin "
@@ -255,6 +296,13 @@ async def _tick(
         for label, w in result["results"]["all"].items()
     }
     sources = {label: w.get("source") for label, w in result["results"]["all"].items()}
+    whole = result["results"]["all"]["all"].get("conditions")
+    by_condition = (
+        f"{sum(len(b['tpot']) for b in whole['segments'].values())} TPOT bands, crossover "
+        f"{whole['crossover']['tpot']['status']}"
+        if whole is not None
+        else "none"
+    )
     adjusted: dict[str, str | None] = {}
     for label, w in result["results"]["all"].items():
         adj = w["metrics"]["e2e"]["adjusted"]
@@ -263,12 +311,14 @@ async def _tick(
         f"wall {wall:.2f} s (refresh {refresh:.2f}: store read {read:.2f}, decode {decode:.2f}; "
         f"the rest {wall - refresh:.2f}), CPU {cpu:.2f} s, read {cache.rows_read:,} rows/blobs, "
         f"then compaction {compaction:.2f} s ({moved:,} rows), sources {sources}, "
-        f"grid bounds {bounds}, length adjustment {adjusted}, "
+        f"grid bounds {bounds}, length adjustment {adjusted}, by condition: {by_condition}, "
         f"peak RSS {_rss_mb():.0f} MB, host load {os.getloadavg()[0]:.1f}"
     )
 
 
-async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: str) -> None:
+async def _ticks(
+    url: str, rate: float, end_minute: int, resamples: int, spill: str, conditions: bool
+) -> None:
     """The three ticks (module docstring), in this (child) process."""
     print(f"  child process before the ticks: peak RSS {_rss_mb():.0f} MB", flush=True)
     store = open_store(StoreConfig(url=url, spill_path=spill), run_id=RUN)
@@ -281,14 +331,14 @@ async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: 
     try:
         now = end_minute * 60.0 + 30
         print(f"  cold tick:   {await _tick(store, cfg, cache, now, pool)}", flush=True)
-        await _write_fine(url, rng, end_minute, per_minute // 4)  # 15 s more
+        await _write_fine(url, rng, end_minute, per_minute // 4, conditions)  # 15 s more
         now += 15
         print(f"  warm tick:   {await _tick(store, cfg, cache, now, pool)}", flush=True)
-        await _write_fine(url, rng, end_minute, per_minute // 4)
-        await _write_fine(url, rng, end_minute + 1, per_minute // 2)
+        await _write_fine(url, rng, end_minute, per_minute // 4, conditions)
+        await _write_fine(url, rng, end_minute + 1, per_minute // 2, conditions)
         now += 60
         print(f"  next minute: {await _tick(store, cfg, cache, now, pool)}", flush=True)
-        await _write_fine(url, rng, end_minute + 1, per_minute // 4)
+        await _write_fine(url, rng, end_minute + 1, per_minute // 4, conditions)
         now += 15
         print(f"  after that:  {await _tick(store, cfg, cache, now, pool)}", flush=True)
     finally:
@@ -296,8 +346,10 @@ async def _ticks(url: str, rate: float, end_minute: int, resamples: int, spill: 
         await store.close()
 
 
-def _child(url: str, rate: float, end_minute: int, resamples: int, spill: str) -> None:
-    asyncio.run(_ticks(url, rate, end_minute, resamples, spill))
+def _child(
+    url: str, rate: float, end_minute: int, resamples: int, spill: str, conditions: bool
+) -> None:
+    asyncio.run(_ticks(url, rate, end_minute, resamples, spill, conditions))
 
 
 def _record(i: int, rng: np.random.Generator, t0: float) -> RequestRecord:
@@ -356,6 +408,11 @@ async def main() -> None:
     parser.add_argument("--pg", action="store_true", help="a throw-away PostgreSQL cluster")
     parser.add_argument("--raw-rows", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument(
+        "--conditions",
+        action="store_true",
+        help="requests state their conditions: the condition keys' rollups too",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollups-"))
     end_minute = 29_000_000  # ~2025
@@ -374,11 +431,18 @@ async def main() -> None:
             setup = open_store(StoreConfig(url=url, spill_path=str(tmp / "s0.jsonl")), run_id=RUN)
             await setup.start()  # creates the schema
             await setup.close()
-            await build_rollups(url, args.days, args.rate, end_minute)
+            await build_rollups(url, args.days, args.rate, end_minute, args.conditions)
             print(f"ticks on {'PostgreSQL' if args.pg else 'SQLite'} (windows 5m, 1h, all):")
             child = multiprocessing.get_context("spawn").Process(
                 target=_child,
-                args=(url, args.rate, end_minute, args.resamples, str(tmp / "s1.jsonl")),
+                args=(
+                    url,
+                    args.rate,
+                    end_minute,
+                    args.resamples,
+                    str(tmp / "s1.jsonl"),
+                    args.conditions,
+                ),
             )
             child.start()
             child.join()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import aiohttp
@@ -12,6 +13,7 @@ from pytest_aiohttp import AiohttpServer
 
 from specproxy.loadgen import LoadGenerator, RequestOptions, Target, poisson_gaps
 from specproxy.prompts import Prompt
+from specproxy.proxy.conditions import OTHER, Categories
 from tests.fake_openai import FakeOpenAI
 
 PROMPTS = [Prompt((("user", "hi"),), 8), Prompt((("user", "a longer prompt"),), 5)]
@@ -54,6 +56,11 @@ async def test_streamed_request_is_timed_and_parsed(
 
     record = result.to_record(run_id="r", options=options)
     assert record.arm == "speculative" and record.run_id == "r"
+    # the conditions it met (issue 26): its temperature, and, sent straight to the arm, the
+    # calls in flight to it (itself); no categories given: no category kept
+    assert record.temperature == 0.5
+    assert record.endpoint_in_flight == record.arm_in_flight == 1
+    assert record.category is None
     assert record.e2e_s == pytest.approx(result.e2e_ns / 1e9)
     assert record.tpot_s == pytest.approx((record.e2e_s - record.ttft_s) / 7)  # type: ignore[operator]
     assert record.tokens_per_event == pytest.approx(8 / 3)
@@ -210,3 +217,25 @@ async def test_a_prompts_category_travels_in_its_header(aiohttp_server: AiohttpS
     assert CATEGORY_HEADER == "x-specproxy-category"
     assert fake.headers[0][CATEGORY_HEADER] == "math" and labelled.category == "math"
     assert CATEGORY_HEADER not in fake.headers[1]
+
+
+async def test_records_carry_a_bounded_category_and_the_calls_in_flight(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    """Three requests sent at once to one arm met 1, 2 and 3 calls in flight; their dataset
+    categories are bounded as the proxy bounds its header (here to the first one, the rest
+    "other"); through a proxy (no arm named) the generator records no load of its own."""
+    base = await _base(aiohttp_server, FakeOpenAI(event_delay_s=0.001))
+    options = RequestOptions(model="m")
+    labelled = [dataclasses.replace(PROMPTS[0], category=c) for c in ("code", "math", "Code")]
+    async with aiohttp.ClientSession() as session:
+        gen = LoadGenerator(session, [Target(base, "baseline")], PROMPTS, options)
+        results = await asyncio.gather(
+            *(gen.send(i, gen.targets[0], p) for i, p in enumerate(labelled))
+        )
+        proxied = await gen.send(9, Target(base), PROMPTS[0])
+    categories = Categories(1)
+    records = [r.to_record(run_id="r", options=options, categories=categories) for r in results]
+    assert sorted(r.endpoint_in_flight or 0 for r in records) == [1, 2, 3]
+    assert [r.category for r in records] == ["code", OTHER, "code"]  # case folded, bounded
+    assert proxied.in_flight is None

@@ -40,6 +40,7 @@ import numpy as np
 
 from specproxy.errors import ErrorKind
 from specproxy.prompts import Prompt
+from specproxy.proxy.conditions import Categories
 from specproxy.proxy.sse import SSEScanner
 from specproxy.proxy.transports.aio import upstream_error
 from specproxy.records import Arm, RequestRecord
@@ -133,6 +134,9 @@ class ClientResult:
     lateness_ns: int = 0  # open loop: actual send time minus the arrival schedule
     parse_ns: int = 0  # harness time spent scanning the response
     category: str | None = None  # the prompt's dataset category
+    # this generator's calls in flight to the request's target when it was sent, itself
+    # included (None: through a proxy, which records the arm's own)
+    in_flight: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -180,10 +184,16 @@ class ClientResult:
     def mean_acceptance_length(self) -> float | None:
         return self.measures.mean_acceptance_length
 
-    def to_record(self, *, run_id: str, options: RequestOptions) -> RequestRecord:
-        """A store row, so that bench runs feed the same statistics and report as the proxy."""
+    def to_record(
+        self, *, run_id: str, options: RequestOptions, categories: Categories | None = None
+    ) -> RequestRecord:
+        """A store row, so that bench runs feed the same statistics and report as the proxy,
+        with the conditions the request met (issue 26): the temperature it asked for, its
+        dataset category (bounded by `categories` as the proxy bounds its header: None keeps
+        none) and, sent straight to an arm, the calls in flight to it."""
         if self.arm is None:
             raise ValueError("a result without an arm cannot be recorded")
+        category = categories.of(self.category) if categories is not None else None
         return self.measures.record(
             request_id=uuid.uuid4().hex,
             run_id=run_id,
@@ -192,6 +202,10 @@ class ClientResult:
             model=options.model,
             endpoint=options.endpoint,
             stream=options.stream,
+            arm_in_flight=self.in_flight,
+            endpoint_in_flight=self.in_flight,
+            temperature=self.temperature,
+            category=category,
         )
 
 
@@ -261,6 +275,7 @@ class LoadGenerator:
         self._seed = seed
         self._runs = 0
         self._streams = [_Stream(t, slot, seed) for slot, t in enumerate(self.targets)]
+        self._in_flight: dict[str, int] = {}  # calls in flight per target URL
 
     def _next(self, stream: _Stream) -> tuple[int, Prompt]:
         """The stream's next prompt and a result index unique over all streams; the j-th
@@ -285,6 +300,26 @@ class LoadGenerator:
         url = target.base_url.rstrip("/") + _PATHS[opts.endpoint]
         body = json.dumps(opts.body(prompt)).encode()
         headers = opts.request_headers(prompt)
+        in_flight = self._in_flight[target.base_url] = self._in_flight.get(target.base_url, 0) + 1
+        try:
+            return await self._send(
+                index, target, prompt, url, body, headers, lateness_ns, in_flight
+            )
+        finally:
+            self._in_flight[target.base_url] -= 1
+
+    async def _send(
+        self,
+        index: int,
+        target: Target,
+        prompt: Prompt,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        lateness_ns: int,
+        in_flight: int,
+    ) -> ClientResult:
+        opts = self.options
         t_start = time.time()
         t0 = time.perf_counter()
         timings = RequestTimings(request_start=t0, upstream_start=t0)
@@ -320,6 +355,7 @@ class LoadGenerator:
             lateness_ns=lateness_ns,
             parse_ns=parse_ns,
             category=prompt.category,
+            in_flight=in_flight if target.arm is not None else None,
         )
 
     async def run_open_loop(

@@ -123,9 +123,11 @@ SPEEDUP = "specproxy_speedup_ratio"  # + metric, statistic, bound=estimate|lower
 SAMPLES = "specproxy_samples"  # + arm
 # Speedups by condition (`stats.segments`, the whole-run window of all models): + metric,
 # dimension (load|prompt|output|temperature|category), band (<= 38 per metric), bound; a band
-# with too little data has no series. The crossover load (calls in flight per engine): + metric,
-# bound; a bound beyond the observed range has no series.
+# with too little data has no series. A load band's mean calls in flight per engine (where its
+# speedup was measured): + metric, band. The crossover load (calls in flight per engine):
+# + metric, bound; a bound beyond the observed range has no series.
 SEGMENT_SPEEDUP = "specproxy_segment_speedup_ratio"
+SEGMENT_IN_FLIGHT = "specproxy_segment_in_flight_requests"
 CROSSOVER_LOAD = "specproxy_crossover_in_flight_requests"
 # A state set (OpenMetrics): one series per state, 1 for the current one, 0 for the others, the
 # state in a label named like the metric: specproxy_verdict{metric,specproxy_verdict="faster"}.

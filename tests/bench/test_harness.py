@@ -15,6 +15,7 @@ from specproxy.bench.calibration import advise_sweep
 from specproxy.bench.harness import BlockResult, run_bench
 from specproxy.config import StoreConfig
 from specproxy.loadgen import Target
+from specproxy.prompts import Prompt
 from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT
 from specproxy.store.factory import open_store
 from tests.fake_openai import FakeOpenAI
@@ -43,6 +44,7 @@ async def test_direct_ab_sweep_writes_store(aiohttp_server: AiohttpServer, tmp_p
         seed=1,
         console=Console(quiet=True),
         k=3,
+        prompt_set=[Prompt((("user", "hi"),), 8, "code"), Prompt((("user", "yo"),), 8, "chat")],
     )
     assert [b.run_id for b in blocks] == ["b-t0", "b-t0.7"]
     assert [b.k for b in blocks] == [3, 3]  # as given (the fakes export no per-position counters)
@@ -60,6 +62,16 @@ async def test_direct_ab_sweep_writes_store(aiohttp_server: AiohttpServer, tmp_p
     await store.start()
     try:
         for block in blocks:
+            # every row carries the conditions its request met (issue 26): the temperature it
+            # asked for, its dataset category, the bench's calls in flight to its arm
+            conditions = ["temperature", "category", "endpoint_in_flight"]
+            rows = await read_arrays(store, run_id=block.run_id, columns=conditions)
+            for a in rows.values():
+                assert set(a["temperature"].tolist()) == {block.temperature}
+                assert set(a["category"].tolist()) <= {"chat", "code"}
+                loads = a["endpoint_in_flight"]
+                assert loads.min() >= 1 and loads.max() <= 4
+            assert max(a["endpoint_in_flight"].max() for a in rows.values()) == 4
             arrays = await read_arrays(store, run_id=block.run_id, columns=["e2e_s", "status"])
             counts = {arm: len(a["e2e_s"]) for arm, a in arrays.items()}
             assert sum(counts.values()) == 40

@@ -337,3 +337,24 @@ def test_a_verdict_row_per_treatment_after_an_overview_of_all() -> None:
     assert f"{m.ARM}_info" in target["expr"] and target["instant"]
     organize = next(t for t in arms["transformations"] if t["id"] == "organize")
     assert organize["options"]["indexByName"] == {"arm": 0, "role": 1}
+
+
+def test_speedup_vs_load_plots_each_treatment_s_load_bands_with_a_ci_band() -> None:
+    """Issue 26 item 5: in the row repeated per treatment, the TPOT speedup of each load band
+    against the band's mean calls in flight (the trend panel's x field), its CI filled between
+    lower and upper."""
+    panels = build_dashboard()["panels"]
+    rows = [p for p in panels if p["type"] == "row"]
+    start, end = panels.index(rows[1]), panels.index(rows[2])
+    (panel,) = [p for p in panels[start + 1 : end] if p["type"] == "trend"]
+    assert "speedup vs load" in panel["title"] and "$arm" in panel["title"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    for bound, expr in zip(("estimate", "lower", "upper"), exprs, strict=False):
+        assert m.SEGMENT_SPEEDUP in expr and 'dimension="load"' in expr
+        assert f'bound="{bound}"' in expr and 'metric="tpot"' in expr and 'arm=~"$arm"' in expr
+    assert m.SEGMENT_IN_FLIGHT in exprs[3] and all(t["instant"] for t in panel["targets"])
+    renamed = next(t for t in panel["transformations"] if t["id"] == "organize")["options"]
+    x = panel["options"]["xField"]
+    assert renamed["renameByName"]["Value #D"] == x
+    upper = next(o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "upper")
+    assert {"id": "custom.fillBelowTo", "value": "lower"} in upper["properties"]

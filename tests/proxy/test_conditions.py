@@ -12,11 +12,19 @@ from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from specproxy.app import create_app
+from specproxy.appkeys import SCRAPER
 from specproxy.config import Config, RoutingConfig, SegmentsConfig
 from specproxy.errors import ConfigError
 from specproxy.proxy.conditions import CATEGORY_MAX_CHARS, OTHER, Categories, temperature_of
 from specproxy.proxy.recorder import MemoryRecorder
 from tests.proxy.conftest import CHAT, chat
+
+COMPLETION = {
+    "id": "c",
+    "object": "chat.completion",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+}
 
 
 def test_temperature_is_a_finite_number_at_least_zero_else_none() -> None:
@@ -70,13 +78,7 @@ async def test_records_carry_the_conditions_of_their_requests(
         if len(arrived) == 3:
             release.set()
         await release.wait()
-        body = {
-            "id": "c",
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
-        }
-        return web.json_response(body)
+        return web.json_response(COMPLETION)
 
     engine = web.Application()
     engine.router.add_post(CHAT, generate)
@@ -110,3 +112,53 @@ async def test_records_carry_the_conditions_of_their_requests(
     assert by_category == {"code": 0.0, "chat": 0.7, OTHER: None}
     # no /metrics on this engine: its load is unknown, never a made-up zero
     assert all(r.engine_running is None and r.engine_waiting is None for r in records)
+
+
+async def test_records_carry_the_engine_load_of_the_endpoint_s_latest_scrape(
+    aiohttp_server: AiohttpServer, aiohttp_client: AiohttpClient
+) -> None:
+    """The app wires the scraper's memory into the request path: a request sent after a scrape
+    that read 7 running and 2 waiting on its endpoint records them; after the next scrape (5
+    and 0) the next request records those."""
+    gauges = {"running": 7, "waiting": 2}
+
+    async def metrics(request: web.Request) -> web.Response:
+        text = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="m"}} {gauges["running"]}\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{model_name="m"}} {gauges["waiting"]}\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    async def generate(request: web.Request) -> web.Response:
+        return web.json_response(COMPLETION)
+
+    engine = web.Application()
+    engine.router.add_post(CHAT, generate)
+    engine.router.add_get("/metrics", metrics)
+    url = str((await aiohttp_server(engine)).make_url("")).rstrip("/")
+    cfg = Config(
+        baseline_url=url, speculative_url=url, routing=RoutingConfig(speculative_share=1.0)
+    )
+    recorder = MemoryRecorder()
+    app = create_app(
+        cfg, registry=CollectorRegistry(), recorder=recorder, with_store=False, with_stats=False
+    )
+    client: TestClient = await aiohttp_client(await aiohttp_server(app))  # type: ignore[type-arg]
+    scraper = app[SCRAPER]
+
+    async def send() -> None:
+        body = json.dumps(chat(stream=False))
+        async with client.post(CHAT, data=body) as resp:
+            assert resp.status == 200
+            await resp.read()
+
+    async with asyncio.timeout(30):
+        await scraper.scrape_once()
+        await send()
+        gauges.update(running=5, waiting=0)
+        await scraper.scrape_once()
+        await send()
+    loads = [(r.engine_running, r.engine_waiting) for r in recorder.records]
+    assert loads == [(7.0, 2.0), (5.0, 0.0)]

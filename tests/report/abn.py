@@ -40,6 +40,14 @@ def _speedup(arm: str, load: int) -> float:
     return 1.0
 
 
+def _temperature(round_: int) -> float | None:
+    """0 every third round, else the engine's default; 1.5 every hundredth round: a band of 12
+    requests per arm, too few for a number (the views say so)."""
+    if round_ % 100 == 1:
+        return 1.5
+    return 0.0 if round_ % 3 == 0 else None
+
+
 def records(per_arm: int = PER_ARM, seed: int = 3) -> list[RequestRecord]:
     """Interleaved requests `STEP_S` apart; the load each met cycles 1..12 every 36 requests."""
     rng = np.random.default_rng(seed)
@@ -70,7 +78,7 @@ def records(per_arm: int = PER_ARM, seed: int = 3) -> list[RequestRecord]:
                 output_tokens=output,
                 endpoint_in_flight=load,
                 arm_in_flight=load,
-                temperature=0.0 if (i // len(ARMS)) % 3 == 0 else None,
+                temperature=_temperature(i // len(ARMS)),
                 category="code" if (i // len(ARMS)) % 4 < 2 else "chat",
             )
         )

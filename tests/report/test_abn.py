@@ -25,6 +25,7 @@ from specproxy.report.summary import (
     comparison_of,
     condition_rows,
     conditions_of,
+    conditions_span,
     crossover_text,
     fmt_ci,
     fmt_ms,
@@ -149,6 +150,7 @@ async def test_each_treatments_conditions_are_reported(
     window, page, _ = made
     assert "<h2>By condition</h2>" in page
     statuses = {}
+    thin = 0
     for treatment in abn.TREATMENTS:
         conditions = conditions_of(window, treatment)
         assert conditions is not None
@@ -160,6 +162,10 @@ async def test_each_treatments_conditions_are_reported(
         for metric, found in conditions["crossover"].items():
             text = f"{METRICS[metric]} crossover: {crossover_text(found)}"
             assert html_lib.escape(text, quote=True) in crossovers
+        span = conditions_span(conditions)
+        assert span == "over the whole run"  # a run read as rows
+        t = html_lib.escape(treatment, quote=True)
+        assert f"<p class='sub conditions-span' data-treatment='{t}'>{span}</p>" in page
         statuses[treatment] = conditions["crossover"]["tpot"]["status"]
         (table,) = re.findall(
             rf"<table class='segments' data-treatment='{re.escape(treatment)}'>(.*?)</table>",
@@ -176,6 +182,10 @@ async def test_each_treatments_conditions_are_reported(
                     f"data-band='{html_lib.escape(band, quote=True)}' data-metric='{metric}'"
                 )
                 assert _cell(table, attrs) == f"{estimate} {ci}"
+                if found_band["status"] == "too_little_data":  # shown as such, never a number
+                    thin += 1
+                    assert _cell(table, attrs) == "- too little data"
+    assert thin > 0  # the fixture's temperature 1.5 band: 12 requests per arm
     # the run's truth: ngram-k4 crosses 1 with load, eagle helps throughout
     assert statuses == {"ngram-k4": "ok", "eagle": "helps_throughout"}
     ngram = conditions_of(window, "ngram-k4")

@@ -59,6 +59,7 @@ def _records(rng: np.random.Generator, n: int = 400) -> list[RequestRecord]:
                 prompt_tokens=20,
                 output_tokens=64,
                 error_kind=ErrorKind.HTTP_5XX if failed else None,
+                endpoint_in_flight=1 + (i // 2) % 6,  # the load it met (its band's x)
             )
         )
     return rows
@@ -174,10 +175,26 @@ async def test_report_matches_store_and_stats(tmp_path: Path) -> None:
     # Acceptance per position: the mean over the stored scrapes.
     assert figure["position_acceptance"] == pytest.approx([0.8, 0.645, 0.4, 0.2])
 
-    # Speedup by load: every bin's n adds up to the requests used.
+    # Speedup by load: the stats result's load bands (TPOT), each at its requests' mean load,
+    # and every band's requests add up to the requests used.
     bins = figure["load_bins"]
-    assert sum(b["n_speculative"] for b in bins) == expected["speculative"]["e2e_s"].size
-    assert all(b["lower"] <= b["estimate"] <= b["upper"] for b in bins)
+    conditions = window.get("conditions")
+    assert conditions is not None
+    every = conditions["segments"]["load"]["tpot"]
+    assert [b["band"] for b in every] == ["1", "2-3", "4-7"]
+    assert every[0]["status"] == "too_little_data"  # ~33 requests an arm, less warm-up: no point
+    bands = every[1:]
+    assert [b["band"] for b in bins] == ["2-3", "4-7"]
+    for shown, band in zip(bins, bands, strict=True):
+        assert (shown["estimate"], shown["lower"], shown["upper"], shown["load"]) == (
+            band["speedup"],
+            band["lower"],
+            band["upper"],
+            band["load"],
+        )
+    assert [b["load"] for b in bins] == pytest.approx([2.5, 5.0], rel=0.05)
+    used = sum(b["n"]["treatment"] for b in every)
+    assert used == window["metrics"]["tpot"]["n"]["speculative"]
     assert all(b["estimate"] > 1.5 for b in bins)  # the synthetic arm is 2x faster
 
     html = (out / "index.html").read_text()

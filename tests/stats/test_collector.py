@@ -101,8 +101,9 @@ def test_speedups_by_condition_and_the_crossover_are_gauges_with_bounded_labels(
         "segments": {
             "load": {
                 "tpot": [
-                    {"band": "1", "speedup": 1.9, "lower": 1.8, "upper": 2.0},
-                    {"band": "32+", "speedup": None, "lower": None, "upper": None},
+                    {"band": "1", "speedup": 1.9, "lower": 1.8, "upper": 2.0, "load": 1.0},
+                    {"band": "4-7", "speedup": 1.5, "lower": 1.4, "upper": 1.6, "load": 5.2},
+                    {"band": "32+", "speedup": None, "lower": None, "upper": None, "load": 40.0},
                 ]
             }
         },
@@ -117,6 +118,9 @@ def test_speedups_by_condition_and_the_crossover_are_gauges_with_bounded_labels(
     for bound, value in (("estimate", 1.9), ("lower", 1.8), ("upper", 2.0)):
         assert f"{seg}{{{labels.format(bound)}}} {value}" in text
     assert 'band="32+"' not in text  # too little data: no series, never a number
+    # each load band's mean calls in flight, the x of "speedup vs load"
+    flight = f'{names.SEGMENT_IN_FLIGHT}{{arm="speculative",band="4-7",metric="tpot",'
+    assert f'{flight}model="all",window="all"}} 5.2' in text
     cross = names.CROSSOVER_LOAD
     assert (
         f'{cross}{{arm="speculative",bound="estimate",metric="tpot",model="all",window="all"}} 26.3'

@@ -1,4 +1,5 @@
-"""Speedups by condition: the bands, the bound on categories, too little data, and coverage."""
+"""Speedups by condition: the bands from condition summaries, the bound on categories, too little
+data, and coverage of known per-category speedups."""
 
 from __future__ import annotations
 
@@ -7,70 +8,132 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specproxy.stats.result import CrossoverResult
+from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT
+from specproxy.stats.job.frame import ConditionSamples, WindowPlan
+from specproxy.stats.job.rows import Rows
+from specproxy.stats.result import Conditions, CrossoverResult
 from specproxy.stats.segments import (
     CATEGORIES_MAX,
     MIN_BAND_REQUESTS,
-    ArmRows,
-    band_labels,
+    band_keys,
     conditional,
     crossover_words,
-    edge_bands,
-    temperature_bands,
 )
 
-
-def test_edge_bands_name_their_ranges() -> None:
-    loads = np.array([1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 500, np.nan, 0])
-    got = edge_bands(loads, (1, 2, 4, 8, 16, 32), first_is_below=False).tolist()
-    pairs = ["2-3", "2-3", "4-7", "4-7", "8-15", "8-15", "16-31", "16-31", "32+", "32+"]
-    assert got == ["1", *pairs, "", ""]
-    prompt = edge_bands(np.array([5.0, 128, 9000]), (1, 128, 512, 2048, 8192), first_is_below=True)
-    assert prompt.tolist() == ["<128", "128-511", "8192+"]
+Columns = dict[str, Any]
 
 
-def test_temperature_bands() -> None:
-    t = np.array([0.0, 0.2, 0.5, 0.7, 1.0, 1.5, np.nan])
-    assert temperature_bands(t).tolist() == [
-        "0",
-        "(0,0.5]",
-        "(0,0.5]",
-        "(0.5,1]",
-        "(0.5,1]",
-        ">1",
-        "default",
-    ]
+def sources(
+    control: Columns, treatment: Columns, *, units: int, unit_s: float = 1.0
+) -> tuple[ConditionSamples, ConditionSamples]:
+    """Both arms' condition summaries over units 0..units-1, built from rows as the stats job
+    builds them (keyed and binned as the store's writer does: `Rows.condition_tiers`). Each
+    arm's columns hold `unit` (a request's time unit) and any record columns."""
+
+    def arrays(columns: Columns) -> dict[str, Any]:
+        unit = np.asarray(columns["unit"], dtype=np.float64)
+        out: dict[str, Any] = {
+            "t_start": (unit + 0.5) * unit_s,
+            "shadow": np.zeros(unit.size, dtype=bool),
+            "model": np.full(unit.size, "m", dtype=object),
+        }
+        out.update({k: v for k, v in columns.items() if k != "unit"})
+        return out
+
+    rows = Rows({SHORTHAND_CONTROL: arrays(control), SHORTHAND_TREATMENT: arrays(treatment)})
+    tiers = rows.condition_tiers(unit_s)
+    plan = WindowPlan(None, 0, units - 1, unit_s, hourly=False, coarse=False)
+    return (
+        ConditionSamples.of(tiers, plan, SHORTHAND_CONTROL, set()),
+        ConditionSamples.of(tiers, plan, SHORTHAND_TREATMENT, set()),
+    )
 
 
-def _rows(n: int, rng: np.random.Generator, *, units: int, **columns: Any) -> ArmRows:
-    base: dict[str, Any] = {
+def conditions_of(
+    control: Columns, treatment: Columns, *, units: int, seed: int = 1, resamples: int = 100
+) -> Conditions:
+    c, t = sources(control, treatment, units=units)
+    return conditional(
+        c,
+        t,
+        units=units,
+        rng=np.random.default_rng(seed),
+        resamples=resamples,
+        confidence=0.95,
+    )
+
+
+def _columns(n: int, rng: np.random.Generator, *, units: int, **columns: Any) -> Columns:
+    base: Columns = {
+        "unit": rng.integers(0, units, n),
         "e2e_s": rng.lognormal(0.0, 0.3, n),
         "tpot_s": rng.lognormal(-4.0, 0.3, n),
     }
     base.update(columns)
-    return ArmRows(rng.integers(0, units, n).astype(np.int64), base)
+    return base
+
+
+def test_band_keys_gather_load_keys_into_bands_in_order() -> None:
+    keys = ["load=1", "load=3", "load=2", "load=24", "load=40", "load=12", "prompt=<128"]
+    got = band_keys("load", keys, {})
+    assert got == [
+        ("1", frozenset({"load=1"})),
+        ("2-3", frozenset({"load=2", "load=3"})),
+        ("8-15", frozenset({"load=12"})),
+        ("16-31", frozenset({"load=24"})),
+        ("32+", frozenset({"load=40"})),
+    ]
+    temps = band_keys("temperature", ["temperature=default", "temperature=0"], {})
+    assert [b for b, _ in temps] == ["0", "default"]
 
 
 def test_categories_beyond_the_bound_are_other_and_a_thin_band_shows_no_number() -> None:
     rng = np.random.default_rng(0)
     names = [f"c{i:02d}" for i in range(CATEGORIES_MAX + 4)]
-    cats = np.array([names[i % len(names)] for i in range(2000)] + [None] * 10, dtype=object)
-    control = _rows(cats.size, rng, units=50, category=cats)
-    treatment = _rows(cats.size, rng, units=50, category=cats.copy())
-    labels = band_labels(control, treatment)["category"][0]
-    kept = {b for b in labels.tolist() if b}
-    assert len(kept) == CATEGORIES_MAX + 1 and "other" in kept  # 16 names and "other"
-    assert labels.tolist().count("") == 10  # no header: in no band
-    few = _rows(2 * MIN_BAND_REQUESTS, rng, units=50, temperature=np.r_[np.zeros(59), 0.7])
-    result = conditional(
-        few, few, units=50, unit_s=1.0, rng=np.random.default_rng(1), resamples=100, confidence=0.95
+    # the first CATEGORIES_MAX names hold more requests than the last four
+    cats = np.array(
+        [names[i % len(names)] for i in range(2000)] + names[:CATEGORIES_MAX] + [None] * 10,
+        dtype=object,
     )
-    thin = {b["band"]: b for b in result["segments"]["temperature"]["tpot"]}
+    control = _columns(cats.size, rng, units=50, category=cats)
+    treatment = _columns(cats.size, rng, units=50, category=cats.copy())
+    result = conditions_of(control, treatment, units=50)
+    bands = {b["band"]: b for b in result["segments"]["category"]["tpot"]}
+    assert set(bands) == {*names[:CATEGORIES_MAX], "other"}  # 16 names and "other"
+    assert bands["other"]["n"]["control"] == 4 * 100  # the four rarest, 100 requests each
+    # no header: in no category band
+    assert sum(b["n"]["control"] for b in bands.values()) == cats.size - 10
+    few = _columns(
+        2 * MIN_BAND_REQUESTS, rng, units=50, temperature=np.r_[np.zeros(59), 0.7].astype(object)
+    )
+    thin_result = conditions_of(few, few, units=50)
+    thin = {b["band"]: b for b in thin_result["segments"]["temperature"]["tpot"]}
     assert thin["(0.5,1]"]["status"] == "too_little_data"
     assert thin["(0.5,1]"]["speedup"] is None and thin["(0.5,1]"]["n"]["control"] == 1
     assert thin["0"]["status"] == "ok" and thin["0"]["speedup"] is not None
-    assert result["crossover"]["tpot"]["status"] == "too_little_data"  # no load recorded
-    assert result["summary"] is None
+    assert thin_result["crossover"]["tpot"]["status"] == "too_little_data"  # no load recorded
+    assert thin_result["summary"] is None
+
+
+def test_a_band_s_speedup_is_its_requests_median_ratio() -> None:
+    """The band holds exactly its requests: a treatment 2x faster at load 1 and 1.25x at load
+    20, so the load-1 band says ~2 and the 16-31 band ~1.25."""
+    rng = np.random.default_rng(3)
+    n = 600
+    load = np.repeat([1, 20], n // 2).astype(object)
+    control = _columns(n, rng, units=60, endpoint_in_flight=load)
+    tpot = np.asarray(control["tpot_s"], dtype=np.float64)
+    treatment = dict(control, tpot_s=tpot / np.where(load == 1, 2.0, 1.25))
+    result = conditions_of(control, treatment, units=60, resamples=200)
+    bands = {b["band"]: b for b in result["segments"]["load"]["tpot"]}
+    assert set(bands) == {"1", "16-31"}
+    assert bands["1"]["speedup"] == pytest.approx(2.0, rel=0.01)  # the coarse grid: 0.5 %
+    assert bands["16-31"]["speedup"] == pytest.approx(1.25, rel=0.01)
+    assert bands["1"]["n"] == {"control": n // 2, "treatment": n // 2}
+    # where each was measured: its requests' mean load, a key's middle above 7 (20-23 for 20)
+    assert bands["1"]["load"] == 1.0 and bands["16-31"]["load"] == 21.5
+    other = result["segments"]["temperature"]["tpot"]
+    assert all("load" not in b for b in other)
 
 
 def test_crossover_words() -> None:
@@ -99,7 +162,7 @@ def test_crossover_words() -> None:
 CATEGORY_SPEEDUPS = {"code": 2.0, "chat": 1.4, "math": 1.1}
 
 
-def category_run(seed: int, per_category: int = 300, units: int = 60) -> tuple[ArmRows, ArmRows]:
+def category_run(seed: int, per_category: int = 300, units: int = 60) -> tuple[Columns, Columns]:
     """Known truth: lognormal TPOTs (sd 0.4) with a per-unit level shared by the arms (sd 0.1),
     the treatment faster by `CATEGORY_SPEEDUPS` in law, so each category's ratio of medians is
     exactly its speedup."""
@@ -111,7 +174,7 @@ def category_run(seed: int, per_category: int = 300, units: int = 60) -> tuple[A
         unit = rng.integers(0, units, cats.size).astype(np.int64)
         scale = np.array([CATEGORY_SPEEDUPS[c] if faster else 1.0 for c in cats])
         tpot = np.exp(-4.0 + level[unit] + rng.normal(0.0, 0.4, cats.size)) / scale
-        arms.append(ArmRows(unit, {"tpot_s": tpot, "e2e_s": tpot * 100, "category": cats}))
+        arms.append({"unit": unit, "tpot_s": tpot, "e2e_s": tpot * 100, "category": cats})
     return arms[0], arms[1]
 
 
@@ -120,15 +183,7 @@ def category_coverage(runs: int, *, resamples: int = 300) -> float:
     hits = total = 0
     for seed in range(runs):
         control, treatment = category_run(seed)
-        result = conditional(
-            control,
-            treatment,
-            units=60,
-            unit_s=1.0,
-            rng=np.random.default_rng(seed),
-            resamples=resamples,
-            confidence=0.95,
-        )
+        result = conditions_of(control, treatment, units=60, seed=seed, resamples=resamples)
         for band in result["segments"]["category"]["tpot"]:
             truth = CATEGORY_SPEEDUPS[band["band"]]
             lo, hi = band["lower"], band["upper"]

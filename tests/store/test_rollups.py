@@ -22,8 +22,9 @@ from specproxy.store.contract import TierRead, TierVersions
 from specproxy.store.factory import open_store
 from specproxy.summary.blocks import Block
 from specproxy.summary.compaction import fold
+from specproxy.summary.conditions import CONDITION_METRICS
 from specproxy.summary.histogram import coarse_as_fine, coarse_bin
-from specproxy.summary.minute import ROLLUP_METRICS, minute_of, rollup_records
+from specproxy.summary.minute import ROLLUP_METRICS, minute_of, rollup_records, usable_for_rollup
 from specproxy.summary.packed import fine_bins_arrays
 from specproxy.summary.tiering import CompactionBounds
 from tests.store.conftest import make_record, store_config
@@ -232,7 +233,8 @@ async def test_rollup_retention_is_separate_from_row_retention(store: BufferedSt
     await store.purge_older_than(now - 86400)  # rows go, rollups stay
     assert int((await _read(store, "e2e"))["baseline"].n.sum()) == 2
     removed = await store.purge_rollups_older_than(now - 86400)
-    assert removed == 2  # one summary row and one bin row
+    # one summary row and one bin row, of e2e and of its one condition (temperature=default)
+    assert removed == 4
     assert int((await _read(store, "e2e"))["baseline"].n.sum()) == 1
 
 
@@ -335,6 +337,19 @@ async def test_compaction_moves_rows_into_blocks_once_and_loses_nothing(
         assert unpacked and all(np.all(b[1:] > b[:-1]) for b in unpacked)
         spans = {(start < bounds.hours_before, span) for start, span, *_ in read.blocks}
         assert spans == {(True, 60), (False, 1)}  # hours before the bound, minutes after
+    # the conditions' rollups, in the same pass: their last hour kept in 1-minute blocks, the
+    # rest dropped, never folded into hours
+    cut = bounds.conditions_before
+    assert cut is not None and bounds.hours_before < cut < bounds.fine_before
+    recent = sum(1 for r in records if usable_for_rollup(r) and minute_of(r.t_start) >= cut)
+    for metric in CONDITION_METRICS:
+        read = await _full(store, metric)
+        assert all(m >= bounds.fine_before for m, *_ in read.minutes)
+        assert read.blocks and {span for _s, span, *_ in read.blocks} == {1}
+        assert min(start for start, *_ in read.blocks) == cut
+        if metric == "cond_e2e":  # every usable request states its temperature ("default")
+            kept = sum(n for *_k, n in read.blocks) + sum(r[3] for r in read.minutes)
+            assert kept == recent
     before = await _full(store)
     assert await store.compact(fold=fold, run_id="run", bounds=at(now)) == 0  # idempotent
     assert _plain(await _full(store)) == _plain(before)

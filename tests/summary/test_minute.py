@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 
 from specproxy.records import RequestRecord
-from specproxy.summary.histogram import bin_index
-from specproxy.summary.minute import minute_of, moment_values, pairwise_sum, rollup_records
+from specproxy.summary.conditions import CONDITION_METRICS
+from specproxy.summary.histogram import bin_index, coarse_as_fine, coarse_bin
+from specproxy.summary.minute import (
+    ROLLUP_METRICS,
+    minute_of,
+    moment_values,
+    pairwise_sum,
+    rollup_records,
+)
 from tests.summary.helpers import merge_batches
 
 
@@ -39,7 +46,8 @@ def test_summary_and_bins_of_one_minute() -> None:
     bins = [(b, c) for *_k, b, c in (r for r in batch.bins if r[1] == "e2e")]
     expected_bins, counts = np.unique(bin_index(np.array(values)), return_counts=True)
     assert bins == list(zip(expected_bins.tolist(), counts.tolist(), strict=True))  # bin order
-    assert not [s for s in batch.summaries if s[1] != "e2e"]  # no ttft/tpot values given
+    compared = [s for s in batch.summaries if s[1] in ROLLUP_METRICS]
+    assert [s[1] for s in compared] == ["e2e"]  # no ttft/tpot values given
 
 
 def test_minutes_are_floor_of_t_over_60() -> None:
@@ -67,8 +75,55 @@ def test_unusable_and_non_positive_values_are_left_out() -> None:
         _rec(4, 0.0, 1.0, rerouted_from="speculative", reroute_reason="down"),  # failed open
     ]
     batch = rollup_records(recs)
-    assert [s[1] for s in batch.summaries] == ["e2e"]
-    assert batch.summaries[0][5] == 1
+    assert [(s[1], s[3]) for s in batch.summaries] == [
+        ("e2e", "m"),
+        ("cond_e2e", "temperature=default"),  # the one condition every request states
+    ]
+    assert [s[5] for s in batch.summaries] == [1, 1]
+
+
+def test_each_condition_a_request_states_is_a_key_of_its_e2e_and_tpot_on_the_coarse_grid() -> None:
+    """Issue 26: the conditions are summary keys. A request is rolled up once per condition it
+    states (load, prompt and output band, temperature band, category), under cond_e2e and
+    cond_tpot, binned at the centre of its coarse bin; a request stating none has only its
+    temperature ("default")."""
+    full = dict(
+        endpoint_in_flight=3,
+        prompt_tokens=200,
+        output_tokens=40,
+        temperature=0.0,
+        category="code",
+        tpot_s=0.02,
+    )
+    recs = [
+        _rec(0, 60.0, 1.0, **full),
+        _rec(1, 61.0, 2.0, **full),
+        _rec(2, 62.0, 4.0, **{**full, "endpoint_in_flight": 40, "category": None}),
+        _rec(3, 63.0, 8.0),  # nothing stated
+    ]
+    batch = rollup_records(recs)
+    keys = {(s[1], s[3]): (s[5], s[6]) for s in batch.summaries if s[1] in CONDITION_METRICS}
+    assert keys == {
+        ("cond_e2e", "load=3"): (2, 3.0),
+        ("cond_e2e", "load=40"): (1, 4.0),  # 40-47: a quarter of the doubling from 32
+        ("cond_e2e", "prompt=128-511"): (3, 7.0),
+        ("cond_e2e", "output=32-127"): (3, 7.0),
+        ("cond_e2e", "temperature=0"): (3, 7.0),
+        ("cond_e2e", "temperature=default"): (1, 8.0),
+        ("cond_e2e", "category=code"): (2, 3.0),
+        ("cond_tpot", "load=3"): (2, 0.04),
+        ("cond_tpot", "load=40"): (1, 0.02),
+        ("cond_tpot", "prompt=128-511"): (3, pytest.approx(0.06)),
+        ("cond_tpot", "output=32-127"): (3, pytest.approx(0.06)),
+        ("cond_tpot", "temperature=0"): (3, pytest.approx(0.06)),
+        ("cond_tpot", "category=code"): (2, 0.04),
+    }
+    bins = {(r[1], r[3], r[5]): r[6] for r in batch.bins if r[1] == "cond_e2e"}
+    centre = coarse_as_fine(coarse_bin(bin_index(np.array([1.0, 2.0]))))
+    assert {b: c for (_m, k, b), c in bins.items() if k == "load=3"} == {
+        int(centre[0]): 1,
+        int(centre[1]): 1,
+    }
 
 
 def test_moments_are_the_regression_sums_of_requests_with_both_token_counts() -> None:
@@ -124,7 +179,9 @@ def test_rollup_sums_are_numpys() -> None:
         for i in range(n)
     ]
     batch = rollup_records(recs)
-    for _run, _metric, minute, *_key, count, total, total_sq in batch.summaries:
+    for _run, metric, minute, *_key, count, total, total_sq in batch.summaries:
+        if metric in CONDITION_METRICS:
+            continue  # a slice of the minute per condition key
         v = e2e[(np.arange(n) % 2) == minute - 1]
         assert count == v.size
         assert total == float(v.sum())

@@ -38,6 +38,7 @@ from specproxy.report.summary import (
     comparison_of,
     condition_rows,
     conditions_of,
+    conditions_span,
     crossover_text,
     fmt_ci,
     fmt_ms,
@@ -227,6 +228,8 @@ def _check_conditions(dom: _Dom, window: Any) -> None:
             assert not dom.find(**{"class": "segments", "data_treatment": treatment})
             continue
         shown_any = True
+        (span,) = dom.find(**{"class": "sub conditions-span", "data_treatment": treatment})
+        assert span[1] == conditions_span(conditions)
         for metric, found in conditions["crossover"].items():
             ((attrs, text),) = [
                 (a, t)
@@ -396,6 +399,17 @@ async def test_live_page_shows_every_arm_of_a_three_arm_result(
     assert window is not None and window["treatments"] == list(abn.TREATMENTS)
     assert best_line(window) is not None  # the fixture's run has a best line to show
     assert all(c.get("conditions") for c in window["comparisons"].values())
+    thin = [
+        band
+        for c in window["comparisons"].values()
+        for per_metric in c["conditions"]["segments"].values()  # type: ignore[index]
+        for bands in per_metric.values()
+        for band in bands
+        if band["status"] == "too_little_data"
+    ]
+    assert thin and all(b["speedup"] is None for b in thin)  # shown as such, never a number
+    # one treatment's conditions as a run read from its summaries has them: its last hour
+    window["comparisons"]["eagle"]["conditions"]["window_s"] = 3600.0  # type: ignore[index]
     store = MemoryStore(StoreConfig(url="memory://"), run_id=abn.RUN)
     await store.start()
     stored = cast(dict[str, Any], result)

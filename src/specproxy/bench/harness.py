@@ -38,10 +38,11 @@ from specproxy.bench.summary import (
     summarise,
 )
 from specproxy.bench.warmup import is_stable, per_token_latency
-from specproxy.config import MAX_ARMS, StoreConfig
+from specproxy.config import MAX_ARMS, SegmentsConfig, StoreConfig
 from specproxy.errors import ConfigError, ScrapeError
 from specproxy.loadgen import ClientResult, LoadGenerator, RequestOptions, Target
 from specproxy.prompts import Prompt, load_prompts
+from specproxy.proxy.conditions import Categories
 from specproxy.records import (
     ARM_NAME_PATTERN,
     SHORTHAND_CONTROL,
@@ -130,6 +131,8 @@ async def run_bench(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
     connector = aiohttp.TCPConnector(limit=0)
     store: BenchSink | None = None
+    # the rows' categories, bounded as the proxy bounds its header's (`SegmentsConfig`)
+    categories = Categories(SegmentsConfig().categories_max)
     async with aiohttp.ClientSession(
         timeout=timeout, connector=connector, cookie_jar=aiohttp.DummyCookieJar()
     ) as session:
@@ -180,7 +183,9 @@ async def run_bench(
                 if store is not None:
                     for r in results:
                         if r.arm is not None:
-                            store.record(r.to_record(run_id=block_id, options=options))
+                            store.record(
+                                r.to_record(run_id=block_id, options=options, categories=categories)
+                            )
                     await store.flush()
                 comparisons = {}
                 for treatment in treatments:

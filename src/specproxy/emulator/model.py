@@ -35,7 +35,7 @@ import math
 import random
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "crossover_concurrency",
     "expected_tokens_per_step",
     "leviathan_speedup",
+    "open_loop",
     "simulate",
     "steady_state",
     "tpot_of",
@@ -388,6 +389,38 @@ def closed_loop(
             if sent < requests:
                 send()
     return done, steps
+
+
+def open_loop(
+    physics: Physics,
+    requests: Iterable[tuple[float, int, int]],
+    *,
+    max_num_seqs: int = 256,
+    seed: int = 0,
+) -> list[Sequence]:
+    """An open-loop run on a virtual clock, as the emulator's server schedules it: each request
+    (arrival, prompt tokens, max tokens) arrives at its time whatever the engine's state; a step
+    is never cut short, so what arrives during it is admitted by the next one (up to
+    `max_num_seqs`, the rest waits); an idle engine starts at the next arrival. The finished
+    sequences, each with its own timings."""
+    pending = sorted(requests)
+    engine = Engine(physics, max_num_seqs=max_num_seqs)
+    done: list[Sequence] = []
+    now = pending[0][0] if pending else 0.0
+    i = 0
+    while i < len(pending) or engine.has_work:
+        while i < len(pending) and pending[i][0] <= now:
+            arrival, prompt_tokens, max_tokens = pending[i]
+            rng = random.Random(f"{seed}/{i}")
+            engine.add(Sequence(str(i), 0, prompt_tokens, max_tokens, arrival, rng, rng))
+            i += 1
+        plan = engine.plan(now)
+        if plan is None:
+            now = pending[i][0]  # idle: the next arrival wakes it
+            continue
+        now += plan.duration_s
+        done.extend(engine.complete(plan, now).finished)
+    return done
 
 
 def steady_state(done: list[Sequence], concurrency: int) -> list[Sequence]:

@@ -176,6 +176,32 @@ def _timeseries(**custom: Any) -> Json:
     }
 
 
+def _ci_band(**custom: Any) -> tuple[Json, list[Json]]:
+    """(defaults, overrides) of a speedup drawn as its estimate with the CI as a band between
+    the series named lower and upper, and a dashed line at 1; `custom`: more of the defaults'
+    and the bounds' own drawing (showPoints)."""
+    defaults = {
+        **_timeseries(thresholdsStyle={"mode": "dashed"}, **custom),
+        "color": {"fixedColor": "blue", "mode": "fixed"},
+        "thresholds": _thresholds((None, "transparent"), (1, "red")),
+    }
+    hidden: list[Json] = [{"id": "custom.lineWidth", "value": 0}]
+    if custom:
+        hidden.append({"id": "custom.showPoints", "value": "never"})
+    overrides: list[Json] = [
+        {
+            "matcher": {"id": "byName", "options": "upper"},
+            "properties": [
+                {"id": "custom.fillBelowTo", "value": "lower"},
+                {"id": "custom.fillOpacity", "value": 20},
+                *hidden,
+            ],
+        },
+        {"matcher": {"id": "byName", "options": "lower"}, "properties": hidden},
+    ]
+    return defaults, overrides
+
+
 def _arm_colors() -> list[Json]:
     return [
         {
@@ -282,7 +308,61 @@ def _verdict_panels() -> list[_Panel]:
         },
         options=_stat_options(),
     )
-    return [verdict, slowdown]
+    return [verdict, slowdown, _speedup_vs_load()]
+
+
+def _speedup_vs_load() -> _Panel:
+    """Issue 26 item 5: the treatment's TPOT speedup per load band against the band's mean calls
+    in flight (x), with its CI as a band; in the row repeated per treatment, so one curve."""
+    selector = f'{SEGMENT_SELECTOR},metric="tpot"'
+    queries = [
+        _Query(
+            f'max by (band) ({m.SEGMENT_SPEEDUP}{{{selector},dimension="load",bound="{bound}"}})',
+            bound,
+            instant=True,
+        )
+        for bound in _BOUNDS
+    ]
+    queries.append(
+        _Query(f"max by (band) ({m.SEGMENT_IN_FLIGHT}{{{selector}}})", IN_FLIGHT, instant=True)
+    )
+    defaults, overrides = _ci_band(showPoints="always")
+    return _Panel(
+        "trend",
+        "TPOT speedup vs load ($arm)",
+        "Median TPOT speedup (control / treatment) of the requests in each load band, placed at"
+        " the band's mean calls in flight per engine, with its CI as a band (whole-run window,"
+        " all models: a run read from its summaries, its last hour). Below 1 the treatment"
+        " costs time; a band with too little data has no point. The crossover load is in the"
+        " 'Speedup by condition' row.",
+        queries,
+        unit="x",
+        width=8,
+        height=5,
+        defaults=defaults,
+        overrides=[
+            *overrides,
+            {
+                "matcher": {"id": "byName", "options": IN_FLIGHT},
+                "properties": [{"id": "unit", "value": "short"}],
+            },
+        ],
+        options={**_legend_options(), "xField": IN_FLIGHT},
+        transformations=[
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True, "band": True},
+                    "renameByName": {
+                        f"Value #{chr(ord('A') + i)}": name
+                        for i, name in enumerate((*_BOUNDS, IN_FLIGHT))
+                    },
+                },
+            },
+            {"id": "sortBy", "options": {"sort": [{"field": IN_FLIGHT}]}},
+        ],
+    )
 
 
 def _overview_panels() -> list[_Panel]:
@@ -381,6 +461,7 @@ def _overview_panels() -> list[_Panel]:
 
 def _speedup_over_time_panels() -> list[_Panel]:
     panels: list[_Panel] = []
+    band_defaults, band_overrides = _ci_band()
     for metric, title in COMPARED_METRICS:
         selector = f'{STATS_SELECTOR},metric="{metric}",statistic="$statistic"'
         panels.append(
@@ -395,24 +476,9 @@ def _speedup_over_time_panels() -> list[_Panel]:
                 ],
                 unit="x",
                 width=8,
-                defaults={
-                    **_timeseries(thresholdsStyle={"mode": "dashed"}),
-                    "color": {"fixedColor": "blue", "mode": "fixed"},
-                    "thresholds": _thresholds((None, "transparent"), (1, "red")),
-                },
+                defaults=band_defaults,
                 overrides=[
-                    {
-                        "matcher": {"id": "byName", "options": "upper"},
-                        "properties": [
-                            {"id": "custom.fillBelowTo", "value": "lower"},
-                            {"id": "custom.fillOpacity", "value": 20},
-                            {"id": "custom.lineWidth", "value": 0},
-                        ],
-                    },
-                    {
-                        "matcher": {"id": "byName", "options": "lower"},
-                        "properties": [{"id": "custom.lineWidth", "value": 0}],
-                    },
+                    *band_overrides,
                     {
                         "matcher": {"id": "byName", "options": "estimate"},
                         "properties": [{"id": "custom.lineWidth", "value": 2}],
@@ -429,6 +495,7 @@ SEGMENT_DIMENSIONS = ("load", "prompt", "output", "temperature", "category")
 # only, so they follow the Treatment variable but not $model / $window.
 SEGMENT_SELECTOR = 'arm=~"$arm"'
 _BOUNDS = ("estimate", "lower", "upper")
+IN_FLIGHT = "calls in flight"
 
 
 def _bound_table(title: str, description: str, exprs: list[str], unit: str, first: str) -> _Panel:

@@ -22,18 +22,20 @@ import numpy.typing as npt
 from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.records import Arm, EngineSample
 from specproxy.report import figures
-from specproxy.report.analysis import (
-    in_flight_at_start,
-    load_at,
-    mean_position_acceptance,
-    speedup_by_load,
-)
-from specproxy.report.data import FloatArray, ReportData
+from specproxy.report.analysis import mean_position_acceptance
+from specproxy.report.data import ReportData
 from specproxy.report.html import render_html
-from specproxy.report.summary import arm_figures, arms_of, main_window, shown_arms
+from specproxy.report.summary import (
+    arm_figures,
+    arms_of,
+    conditions_of,
+    conditions_span,
+    main_window,
+    shown_arms,
+)
 from specproxy.stats.job.rows import ROW_READ, usable_mask
 from specproxy.stats.job.tick import configs_of, warmup_rule
-from specproxy.stats.result import METRIC_COLUMNS, StatsResult, run_arms
+from specproxy.stats.result import METRIC_COLUMNS, StatsResult, WindowResult, run_arms
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 from specproxy.store.contract import Export, History, StatsStore, SummaryReader
 from specproxy.store.factory import open_store
@@ -184,7 +186,6 @@ def _gather(
         history=[],
         latency={metric: {} for metric in METRIC_COLUMNS},
         t_start={},
-        e2e_aligned={},
         excluded_warmup={},
         excluded_failed={},
         shadows={},
@@ -204,7 +205,6 @@ def _gather(
         data.excluded_failed[arm] = failed
         data.shadows[arm] = int(np.sum(np.asarray(a["shadow"], dtype=bool)))
         data.t_start[arm] = np.asarray(a["t_start"], dtype=np.float64)[keep]
-        data.e2e_aligned[arm] = np.asarray(a["e2e_s"], dtype=np.float64)[keep]
         for metric, column in METRIC_COLUMNS.items():
             values = np.asarray(a[column], dtype=np.float64)[keep]
             data.latency[metric][arm] = values[np.isfinite(values) & (values > 0)]
@@ -311,7 +311,7 @@ def _draw(data: ReportData) -> None:
     window = main_window(data.stats)
     # the acceptance and load figures: the control against the first treatment (A/B/n: every
     # treatment's speedups by condition are in the HTML's "By condition" section)
-    control, treatments = arms_of(window) if window is not None else ("baseline", ["speculative"])
+    _control, treatments = arms_of(window) if window is not None else ("baseline", ["speculative"])
     treatment = treatments[0]
     data.positions = mean_position_acceptance(data.engine, arm=treatment)
     rate = arm_figures(window, treatment)["acceptance_rate"] if window is not None else None
@@ -320,57 +320,43 @@ def _draw(data: ReportData) -> None:
         overall=rate,
         title=f"Draft acceptance per position ({treatment} arm)",
     )
-    _load_figure(data, control, treatment)
+    _load_figure(data, window, treatment)
 
 
-def _load_figure(data: ReportData, control: str, treatment: str) -> None:
-    spec_t = data.t_start.get(treatment, np.array([]))
-    base_t = data.t_start.get(control, np.array([]))
-    spec_e2e_all = _aligned_e2e(data, treatment)
-    base_e2e_all = _aligned_e2e(data, control)
-    has_running = any(s.requests_running is not None for s in data.engine)
-    if has_running:
-        spec_load, base_load = load_at(spec_t, data.engine), load_at(base_t, data.engine)
-        data.load_source = "vLLM requests running (mean over arms, last scrape before arrival)"
-    else:
-        all_t = np.concatenate([spec_t, base_t])
-        all_e = np.concatenate([spec_e2e_all, base_e2e_all])
-        inflight = in_flight_at_start(all_t, all_e)
-        spec_load, base_load = inflight[: spec_t.size], inflight[spec_t.size :]
-        data.load_source = "requests in flight through the proxy at arrival (both arms)"
-    bins = speedup_by_load(
-        spec_load,
-        spec_e2e_all,
-        base_load,
-        base_e2e_all,
-        rng=np.random.default_rng(data.settings.seed),
-        confidence=data.settings.confidence,
-    )
+def _load_figure(data: ReportData, window: WindowResult | None, treatment: str) -> None:
+    """The treatment's TPOT speedup per load band as the stats result has it (its conditions:
+    each arm's own calls in flight at its engine, the block bootstrap's CI), each band at its
+    requests' mean load; a band with too little data is not drawn."""
+    conditions = conditions_of(window, treatment) if window is not None else None
+    bands = conditions["segments"].get("load", {}).get("tpot", []) if conditions else []
     data.load_bins = [
         {
-            "load": b.load,
-            "estimate": b.estimate,
-            "lower": b.lower,
-            "upper": b.upper,
-            "n_speculative": b.n_speculative,
-            "n_baseline": b.n_baseline,
+            "band": band["band"],
+            "load": band["load"],
+            "estimate": band["speedup"],
+            "lower": band["lower"],
+            "upper": band["upper"],
+            "n_control": band["n"]["control"],
+            "n_treatment": band["n"]["treatment"],
         }
-        for b in bins
+        for band in bands
+        if band["status"] == "ok"
+        and band.get("load") is not None
+        and None not in (band["speedup"], band["lower"], band["upper"])
     ]
+    span = conditions_span(conditions) if conditions else ""
+    data.load_source = f"load bands of the stats result, {span}" if conditions else ""
+    bins = data.load_bins
     data.figures["speedup_load"] = figures.speedup_vs_load_png(
-        [b.load for b in bins],
-        [b.estimate for b in bins],
-        [b.lower for b in bins],
-        [b.upper for b in bins],
-        [b.n_speculative + b.n_baseline for b in bins],
-        xlabel=f"load: {data.load_source}",
-        title="Median E2E speedup against load"
-        + ("" if (control, treatment) == ("baseline", "speculative") else f" ({treatment})"),
+        [float(b["load"]) for b in bins],
+        [float(b["estimate"]) for b in bins],
+        [float(b["lower"]) for b in bins],
+        [float(b["upper"]) for b in bins],
+        [int(b["n_control"]) + int(b["n_treatment"]) for b in bins],
+        xlabel="calls in flight per engine when sent (each arm's own)",
+        title="Median TPOT speedup against load"
+        + ("" if treatment == "speculative" else f" ({treatment})"),
     )
-
-
-def _aligned_e2e(data: ReportData, arm: str) -> FloatArray:
-    return data.e2e_aligned.get(arm, np.array([], dtype=np.float64))
 
 
 def speedup_series(

@@ -7,6 +7,7 @@ without importing each other.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +31,6 @@ class ReportData:
     history: list[tuple[float, StatsResult]]
     latency: dict[str, dict[str, FloatArray]]  # metric -> arm -> values used
     t_start: dict[str, FloatArray]  # arm -> start times of the requests used
-    e2e_aligned: dict[str, FloatArray]  # arm -> E2E of those requests, same order as t_start
     excluded_warmup: dict[str, int]
     excluded_failed: dict[str, int]
     shadows: dict[str, int]
@@ -40,6 +40,6 @@ class ReportData:
     span: tuple[float, float] | None
     figures: dict[str, bytes] = field(default_factory=dict)
     load_source: str = ""
-    load_bins: list[dict[str, float]] = field(default_factory=list)
+    load_bins: list[dict[str, Any]] = field(default_factory=list)  # the result's load bands
     positions: tuple[float, ...] = ()
     recomputed: bool = False  # True when the stats were computed for the report

@@ -166,7 +166,8 @@ def speedup_vs_load_png(
     xlabel: str,
     title: str,
 ) -> bytes:
-    """Median-E2E speedup per load bin with its CI; speculation usually fades under load."""
+    """A median speedup per load band (at its mean load) with its CI; speculation usually
+    fades under load."""
     fig, ax = _figure()
     if len(load):
         est = np.asarray(estimate, dtype=np.float64)
@@ -178,7 +179,7 @@ def speedup_vs_load_png(
     else:
         _empty(ax)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("median E2E speedup")
+    ax.set_ylabel("median speedup")
     ax.set_title(title)
     return _png(fig)
 

@@ -25,6 +25,7 @@ from specproxy.report.summary import (
     comparison_of,
     condition_rows,
     conditions_of,
+    conditions_span,
     crossover_text,
     fmt_ci,
     fmt_ms,
@@ -86,7 +87,8 @@ _FIGURES = [
     ("acceptance", "Share of drafts accepted at each draft position, averaged over the scrapes."),
     (
         "speedup_load",
-        "Median E2E speedup per load level (quantile bins of load), with bootstrap CIs.",
+        "Median TPOT speedup per load band (each arm's own calls in flight), with its CI, as"
+        " the stats result has it; a band with too little data is not drawn.",
     ),
 ]
 
@@ -271,7 +273,7 @@ def _diagnosis(window: WindowResult) -> list[str]:
 
 def _conditions(window: WindowResult) -> list[str]:
     """Each treatment's crossover per metric and its median speedup per condition band, where
-    the window has them (the whole run of all models, read from rows)."""
+    the window has them (the whole-run window of all models), and the span they cover."""
     _, treatments = arms_of(window)
     held = [(t, conditions_of(window, t)) for t in treatments]
     if not any(c for _, c in held):
@@ -285,7 +287,12 @@ def _conditions(window: WindowResult) -> list[str]:
         if not conditions:
             continue
         t = _e(treatment)
-        out += [_heading(window, treatment), f"<ul class='crossover' data-treatment='{t}'>"]
+        out += [
+            _heading(window, treatment),
+            f"<p class='sub conditions-span' data-treatment='{t}'>"
+            f"{_e(conditions_span(conditions))}</p>",
+            f"<ul class='crossover' data-treatment='{t}'>",
+        ]
         for metric, found in conditions["crossover"].items():
             label = METRICS.get(metric, metric)
             out.append(
@@ -357,8 +364,9 @@ def _methodology(data: ReportData, window: WindowResult | None) -> list[str]:
         ),
         (
             "Speedup against load",
-            f"load = {data.load_source}; bins are load quantiles, CI by "
-            "a percentile bootstrap of the median ratio within each bin",
+            f"{data.load_source or 'no load recorded'}: each arm's own calls in flight at its"
+            " engine when a request was sent; per band the median's speedup and its time-block"
+            " bootstrap CI, as GET /api/stats has them",
         ),
         (
             "Source",

@@ -41,6 +41,7 @@ __all__ = [
     "comparison_of",
     "condition_rows",
     "conditions_of",
+    "conditions_span",
     "crossover_text",
     "diagnosis_lines",
     "fmt_ci",
@@ -212,6 +213,15 @@ def crossover_text(found: CrossoverResult) -> str:
         f"{_load(found['upper'])}]: {fmt_ratio(found['speedup_below'])} below, "
         f"{fmt_ratio(found['speedup_above'])} above"
     )
+
+
+def conditions_span(conditions: Conditions) -> str:
+    """Which requests a treatment's speedups by condition cover, as the views say it: the whole
+    run (read as rows), else its last minutes (the summaries keep the conditions an hour)."""
+    window = conditions.get("window_s")
+    if window is None:
+        return "over the whole run"
+    return f"over the last {window / 60:g} min"
 
 
 def condition_rows(

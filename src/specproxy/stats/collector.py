@@ -85,6 +85,12 @@ class StatsCollector(Collector):
             " temperature, category) with its CI bounds; no series while too little data.",
             labels=["model", "window", "arm", "metric", "dimension", "band", "bound"],
         )
+        in_flight = GaugeMetricFamily(
+            names.SEGMENT_IN_FLIGHT,
+            "Mean calls in flight per engine of a load band's requests (both arms): where its"
+            " speedup was measured (speedup vs load).",
+            labels=["model", "window", "arm", "metric", "band"],
+        )
         crossover = GaugeMetricFamily(
             names.CROSSOVER_LOAD,
             "Calls in flight per engine at which the speedup crosses 1, with its CI bounds;"
@@ -142,25 +148,31 @@ class StatsCollector(Collector):
                         counts.update(comparison["samples"])
                         _add_comparison([model, window, arm], comparison, families)
                         found = cast(Mapping[str, Any], comparison).get("conditions")
-                        _conditions(segment, crossover, [model, window, arm], found)
+                        _conditions(segment, in_flight, crossover, [model, window, arm], found)
                     for arm, n in counts.items():
                         samples.add_metric([model, window, arm], float(n))
         yield from (speedup, samples, verdict, gate, slowdown, tokens_per_step, break_even)
-        yield from (segment, crossover, last_run, data_lag, future_rows, ramp_step, ramp_moves)
+        yield from (segment, in_flight, crossover, last_run, data_lag, future_rows)
+        yield from (ramp_step, ramp_moves)
 
 
 def _conditions(
     segment: GaugeMetricFamily,
+    in_flight: GaugeMetricFamily,
     crossover: GaugeMetricFamily,
     key: list[str],
     conditions: Conditions | None,
 ) -> None:
-    """One treatment's band speedups and crossover; `key` = [model, window, arm]."""
+    """One treatment's band speedups, its load bands' loads and its crossover; `key` = [model,
+    window, arm]."""
     if conditions is None:
         return
     for dimension, per_metric in conditions["segments"].items():
         for metric, bands in per_metric.items():
             for band in bands:
+                load = band.get("load")
+                if load is not None and band["speedup"] is not None:
+                    in_flight.add_metric([*key, metric, band["band"]], load)
                 for bound, value in (
                     ("estimate", band["speedup"]),
                     ("lower", band["lower"]),

@@ -329,7 +329,8 @@ class Comparison(WindowComparison):
     treatment: str
     excluded_warmup: dict[str, int]  # per arm of the comparison
     gate: NotRequired[Gate]
-    # speedups by condition and the crossover (the whole-run window of all models, from rows)
+    # speedups by condition and the crossover (the whole-run window of all models, from its
+    # condition summaries: the store's keys, or a small run's rows keyed alike)
     conditions: NotRequired[Conditions | None]
 
 
@@ -373,6 +374,9 @@ class BandSpeedup(TypedDict):
     speedup: float | None
     lower: float | None
     upper: float | None
+    # load bands: the mean calls in flight of the band's requests, both arms (where the
+    # speedup was measured: "speedup vs load"); absent for the other conditions
+    load: NotRequired[float]
 
 
 class CrossoverGroup(TypedDict):
@@ -408,6 +412,9 @@ class Conditions(TypedDict):
     segments: dict[str, dict[str, list[BandSpeedup]]]
     crossover: dict[str, CrossoverResult]
     summary: str | None
+    # the span they cover: None for the whole run (a run read as rows), else the last seconds
+    # of it (a run read from its summaries: the conditions' rollups are kept an hour)
+    window_s: NotRequired[float | None]
 
 
 class WindowResult(WindowComparison):

@@ -11,7 +11,7 @@ samples of a window; `Pairs` the mirrored pairs, the one input that stays per re
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,6 +106,34 @@ class ArmSample:
             np.zeros(units, dtype=np.int64),
             np.zeros(units),
             unit_s=unit_s,
+        )
+
+    @classmethod
+    def merged(cls, parts: Sequence[ArmSample]) -> ArmSample:
+        """The sample of the values of every part: parts of one window (the same units, unit
+        length, pieces and grid), such as a band's condition keys (`stats.segments`)."""
+        if not parts:
+            raise ValueError("nothing to merge")
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        unit_n = np.sum([p.unit_n for p in parts], axis=0).astype(np.int64)
+        unit_sum = np.sum([p.unit_sum for p in parts], axis=0).astype(np.float64)
+        series = None
+        if first.series is not None:  # per-unit log mean, as the window's own (`frame`)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                series = np.where(unit_n > 0, np.log(unit_sum / np.maximum(unit_n, 1)), np.nan)
+        return cls(
+            units=first.units,
+            unit=np.concatenate([p.unit for p in parts]),
+            bins=np.concatenate([p.bins for p in parts]),
+            counts=np.concatenate([p.counts for p in parts]),
+            unit_n=unit_n,
+            unit_sum=unit_sum,
+            unit_s=first.unit_s,
+            piece_units=first.piece_units,
+            series=series,
+            grid_error=max(p.grid_error for p in parts),
         )
 
     @property

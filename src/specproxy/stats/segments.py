@@ -1,11 +1,14 @@
 """Where speculation helps: the speedup by the conditions each request met, and the crossover.
 
 Each request carries its conditions (`records.RequestRecord`: calls in flight at its engine when
-it was sent, prompt and output tokens, temperature, category). One condition at a time (no cross
-product), its requests fall into bands, and each band of each arm becomes an `ArmSample` over the
-window's time units, compared by the same block bootstrap as the whole window
-(`estimate.blockboot`): the median's speedup with its interval and the n behind it. A band where
-either arm holds fewer than `MIN_BAND_REQUESTS` says "too_little_data" and shows no number.
+it was sent, prompt and output tokens, temperature, category), and is summarised under a key per
+condition (`summary.conditions`: "load=7", "prompt=<128", "category=code", ...) beside its
+model's summaries, on the coarse grid. A window's condition summaries (`ConditionSource`: from
+the store, or built the same way from a small run's rows, `stats.job.rows`) give each band of
+each arm as an `ArmSample`, the one sample form, compared by the same block bootstrap as the
+whole window (`estimate.blockboot`): the median's speedup with its interval and the n behind it.
+One condition at a time (no cross product). A band where either arm holds fewer than
+`MIN_BAND_REQUESTS` says "too_little_data" and shows no number.
 
 Bands (a request without the condition is in none of its bands):
   load         1, 2-3, 4-7, 8-15, 16-31, 32+ (each arm's own calls in flight at its engine)
@@ -19,23 +22,34 @@ Comparing within a load band compares like with like: each arm's band holds its 
 met that load on its own engine, so a treatment that is faster (and so holds fewer requests in
 flight at the same arrival rate) is compared with the control at the load each actually served.
 
-Pure numpy, from the rows of a window (`stats.job.rows`); the crossover: `estimate.crossover`.
+The crossover (`estimate.crossover`) of a run read as rows takes each request at its own load and
+latency; from the summaries it reads each load key's sample as cells per time unit, at the key's
+middle (`summary.conditions.key_load`), its bounds widened by the binning's bound on their log
+latencies and by half the key's width.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from specproxy.stats.estimate.blockboot import block_speedup_intervals
-from specproxy.stats.estimate.crossover import LoadSample, crossover
+from specproxy.stats.estimate.crossover import LoadSample, binned_log_error, crossover
 from specproxy.stats.result import BandSpeedup, Conditions, CrossoverResult
 from specproxy.stats.sample import ArmSample
+from specproxy.summary.conditions import (
+    DIMENSIONS,
+    EDGES,
+    TEMPERATURE_BANDS,
+    edge_band,
+    edge_names,
+    key_load,
+    key_load_error,
+    split_key,
+)
 
 __all__ = [
     "CATEGORIES_MAX",
@@ -43,149 +57,74 @@ __all__ = [
     "LOAD_COLUMN",
     "MIN_BAND_REQUESTS",
     "SEGMENT_METRICS",
-    "ArmRows",
-    "band_labels",
+    "ConditionSource",
+    "band_keys",
     "conditional",
     "crossover_words",
-    "edge_bands",
-    "temperature_bands",
 ]
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-Labels = npt.NDArray[np.object_]
 
 MIN_BAND_REQUESTS: Final = 30
 CATEGORIES_MAX: Final = 16
-LOAD_COLUMN: Final = "endpoint_in_flight"
-SEGMENT_METRICS: Final[dict[str, str]] = {"e2e": "e2e_s", "tpot": "tpot_s"}
+LOAD_COLUMN: Final = EDGES["load"][0]
+SEGMENT_METRICS: Final = ("e2e", "tpot")
 STATISTIC: Final = "median"
-DIMENSIONS: Final = ("load", "prompt", "output", "temperature", "category")
-_EDGES: Final[dict[str, tuple[str, tuple[int, ...]]]] = {
-    "load": (LOAD_COLUMN, (1, 2, 4, 8, 16, 32)),
-    "prompt": ("prompt_tokens", (1, 128, 512, 2048, 8192)),
-    "output": ("output_tokens", (1, 32, 128, 512, 2048)),
-}
-TEMPERATURE_BANDS: Final = ("0", "(0,0.5]", "(0.5,1]", ">1", "default")
+OTHER: Final = "other"
 
 
-def edge_bands(values: FloatArray, edges: tuple[int, ...], *, first_is_below: bool) -> Labels:
-    """Each value's band between consecutive `edges` ("2-3", "32+"; the first "<128" when
-    `first_is_below`, else "1" or "1-127"); "" where the value is missing or below the first."""
-    v = np.asarray(values, dtype=np.float64)
-    names = []
-    for i, lo in enumerate(edges):
-        if i == len(edges) - 1:
-            names.append(f"{lo}+")
-        elif first_is_below and i == 0:
-            names.append(f"<{edges[1]}")
-        else:
-            hi = edges[i + 1] - 1
-            names.append(str(lo) if hi == lo else f"{lo}-{hi}")
-    out = np.full(v.size, "", dtype=object)
-    ok = np.isfinite(v) & (v >= edges[0])
-    at = np.searchsorted(np.asarray(edges, dtype=np.float64), v[ok], side="right") - 1
-    out[ok] = np.asarray(names, dtype=object)[at]
-    return out
+class ConditionSource(Protocol):
+    """One arm's condition summaries over a window (`stats.job.frame.ConditionSamples`)."""
+
+    def keys(self, metric: str) -> list[str]: ...
+
+    def count(self, metric: str, key: str) -> int: ...
+
+    def sample(self, metric: str, keys: frozenset[str]) -> ArmSample: ...
 
 
-def temperature_bands(values: FloatArray) -> Labels:
-    """0, (0,0.5], (0.5,1], >1; "default" where the request gave none."""
-    t = np.asarray(values, dtype=np.float64)
-    out = np.full(t.size, "default", dtype=object)
-    given = np.isfinite(t)
-    out[given & (t == 0)] = "0"
-    out[given & (t > 0) & (t <= 0.5)] = "(0,0.5]"
-    out[given & (t > 0.5) & (t <= 1)] = "(0.5,1]"
-    out[given & (t > 1)] = ">1"
-    return out
+def _band_of(dim: str, value: str) -> str:
+    """The band a condition key's value lies in (load keys: by the load they stand for)."""
+    if dim == "load":
+        return edge_band("load", key_load(int(value))) or ""
+    return value
 
 
-def _category_bands(both: tuple[npt.NDArray[Any], npt.NDArray[Any]]) -> tuple[Labels, Labels]:
-    """The window's `CATEGORIES_MAX` most frequent categories (ties by name), the rest "other";
-    "" where none was given. Bounded again here: each proxy bounded its own."""
-    joined = [c for arm in both for c in arm.tolist() if isinstance(c, str) and c]
-    names, counts = np.unique(np.asarray(joined, dtype=object), return_counts=True)
-    ranked = sorted(zip(names.tolist(), counts.tolist(), strict=True), key=lambda p: (-p[1], p[0]))
-    kept = {name for name, _ in ranked[:CATEGORIES_MAX]}
-
-    def label(arm: npt.NDArray[Any]) -> Labels:
-        return np.array(
-            [("" if not (isinstance(c, str) and c) else c if c in kept else "other") for c in arm],
-            dtype=object,
-        )
-
-    return label(both[0]), label(both[1])
-
-
-@dataclass(frozen=True, slots=True)
-class ArmRows:
-    """One arm's usable primary requests of a window: each one's time unit (0..units-1) and its
-    columns (`stats.job.rows.ROW_COLUMNS`)."""
-
-    unit: IntArray
-    columns: Mapping[str, npt.NDArray[Any]]
-
-    @classmethod
-    def of(
-        cls,
-        arrays: Mapping[str, npt.NDArray[Any]],
-        *,
-        lo: int,
-        hi: int,
-        unit_s: float,
-        excluded: set[int],
-    ) -> ArmRows:
-        """The primary rows in units [lo, hi] of `unit_s` seconds, less the `excluded` ones."""
-        primary = ~np.asarray(arrays["shadow"], dtype=bool)
-        unit = np.floor(np.asarray(arrays["t_start"], dtype=np.float64) / unit_s).astype(np.int64)
-        keep = primary & (unit >= lo) & (unit <= hi)
-        if excluded:
-            keep &= ~np.isin(unit, sorted(excluded))
-        return cls(unit[keep] - lo, {c: np.asarray(a)[keep] for c, a in arrays.items()})
-
-    def text(self, name: str) -> npt.NDArray[Any]:
-        """A text column (None where missing, or where the rows lack the column)."""
-        values = self.columns.get(name)
-        return values if values is not None else np.full(self.unit.size, None, dtype=object)
-
-    def column(self, name: str) -> FloatArray:
-        values = self.columns.get(name)
-        if values is None:
-            return np.full(self.unit.size, np.nan)
-        return np.array([np.nan if v is None else v for v in values.tolist()], dtype=np.float64)
-
-
-def band_labels(control: ArmRows, treatment: ArmRows) -> dict[str, tuple[Labels, Labels]]:
-    """Per dimension each arm's band of each request ("": in none)."""
-    out: dict[str, tuple[Labels, Labels]] = {}
-    for dim, (column, edges) in _EDGES.items():
-        below = dim != "load"
-        out[dim] = (
-            edge_bands(control.column(column), edges, first_is_below=below),
-            edge_bands(treatment.column(column), edges, first_is_below=below),
-        )
-    out["temperature"] = (
-        temperature_bands(control.column("temperature")),
-        temperature_bands(treatment.column("temperature")),
-    )
-    out["category"] = _category_bands((control.text("category"), treatment.text("category")))
-    return out
-
-
-def _band_order(dim: str, names: set[str]) -> list[str]:
-    if dim == "temperature":
-        return [b for b in TEMPERATURE_BANDS if b in names]
-    if dim in _EDGES:
-        return sorted(names, key=lambda b: int(b.lstrip("<").split("-")[0].rstrip("+")))
-    return sorted(names, key=lambda b: (b == "other", b))
+def band_keys(
+    dim: str, keys: list[str], counts: dict[str, int]
+) -> list[tuple[str, frozenset[str]]]:
+    """(band, the keys it gathers) of one dimension, in the bands' order. Categories: the
+    `CATEGORIES_MAX` with the most requests (`counts`, ties by name), the rest "other" (each
+    proxy bounded its own, and their union may hold more)."""
+    values = [split_key(k)[1] for k in keys if split_key(k)[0] == dim]
+    by_band: dict[str, set[str]] = {}
+    if dim == "category":
+        ranked = sorted(values, key=lambda v: (-counts.get(f"category={v}", 0), v))
+        kept = {v for v in ranked[:CATEGORIES_MAX] if v != OTHER}
+        for v in values:
+            by_band.setdefault(v if v in kept else OTHER, set()).add(f"{dim}={v}")
+        order = sorted(by_band, key=lambda b: (b == OTHER, b))
+    else:
+        for v in values:
+            band = _band_of(dim, v)
+            if band:
+                by_band.setdefault(band, set()).add(f"{dim}={v}")
+        names = TEMPERATURE_BANDS if dim == "temperature" else edge_names(dim)
+        order = [b for b in names if b in by_band]
+    return [(band, frozenset(by_band[band])) for band in order]
 
 
 def _speedup(
     c: ArmSample, t: ArmSample, rng: np.random.Generator, resamples: int, confidence: float
-) -> tuple[str, float | None, float | None, float | None]:
+) -> BandSpeedup:
+    out: BandSpeedup = {
+        "band": "",
+        "n": {"control": c.n, "treatment": t.n},
+        "status": "too_little_data",
+        "speedup": None,
+        "lower": None,
+        "upper": None,
+    }
     if c.n < MIN_BAND_REQUESTS or t.n < MIN_BAND_REQUESTS:
-        return "too_little_data", None, None, None
+        return out
     found = block_speedup_intervals(
         c, t, statistics=(STATISTIC,), rng=rng, resamples=resamples, confidence=confidence
     ).intervals[STATISTIC]
@@ -194,7 +133,11 @@ def _speedup(
     def finite(x: float) -> float | None:
         return float(x) if math.isfinite(x) else None
 
-    return "ok", finite(shown.estimate), finite(shown.lower), finite(shown.upper)
+    out["status"] = "ok"
+    out["speedup"] = finite(shown.estimate)
+    out["lower"] = finite(shown.lower)
+    out["upper"] = finite(shown.upper)
+    return out
 
 
 def crossover_words(found: CrossoverResult, metric: str = "TPOT") -> str | None:
@@ -223,52 +166,91 @@ def crossover_words(found: CrossoverResult, metric: str = "TPOT") -> str | None:
 
 
 def conditional(
-    control: ArmRows,
-    treatment: ArmRows,
+    control: ConditionSource,
+    treatment: ConditionSource,
     *,
     units: int,
-    unit_s: float,
     rng: np.random.Generator,
     resamples: int,
     confidence: float,
+    loads: Mapping[str, tuple[LoadSample, LoadSample]] | None = None,
 ) -> Conditions:
-    """The window's speedups by condition band and its crossover loads (module docstring)."""
-    labels = band_labels(control, treatment)
+    """The window's speedups by condition band and its crossover loads (module docstring).
+    `units`: the window's time units (the samples' own). `loads`: per metric (control,
+    treatment) cells of each request at its own load and latency (a run read as rows), for the
+    crossover; else it reads the load keys' samples."""
     segments: dict[str, dict[str, list[BandSpeedup]]] = {}
     crossovers: dict[str, CrossoverResult] = {}
-    for metric, column in SEGMENT_METRICS.items():
-        c_values, t_values = control.column(column), treatment.column(column)
-        c_ok = np.isfinite(c_values) & (c_values > 0)
-        t_ok = np.isfinite(t_values) & (t_values > 0)
+    for metric in SEGMENT_METRICS:
+        # a stream each for the bands and the crossover: the bands draw the same replicates
+        # whichever cells the crossover reads (rows or summaries)
+        band_rng, load_rng = rng.spawn(2)
+        keys = sorted(set(control.keys(metric)) | set(treatment.keys(metric)))
+        counts = {
+            k: control.count(metric, k) + treatment.count(metric, k)
+            for k in keys
+            if split_key(k)[0] == "category"
+        }
+        cells: tuple[LoadSample, LoadSample] | None = None
+        piece_units, log_error = 1, 0.0
         for dim in DIMENSIONS:
-            c_bands, t_bands = labels[dim]
-            names = {b for b in (*c_bands.tolist(), *t_bands.tolist()) if b}
+            # each key's sample once (one pass over its summaries), a band the merge of its keys'
+            members_of = band_keys(dim, keys, counts)
+            each = {
+                arm: {k: source.sample(metric, frozenset({k})) for _b, ks in members_of for k in ks}
+                for arm, source in (("control", control), ("treatment", treatment))
+            }
             bands: list[BandSpeedup] = []
-            for band in _band_order(dim, names):
-                c_in, t_in = c_ok & (c_bands == band), t_ok & (t_bands == band)
-                c = ArmSample.from_values(c_values[c_in], control.unit[c_in], units, unit_s)
-                t = ArmSample.from_values(t_values[t_in], treatment.unit[t_in], units, unit_s)
-                status, est, lo, hi = _speedup(c, t, rng, resamples, confidence)
-                bands.append(
-                    {
-                        "band": band,
-                        "n": {"control": c.n, "treatment": t.n},
-                        "status": "ok" if status == "ok" else "too_little_data",
-                        "speedup": est,
-                        "lower": lo,
-                        "upper": hi,
-                    }
+            for band, members in members_of:
+                found = _speedup(
+                    ArmSample.merged([each["control"][k] for k in sorted(members)]),
+                    ArmSample.merged([each["treatment"][k] for k in sorted(members)]),
+                    band_rng,
+                    resamples,
+                    confidence,
                 )
+                found["band"] = band
+                if dim == "load":  # where it was measured: the band's mean calls in flight
+                    weights = [
+                        (key_load(int(split_key(k)[1])), each[arm][k].n)
+                        for arm in ("control", "treatment")
+                        for k in members
+                    ]
+                    total = sum(n for _x, n in weights)
+                    if total:
+                        found["load"] = sum(x * n for x, n in weights) / total
+                bands.append(found)
             segments.setdefault(dim, {})[metric] = bands
-        found = crossover(
-            LoadSample.of(control.column(LOAD_COLUMN), control.unit, c_values),
-            LoadSample.of(treatment.column(LOAD_COLUMN), treatment.unit, t_values),
-            units=units,
-            rng=rng,
-            resamples=resamples,
-            confidence=confidence,
-        )
-        crossovers[metric] = found.to_dict()
+            if dim == "load" and each["control"]:
+                # the crossover's cells: each load key's sample at the load it stands for
+                c_cells, t_cells = (
+                    LoadSample.joined(
+                        LoadSample.of_sample(key_load(int(split_key(k)[1])), sample)
+                        for k, sample in each[arm].items()
+                    )
+                    for arm in ("control", "treatment")
+                )
+                cells = (c_cells, t_cells)
+                some = next(iter(each["control"].values()))
+                piece_units, log_error = some.piece_units, binned_log_error(some)
+        exact = loads.get(metric) if loads is not None else None
+        if exact is not None:
+            found_load = crossover(
+                *exact, units=units, rng=load_rng, resamples=resamples, confidence=confidence
+            )
+        else:
+            empty = LoadSample.joined([])
+            found_load = crossover(
+                *(cells or (empty, empty)),
+                units=units,
+                rng=load_rng,
+                resamples=resamples,
+                confidence=confidence,
+                piece_units=piece_units,
+                log_error=log_error,
+                load_error=key_load_error,
+            )
+        crossovers[metric] = found_load.to_dict()
     tpot = crossovers.get("tpot")
     return {
         "statistic": STATISTIC,

@@ -141,7 +141,7 @@ class MemoryStore(BufferedStore):
         taken_blocks = [
             (k[1], k[2], k[4], k[5], self._blocks.pop(k)[1])
             for k in list(self._blocks)
-            if k[0] == run_id and k[3] == MINUTE_SPAN and k[2] < bounds.hours_before
+            if k[0] == run_id and k[3] == MINUTE_SPAN and k[2] < bounds.blocks_before(k[1])
         ]
 
         def fine(key: Row) -> bool:

@@ -85,7 +85,7 @@ from specproxy.store.schema import (
     request_row,
 )
 from specproxy.summary.engine import EngineAggregate, StoredView
-from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.minute import STORED_METRICS
 from specproxy.summary.tiering import CompactionBounds
 
 if TYPE_CHECKING:
@@ -260,15 +260,24 @@ class PostgresStore(BufferedStore):
             sums: list[Any] = []
             bins: list[Any] = []
             sums_sql, bins_sql = delete_fine_returning_sql("postgresql")
-            for metric in ROLLUP_METRICS:
+            for metric in STORED_METRICS:
                 blocks += await conn.fetch(
-                    delete_blocks_returning_sql("postgresql"), run_id, metric, bounds.hours_before
+                    delete_blocks_returning_sql("postgresql"),
+                    run_id,
+                    metric,
+                    bounds.blocks_before(metric),
                 )
                 sums += await conn.fetch(sums_sql, run_id, metric, bounds.fine_before)
                 bins += await conn.fetch(bins_sql, run_id, metric, bounds.fine_before)
             targets = {
-                (m, *bounds.target(minute), mo, a) for m, minute, mo, a, *_ in [*sums, *bins]
-            } | {(m, st - st % 60, 60, mo, a) for m, st, mo, a, _b in blocks}
+                (m, *bounds.target(minute), mo, a)
+                for m, minute, mo, a, *_ in [*sums, *bins]
+                if not bounds.dropped(m, minute)
+            } | {
+                (m, st - st % 60, 60, mo, a)
+                for m, st, mo, a, _b in blocks
+                if not bounds.dropped(m, st)
+            }
             stored: dict[tuple[str, int, int, str, str], bytes] = {}
             for target in targets:
                 blob = await conn.fetchval(stored_block_sql("postgresql"), run_id, *target)

@@ -111,7 +111,7 @@ from specproxy.store.schema import (
     request_row,
 )
 from specproxy.summary.engine import EngineAggregate, StoredView
-from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.minute import STORED_METRICS
 from specproxy.summary.tiering import CompactionBounds
 
 __all__ = ["SqliteStore", "migrate_sqlite", "require_existing_store", "sqlite_path"]
@@ -412,10 +412,10 @@ class SqliteStore(BufferedStore):
             sums: list[Any] = []
             bins: list[Any] = []
             sums_sql, bins_sql = delete_fine_returning_sql("sqlite")
-            for metric in ROLLUP_METRICS:
+            for metric in STORED_METRICS:
                 key = (run_id, metric)
                 blocks += conn.execute(
-                    delete_blocks_returning_sql("sqlite"), (*key, bounds.hours_before)
+                    delete_blocks_returning_sql("sqlite"), (*key, bounds.blocks_before(metric))
                 ).fetchall()
                 sums += conn.execute(sums_sql, (*key, bounds.fine_before)).fetchall()
                 bins += conn.execute(bins_sql, (*key, bounds.fine_before)).fetchall()

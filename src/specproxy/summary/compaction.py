@@ -32,21 +32,28 @@ def fold(
     bins: Iterable[tuple[str, int, str, str, int, int]],
     stored: Callable[[Target], bytes | None],
 ) -> list[FoldedBlock]:
-    """The blocks to write: each target's stored block plus everything taken for it.
+    """The blocks to write: each target's stored block plus everything taken for it; what
+    `bounds` drops (the conditions' rollups past their horizon) is taken and not written.
 
-    `minute_blocks` (metric, start, model, arm, blob) are 1-minute blocks taken before
-    `hours_before`; `summaries` (metric, minute, model, arm, n, total, total_sq) and `bins`
-    (metric, minute, model, arm, bin, count) the fine rows taken; `stored(target)` reads a
-    target's block as stored (None: none yet)."""
+        `minute_blocks` (metric, start, model, arm, blob) are 1-minute blocks taken before
+        `hours_before`; `summaries` (metric, minute, model, arm, n, total, total_sq) and `bins`
+        (metric, minute, model, arm, bin, count) the fine rows taken; `stored(target)` reads a
+        target's block as stored (None: none yet)."""
     parts: dict[Target, list[Block]] = defaultdict(list)
     for metric, start, model, arm, blob in minute_blocks:
+        if bounds.dropped(metric, start):
+            continue
         hour = start - start % HOUR_SPAN
         parts[(metric, hour, HOUR_SPAN, model, arm)].append(Block.decode(start, blob))
     fine_s: dict[Target, list[tuple[int, int, float, float]]] = defaultdict(list)
     fine_b: dict[Target, list[tuple[int, int, int]]] = defaultdict(list)
     for metric, minute, model, arm, n, total, sq in summaries:
+        if bounds.dropped(metric, minute):
+            continue
         fine_s[(metric, *bounds.target(minute), model, arm)].append((minute, n, total, sq))
     for metric, minute, model, arm, b, count in bins:
+        if bounds.dropped(metric, minute):
+            continue
         fine_b[(metric, *bounds.target(minute), model, arm)].append((minute, b, count))
     for target in fine_s.keys() | fine_b.keys():
         sa = np.asarray(fine_s.get(target, []), dtype=np.float64).reshape(-1, 4)

@@ -24,6 +24,7 @@ __all__ = [
     "GRID_LOG_WIDTH",
     "GRID_REL_WIDTH",
     "bin_of",
+    "coarse_centre_of",
 ]
 
 GRID_REL_WIDTH: Final = 2e-4  # bins are 0.02 % wide, well below a P50 CI at n = 1M
@@ -40,3 +41,9 @@ def bin_of(value: float) -> int:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError("the log grid needs strictly positive finite values")
     return math.floor(math.log(value) / GRID_LOG_WIDTH)
+
+
+def coarse_centre_of(value: float) -> int:
+    """The fine bin at the centre of the coarse bin of a strictly positive finite value: what
+    a compacted block enters it as (`summary.histogram.coarse_as_fine` of `coarse_bin`)."""
+    return bin_of(value) // COARSE_FACTOR * COARSE_FACTOR + COARSE_FACTOR // 2

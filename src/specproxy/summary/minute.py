@@ -8,8 +8,10 @@ replicas, batches and retries add up (`store.aggregates`). Rolled up: primary re
 the statistics (HTTP 200, no error kind, client connected, not rerouted: `RequestRecord.comparable`)
 with a finite positive value; minute = floor(t_start / 60); the model is the store's bounded label
 (`Sink.label_models`), so a client naming a new model per request cannot make the rollups grow
-like the rows. Pure Python (it runs
-on the proxy's write path); its sums are numpy's, bit for bit (`pairwise_sum`).
+like the rows. The same requests' E2E and TPOT are rolled up again per condition they met
+(`summary.conditions`: metrics `CONDITION_METRICS`, keyed "load=7", "category=code", ...,
+coarse bins), the summaries the speedups by condition read. Pure Python (it runs on the
+proxy's write path); its sums are numpy's, bit for bit (`pairwise_sum`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from specproxy.records import RequestRecord
-from specproxy.summary.grid import bin_of
+from specproxy.summary.conditions import CONDITION_METRICS, condition_keys
+from specproxy.summary.grid import bin_of, coarse_centre_of
 
 __all__ = [
     "MOMENT_SUMS",
     "ROLLUP_METRICS",
     "ROLLUP_UNIT_S",
+    "STORED_METRICS",
     "BinRow",
     "MomentRow",
     "RollupBatch",
@@ -46,6 +50,10 @@ ROLLUP_METRICS: Final[dict[str, str]] = {
     "tpot": "tpot_s",
     "step": "mean_gap_s",  # streamed requests' mean gap between content events: one engine step
 }
+
+# every metric the rollup tables hold: the compared ones, keyed by model, and the conditions'
+# keyed by condition (`summary.conditions`: the same tables, coarse bins)
+STORED_METRICS: Final = (*ROLLUP_METRICS, *CONDITION_METRICS)
 
 # Rows are in their table's column order, the primary key first (`store.aggregates`).
 # (run_id, metric, minute, model, arm, n, sum, sum_sq)
@@ -144,8 +152,11 @@ def rollup_records(
     records: Iterable[RequestRecord], model_label: Callable[[str], str] = as_is
 ) -> RollupBatch:
     """The rollup rows of `records` (one summary per key, one row per occupied bin in bin
-    order), keyed by `model_label(record.model)`."""
+    order), keyed by `model_label(record.model)`, and of their conditions (`CONDITION_METRICS`,
+    keyed by `summary.conditions.condition_keys`, on the coarse grid)."""
     groups: dict[tuple[str, str, int, str, str], list[float]] = {}
+    # (run, condition metric, minute, arm) -> key -> (values, their coarse bins' counts)
+    cond_groups: dict[tuple[str, str, int, str], dict[str, tuple[list[float], dict[int, int]]]] = {}
     covariates: dict[tuple[str, int, str, str], list[tuple[float, float, float]]] = {}
     labels: dict[str, str] = {}
     for rec in records:
@@ -165,22 +176,58 @@ def rollup_records(
             if value is None or not math.isfinite(value) or value <= 0:
                 continue
             groups.setdefault((rec.run_id, metric, minute, model, arm), []).append(float(value))
+        keys: list[str] | None = None
+        for metric, (_compared, attr) in CONDITION_METRICS.items():
+            value = getattr(rec, attr)
+            if value is None or not math.isfinite(value) or value <= 0:
+                continue
+            if keys is None:
+                keys = condition_keys(
+                    rec.endpoint_in_flight,
+                    rec.prompt_tokens,
+                    rec.output_tokens,
+                    rec.temperature,
+                    rec.category,
+                )
+            x = float(value)
+            b = coarse_centre_of(x)  # once: the value is in a group per condition
+            per_key = cond_groups.setdefault((rec.run_id, metric, minute, arm), {})
+            for cond in keys:
+                entry = per_key.get(cond)
+                if entry is None:
+                    entry = per_key[cond] = ([], {})
+                entry[0].append(x)
+                entry[1][b] = entry[1].get(b, 0) + 1
     summaries: list[SummaryRow] = []
     bins: list[BinRow] = []
     for key, values in groups.items():
-        squares = [x * x for x in values]
-        summaries.append((*key, len(values), pairwise_sum(values), pairwise_sum(squares)))
         hist: dict[int, int] = {}
         for x in values:
             b = bin_of(x)
             hist[b] = hist.get(b, 0) + 1
-        bins.extend((*key, b, hist[b]) for b in sorted(hist))
+        _add_group(key, values, hist, summaries, bins)
+    for (run_id, metric, minute, arm), per_key in cond_groups.items():
+        for cond, (values, hist) in per_key.items():
+            _add_group((run_id, metric, minute, cond, arm), values, hist, summaries, bins)
     moments: list[MomentRow] = []
     for mkey, rows in covariates.items():
         e2e, output, prompt = zip(*rows, strict=True)
         sums = moment_values(e2e, output, prompt)
         moments.append((*mkey, int(sums[0]), *sums[1:]))
     return RollupBatch(summaries, bins, moments)
+
+
+def _add_group(
+    key: tuple[str, str, int, str, str],
+    values: list[float],
+    hist: dict[int, int],
+    summaries: list[SummaryRow],
+    bins: list[BinRow],
+) -> None:
+    """A group's summary row and its bin rows in bin order."""
+    squares = [x * x for x in values]
+    summaries.append((*key, len(values), pairwise_sum(values), pairwise_sum(squares)))
+    bins.extend((*key, b, hist[b]) for b in sorted(hist))
 
 
 def _regressable(rec: RequestRecord) -> bool:

@@ -90,6 +90,13 @@ function crossoverText(found) {
     + fmtRatio(found.speedup_above) + " above";
 }
 
+// summary.conditions_span
+function conditionsSpan(cond) {
+  const window = cond.window_s;
+  if (window === null || window === undefined) return "over the whole run";
+  return "over the last " + String(Number((window / 60).toPrecision(6))) + " min";
+}
+
 function el(tag, attrs, text) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
@@ -200,7 +207,7 @@ function renderSpeedups(win, METRICS, STATISTICS) {
 }
 
 // Each treatment's speedups by condition and its crossover (summary.condition_rows), where the
-// window has them (the whole run of all models, read from rows).
+// window has them (the whole-run window of all models), and the span they cover.
 function renderConditions(win, METRICS) {
   const [control, treatments] = armsOf(win);
   const several = treatments.length > 1;
@@ -212,6 +219,8 @@ function renderConditions(win, METRICS) {
     if (!cond || typeof cond !== "object") continue;
     any = true;
     const block = treatmentBlock(box, treatment, control, several);
+    block.appendChild(el("p", { class: "sub conditions-span", "data-treatment": treatment },
+      conditionsSpan(cond)));
     const metrics = Object.keys(cond.crossover || {});
     const cross = el("ul", { class: "crossover" });
     for (const metric of metrics) {

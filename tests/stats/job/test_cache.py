@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,13 @@ from specproxy.stats.job import tick
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.tick import compute_stats
 from specproxy.store.buffered import BufferedStore
+from specproxy.store.contract import TierVersions
 from specproxy.store.factory import open_store
 from specproxy.summary.compaction import fold
+from specproxy.summary.conditions import CONDITION_METRICS
 from specproxy.summary.grid import COARSE_ERROR_BOUND
-from specproxy.summary.minute import ROLLUP_METRICS, usable_for_rollup
-from specproxy.summary.tiering import CompactionBounds
+from specproxy.summary.minute import ROLLUP_METRICS, STORED_METRICS, usable_for_rollup
+from specproxy.summary.tiering import CONDITION_MINUTES, CompactionBounds
 from tests.stats.oracles import adjusted_hc3
 
 RUN = "r"
@@ -61,6 +63,9 @@ def _records(first: int, minutes: int, per_minute: int, prefix: str) -> list[Req
                 tpot_s=e2e / 100 if i % 7 else None,
                 prompt_tokens=20,
                 output_tokens=100,
+                endpoint_in_flight=1 + (i // 2) % 5,  # the conditions (`summary.conditions`)
+                temperature=0.7 if i % 4 < 2 else None,
+                category=("code", "chat", "math")[(i // 2) % 3],
             )
         )
     return out
@@ -96,7 +101,7 @@ def _canonical(cache: RollupCache) -> dict[str, Any]:
 
 async def _cold(store: BufferedStore) -> RollupCache:
     cache = RollupCache()
-    await cache.refresh(store, RUN, tuple(ROLLUP_METRICS))
+    await cache.refresh(store, RUN, STORED_METRICS)
     return cache
 
 
@@ -108,19 +113,23 @@ async def _write(store: BufferedStore, records: list[RequestRecord]) -> None:
 
 async def test_a_warm_cache_holds_what_a_cold_read_gets(store: BufferedStore) -> None:
     warm = RollupCache()
-    await warm.refresh(store, RUN, tuple(ROLLUP_METRICS))
+    await warm.refresh(store, RUN, STORED_METRICS)
     for step in range(4):
         first = M0 + 50 * step
         await _write(store, _records(first, 50, 4, f"s{step}-"))
         if step:  # late rows for minutes compacted at an earlier pass
             await _write(store, _records(M0 + 3 * step, 5, 2, f"late{step}-"))
         await store.compact(fold=fold, run_id=RUN, bounds=at((first + 50) * 60.0))
-        await warm.refresh(store, RUN, tuple(ROLLUP_METRICS))
+        await warm.refresh(store, RUN, STORED_METRICS)
         cold = await _cold(store)
         assert _canonical(warm) == _canonical(cold), step
         if step:
             assert warm.rows_read < cold.rows_read  # only what changed was read
     assert any(span == 60 for start, span, _ in warm.tiers["e2e"]["baseline"].blocks)
+    # the conditions' rollups, keyed by condition, are kept an hour in 1-minute blocks
+    conditions = warm.tiers["cond_tpot"]["baseline"]
+    assert conditions.blocks and {span for _s, span, _k in conditions.blocks} == {1}
+    assert {key for _s, _sp, key in conditions.blocks} >= {"load=1", "load=5", "category=math"}
 
 
 def _stable(result: Any) -> str:
@@ -158,9 +167,11 @@ async def test_warm_and_cold_ticks_give_the_same_result(
         assert _stable(hot) == _stable(cold)
 
 
-async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_bound(
+async def _compacted_run(
     store: BufferedStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[list[RequestRecord], Any]:
+    """Three hours of requests, compacted (hour and minute blocks, fine minutes), and the
+    whole-run window of all models as read from the summaries."""
     monkeypatch.setattr(tick, "ROWS_MAX", 0)
     records = _records(M0 + 7, 180, 20, "x")
     await _write(store, records)
@@ -168,7 +179,13 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
     await store.compact(fold=fold, run_id=RUN, bounds=at(now))
     cfg = StatsConfig(windows_s=(None,), resamples=200)
     result = await compute_stats(store, run_id=RUN, stats_cfg=cfg, warmup=NO_WARMUP, window_end=now)
-    window: Any = result["results"]["all"]["all"]
+    return records, result["results"]["all"]["all"]
+
+
+async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_bound(
+    store: BufferedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records, window = await _compacted_run(store, monkeypatch)
     assert window["grid_error_bound"] == COARSE_ERROR_BOUND
     assert window["span"][0] % 3600 == 0  # widened to whole hours
     half = math.log1p(COARSE_ERROR_BOUND) / 2
@@ -220,6 +237,60 @@ async def test_compacted_windows_agree_with_the_exact_values_within_the_stated_b
     assert adj["n"] == b["e2e_s"].size + sp["e2e_s"].size
 
 
+async def test_a_large_run_s_speedups_by_condition_come_from_its_compacted_summaries(
+    store: BufferedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: a run read from its summaries gets its speedups by condition from the
+    condition keys, which compaction keeps for `CONDITION_MINUTES` (1-minute blocks and fine
+    minutes, never hour blocks): each band holds exactly the usable requests of that last hour
+    that met it, and its median speedup is within the coarse grid's bound of the exact ratio."""
+    records, window = await _compacted_run(store, monkeypatch)
+    assert window["source"] == "summaries" and window["grid_error_bound"] == COARSE_ERROR_BOUND
+    conditions = window["conditions"]
+    assert conditions is not None and conditions["window_s"] == CONDITION_MINUTES * 60
+    since = (M0 + 187 - CONDITION_MINUTES) * 60.0  # the window ends at minute M0 + 187
+    for metric in CONDITION_METRICS:  # what compaction left of the conditions' rollups
+        read = await store.read_tiers(run_id=RUN, metric=metric, known=TierVersions())
+        assert read.blocks and {span for _s, span, *_ in read.blocks} == {1}
+        assert min(s for s, *_ in read.blocks) == M0 + 187 - CONDITION_MINUTES
+    usable = [r for r in records if usable_for_rollup(r) and r.t_start >= since]
+    bands_of: dict[str, Callable[[RequestRecord], str | None]] = {
+        "load": lambda r: {1: "1", 2: "2-3", 3: "2-3"}.get(r.endpoint_in_flight or 0, "4-7"),
+        "temperature": lambda r: "(0.5,1]" if r.temperature == 0.7 else "default",
+        "category": lambda r: r.category,
+        "output": lambda r: "32-127",
+        "prompt": lambda r: "<128",
+    }
+    for dim, band_of in bands_of.items():
+        for metric, attr in (("e2e", "e2e_s"), ("tpot", "tpot_s")):
+            bands = conditions["segments"][dim][metric]
+            assert bands, (dim, metric)
+            for band in bands:
+                values = {
+                    arm: np.array(
+                        [
+                            getattr(r, attr)
+                            for r in usable
+                            if r.arm == arm
+                            and getattr(r, attr) is not None
+                            and band_of(r) == band["band"]
+                        ]
+                    )
+                    for arm in ("baseline", "speculative")
+                }
+                assert band["n"] == {
+                    "control": values["baseline"].size,
+                    "treatment": values["speculative"].size,
+                }, (dim, band["band"], metric)
+                assert band["status"] == "ok"
+                want = float(np.median(values["baseline"]) / np.median(values["speculative"]))
+                got = band["speedup"]
+                assert abs(math.log(got / want)) <= math.log1p(COARSE_ERROR_BOUND) + 1e-9
+    crossover = conditions["crossover"]["tpot"]
+    assert crossover["status"] == "helps_throughout"  # 1.2x faster at every load
+    assert [g["load"] for g in crossover["groups"]] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 async def test_decoding_runs_on_the_given_executor_not_the_event_loop(
     store: BufferedStore,
 ) -> None:
@@ -234,8 +305,8 @@ async def test_decoding_runs_on_the_given_executor_not_the_event_loop(
 
     cache.apply = recording_apply  # type: ignore[method-assign]
     with ThreadPoolExecutor(1, thread_name_prefix="decoder") as pool:
-        await cache.refresh(store, RUN, tuple(ROLLUP_METRICS), executor=pool)
-    assert len(threads) == len(ROLLUP_METRICS)
+        await cache.refresh(store, RUN, STORED_METRICS, executor=pool)
+    assert len(threads) == len(STORED_METRICS)
     assert all(name.startswith("decoder") for name in threads)
     assert _canonical(cache) == _canonical(await _cold(store))
     assert cache.read_s > 0 and cache.decode_s > 0
@@ -263,5 +334,5 @@ async def test_a_refresh_reads_the_other_metrics_only_when_the_first_ones_counts
     assert all(v > 0 for v in seen[0].values())
     assert all(t.n == 0 for m in ROLLUP_METRICS if m != first for t in cache.tiers[m].values())
     assert any(t.blocks for t in cache.tiers[first].values())  # the counts included blocks
-    await cache.refresh(store, RUN, tuple(ROLLUP_METRICS), go_on=lambda _requests: True)
+    await cache.refresh(store, RUN, STORED_METRICS, go_on=lambda _requests: True)
     assert _canonical(cache) == _canonical(await _cold(store))

@@ -21,7 +21,7 @@ from specproxy.stats.job import tick
 from specproxy.stats.job.tick import compute_stats, configs_of, result_settings, window_label
 from specproxy.store.memory import MemoryStore
 from specproxy.summary.engine import SampleView
-from specproxy.summary.grid import GRID_ERROR_BOUND
+from specproxy.summary.grid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND
 from tests.stats.job.runs import (
     CFG,
     RUN,
@@ -269,16 +269,27 @@ def _close(a: object, b: object, path: str, rel: float) -> None:
         assert a == b, (path, a, b)
 
 
+def with_conditions(rec: RequestRecord, i: int) -> RequestRecord:
+    """The request's conditions: loads 1-6, every third at temperature 0, half "code"."""
+    return dataclasses.replace(
+        rec,
+        endpoint_in_flight=1 + (i // 2) % 6,
+        temperature=0.0 if i % 3 == 0 else None,
+        category="code" if i % 4 < 2 else "chat",
+    )
+
+
 async def test_rows_and_summaries_agree_on_every_statistic_within_the_grid_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same requests as rows (the small-run source) and as the store's summaries, at the
     same time unit: one pipeline, so every statistic, verdict and diagnosis agrees within the
-    grid bound (bins are identical; only float sums are added in another order)."""
+    grid bound (bins are identical; only float sums are added in another order), the speedups
+    by condition too (the summaries' condition keys)."""
     s = MemoryStore(StoreConfig(url="memory://"), run_id=RUN)
     await s.start()
-    for rec in minute_records(minutes=40, per_minute=60, seed=4):
-        s.record(rec)
+    for i, rec in enumerate(minute_records(minutes=40, per_minute=60, seed=4)):
+        s.record(with_conditions(rec, i))
     s.record_engine(EngineSample(T0 + 600, RUN, "speculative", True, acceptance_rate=0.6))
     s.record_engine(EngineSample(T0 + 610, RUN, "speculative", True, restarted=True))
     await s.flush()
@@ -290,16 +301,37 @@ async def test_rows_and_summaries_agree_on_every_statistic_within_the_grid_bound
     monkeypatch.setattr(tick, "ROWS_MAX", 0)
     sums = await compute_stats(s, run_id=RUN, stats_cfg=cfg, warmup=warmup, window_end=end)
     await s.close()
+    # the crossover: each request at its own load and latency from rows, the load keys' coarse
+    # bins from the summaries (their intervals widened by the grid's bound): compared apart
+    crossovers = []
+    spans = []  # the whole run from rows, the last hour from summaries: here the same 40 min
     for result in (rows, sums):
         for key in ("computed_at", "duration_s", "lag_s", "data_horizon"):
             result.pop(key)  # type: ignore[misc]
         for windows in result["results"].values():
             for window in windows.values():
                 window.pop("source")
-                window.pop("conditions")  # by condition: from rows only (stats.segments)
-                for comparison in window.get("comparisons", {}).values():
-                    comparison.pop("conditions")
+                for block in (window, *window.get("comparisons", {}).values()):
+                    conditions = block.get("conditions")
+                    if conditions is not None and "crossover" in conditions:  # one dict, shared
+                        crossovers.append(conditions.pop("crossover"))  # type: ignore[misc]
+                        spans.append(conditions.pop("window_s"))
+    # the whole-run window of all models (and of its one model, the same), from each source
+    assert len(crossovers) == 4
+    assert spans == [None, None, 3600.0, 3600.0]
+    for metric in ("e2e", "tpot"):
+        from_rows, from_sums = crossovers[0][metric], crossovers[2][metric]
+        assert from_rows["status"] == from_sums["status"] == "helps_throughout"
+        assert from_rows["observed"] == from_sums["observed"] == [1.0, 6.0]
+        assert len(from_rows["groups"]) == len(from_sums["groups"]) == 6
+        for r, w in zip(from_rows["groups"], from_sums["groups"], strict=True):
+            assert r["load"] == w["load"] and r["n"] == w["n"]
+            assert w["speedup"] == pytest.approx(r["speedup"], rel=COARSE_ERROR_BOUND)
     whole = rows["results"]["all"]["all"]
+    bands = whole["conditions"]["segments"]  # type: ignore[index]
+    assert [b["band"] for b in bands["load"]["tpot"]] == ["1", "2-3", "4-7"]
+    assert {b["band"] for b in bands["category"]["tpot"]} == {"chat", "code"}
+    assert all(b["status"] == "ok" for dim in bands.values() for b in dim["tpot"])
     assert whole["excluded_warmup"]["speculative"] > whole["excluded_warmup"]["baseline"] > 0
     assert {r["code"] for r in whole["diagnosis"]["reasons"]} >= {"warmup"}
     assert whole["metrics"]["e2e"]["adjusted"] is not None

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from specproxy.records import Arm
 from specproxy.store.contract import SummaryReader, TierRead, TierVersions
 from specproxy.summary.blocks import Block
-from specproxy.summary.minute import ROLLUP_METRICS
+from specproxy.summary.minute import STORED_METRICS
 from specproxy.summary.packed import fine_bins_arrays
 
 __all__ = ["ArmTier", "FineMinute", "RollupCache"]
@@ -68,8 +68,9 @@ class RollupCache:
     """Every metric's and arm's tiers of one run, refreshed incrementally from a store."""
 
     def __init__(self) -> None:
-        # per metric, every arm the run's summaries hold (an arm appears with its first rows)
-        self.tiers: dict[str, dict[Arm, ArmTier]] = {metric: {} for metric in ROLLUP_METRICS}
+        # per metric (the compared ones and the conditions'), every arm the run's summaries hold
+        # (an arm appears with its first rows)
+        self.tiers: dict[str, dict[Arm, ArmTier]] = {metric: {} for metric in STORED_METRICS}
         self.rows_read = 0  # by the last refresh
         # wall seconds spent reading the store and decoding what it returned (a decode overlaps
         # the next read), and in refreshes altogether, over every refresh (cumulative:

@@ -6,12 +6,15 @@ becomes `ArmWindow`s the same way. A window is whole units [lo, hi]; one that re
 is widened to whole hours, its bootstrap blocks are whole hours and its block-length rule reads
 the per-minute log of the mean (the per-minute histograms are gone); one that reaches compacted
 histograms states the coarse grid's bound. Warm-up (`stats.warmup`) leaves out whole units; a
-block holding an excluded unit is left out whole. Segments are the summaries' keys (the model).
+block holding an excluded unit is left out whole. Segments are the summaries' keys (the model);
+the conditions' summaries (`summary.conditions`) are keyed by condition, and `ConditionSamples`
+gives a window's sample of any set of their keys (a band) the same way.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,12 +26,13 @@ import numpy.typing as npt
 from specproxy.records import Arm
 from specproxy.stats.job.cache import ArmTier
 from specproxy.stats.sample import ArmSample, ArmWindow
+from specproxy.summary.conditions import CONDITION_METRICS
 from specproxy.summary.grid import COARSE_ERROR_BOUND, GRID_ERROR_BOUND
 from specproxy.summary.histogram import coarse_as_fine, coarse_bin
 from specproxy.summary.minute import MOMENT_SUMS
 from specproxy.summary.tiering import HOUR_SPAN, MINUTE_SPAN
 
-__all__ = ["Frame", "Tiers", "WindowPlan", "segments_by_label"]
+__all__ = ["ConditionSamples", "Frame", "Tiers", "WindowPlan", "segments_by_label"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -298,3 +302,62 @@ def arm_window(
         if metric == "e2e":
             dropped = excluded_n
     return ArmWindow(samples, _moments(tiers, plan, arm, excluded, keys), dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionSamples:
+    """One arm's condition summaries over a window (`summary.conditions`): the keys each
+    compared metric holds and the window's sample of any set of them (a band), in the one sample
+    form, warm-up units left out as the window's own. Stored condition rollups are on the
+    coarse grid, so each sample states its bound (`COARSE_ERROR_BOUND`)."""
+
+    parts: dict[str, dict[str, ArmTier]]  # compared metric -> key -> that key's rollups
+    plan: WindowPlan
+    excluded: frozenset[int]
+
+    @classmethod
+    def of(cls, tiers: Tiers, plan: WindowPlan, arm: Arm, excluded: set[int]) -> ConditionSamples:
+        parts: dict[str, dict[str, ArmTier]] = {}
+        for stored, (metric, _attr) in CONDITION_METRICS.items():
+            tier = tiers.metrics.get(stored, {}).get(arm)
+            by_key: dict[str, ArmTier] = {}
+            if tier is not None:
+                for block_key, block in tier.blocks.items():
+                    by_key.setdefault(block_key[2], ArmTier()).blocks[block_key] = block
+                for fine_key, fine in tier.fine.items():
+                    by_key.setdefault(fine_key[1], ArmTier()).fine[fine_key] = fine
+            parts[metric] = by_key
+        return cls(parts, plan, frozenset(excluded))
+
+    def keys(self, metric: str) -> list[str]:
+        """Every key of `metric` the run's summaries hold (some may be empty in the window)."""
+        return sorted(self.parts.get(metric, {}))
+
+    def sample(self, metric: str, keys: frozenset[str]) -> ArmSample:
+        """The window's sample of the requests under any of `keys`."""
+        parts = self.parts.get(metric, {})
+        merged = ArmTier()
+        for key in keys:
+            part = parts.get(key)
+            if part is not None:
+                merged.blocks.update(part.blocks)
+                merged.fine.update(part.fine)
+        sample, _dropped = _sample(merged, self.plan, set(self.excluded), None)
+        return dataclasses.replace(sample, grid_error=COARSE_ERROR_BOUND)
+
+    def count(self, metric: str, key: str) -> int:
+        """The requests under `key` that the window's sample of it holds."""
+        part = self.parts.get(metric, {}).get(key)
+        if part is None:
+            return 0
+        lo, hi, gone = self.plan.lo, self.plan.hi, self.excluded
+        n = sum(
+            block.n
+            for (start, width, _key), block in part.blocks.items()
+            if lo <= start <= hi and not any(u in gone for u in range(start, start + width))
+        )
+        return n + sum(
+            fine.n
+            for (unit, _key), fine in part.fine.items()
+            if lo <= unit <= hi and unit not in gone
+        )

@@ -18,10 +18,13 @@ import numpy as np
 import numpy.typing as npt
 
 from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm
+from specproxy.stats.estimate.crossover import LoadSample
 from specproxy.stats.job.cache import ArmTier, FineMinute
 from specproxy.stats.job.frame import Tiers, WindowPlan
 from specproxy.stats.sample import Pairs
-from specproxy.summary.histogram import bin_index
+from specproxy.summary.condition_arrays import dimension_keys
+from specproxy.summary.conditions import CONDITION_METRICS, DIMENSIONS
+from specproxy.summary.histogram import bin_index, coarse_as_fine, coarse_bin
 from specproxy.summary.minute import ROLLUP_METRICS
 
 __all__ = ["ROWS_MAX", "ROW_COLUMNS", "ROW_READ", "Rows", "known_label", "row_unit", "usable_mask"]
@@ -128,6 +131,47 @@ class Rows:
             moments.extend(_moment_rows(arrays, primary, unit, key, names, arm))
         return Tiers(unit_s, metrics, moment_units=moments)
 
+    def condition_tiers(self, unit_s: float) -> Tiers:
+        """The primary rows' condition summaries (`summary.conditions`) as fine units of
+        `unit_s` seconds, keyed and binned as the store's writer keys and bins them (coarse)."""
+        metrics = {m: {arm: ArmTier() for arm in self.arrays} for m in CONDITION_METRICS}
+        for arm, arrays in self.arrays.items():
+            primary = ~np.asarray(arrays["shadow"], dtype=bool)
+            unit = np.floor(np.asarray(arrays["t_start"], dtype=np.float64)[primary] / unit_s)
+            unit = unit.astype(np.int64)
+            columns = {c: np.asarray(a)[primary] for c, a in arrays.items()}
+            by_dim = dimension_keys(columns, unit.size)
+            for stored, (_metric, column) in CONDITION_METRICS.items():
+                values = np.asarray(arrays[column], dtype=np.float64)[primary]
+                ok = np.isfinite(values) & (values > 0)
+                for dim in DIMENSIONS:
+                    labels = by_dim[dim]
+                    keep = ok & (labels != "")
+                    names, key = _labels(labels[keep], lambda k: k)
+                    _fill(metrics[stored][arm], unit[keep], key, names, values[keep], coarse=True)
+        return Tiers(unit_s, metrics, has_moments=False)
+
+    def load_cells(self, arm: Arm, metric: str, plan: WindowPlan, excluded: set[int]) -> LoadSample:
+        """Each primary request of `arm` in the window's units (less `excluded`) at its own
+        load and `metric` latency, for the crossover (`stats.estimate.crossover`)."""
+        arrays = self.arrays.get(arm)
+        if arrays is None:
+            return LoadSample.of(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0))
+        primary = ~np.asarray(arrays["shadow"], dtype=bool)
+        unit = np.floor(np.asarray(arrays["t_start"], dtype=np.float64) / plan.unit_s)
+        unit = unit.astype(np.int64)
+        keep = primary & (unit >= plan.lo) & (unit <= plan.hi)
+        if excluded:
+            keep &= ~np.isin(unit, sorted(excluded))
+
+        def numbers(column: str) -> FloatArray:
+            values = np.asarray(arrays[column])[keep]
+            return np.array([np.nan if v is None else v for v in values.tolist()], dtype=float)
+
+        return LoadSample.of(
+            numbers("endpoint_in_flight"), unit[keep] - plan.lo, numbers(ROLLUP_METRICS[metric])
+        )
+
     def pairs(
         self,
         plan: WindowPlan,
@@ -184,13 +228,22 @@ def _labels(models: npt.NDArray[Any], label: Callable[[str], str]) -> tuple[list
     return names, index[inverse] if inverse.size else np.zeros(0, dtype=np.int64)
 
 
-def _fill(tier: ArmTier, unit: IntArray, key: IntArray, names: list[str], v: FloatArray) -> None:
-    """Add the values' fine units (one per (unit, key)) to `tier`."""
+def _fill(
+    tier: ArmTier,
+    unit: IntArray,
+    key: IntArray,
+    names: list[str],
+    v: FloatArray,
+    *,
+    coarse: bool = False,
+) -> None:
+    """Add the values' fine units (one per (unit, key)) to `tier`; `coarse`: binned as the
+    writer bins condition rollups (the centre of each value's coarse bin)."""
     if v.size == 0:
         return
     first = int(unit.min())
     group = (unit - first) * len(names) + key
-    bins = bin_index(v)
+    bins = coarse_as_fine(coarse_bin(bin_index(v))) if coarse else bin_index(v)
     order = np.lexsort((bins, group))
     group, bins, v = group[order], bins[order], v[order]
     new_group = np.concatenate([[True], group[1:] != group[:-1]])

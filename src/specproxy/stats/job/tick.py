@@ -32,7 +32,14 @@ from specproxy.stats.compare import CompareSettings, Recall, compare_window
 from specproxy.stats.diagnosis import EngineSummary, summarise_arms
 from specproxy.stats.gate import window_gate
 from specproxy.stats.job.cache import RollupCache
-from specproxy.stats.job.frame import Frame, Tiers, WindowPlan, arm_window, segments_by_label
+from specproxy.stats.job.frame import (
+    ConditionSamples,
+    Frame,
+    Tiers,
+    WindowPlan,
+    arm_window,
+    segments_by_label,
+)
 from specproxy.stats.job.rows import ROW_COLUMNS, ROWS_MAX, Rows, known_label, row_unit
 from specproxy.stats.result import (
     SCHEMA_VERSION,
@@ -45,12 +52,14 @@ from specproxy.stats.result import (
     settings_lists,
 )
 from specproxy.stats.sample import ArmWindow
-from specproxy.stats.segments import ArmRows, conditional
+from specproxy.stats.segments import SEGMENT_METRICS, conditional
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 from specproxy.store.contract import StatsStore
+from specproxy.summary.conditions import CONDITION_METRICS
 from specproxy.summary.engine import EngineView, as_view
 from specproxy.summary.minute import ROLLUP_METRICS
 from specproxy.summary.rows import records_to_arrays
+from specproxy.summary.tiering import CONDITION_MINUTES
 
 __all__ = [
     "GPU_SAMPLES_READ",
@@ -58,6 +67,7 @@ __all__ = [
     "TickPlan",
     "compute_stats",
     "compute_tick",
+    "condition_tiers_of",
     "configs_of",
     "plan_tick",
     "result_settings",
@@ -119,6 +129,10 @@ class _Window:
     tiers: Tiers
     plan: WindowPlan
     source: str  # "rows" | "summaries"
+    # the whole-run window's condition summaries (`summary.conditions`; None: not read) and
+    # the units they are compared over (the summaries keep `CONDITION_MINUTES` of them)
+    conditions: Tiers | None = None
+    conditions_plan: WindowPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +160,13 @@ class TickPlan:
 
 
 def tiers_of(cache: RollupCache, unit_s: float = 60.0) -> Tiers:
-    """The store's summaries as the cache holds them (minute units)."""
-    return Tiers(unit_s, {m: dict(per_arm) for m, per_arm in cache.tiers.items()})
+    """The store's summaries of the compared metrics as the cache holds them (minute units)."""
+    return Tiers(unit_s, {m: dict(cache.tiers[m]) for m in ROLLUP_METRICS})
+
+
+def condition_tiers_of(cache: RollupCache, unit_s: float = 60.0) -> Tiers:
+    """The store's condition summaries (`summary.conditions`) as the cache holds them."""
+    return Tiers(unit_s, {m: dict(cache.tiers[m]) for m in CONDITION_METRICS}, has_moments=False)
 
 
 def plan_tick(
@@ -159,12 +178,15 @@ def plan_tick(
     label: Callable[[str], str],
     now: float | None = None,
     limit: float | None = None,
+    conditions: Tiers | None = None,
 ) -> TickPlan:
     """Each window from `rows` (finer units, pairs) when given, else from the summaries.
 
     `limit` (now plus `StatsConfig.future_skew_s`; None: no bound): data stamped after it is
     in no window and sets no horizon; the plan counts it (`TickPlan.future`). Rows are cut at
-    the limit itself, the summaries at the minute holding it."""
+    the limit itself, the summaries at the minute holding it. The whole-run window carries its
+    condition summaries: the rows' own (`Rows.condition_tiers`, over the window), else
+    `conditions` (the store's, over their last `CONDITION_MINUTES`; None: not read)."""
     clock = time.time() if now is None else now
     frame = Frame.of(tiers, window_end, clock, limit)
     future, future_newest = frame.future, frame.future_end
@@ -175,6 +197,7 @@ def plan_tick(
     by_unit: dict[float, Tiers] = {}
     for window_s in windows_s:
         if rows is None or span is None:
+            whole = conditions if window_s is None else None
             planned.append(
                 _Window(
                     window_s,
@@ -182,6 +205,8 @@ def plan_tick(
                     tiers,
                     frame.plan(tiers, window_s),
                     "summaries",
+                    whole,
+                    frame.plan(whole, CONDITION_MINUTES * 60.0) if whole is not None else None,
                 )
             )
             continue
@@ -192,7 +217,10 @@ def plan_tick(
             unit_tiers = by_unit[unit] = rows.tiers(unit, label)
         row_frame = Frame.of(unit_tiers, frame.window_end, clock)
         plan = row_frame.plan(unit_tiers, window_s)
-        planned.append(_Window(window_s, window_label(window_s), unit_tiers, plan, "rows"))
+        whole = rows.condition_tiers(unit) if window_s is None else None
+        planned.append(
+            _Window(window_s, window_label(window_s), unit_tiers, plan, "rows", whole, plan)
+        )
     return TickPlan(frame, tuple(planned), rows, future, future_newest)
 
 
@@ -285,10 +313,19 @@ def compute_tick(
             recall=recall,
             names=names,
         )
-        # speedups by condition and the crossover: the whole-run window of all models, from rows
+        # speedups by condition and the crossover: the whole-run window of all models
         conditions = (
-            window_conditions(plan.rows, w.plan, gone, settings, seed, control, treatment)
-            if plan.rows is not None and w.source == "rows" and w.window_s is None and keys is None
+            window_conditions(
+                w.conditions,
+                w.conditions_plan or w.plan,
+                gone,
+                settings,
+                seed,
+                control,
+                treatment,
+                rows=plan.rows if w.source == "rows" else None,
+            )
+            if w.conditions is not None and w.window_s is None and keys is None
             else None
         )
         said = conditions["summary"] if conditions is not None else None
@@ -416,35 +453,44 @@ def _recall(
 
 
 def window_conditions(
-    rows: Rows,
+    conditions: Tiers,
     plan: WindowPlan,
     excluded: Mapping[Arm, set[int]],
     settings: CompareSettings,
     seed: list[int],
     control: Arm,
     treatment: Arm,
+    *,
+    rows: Rows | None = None,
 ) -> Conditions:
-    """The window's speedups by condition (`stats.segments`), control against one treatment,
-    from its rows less the warm-up units."""
+    """The speedups by condition (`stats.segments`) over `plan`'s units, control against one
+    treatment, from the condition summaries less the warm-up units; the crossover from `rows`
+    (each request at its own load) when the window was read from them. `window_s` says the
+    span: None for the whole run (rows), else the summaries' last `CONDITION_MINUTES`."""
 
-    def arm_rows(arm: Arm) -> ArmRows:
-        return ArmRows.of(
-            rows.arrays[arm],
-            lo=plan.lo,
-            hi=plan.hi,
-            unit_s=plan.unit_s,
-            excluded=excluded.get(arm, set()),
-        )
+    def source(arm: Arm) -> ConditionSamples:
+        return ConditionSamples.of(conditions, plan, arm, excluded.get(arm, set()))
 
-    return conditional(
-        arm_rows(control),
-        arm_rows(treatment),
+    loads = None
+    if rows is not None:
+        loads = {
+            metric: (
+                rows.load_cells(control, metric, plan, excluded.get(control, set())),
+                rows.load_cells(treatment, metric, plan, excluded.get(treatment, set())),
+            )
+            for metric in SEGMENT_METRICS
+        }
+    found = conditional(
+        source(control),
+        source(treatment),
         units=plan.units,
-        unit_s=plan.unit_s,
         rng=np.random.default_rng([*seed, 26]),
         resamples=settings.resamples,
         confidence=settings.confidence,
+        loads=loads,
     )
+    found["window_s"] = plan.window_s
+    return found
 
 
 def _seed(base: int, segment: str, plan: WindowPlan) -> list[int]:
@@ -540,7 +586,7 @@ async def compute_stats(
     if gpu_samples is None:
         gpu_samples = await store.read_gpu_samples(run_id=run_id, limit=GPU_SAMPLES_READ)
     cache = cache if cache is not None else RollupCache()
-    metrics = ("e2e", *(m for m in ROLLUP_METRICS if m != "e2e"))
+    metrics = ("e2e", *(m for m in ROLLUP_METRICS if m != "e2e"), *CONDITION_METRICS)
 
     def large(requests: Mapping[str, int]) -> bool:
         return max(requests.values(), default=0) > ROWS_MAX
@@ -548,7 +594,10 @@ async def compute_stats(
     await cache.refresh(store, run_id, metrics, go_on=large)
     tiers = tiers_of(cache)
     rows = None
-    if not large({arm: tier.n for arm, tier in cache.tiers["e2e"].items()}):
+    conditions = None
+    if large({arm: tier.n for arm, tier in cache.tiers["e2e"].items()}):
+        conditions = condition_tiers_of(cache)
+    else:
         records = await store.read_records(run_id=run_id, columns=ROW_COLUMNS, usable_only=True)
         arms = (control, *(treatments or ()))
         rows = Rows(await asyncio.to_thread(records_to_arrays, ROW_COLUMNS, records, arms))
@@ -565,6 +614,7 @@ async def compute_stats(
             label=label,
             now=clock,
             limit=clock + stats_cfg.future_skew_s,
+            conditions=conditions,
         ),
     )
     if plan.future:
