@@ -129,9 +129,9 @@ async def test_read_by_end_returns_what_ended_in_the_span_however_old_its_start(
     store.record(make_record(9, arm="baseline", run_id="other", t_start=t0 + 11.5, e2e_s=1.0))
     await store.flush()
 
-    async def ended(lo: float, hi: float, **kw: float) -> list[float]:
+    async def ended(lo: float, hi: float, since: float | None = None) -> list[float]:
         got = await store.read_records(
-            run_id="run", columns=["t_start"], ended_since=t0 + lo, ended_until=t0 + hi, **kw
+            run_id="run", columns=["t_start"], ended_since=t0 + lo, ended_until=t0 + hi, since=since
         )
         return [t - t0 for (t,) in got["baseline"]]
 

@@ -455,16 +455,16 @@ async def test_a_v11_store_gains_the_index_of_request_ends(
     query = RecordQuery.of("run", ("t_start",), since=0.0, ended_since=600.0, ended_until=620.0)
     sql, params = records_sql(query, dialect)  # type: ignore[arg-type]
     if dialect == "sqlite":
-        with sqlite3.connect(tmp_path / "v11.db") as conn:
-            conn.execute("ANALYZE")
-            plan = str(conn.execute(f"EXPLAIN QUERY PLAN {sql}", with_arm(params, "x")).fetchall())
+        with sqlite3.connect(tmp_path / "v11.db") as lite:
+            lite.execute("ANALYZE")
+            plan = str(lite.execute(f"EXPLAIN QUERY PLAN {sql}", with_arm(params, "x")).fetchall())
     else:
-        conn = await asyncpg.connect(url)
+        pg = await asyncpg.connect(url)
         try:
-            await conn.execute("ANALYZE requests")
-            plan = str(await conn.fetch(f"EXPLAIN {sql}", *with_arm(params, "baseline")))
+            await pg.execute("ANALYZE requests")
+            plan = str(await pg.fetch(f"EXPLAIN {sql}", *with_arm(params, "baseline")))
         finally:
-            await conn.close()
+            await pg.close()
         assert await _pg_versions(url) == list(range(1, SCHEMA_VERSION + 1))
     # a tick's read walks the span of ends in the index, not the requests since the step began
     assert "requests_run_arm_end" in plan and "Seq Scan" not in plan, plan

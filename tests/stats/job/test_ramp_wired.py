@@ -116,6 +116,8 @@ async def test_the_leader_steps_a_healthy_treatment_up_and_cuts_a_slower_one(
         "dry_run": False,
         "last_move": "step",
         "last_why": ramp.last["good"].why,
+        "behind_s": 0.0,  # its guards have read every request that landed
+        "late": 0,
     }
     replica = CollectorRegistry()
     register_stats_collector(replica, lambda: cast(StatsResult, stored[1]))
