@@ -330,6 +330,15 @@ class StepGuard:
         step.read_until = max(step.read_until, until)
         step.settle()
 
+    def open_minutes(self) -> tuple[int, int]:
+        """The minutes kept open to late requests (for the exceedance tests) and their histogram
+        entries, both arms: what a look's work grows with (`benchmarks/ramp_tick.py`)."""
+        step = self._step
+        if step is None:
+            return 0, 0
+        entries = sum(b.size for o in step.open for b, _ in o.bins.values())
+        return len({u for o in step.open for u in o.bins}), entries
+
     def look(self, *, at: float) -> StepLook:
         """The guards on what has been folded in (`at`: the tick's time)."""
         step = self._step
