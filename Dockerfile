@@ -13,8 +13,14 @@ ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-COPY pyproject.toml README.md ./
+# A C compiler for specproxy's one compiled module (the SSE scanner, src/specproxy/proxy/_sse.c);
+# it stays in this stage. SPECPROXY_REQUIRE_EXTENSIONS=1: a failed compile fails the build
+# instead of shipping the slower pure-Python scanner.
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 SPECPROXY_REQUIRE_EXTENSIONS=1
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential=12.9 \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 # Wheels for specproxy and its runtime dependencies only (the postgres extra: asyncpg).
 RUN pip wheel --wheel-dir /wheels ".[postgres]"

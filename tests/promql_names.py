@@ -13,11 +13,12 @@ from prometheus_client import CollectorRegistry
 from specproxy import metrics
 from specproxy.metrics import ProxyMetrics
 
-__all__ = ["PROMETHEUS_BUILTINS", "exported_names", "names_in"]
+__all__ = ["PROMETHEUS_BUILTINS", "arm_matchers", "exported_names", "names_in"]
 
 PROMETHEUS_BUILTINS = frozenset({"up", "ALERTS", "ALERTS_FOR_STATE"})
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_ARM_MATCHER = re.compile(r'\barm\s*(?:=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 
 
 def exported_names() -> frozenset[str]:
@@ -52,3 +53,9 @@ def names_in(expr: str) -> set[str]:
         for t in tokens
         if t.startswith(("specproxy_", "process_")) or ":" in t or t in PROMETHEUS_BUILTINS
     }
+
+
+def arm_matchers(expr: str) -> set[str]:
+    """The values an expression matches the `arm` label against (`arm="x"`, `arm=~"$arm"`):
+    an arm's name here means the query changes when the arms do (A/B/n: they are config)."""
+    return set(_ARM_MATCHER.findall(expr))

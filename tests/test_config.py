@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -414,6 +416,37 @@ def test_the_readmes_two_arm_config_loads_as_before(tmp_path: Path) -> None:
     assert cfg.arm_shares() == {"baseline": 0.5, "speculative": 0.5}
     assert cfg.routing.mirror_fraction == 0.1 and cfg.upstream_url("speculative").endswith(":8000")
     assert Config.from_mapping(cfg.to_mapping()) == cfg
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TOML_BLOCK = re.compile(r"^( *)```toml\n(.*?)^\1```", re.M | re.S)
+
+
+def readme_configs() -> list[str]:
+    """Every ```toml block of README.md, dedented (some sit in a list item)."""
+    return [textwrap.dedent(m.group(2)) for m in TOML_BLOCK.finditer(README.read_text("utf-8"))]
+
+
+def test_the_held_two_arm_config_is_the_readmes() -> None:
+    """README_TWO_ARMS is the README's first config, word for word: the README still shows
+    users the two-arm form this test proves loads as before."""
+    blocks = readme_configs()
+    assert blocks[0].strip() == README_TWO_ARMS.strip()
+
+
+def test_every_config_the_readme_shows_loads() -> None:
+    """A user pastes what the README shows: each block loads (a block that shows one arm's
+    table gets the other arm's URL, as the text around it assumes)."""
+    blocks = readme_configs()
+    assert len(blocks) >= 4
+    for block in blocks:
+        data = tomllib.loads(block)
+        if "arms" not in data:
+            for arm in ("baseline", "speculative"):
+                if arm not in data and f"{arm}_url" not in data:
+                    data[f"{arm}_url"] = "http://127.0.0.1:1"
+        cfg = Config.from_mapping(data)
+        assert cfg.control_arm in cfg.arm_names, block
 
 
 def test_arms_tables_name_the_arms_roles_weights_labels_and_timeouts(tmp_path: Path) -> None:

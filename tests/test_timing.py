@@ -28,7 +28,7 @@ from specproxy.prompts import Prompt
 from specproxy.proxy.recorder import MemoryRecorder
 from specproxy.proxy.sse import SSEScanner
 from specproxy.records import RequestRecord, RerouteReason
-from specproxy.timing import RequestTimings, derive
+from specproxy.timing import Measures, RequestTimings, derive
 from tests.conftest import fixture_path
 
 SPEC = {"draft_acceptance_rate": 0.5, "mean_acceptance_length": 3.0}
@@ -286,3 +286,46 @@ async def test_proxy_and_load_generator_derive_the_same_record(
 
 def _without_clock(rec: RequestRecord) -> dict[str, Any]:
     return {k: v for k, v in rec.to_dict().items() if k not in CLOCK_FIELDS | NOT_MEASURED}
+
+
+def test_the_positional_record_puts_every_value_in_its_own_field() -> None:
+    """`Measures.record` and `derive` build positionally (for speed): each field, given a value
+    of its own, lands where the keyword form puts it."""
+    measured = {f.name for f in dataclasses.fields(Measures)}
+    values: dict[str, Any] = {}
+    for i, f in enumerate(dataclasses.fields(RequestRecord)):
+        values[f.name] = {
+            "error_kind": ErrorKind.TIMEOUT,
+            "reroute_reason": RerouteReason.DOWN,
+            "stream": True,
+            "shadow": True,
+            "disconnected": True,
+        }.get(f.name, f"v{i}" if f.type in ("str", "Arm", "str | None", "Arm | None") else i)
+    m = Measures(**{k: v for k, v in values.items() if k in measured})
+    rec = m.record(**{k: v for k, v in values.items() if k not in measured})
+    assert rec == RequestRecord(**values)
+    timings = RequestTimings(
+        request_start=1.0,
+        upstream_start=2.0,
+        upstream_end=4.0,
+        request_end=8.0,
+        status=201,
+        error_kind=ErrorKind.TIMEOUT,
+        disconnected=True,
+        usage={"prompt_tokens": 3, "completion_tokens": 5},
+        speculative={"draft_acceptance_rate": 0.25, "mean_acceptance_length": 2.5},
+    )
+    got = derive(timings)
+    assert dataclasses.asdict(got) == {
+        **dict.fromkeys(measured),
+        "status": 201,
+        "e2e_s": 7.0,
+        "upstream_s": 2.0,
+        "prompt_tokens": 3,
+        "output_tokens": 5,
+        "n_events": 0,
+        "acceptance_rate": 0.25,
+        "mean_acceptance_length": 2.5,
+        "error_kind": ErrorKind.TIMEOUT,
+        "disconnected": True,
+    }

@@ -823,6 +823,15 @@ class Config:
         """The treatments' names, in configured order."""
         return tuple(name for name, arm in self._arms.items() if not arm.is_control)
 
+    @property
+    def arm_labels(self) -> dict[str, dict[str, str]]:
+        """{arm: its labels} of the arms that have any (`[arms.NAME] labels`), control first."""
+        return {
+            name: dict(self._arms[name].labels)
+            for name in self.arm_names
+            if self._arms[name].labels
+        }
+
     def arm_shares(self) -> dict[str, float]:
         """{arm: its share of the traffic}: the weights normalised to sum 1, control first."""
         arms = self._arms

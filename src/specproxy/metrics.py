@@ -69,8 +69,9 @@ SHADOW_SKIPPED = "specproxy_shadow_skipped"  # counter -> ..._total (cap reached
 # one of records.RerouteReason's values (down, connect).
 REROUTED = "specproxy_rerouted_requests"
 ARM_UP = "specproxy_arm_up"  # gauge{arm}: 1 while the arm has an endpoint in rotation
-# info -> specproxy_arm_info{arm,role} 1: each configured arm's role (control | treatment), so
-# rules and panels need not know the control's name (`[arms.NAME]`)
+# info -> specproxy_arm_info{arm,role,label_KEY...} 1: each configured arm's role (control |
+# treatment), so rules and panels need not know the control's name (`[arms.NAME]`), and its
+# configured labels as label_KEY (at most 16: `config.ARM_LABELS_MAX`)
 ARM = "specproxy_arm"
 # The proxy answered itself (bad JSON, too deep, too large, bad method): ..._total{reason}.
 REJECTED = "specproxy_rejected_requests"  # reason: proxy.limits.Rejection's values

@@ -24,7 +24,7 @@ from tests.deploy.rulefiles import (
     load_rules,
     promtool,
 )
-from tests.promql_names import PROMETHEUS_BUILTINS, exported_names, names_in
+from tests.promql_names import PROMETHEUS_BUILTINS, arm_matchers, exported_names, names_in
 
 REQUIRED_ALERTS = {
     "SpecProxySpeculativeP99Slowdown",
@@ -86,6 +86,14 @@ def test_rules_name_only_exported_or_recorded_series() -> None:
         names = names_in(rule["expr"])
         assert names, rule
         assert names <= allowed, f"{rule.get('alert') or rule['record']}: {names - allowed}"
+
+
+def test_no_rule_names_an_arm() -> None:
+    """A/B/n: adding an arm is a config change only, so no rule may select an arm by name
+    (`arm="speculative"`); roles come from specproxy_arm_info{role}."""
+    for group in load_rules()["groups"]:
+        for rule in group["rules"]:
+            assert not arm_matchers(rule["expr"]), rule.get("alert") or rule["record"]
 
 
 def _alerts() -> dict[str, dict[str, Any]]:

@@ -8,7 +8,7 @@ before and after): `pytest tests/faults -s | grep 'FAULT |'` gives the closing t
 from __future__ import annotations
 
 import resource
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from specproxy.config import ArmConfig, Config, OnDown, RoutingConfig, StoreConf
 from specproxy.records import RECORD_FIELDS
 from specproxy.stats.job.rows import usable_mask
 from specproxy.store.buffered import BufferedStore
+from tests.faults.serve_proc import kill_leftovers, started
 from tests.faults.upstream import FaultUpstream
 from tests.store.helpers import read_arrays
 
@@ -85,6 +86,14 @@ class Rig:
 MakeRig = Callable[..., Awaitable[Rig]]
 
 
+@pytest.fixture(autouse=True)
+def no_serve_left() -> Iterator[None]:
+    """Whatever a test's outcome, no `specproxy serve` it started outlives it."""
+    mark = started()
+    yield
+    kill_leftovers(mark)
+
+
 @pytest.fixture
 async def faulty() -> AsyncIterator[FaultUpstream]:
     async with FaultUpstream() as upstream:
@@ -111,7 +120,9 @@ def make_rig(
             speculative=ArmConfig(on_down=on_down),
             run_id=RUN,
             routing=RoutingConfig(speculative_share=1.0),
-            timeouts=TimeoutConfig(**{"read_s": 0.5, "total_s": 0.5, **timeouts}),
+            # generous: a loaded machine must not turn a case's answer into a timeout (a case
+            # about timeouts passes its own short ones)
+            timeouts=TimeoutConfig(**{"read_s": 60.0, "total_s": 60.0, **timeouts}),
             store=StoreConfig(
                 **{
                     "url": f"sqlite:///{tmp_path}/store.db",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.faults.conftest import MakeRig, fault_row, rss_bytes
+from tests.faults.upstream import blackholed_url
 from tests.proxy.conftest import CHAT, chat
 
 pytestmark = pytest.mark.timeout(120)
@@ -20,34 +21,23 @@ REQUESTS = 20
 
 @pytest.fixture
 def blackhole() -> Iterator[str]:
-    """A URL whose connects time out: a listener with a full backlog that never accepts."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(4):  # fill the accept queue; later SYNs are dropped (tcp_abort_on_overflow=0)
-        filler = socket.socket()
-        filler.setblocking(False)
-        filler.connect_ex(("127.0.0.1", port))
-        fillers.append(filler)
-    probe = socket.socket()
-    probe.settimeout(0.5)
-    with pytest.raises(TimeoutError):
-        probe.connect(("127.0.0.1", port))  # the rig really black-holes
-    probe.close()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        for sock in [*fillers, listener]:
-            sock.close()
+    with blackholed_url() as url:
+        port = int(url.rsplit(":", 1)[1])
+        probe = socket.socket()
+        probe.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            probe.connect(("127.0.0.1", port))  # the rig really black-holes
+        probe.close()
+        yield url
 
 
 async def test_a_blackholed_treatment_fails_over_and_is_ejected(
     make_rig: MakeRig, blackhole: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     rss_before = rss_bytes()
-    rig = await make_rig(speculative_url=blackhole, connect_s=0.2)
+    # only the black-holed arm's connect is short: the control's keeps the rig's default (5 s),
+    # so a loaded machine never times out a connect to the live engine
+    rig = await make_rig(speculative_url=blackhole, speculative={"connect_s": 0.2})
     statuses = []
     with caplog.at_level(logging.WARNING, logger="specproxy.fleet.pool"):
         for _ in range(REQUESTS):

@@ -1,15 +1,19 @@
-"""Faulty clients: 500 of them leaving mid-stream at once; 20 that never read."""
+"""Faulty clients: 500 of them leaving mid-stream at once; 20 that never read (in the test's
+process, on both transports, and against a real `specproxy serve`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from specproxy.proxy.transports.lean import LeanTransport
-from tests.faults.conftest import MakeRig, MiB, fault_row, rss_bytes
+from tests.faults.conftest import RUN, MakeRig, MiB, fault_row, rss_bytes
+from tests.faults.serve_proc import Serve, serve_toml, stored_rows
+from tests.faults.upstream import FaultUpstream
 from tests.proxy.conftest import CHAT, chat
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,6 +60,15 @@ async def test_disconnect_storm_mid_stream(make_rig: MakeRig) -> None:
 SLOW_READERS = 20
 
 
+def _slow_request() -> bytes:
+    """A raw request for a 20 MB stream (`big_sse`), for a client that then never reads."""
+    body = json.dumps(chat(stream=True)).encode()
+    return (
+        f"POST {CHAT} HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+        f"x-fault: big_sse\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
 @pytest.mark.parametrize("transport", ["lean", "aiohttp"])
 async def test_clients_that_do_not_read_hold_bounded_memory(
     make_rig: MakeRig, monkeypatch: pytest.MonkeyPatch, transport: str
@@ -65,11 +78,7 @@ async def test_clients_that_do_not_read_hold_bounded_memory(
     if transport == "aiohttp":  # the transport every non-plain-http engine gets
         monkeypatch.setattr(LeanTransport, "usable", staticmethod(lambda url: False))
     rig = await make_rig(read_s=60.0, total_s=120.0)
-    body = json.dumps(chat(stream=True)).encode()
-    request = (
-        f"POST {CHAT} HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
-        f"x-fault: big_sse\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    request = _slow_request()
     port = rig.server.port
     assert port is not None
     writers = []
@@ -104,3 +113,46 @@ async def test_clients_that_do_not_read_hold_bounded_memory(
     fault_row(f"{SLOW_READERS} clients that do not read a 20 MB stream ({transport})",
               "- (read nothing)", f"{SLOW_READERS} x disconnected", 0,
               rig.rss_before, rss_held)  # fmt: skip
+
+
+async def test_a_real_serve_leaves_unread_streams_in_the_sockets(
+    faulty: FaultUpstream, tmp_path: Path
+) -> None:
+    """The same 20 clients against a real `specproxy serve` (its own RSS): the proxy stops
+    reading the engine while a client's socket is full, so it holds a buffer per stream, not
+    the streams (measured on the 2-core build machine: +65 MiB; +731 MiB without the
+    backpressure, which took every stream whole); when they leave, one record each."""
+    db = tmp_path / "store.db"
+    toml = serve_toml(faulty.url, tmp_path, RUN, tables="[timeouts]\nread_s = 120.0\n")
+    serve = Serve(tmp_path, toml)
+    await serve.ready()
+    rss_before = serve.rss_bytes()
+    writers = []
+    for _ in range(SLOW_READERS):
+        _, writer = await asyncio.open_connection("127.0.0.1", serve.port)
+        writer.write(_slow_request())  # and never a read
+        writers.append(writer)
+    streamed, still = -1, 0
+    for _ in range(2400):  # until the engine's writes stall: 5 s without a byte written
+        await asyncio.sleep(0.1)
+        if faulty.requests["big_sse"] == SLOW_READERS and faulty.streamed == streamed:
+            still += 1
+            if still == 50:
+                break
+        else:
+            streamed, still = faulty.streamed, 0
+    rss_held = serve.rss_bytes()
+    for writer in writers:
+        writer.transport.abort()
+    for _ in range(1200):
+        if len(stored_rows(db, RUN)) == SLOW_READERS:
+            break
+        await asyncio.sleep(0.1)
+    rows = stored_rows(db, RUN)
+    assert len(rows) == SLOW_READERS and {kind for _, kind, _ in rows} == {"disconnected"}
+    assert rss_held - rss_before < 160 * MiB, (rss_held - rss_before) / MiB
+    serve.proc.terminate()
+    assert await serve.wait() == 0
+    fault_row(f"{SLOW_READERS} clients that do not read a 20 MB stream (serve)",
+              "- (read nothing)", f"{SLOW_READERS} x disconnected", 0,
+              rss_before, rss_held)  # fmt: skip

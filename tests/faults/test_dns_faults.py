@@ -17,7 +17,7 @@ LIVE = "127.0.0.99"  # last of 127.0.0.1..130 in string order
 async def _reaches(url: str) -> bool:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     with contextlib.suppress(OSError):
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 60.0)
         writer.close()
         return True
     return False

@@ -21,22 +21,12 @@ from specproxy.scrape.loop import CPU_SHARE, MAX_BODY_BYTES
 from tests.conftest import fixture_path
 from tests.faults.conftest import RUN, fault_row
 from tests.faults.serve_proc import Serve
+from tests.faults.upstream import padded_metrics_page
 
 pytestmark = pytest.mark.timeout(300)
 
 INTERVAL_S = 0.2
 STRETCH = re.compile(r"took ([0-9.]+) s of CPU: scraping every ([0-9.]+) s")
-
-
-def _big_page(target_bytes: int) -> bytes:
-    """A valid vLLM page padded with `vllm:` gauge samples of distinct engines (the lines the
-    parser keeps), about `target_bytes` long."""
-    page = bytearray(fixture_path("metrics_spec.prom").read_bytes())
-    i = 0
-    while len(page) < target_bytes:
-        page += f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1.0\n'.encode()
-        i += 1
-    return bytes(page)
 
 
 class _Engine:
@@ -81,7 +71,7 @@ class _Engine:
 @pytest.fixture
 async def engines() -> AsyncIterator[tuple[_Engine, _Engine]]:
     small = fixture_path("metrics_baseline.prom").read_bytes()
-    pair = (_Engine(small), _Engine(_big_page(2 * 1024 * 1024)))
+    pair = (_Engine(small), _Engine(padded_metrics_page(2 * 1024 * 1024)))
     for engine in pair:
         await engine.start()
     yield pair
@@ -152,7 +142,7 @@ async def test_a_page_over_the_cap_is_refused_unparsed(
     engines: tuple[_Engine, _Engine], tmp_path: Path
 ) -> None:
     base, spec = engines
-    spec.page = _big_page(MAX_BODY_BYTES + 1024)
+    spec.page = padded_metrics_page(MAX_BODY_BYTES + 1024)
     serve = Serve(tmp_path, _toml(base.url, spec.url))
     try:
         await serve.ready()

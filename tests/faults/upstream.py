@@ -35,12 +35,22 @@ import random
 import socket
 import struct
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
 from tests.conftest import fixture_path
 
-__all__ = ["BIG_SSE_BYTES", "DRIP_S", "FAULTS", "HUGE_BYTES", "SLOW_S", "FaultUpstream"]
+__all__ = [
+    "BIG_SSE_BYTES",
+    "DRIP_S",
+    "FAULTS",
+    "HUGE_BYTES",
+    "SLOW_S",
+    "FaultUpstream",
+    "blackholed_url",
+    "padded_metrics_page",
+]
 
 DRIP_S: Final = 0.05
 SLOW_S: Final = 0.05
@@ -73,6 +83,38 @@ _ERROR: Final = fixture_path("error_unknown_model.json").read_bytes()
 _METRICS: Final = fixture_path("metrics_baseline.prom").read_bytes()
 
 
+@contextlib.contextmanager
+def blackholed_url() -> Iterator[str]:
+    """A URL whose connects time out, as a black-holed address's do: a listener with a full
+    backlog that never accepts (later SYNs are dropped: tcp_abort_on_overflow=0)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # fill the accept queue
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for sock in [*fillers, listener]:
+            sock.close()
+
+
+def padded_metrics_page(target_bytes: int) -> bytes:
+    """A valid vLLM page (speculative metrics) padded with `vllm:` gauge samples of distinct
+    engines (the lines the parser keeps) to about `target_bytes`."""
+    page = bytearray(fixture_path("metrics_spec.prom").read_bytes())
+    i = 0
+    while len(page) < target_bytes:
+        page += f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1.0\n'.encode()
+        i += 1
+    return bytes(page)
+
+
 def _head(status: int, reason: str, headers: dict[str, str]) -> bytes:
     lines = [f"HTTP/1.1 {status} {reason}", "server: fault-upstream"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
@@ -102,6 +144,8 @@ class FaultUpstream:
     """The server; `url` once started. Use as `async with FaultUpstream() as up:`."""
 
     seed: int = 0
+    host: str = "127.0.0.1"  # any loopback address (127.0.0.0/8)
+    metrics: bytes = _METRICS  # the /metrics page (`padded_metrics_page`: a huge one)
     requests: Counter[str] = field(default_factory=Counter)
     aborted: int = 0
     streamed: int = 0
@@ -112,9 +156,9 @@ class FaultUpstream:
 
     async def __aenter__(self) -> FaultUpstream:
         # A head as large as the proxy lets through (its 64 KiB of client headers, plus its own).
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1 << 20)
+        self._server = await asyncio.start_server(self._serve, self.host, 0, limit=1 << 20)
         port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{self.host}:{port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -149,8 +193,8 @@ class FaultUpstream:
                 if path == "/health":
                     writer.write(_head(200, "OK", {"content-length": "0"}))
                 elif path == "/metrics":
-                    writer.write(_head(200, "OK", {"content-length": str(len(_METRICS))}))
-                    writer.write(_METRICS)
+                    writer.write(_head(200, "OK", {"content-length": str(len(self.metrics))}))
+                    writer.write(self.metrics)
                 elif path == "/v1/models":
                     body = json.dumps({"object": "list", "data": [{"id": "tiny-llama"}]}).encode()
                     writer.write(_head(200, "OK", {"content-length": str(len(body))}) + body)

@@ -20,7 +20,7 @@ from specproxy.grafana.dashboard import (
     panel_queries,
 )
 from tests.deploy.rulefiles import load_rules, promtool
-from tests.promql_names import exported_names, names_in
+from tests.promql_names import arm_matchers, exported_names, names_in
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "dashboards" / DASHBOARD_FILENAME
@@ -227,6 +227,13 @@ def test_request_queries_follow_model_and_instance_and_recorded_ones_model() -> 
             assert 'model=~"$model"' in expr, (title, expr)
 
 
+def test_no_query_names_an_arm() -> None:
+    """A/B/n: adding an arm is a config change only; a query filters arms by `$arm` (whose
+    values Prometheus lists), never by a name."""
+    for title, expr, _ in panel_queries(build_dashboard()):
+        assert arm_matchers(expr) <= {"$arm"}, (title, expr)
+
+
 def test_recording_rules_are_used_where_they_exist() -> None:
     exprs = " ".join(expr for _, expr, _ in panel_queries(build_dashboard()))
     for name in (
@@ -320,7 +327,13 @@ def test_a_verdict_row_per_treatment_after_an_overview_of_all() -> None:
     repeated = panels[start + 1 : end]
     assert repeated and all("$arm" in p["title"] or "arm" in str(p["targets"]) for p in repeated)
     overview = panels[panels.index(rows[0]) + 1 : start]
-    table = next(p for p in overview if p["type"] == "table")
+    table = next(p for p in overview if p["title"].startswith("Speedup with confidence"))
     organize = next(t for t in table["transformations"] if t["id"] == "organize")
     assert organize["options"]["indexByName"]["arm"] == 0
     assert all("without (bound, instance, pod)" in t["expr"] for t in table["targets"])
+    # and every configured arm with its role and labels (`[arms.NAME] labels`: label_KEY)
+    arms = next(p for p in overview if p["title"] == "Arms: role and labels")
+    (target,) = arms["targets"]
+    assert f"{m.ARM}_info" in target["expr"] and target["instant"]
+    organize = next(t for t in arms["transformations"] if t["id"] == "organize")
+    assert organize["options"]["indexByName"] == {"arm": 0, "role": 1}

@@ -3,12 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
 
-from specproxy.proxy.sse import SSEScanner, count_token_ids
+from specproxy.proxy.sse import (
+    COMPILED,
+    MAX_EVENT_BYTES,
+    NO_EXTENSIONS_ENV,
+    PySSEScanner,
+    SSEScanner,
+    count_token_ids,
+)
 from tests.proxy.fake_upstream import fixture_stream
+
+# Every test runs on both scanners: the reference and the compiled one (when built; `make test`
+# builds it, and test_the_compiled_scanner_is_built_where_required holds that).
+IMPLEMENTATIONS: dict[str, type[PySSEScanner]] = {"python": PySSEScanner}
+if COMPILED:
+    IMPLEMENTATIONS["compiled"] = SSEScanner
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def impl(request: pytest.FixtureRequest) -> type[PySSEScanner]:
+    return IMPLEMENTATIONS[request.param]
+
 
 STREAMS = [
     "chat_stream_usage_spec.sse",
@@ -33,8 +53,10 @@ def chunkings(data: bytes, seed: int) -> list[list[bytes]]:
     return out
 
 
-def scan(chunks: list[bytes], *, strip: bool) -> tuple[SSEScanner, bytes]:
-    scanner = SSEScanner(strip_usage=strip)
+def scan(
+    chunks: list[bytes], *, strip: bool, impl: type[PySSEScanner] = SSEScanner
+) -> tuple[PySSEScanner, bytes]:
+    scanner = impl(strip_usage=strip)
     out = [scanner.feed(chunk, float(i)) for i, chunk in enumerate(chunks)]
     out.append(scanner.finish())
     return scanner, b"".join(out)
@@ -42,12 +64,12 @@ def scan(chunks: list[bytes], *, strip: bool) -> tuple[SSEScanner, bytes]:
 
 @pytest.mark.parametrize("name", STREAMS)
 def test_without_stripping_every_byte_passes_and_counts_do_not_depend_on_chunking(
-    name: str,
+    name: str, impl: type[PySSEScanner]
 ) -> None:
     data = fixture_stream(name)
     results = set()
     for chunks in chunkings(data, seed=len(name)):
-        scanner, out = scan(chunks, strip=False)
+        scanner, out = scan(chunks, strip=False, impl=impl)
         assert out == data
         assert scanner.done
         usage = (scanner.usage or {}).get("completion_tokens")
@@ -55,9 +77,9 @@ def test_without_stripping_every_byte_passes_and_counts_do_not_depend_on_chunkin
     assert len(results) == 1
 
 
-def test_chat_stream_counts_match_the_fixture() -> None:
+def test_chat_stream_counts_match_the_fixture(impl: type[PySSEScanner]) -> None:
     data = fixture_stream("chat_stream_usage_spec.sse")
-    scanner, _ = scan([data], strip=False)
+    scanner, _ = scan([data], strip=False, impl=impl)
     # 13 data lines: role preamble (no content), 10 content events, usage chunk, [DONE].
     assert scanner.n_events == 10
     assert scanner.usage == {"prompt_tokens": 20, "total_tokens": 52, "completion_tokens": 32}
@@ -66,28 +88,32 @@ def test_chat_stream_counts_match_the_fixture() -> None:
     assert not scanner.token_ids_complete
 
 
-def test_token_ids_are_counted_per_event() -> None:
+def test_token_ids_are_counted_per_event(impl: type[PySSEScanner]) -> None:
     data = fixture_stream("completion_stream_usage_tokenids_spec.sse")
-    scanner, _ = scan([data[i : i + 7] for i in range(0, len(data), 7)], strip=False)
+    scanner, _ = scan([data[i : i + 7] for i in range(0, len(data), 7)], strip=False, impl=impl)
     assert scanner.token_ids_complete
     assert scanner.usage is not None
     assert scanner.token_ids == scanner.usage["completion_tokens"] == 24
     assert scanner.n_events == 8
 
 
-def test_stripping_the_usage_chunk_gives_exactly_the_no_usage_stream() -> None:
+def test_stripping_the_usage_chunk_gives_exactly_the_no_usage_stream(
+    impl: type[PySSEScanner],
+) -> None:
     with_usage = fixture_stream("chat_stream_usage_spec.sse")
     without = fixture_stream("chat_stream_nousage_spec.sse")
     for chunks in chunkings(with_usage, seed=11):
-        scanner, out = scan(chunks, strip=True)
+        scanner, out = scan(chunks, strip=True, impl=impl)
         assert out == without
         assert scanner.usage is not None and scanner.usage["completion_tokens"] == 32
         assert scanner.speculative is not None
 
 
-def test_stripping_a_completion_stream_moves_the_fingerprint_like_vllm() -> None:
+def test_stripping_a_completion_stream_moves_the_fingerprint_like_vllm(
+    impl: type[PySSEScanner],
+) -> None:
     data = fixture_stream("completion_stream_usage_tokenids_spec.sse")
-    _, out = scan([data], strip=True)
+    _, out = scan([data], strip=True, impl=impl)
     events = [e for e in out.split(b"\n\n") if e]
     assert b'"usage"' not in out
     assert events[-1] == b"data: [DONE]"
@@ -98,22 +124,22 @@ def test_stripping_a_completion_stream_moves_the_fingerprint_like_vllm() -> None
     assert out.count(b"\n\n") == data.count(b"\n\n") - 1
 
 
-def test_stripping_without_a_usage_chunk_changes_nothing() -> None:
+def test_stripping_without_a_usage_chunk_changes_nothing(impl: type[PySSEScanner]) -> None:
     data = fixture_stream("chat_stream_nousage_spec.sse")
     for chunks in chunkings(data, seed=5):
-        _, out = scan(chunks, strip=True)
+        _, out = scan(chunks, strip=True, impl=impl)
         assert out == data
 
 
-def test_a_broken_stream_releases_its_incomplete_tail_verbatim() -> None:
+def test_a_broken_stream_releases_its_incomplete_tail_verbatim(impl: type[PySSEScanner]) -> None:
     data = fixture_stream("chat_stream_usage_spec.sse")
     cut = data[: len(data) // 2 + 17]
-    scanner, out = scan([cut[:100], cut[100:]], strip=True)
+    scanner, out = scan([cut[:100], cut[100:]], strip=True, impl=impl)
     assert out == cut
     assert not scanner.done
 
 
-def test_timestamps_and_gaps_come_from_chunk_arrival() -> None:
+def test_timestamps_and_gaps_come_from_chunk_arrival(impl: type[PySSEScanner]) -> None:
     events = [
         b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
         b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n',
@@ -122,25 +148,25 @@ def test_timestamps_and_gaps_come_from_chunk_arrival() -> None:
         b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
         b"data: [DONE]\n\n",
     ]
-    scanner = SSEScanner()
+    scanner = impl()
     for at, event in zip([1.0, 2.0, 2.5, 4.0, 4.5, 4.6], events, strict=True):
         scanner.feed(event, at)
     assert scanner.first_content_at == 2.0
     assert scanner.last_content_at == 4.0
-    assert scanner.gaps == [0.5, 1.5]
+    assert list(scanner.gaps) == [0.5, 1.5]
     assert scanner.n_events == 3
     assert scanner.last_event_at == 4.6
 
 
-def test_crlf_framing_is_understood() -> None:
+def test_crlf_framing_is_understood(impl: type[PySSEScanner]) -> None:
     data = fixture_stream("chat_stream_usage_spec.sse").replace(b"\n", b"\r\n")
-    scanner, out = scan([data[i : i + 3] for i in range(0, len(data), 3)], strip=False)
+    scanner, out = scan([data[i : i + 3] for i in range(0, len(data), 3)], strip=False, impl=impl)
     assert out == data
     assert scanner.n_events == 10 and scanner.done
 
 
-def test_in_stream_error_is_flagged() -> None:
-    scanner = SSEScanner()
+def test_in_stream_error_is_flagged(impl: type[PySSEScanner]) -> None:
+    scanner = impl()
     scanner.feed(b'data: {"error": {"message": "boom", "code": 500}}\n\ndata: [DONE]\n\n', 0.0)
     assert scanner.error_event and scanner.n_events == 0
 
@@ -154,36 +180,38 @@ def test_count_token_ids() -> None:
 
 
 @pytest.mark.parametrize("name", STREAMS)
-def test_a_complete_stream_has_no_defect(name: str) -> None:
+def test_a_complete_stream_has_no_defect(name: str, impl: type[PySSEScanner]) -> None:
     data = fixture_stream(name)
     for chunks in chunkings(data, seed=3)[:3]:
-        scanner, _ = scan(chunks, strip=False)
+        scanner, _ = scan(chunks, strip=False, impl=impl)
         assert scanner.defect() is None
     unterminated = data.rstrip(b"\n")  # the last event without its blank line
-    assert scan([unterminated], strip=False)[0].defect() is None
+    assert scan([unterminated], strip=False, impl=impl)[0].defect() is None
 
 
-def test_garbage_a_cut_stream_and_an_in_stream_error_are_defects() -> None:
+def test_garbage_a_cut_stream_and_an_in_stream_error_are_defects(impl: type[PySSEScanner]) -> None:
     rng = random.Random(5)
     garbage = bytes(rng.randrange(256) for _ in range(20_000)).replace(b"data:", b"dat?:")
-    scanner, out = scan([garbage[i : i + 700] for i in range(0, len(garbage), 700)], strip=False)
+    scanner, out = scan(
+        [garbage[i : i + 700] for i in range(0, len(garbage), 700)], strip=False, impl=impl
+    )
     assert out == garbage and scanner.defect() == "malformed_stream"  # relayed as it came
     data = fixture_stream("chat_stream_usage_baseline.sse")
     cut = data[: data.rindex(b"data: [DONE]")]  # ends on an event boundary, without [DONE]
-    assert scan([cut], strip=False)[0].defect() == "malformed_stream"
+    assert scan([cut], strip=False, impl=impl)[0].defect() == "malformed_stream"
     error = b'data: {"error": {"message": "engine died", "code": 500}}\n\ndata: [DONE]\n\n'
     first = data[: data.index(b"\n\n", 300) + 2]  # whole events, then the error
-    assert scan([first, error], strip=False)[0].defect() == "stream_error"
+    assert scan([first, error], strip=False, impl=impl)[0].defect() == "stream_error"
 
 
 @pytest.mark.parametrize("strip", [False, True])
-def test_an_event_past_the_bound_stops_the_scan(strip: bool) -> None:
+def test_an_event_past_the_bound_stops_the_scan(strip: bool, impl: type[PySSEScanner]) -> None:
     """Events below the bound are scanned as usual; one still open past it (here 100 KiB in
     1 KiB chunks, bound 16 KiB) marks the scanner oversized, is never held whole or parsed,
     and makes the stream `event_too_large`."""
     data = fixture_stream("chat_stream_usage_baseline.sse")
     events = [e + b"\n\n" for e in data.split(b"\n\n") if e]
-    scanner = SSEScanner(strip_usage=strip, max_event_bytes=16 * 1024)
+    scanner = impl(strip_usage=strip, max_event_bytes=16 * 1024)
     scanner.feed(events[0] + events[1], 1.0)
     assert scanner.n_events == 1 and scanner.defect() == "malformed_stream"  # no [DONE] yet
     scanner.feed(b'data: {"choices":[{"delta":{"content":"', 2.0)
@@ -198,3 +226,137 @@ def test_an_event_past_the_bound_stops_the_scan(strip: bool) -> None:
     assert not scanner.done and scanner.n_events == 1  # nothing scanned past the bound
     assert scanner.oversized
     assert out == ([b""] * 100 if strip else [b"x" * 1024] * 100)
+
+
+def test_the_compiled_scanner_is_built_where_required() -> None:
+    """`make test` (CI) installs with SPECPROXY_REQUIRE_EXTENSIONS=1: there the relay must run
+    the compiled scanner, and these tests must have run on both."""
+    if os.environ.get("SPECPROXY_REQUIRE_EXTENSIONS") == "1":
+        assert not os.environ.get(NO_EXTENSIONS_ENV)
+        assert COMPILED and SSEScanner is not PySSEScanner
+        assert set(IMPLEMENTATIONS) == {"python", "compiled"}
+    assert SSEScanner().max_event_bytes == MAX_EVENT_BYTES == PySSEScanner().max_event_bytes
+
+
+def _state(scanner: PySSEScanner) -> tuple[object, ...]:
+    return (
+        scanner.first_content_at,
+        scanner.last_content_at,
+        scanner.last_event_at,
+        scanner.n_events,
+        list(scanner.gaps),
+        scanner.token_ids,
+        scanner.token_ids_complete,
+        scanner.usage,
+        scanner.speculative,
+        scanner.done,
+        scanner.error_event,
+        scanner.oversized,
+        scanner.defect(),
+        bytes(scanner._buf),
+    )
+
+
+# Events the generated streams are made of: every fixture's events, and the odd ones a server may
+# send (comments, named events, multi-line data, no space after `data:`, empty content that is
+# not, continuous usage stats on a content event, errors, unicode escapes, token id lists).
+_ODD_EVENTS = [
+    b": keep-alive",
+    b'event: message\ndata: {"choices":[{"delta":{"content":"x"}}]}',
+    b'data: {"choices":[{"delta":\ndata: {"content":"split"}}]}',
+    b'data:{"choices":[{"delta":{"content":"nospace"}}]}',
+    b'data: {"choices":[{"delta":{"content":"","tool_calls":[{"id":"t"}]}}]}',
+    b'data: {"choices":[{"delta":{"content":"","reasoning_content":"think"}}]}',
+    b'data: {"choices":[{"delta":{"content":null,"reasoning":""}}]}',
+    b'data: {"choices":[{"delta":{"content": ""}, "finish_reason": "stop"}]}',
+    b'data: {"choices":[{"delta":{}}],"note":"\\u0063ontent"}',
+    b'data: {"choices":[{"delta":{"\\u0063ontent":"esc"}}]}',
+    b'data: {"choices":[{"text":"","token_ids":[]}]}',
+    b'data: {"choices":[{"text":"","token_ids":[ 7 , 8 ]}]}',
+    b'data: {"choices":[{"text":"a","token_ids":[1,2,3]}],"token_ids":null}',
+    b'data: {"choices":[{"delta":{"content":"u"}}],"usage":{"prompt_tokens":1}}',
+    b'data: {"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"fp-\\"q\\""}',
+    b'data: {"choices":[],"usage":null}',
+    b'data: {"choices":[],"usage":{"prompt_tokens":2},"metrics":{"speculative_decoding":{"a":1}}}',
+    b'data: {"error": {"message": "boom"}}',
+    b'data: {"choices":[{"delta":{"content":"fin"},"finish_reason":"length"}]}',
+    b"data: [DONE]",
+    b"data: [DONE] ",
+    b"data:[DONE]",
+    b'data: {"choices":[{"delta":{"content":"","reasoning":"think"}}]}',
+    b'data: {"choices":[{"delta":{"content":"","\\u0074ool_calls":[{"id":"t"}]}}]}',
+    b'data: {"choices":[{"delta":{"content":""},"finish_reason":"stop"}]}',
+    b'data: not json {"usage"',
+    b'data: {"choices":[{"delta":{"content":"' + "\u00e9\u4e2d".encode() + b'"}}]}',
+    b"\x00\xff garbage",
+]
+
+
+def _events_pool() -> list[bytes]:
+    pool = list(_ODD_EVENTS)
+    for name in STREAMS:
+        pool += [e for e in fixture_stream(name).split(b"\n\n") if e]
+    return pool
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled scanner is not built here")
+@pytest.mark.parametrize("seed", range(60))
+def test_the_compiled_scanner_equals_the_reference_on_generated_streams(seed: int) -> None:
+    """Byte for byte and field for field, on random streams of odd and real events, framed with
+    LF or CRLF, cut anywhere, with and without stripping, and with a small event bound."""
+    rng = random.Random(seed)
+    pool = _events_pool()
+    crlf = rng.random() < 0.3
+    sep = b"\r\n\r\n" if crlf else b"\n\n"
+    events = [rng.choice(pool) for _ in range(rng.randint(0, 40))]
+    if crlf:
+        events = [e.replace(b"\n", b"\r\n") for e in events]
+    data = b"".join(e + sep for e in events)
+    if rng.random() < 0.3:
+        data = data[: rng.randint(0, len(data))]  # cut mid-stream
+    cuts = sorted(rng.sample(range(1, len(data)), min(max(len(data) - 1, 0), rng.randint(0, 30))))
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    for strip in (False, True):
+        bound = rng.choice([MAX_EVENT_BYTES, 300])
+        ref, got = (
+            PySSEScanner(strip_usage=strip, max_event_bytes=bound),
+            SSEScanner(strip_usage=strip, max_event_bytes=bound),
+        )
+        for i, chunk in enumerate(chunks):
+            assert got.feed(chunk, float(i)) == ref.feed(chunk, float(i))
+            assert _state(got) == _state(ref)
+        assert got.finish() == ref.finish()
+        assert _state(got) == _state(ref)
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_the_event_bound_is_exact(strip: bool, impl: type[PySSEScanner]) -> None:
+    """An open event of exactly `max_event_bytes` is kept; one byte more is oversized."""
+    for extra, oversized in ((0, False), (1, True)):
+        scanner = impl(strip_usage=strip, max_event_bytes=64)
+        scanner.feed(b"data: " + b"x" * (58 + extra), 1.0)
+        assert scanner.oversized is oversized
+
+
+@pytest.mark.parametrize(
+    "tail", [b"data: [DONE]", b"data: [DONE]\n", b"data: [DONE]\r\n", b"data:[DONE]\r", b"[DONE]"]
+)
+def test_a_last_event_without_its_blank_line_still_ends_the_stream(
+    tail: bytes, impl: type[PySSEScanner]
+) -> None:
+    scanner = impl()
+    scanner.feed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n' + tail, 1.0)
+    scanner.finish()
+    assert scanner.done is (tail != b"[DONE]")
+
+
+def test_a_finish_event_without_a_brace_gets_the_fingerprint_as_python_slices_it(
+    impl: type[PySSEScanner],
+) -> None:
+    scanner = impl(strip_usage=True)
+    out = scanner.feed(
+        b'data: "finish_reason":"stop" no brace\n\n'
+        b'data: {"choices":[],"usage":{"completion_tokens":1},"system_fingerprint":"fp"}\n\n',
+        1.0,
+    )
+    assert out == b'data: "finish_reason":"stop" no brace\n,"system_fingerprint":"fp"\n'

@@ -16,13 +16,15 @@ from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.records import EngineSample, RequestRecord
 from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import StatsResult
-from specproxy.store.contract import Sink
+from specproxy.store.contract import Sink, StatsStore
 from specproxy.store.memory import MemoryStore
 
 RUN = "abn3"
 CONTROL = "base"
 TREATMENTS = ("ngram-k4", "eagle")
 ARMS = (CONTROL, *TREATMENTS)
+# `[arms.NAME] labels`, as the stats job carries them for the views (the control has none)
+LABELS = {"ngram-k4": {"method": "ngram", "k": "4"}, "eagle": {"method": "eagle"}}
 T0 = 1_700_000_000.0
 STEP_S = 0.05
 PER_ARM = 1200
@@ -104,6 +106,25 @@ def fill(store: Sink) -> None:
         store.record_engine(sample)
 
 
+async def store_stats(
+    store: StatsStore, stats_cfg: StatsConfig = SETTINGS, warmup: WarmupConfig = WARMUP
+) -> StatsResult:
+    """The stats job's result for the run `store` holds, stored in its history as the live
+    job stores it (what a proxy configured with these `[arms.NAME]` leaves)."""
+    result = await compute_stats(
+        store,
+        run_id=RUN,
+        stats_cfg=stats_cfg,
+        warmup=warmup,
+        control=CONTROL,
+        treatments=TREATMENTS,
+        labels=LABELS,
+    )
+    stored = cast(dict[str, Any], result)
+    await store.write_stats(run_id=RUN, t=result["computed_at"], result=stored)
+    return result
+
+
 async def three_arm_result() -> StatsResult:
     """The stats job's result for the run, as GET /api/stats serves it (a JSON round trip)."""
     import json
@@ -120,6 +141,7 @@ async def three_arm_result() -> StatsResult:
             warmup=WARMUP,
             control=CONTROL,
             treatments=TREATMENTS,
+            labels=LABELS,
         )
     finally:
         await store.close()

@@ -3,6 +3,7 @@ and each treatment's speedups by condition, in the numbers GET /api/stats and /u
 
 from __future__ import annotations
 
+import asyncio
 import html as html_lib
 import json
 import re
@@ -12,6 +13,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from specproxy.cli import main
 from specproxy.config import StoreConfig
 from specproxy.report.build import write_report
 from specproxy.report.summary import (
@@ -30,7 +32,6 @@ from specproxy.report.summary import (
     main_window,
     shown_arms,
 )
-from specproxy.stats.job.tick import compute_stats
 from specproxy.stats.result import StatsResult, WindowResult
 from specproxy.store.factory import open_store
 from tests.report import abn
@@ -44,16 +45,7 @@ async def _report(tmp_path: Path) -> tuple[StatsResult, str, dict[str, Any]]:
     try:
         abn.fill(store)
         await store.flush()
-        result = await compute_stats(
-            store,
-            run_id=abn.RUN,
-            stats_cfg=abn.SETTINGS,
-            warmup=abn.WARMUP,
-            control=abn.CONTROL,
-            treatments=abn.TREATMENTS,
-        )
-        stored = cast(dict[str, Any], result)
-        await store.write_stats(run_id=abn.RUN, t=result["computed_at"], result=stored)
+        result = await abn.store_stats(store)
     finally:
         await store.close()
     out = tmp_path / "report"
@@ -93,8 +85,10 @@ async def test_every_arm_and_every_comparison_is_reported(
         (row,) = re.findall(rf"<tr data-arm='{re.escape(arm)}'>(.*?)</tr>", page)
         cells = [html_lib.unescape(c) for c in re.findall(r"<td>(.*?)</td>", row)]
         rate, length = f["acceptance_rate"], f["mean_acceptance_length"]
-        assert cells == [
-            arm,
+        labels = ", ".join(f"{k}={v}" for k, v in abn.LABELS.get(arm, {}).items())
+        # the configured labels beside the name ("method=ngram, k=4"), none for the control
+        assert cells[0] == (f"{arm} <span class='labels'>{labels}</span>" if labels else arm)
+        assert cells[1:] == [
             str(f["n"]),
             fmt_ms(f["e2e_median"]),
             fmt_ms(f["e2e_p90"]),
@@ -192,3 +186,33 @@ async def test_each_treatments_conditions_are_reported(
     assert low["band"] == "1" and low["speedup"] is not None
     assert low["speedup"] == pytest.approx(1.6, rel=0.1)
     assert np.isfinite(low["speedup"])
+
+
+async def test_a_named_arm_run_without_a_stored_result_is_reported_against_its_control(
+    tmp_path: Path,
+) -> None:
+    """A bench or ingest run (records, no stats history) with named arms: the report computes
+    the comparisons itself, against `--control`; without it, it says which arms it found."""
+    from specproxy.errors import ConfigError
+
+    url = f"sqlite:///{tmp_path / 'bench.db'}"
+    store = open_store(StoreConfig(url=url))
+    await store.start()
+    try:
+        for rec in abn.records(per_arm=200):
+            store.record(rec)
+        await store.flush()
+    finally:
+        await store.close()
+    out = tmp_path / "report"
+    with pytest.raises(ConfigError, match="the run's arms are base, eagle, ngram-k4"):
+        await write_report(url, run_id=abn.RUN, out_dir=out, warmup=abn.WARMUP)
+    flags = ["--store", url, "--out", str(out), "--run-id", abn.RUN, "--warmup-requests", "0"]
+    # `specproxy report --control base`, run where the command runs (its own event loop)
+    assert await asyncio.to_thread(main, ["report", *flags, "--control", "base"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    window = main_window(cast(StatsResult, report["stats"]))
+    assert window is not None
+    assert (window["control"], window["treatments"]) == ("base", ["eagle", "ngram-k4"])
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert re.findall(r"<tr data-arm='([^']+)'>", page) == ["eagle", "ngram-k4", "base"]

@@ -22,13 +22,13 @@ from tests.stats.job.runs import RUN
 from tests.stats.job.runs import records as _records
 
 
-async def _store_run(db: str, gpu: list[GpuSample] | None = None) -> None:
-    """A SQLite store at `db` holding 400 records of run RUN (t 1000-1040 s) and `gpu`."""
+async def _store_run(db: str, gpu: list[GpuSample] | None = None, t0: float = 1000.0) -> None:
+    """A SQLite store at `db` holding 400 records of run RUN (t t0 to t0 + 40 s) and `gpu`."""
     from specproxy.store.factory import open_store
 
     s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
     await s.start()
-    for rec in _records(400, 1000.0, 1.5, 1):
+    for rec in _records(400, t0, 1.5, 1):
         s.record(rec)
     for sample in gpu or []:
         s.record_gpu(sample)
@@ -256,3 +256,84 @@ def test_once_honours_the_proxys_config_file(
     bad.write_text(config.read_text().replace("alpha = 0.02", "alpha = 0.9"))
     assert main(["stats", "--config", str(bad)]) == 2
     assert "stats.alpha" in capsys.readouterr().err
+
+
+# ---- A/B/n: a run whose arms are named ---------------------------------------------------------
+
+THREE_ARMS_TOML = """
+run_id = "abn3"
+[arms.base]
+role = "control"
+urls = ["http://127.0.0.1:1"]
+[arms.ngram-k4]
+urls = ["http://127.0.0.1:2"]
+[arms.eagle]
+urls = ["http://127.0.0.1:3"]
+"""
+
+
+async def _store_named_arms(db: str, *, with_result: bool = False) -> None:
+    """tests.report.abn's three-arm run (control "base"), 150 requests per arm; with the stats
+    job's result stored too when `with_result` (what a proxy with `[arms.NAME]` leaves)."""
+    from specproxy.store.factory import open_store
+    from tests.report import abn
+
+    store = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=abn.RUN)
+    await store.start()
+    try:
+        for rec in abn.records(per_arm=150):
+            store.record(rec)
+        await store.flush()
+        if with_result:
+            await abn.store_stats(store, StatsConfig(resamples=200))
+    finally:
+        await store.close()
+
+
+def _arms_of(out: str) -> tuple[str, list[str], dict[str, int]]:
+    window = json.loads(out)["results"]["all"]["all"]
+    return window["control"], window["treatments"], window["samples"]
+
+
+def test_a_run_with_named_arms_is_refused_until_its_control_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bench or ingest run with named arms and no stored result: compared with a 'baseline'
+    that holds no data, every comparison was empty and the text report raised KeyError."""
+    db = f"{tmp_path}/named.db"
+    asyncio.run(_store_named_arms(db))
+    store = ["--store", f"sqlite:///{db}", "--resamples", "200", "--warmup-requests", "0"]
+    assert main(["stats", *store]) == 2
+    err = capsys.readouterr().err
+    assert "the run's arms are base, eagle, ngram-k4 and none is the control 'baseline'" in err
+    assert "--control NAME" in err
+
+    assert main(["stats", *store, "--control", "base", "--json"]) == 0
+    control, treatments, samples = _arms_of(capsys.readouterr().out)
+    assert (control, treatments) == ("base", ["eagle", "ngram-k4"])  # every other arm, by name
+    assert samples == {"base": 150, "eagle": 150}  # the first treatment's, as two arms read
+
+    config = tmp_path / "three.toml"
+    config.write_text(THREE_ARMS_TOML)
+    assert main(["stats", *store, "--config", str(config), "--json"]) == 0
+    control, treatments, _ = _arms_of(capsys.readouterr().out)
+    assert (control, treatments) == ("base", ["ngram-k4", "eagle"])  # the config's, in order
+
+    assert main(["stats", *store, "--config", str(config)]) == 0
+    text = capsys.readouterr().out
+    for treatment in ("ngram-k4", "eagle"):
+        assert f"[all / all] split: base n=150, {treatment} n=150" in text
+    assert "2 treatments against base: each verdict at alpha 0.025 (bonferroni" in text
+    assert "best: " in text or "no winner yet" in text
+
+
+def test_the_arms_of_the_runs_stored_result_are_compared_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = f"{tmp_path}/stored.db"
+    asyncio.run(_store_named_arms(db, with_result=True))
+    assert main(["stats", "--store", f"sqlite:///{db}", "--json"]) == 0
+    control, treatments, _ = _arms_of(capsys.readouterr().out)
+    assert (control, treatments) == ("base", ["ngram-k4", "eagle"])
+    with pytest.raises(SystemExit):  # an arm name is checked like the config's
+        main(["stats", "--store", f"sqlite:///{db}", "--control", "Base"])

@@ -138,3 +138,63 @@ def test_the_future_rows_gauge_reads_the_result_and_zero_for_an_older_one() -> N
         register_stats_collector(registry, functools.partial(lambda r: r, result))
         text = generate_latest(registry).decode()
         assert f"{names.STATS_FUTURE_ROWS} {want}" in text
+
+
+async def test_each_treatment_of_a_three_arm_result_has_its_own_series() -> None:
+    """A/B/n: the comparison gauges carry `arm`, the treatment compared with the control, one
+    set per treatment of the result (bounded by its arms); the verdict and gate stay state sets
+    with one state at 1 per treatment; the per-arm sample counts name the control too."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specproxy.stats.result import comparisons_of
+    from tests.report import abn
+
+    result = await abn.three_arm_result()
+    registry = CollectorRegistry()
+    register_stats_collector(registry, lambda: result)
+    text = generate_latest(registry).decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+    def series(name: str) -> list[Any]:
+        return [
+            s
+            for s in samples
+            if s.name == name and (s.labels["model"], s.labels["window"]) == ("all", "all")
+        ]
+
+    window = result["results"]["all"]["all"]
+    comparisons = window.get("comparisons") or {}
+    assert set(comparisons) == set(comparisons_of(window)) == set(abn.TREATMENTS)
+    for family in (names.SPEEDUP, names.VERDICT, names.GATE, names.P99_SLOWDOWN):
+        assert {s.labels["arm"] for s in series(family)} == set(abn.TREATMENTS), family
+    for treatment, comparison in comparisons.items():
+        mine = [s for s in series(names.VERDICT) if s.labels["arm"] == treatment]
+        for metric, block in comparison["metrics"].items():
+            on = [s.labels[names.VERDICT] for s in mine if s.labels["metric"] == metric and s.value]
+            assert on == [block["verdict"]], (treatment, metric)
+            median = block["speedup"]["median"]
+            (estimate,) = [
+                s.value
+                for s in series(names.SPEEDUP)
+                if s.labels["arm"] == treatment
+                and s.labels["metric"] == metric
+                and s.labels["statistic"] == "median"
+                and s.labels["bound"] == "estimate"
+            ]
+            assert estimate == median["estimate"]
+        (gate,) = [
+            s.labels[names.GATE]
+            for s in series(names.GATE)
+            if s.labels["arm"] == treatment and s.value
+        ]
+        assert gate == comparison["gate"]["state"]
+    # the two treatments' series differ: they are not one comparison published twice
+    e2e = {
+        s.labels["arm"]: s.value
+        for s in series(names.SPEEDUP)
+        if (s.labels["metric"], s.labels["statistic"], s.labels["bound"])
+        == ("e2e", "median", "estimate")
+    }
+    assert e2e["eagle"] != e2e["ngram-k4"]
+    counts = {s.labels["arm"]: s.value for s in series(names.SAMPLES)}
+    assert set(counts) == set(abn.ARMS)

@@ -102,6 +102,26 @@ async def test_api_stats_reflects_recorded_traffic(
     assert gauge is not None and gauge > 0
 
 
+async def test_the_inline_job_carries_the_configured_arm_labels() -> None:
+    """A/B/n: `[arms.NAME] labels` reach the result (`arm_labels`), which /ui and the report
+    show beside each arm; arms without labels are left out."""
+    arms = {
+        "base": {"role": "control", "urls": ["http://127.0.0.1:9"]},
+        "ngram-k2": {"urls": ["http://127.0.0.1:9"], "labels": {"method": "ngram", "k": 2}},
+        "eagle": {"urls": ["http://127.0.0.1:9"], "labels": {"method": "eagle"}},
+    }
+    cfg = Config.from_mapping(
+        {"arms": arms, "store": {"url": "memory://"}, "stats": {"interval_s": 3600.0}}
+    )
+    app = create_app(cfg, registry=CollectorRegistry())
+    async with TestClient(TestServer(app)):
+        result = await app[STATS_JOB].run_once()
+    assert result.get("arm_labels") == {
+        "ngram-k2": {"method": "ngram", "k": "2"},
+        "eagle": {"method": "eagle"},
+    }
+
+
 async def test_no_store_means_no_job_and_a_clear_503() -> None:
     cfg = Config(baseline_url="http://127.0.0.1:9", speculative_url="http://127.0.0.1:9")
     app = create_app(cfg, recorder=MemoryRecorder(), with_store=False, with_stats=False)

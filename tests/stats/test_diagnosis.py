@@ -468,6 +468,22 @@ def test_no_gpu_telemetry_means_not_evaluated_never_a_finding() -> None:
     assert "not evaluated" in message and "dcgm_urls" in message
 
 
+def test_the_gpu_branches_name_the_compared_arms_and_their_config_tables() -> None:
+    """A/B/n: each comparison's diagnosis names its own arms, and where their GPU telemetry
+    is configured (`[arms.NAME]`, the shorthand's `[speculative]` in a two-arm run)."""
+    calm = GpuSummary(samples=40, up_samples=40, memory_bandwidth=0.4, thermal_throttle_share=0.0)
+    hot = dataclasses.replace(calm, thermal_throttle_share=0.25)
+    named = dataclasses.replace(_gpu_input(hot, None), names=("base", "ngram-k4"))
+    out = diagnose(named)
+    (reason,) = [r for r in out.reasons if r.code == "thermal_throttling"]
+    assert "ngram-k4 in 25% of scrapes" in reason.message
+    message = out.not_evaluated[0].message
+    assert "the base arm has no GPU telemetry ([arms.base] dcgm_urls)" in message
+    assert "speculative" not in message and "baseline" not in message
+    two = diagnose(_gpu_input(hot, None)).not_evaluated[0].message
+    assert "the baseline arm has no GPU telemetry ([baseline] dcgm_urls)" in two
+
+
 def test_bandwidth_saturated_fires_above_90_percent_only() -> None:
     hot = GpuSummary(
         samples=10,

@@ -71,6 +71,35 @@ async def test_sqlite_lock_outage_is_survived(tmp_path: Path) -> None:
     assert not _spill_files(tmp_path)
 
 
+async def test_a_hung_write_spills_the_rows_behind_it(tmp_path: Path) -> None:
+    """A write that hangs (the database locked far past STALLED_WRITE_S, inside SQLite's lock
+    timeout) is an outage for the rows waiting behind it: they go to the spill file, where a
+    SIGKILL cannot take them, instead of memory until the lock timeout; each is stored once."""
+    db = tmp_path / "store.db"
+    batch = 10
+    store = open_store(store_config(f"sqlite:///{db}?timeout=600", tmp_path, batch_size=batch))
+    await store.start()
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # the next write waits (up to 600 s) for the lock
+    try:
+        for i in range(100):
+            store.record(make_record(i))
+        # the flusher took one batch into the hung write; the rest spill once it is stalled
+        await eventually(lambda: store.spilled == 100 - batch, timeout_s=120)
+        assert store.healthy  # no write has failed: only stalled
+        for i in range(100, 150):
+            store.record(make_record(i))  # while it hangs: straight to the spill file
+        assert store.spilled == 150 - batch and store.pending == 150
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    await store.flush()
+    assert await _count(store) == (150, 150)
+    assert store.pending == 0 and store.dropped == 0 and store.healthy
+    await store.close()
+    assert not _spill_files(tmp_path)
+
+
 async def test_close_during_outage_leaves_spill_replayed_at_next_start(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     cfg = store_config(f"sqlite:///{db}?timeout=0.05", tmp_path, max_buffer=1000)

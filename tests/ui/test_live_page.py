@@ -424,6 +424,10 @@ async def test_live_page_shows_every_arm_of_a_three_arm_result(
         (body,) = [a for tag, a, _ in dom.elements if tag == "body"]
         assert body.get("data-computed-at") == repr(result["computed_at"])
         _check(dom, result)
+        # each treatment's configured labels beside its name, as /api/stats carries them
+        shown = [t for tag, a, t in dom.elements if tag == "span" and a.get("class") == "labels"]
+        assert shown == [["method=ngram, k=4"], ["method=eagle"]]
+        assert result.get("arm_labels") == abn.LABELS
         assert [t for tag, _, t in dom.elements if tag == "h3"][:2] == [
             [f"{t} against {abn.CONTROL}"] for t in abn.TREATMENTS
         ]

@@ -302,6 +302,33 @@ def _overview_panels() -> list[_Panel]:
         },
         options=_stat_options("value"),
     )
+    arms = _Panel(
+        "table",
+        "Arms: role and labels",
+        "Every configured arm, its role (control or treatment) and its free-form labels"
+        " (`[arms.NAME] labels`, shown as label_KEY), as the proxies export them.",
+        [
+            _Query(
+                f"max without (instance, pod) ({m.ARM}_info{{{INSTANCE_SELECTOR}}})",
+                "arms",
+                instant=True,
+            )
+        ],
+        unit="none",
+        width=16,
+        height=5,
+        defaults={"custom": {"align": "auto"}},
+        options={"cellHeight": "sm", "showHeader": True, "sortBy": [{"displayName": "role"}]},
+        transformations=[
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True},
+                    "indexByName": {"arm": 0, "role": 1},
+                },
+            },
+        ],
+    )
     bounds = ("estimate", "lower", "upper")
     ci_table = _Panel(
         "table",
@@ -349,7 +376,7 @@ def _overview_panels() -> list[_Panel]:
             },
         ],
     )
-    return [stats_age, ci_table]
+    return [stats_age, arms, ci_table]
 
 
 def _speedup_over_time_panels() -> list[_Panel]:
@@ -807,11 +834,16 @@ def _traffic_panels() -> list[_Panel]:
     )
     p99_ratio = _Panel(
         "timeseries",
-        "P99 ratio from histograms (speculative / baseline)",
+        "P99 ratio from histograms (treatment / control)",
         "Recording rule, fleet-wide, 5 m, streamed and non-streamed requests together: a"
-        " coarse cross-check of the stats job's P99 speedup (no CI; above 1 the speculative"
-        " tail is slower).",
-        [_Query(f'{m.RECORDED_P99_RATIO}{{model=~"$model"}}', "{{model}} p99 ratio")],
+        " coarse cross-check of the stats job's P99 speedup, one line per treatment arm (no CI;"
+        " above 1 the treatment's tail is slower than the control's).",
+        [
+            _Query(
+                f'{m.RECORDED_P99_RATIO}{{model=~"$model",arm=~"$arm"}}',
+                "{{arm}} {{model}} p99 ratio",
+            )
+        ],
         unit="x",
         width=8,
         defaults={

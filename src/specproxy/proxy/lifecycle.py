@@ -114,7 +114,10 @@ class Forwarder:
         for arm in fleet.arms:
             metrics.arm_up.labels(arm).set_function(functools.partial(_up, fleet.pool(arm)))
             role = "control" if arm == cfg.control_arm else "treatment"
-            metrics.arm_role.labels(arm).info({"role": role})
+            # `[arms.NAME] labels` ride along as label_KEY (kube-state-metrics' form), so the
+            # dashboard shows them and no key can collide with arm or role
+            labels = {f"label_{k}": v for k, v in cfg.arm_config(arm).labels.items()}
+            metrics.arm_role.labels(arm).info({"role": role, **labels})
         fail_open = [arm for arm in cfg.treatment_arms if cfg.arm_config(arm).on_down == "control"]
         self._router = router if router is not None else router_of(cfg)
         self._control = cfg.control_arm

@@ -147,8 +147,6 @@ async def _buffered(request: web.Request, trace: Trace, upstream: Reply) -> web.
         trace.status = exc.status  # what the client gets: nothing was sent yet
         return await send_error(request, trace, exc)
     trace.upstream_end = time.perf_counter()
-    if upstream.status == 200:
-        trace.non_stream_usage, trace.speculative = usage_of(payload)
     resp = web.Response(
         body=payload,
         status=upstream.status,
@@ -162,6 +160,8 @@ async def _buffered(request: web.Request, trace: Trace, upstream: Reply) -> web.
         trace.disconnected = True
         trace.fail(ErrorKind.DISCONNECTED)
     trace.e2e_end = time.perf_counter()
+    if upstream.status == 200:  # measured once the client has its answer: no added latency
+        trace.non_stream_usage, trace.speculative = usage_of(payload)
     return resp
 
 

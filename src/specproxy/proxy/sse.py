@@ -15,19 +15,30 @@ held back only until the next event arrives (for n=1 the usage chunk follows at 
 
 One event is bounded (`max_event_bytes`, `Config.max_event_bytes`): an event still open past
 the bound marks the scanner `oversized` and it stops scanning; the relay then ends the stream.
+
+Two implementations of one state machine: `PySSEScanner` here, the reference, and the compiled
+`_sse.Scanner` (`_sse.c`), which does each event's byte searches in one pass in C and calls back
+into this module for the rare steps that parse JSON (`_usage_doc`, `_has_content`, `_raw_value`)
+or join a multi-line event (`_data_payload`). `SSEScanner` is the compiled one when it was built
+(`pip install` compiles it where a C compiler is found) and `SPECPROXY_NO_EXTENSIONS` is unset,
+else the reference; tests run both on the same streams.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-from typing import Any
+from array import array
+from typing import TYPE_CHECKING, Any, Final
 
 from specproxy.errors import ErrorKind
+from specproxy.proxy.usage import usage_of
 
-__all__ = ["MAX_EVENT_BYTES", "SSEScanner", "count_token_ids"]
+__all__ = ["COMPILED", "MAX_EVENT_BYTES", "PySSEScanner", "SSEScanner", "count_token_ids"]
 
 MAX_EVENT_BYTES = 1024 * 1024  # the default bound on one event (`Config.max_event_bytes`)
+NO_EXTENSIONS_ENV: Final = "SPECPROXY_NO_EXTENSIONS"  # set (non-empty): the reference scanner
 
 _DATA = b"data:"
 _DATA_SPACE = b"data: "
@@ -42,6 +53,7 @@ _ERROR = b'{"error"'
 # One search for `"content":""`, `"text":""`, `"delta":{}` and `"content":null`, each also with a
 # space after the colon.
 _MAYBE_EMPTY = re.compile(rb'"content": ?(?:""|null)|"text": ?""|"delta": ?\{\}')
+_NO_CHOICES = re.compile(rb'"choices": ?\[\]')
 _CONTENT_KEYS = ("content", "text", "reasoning", "reasoning_content", "tool_calls", "token_ids")
 _DECODER = json.JSONDecoder()
 
@@ -69,7 +81,7 @@ def _has_content(payload: bytes) -> bool:
     """Exact check of a suspicious event: does any choice carry text, tool calls or tokens?"""
     try:
         doc = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     choices = doc.get("choices") if isinstance(doc, dict) else None
     if not isinstance(choices, list):
@@ -81,6 +93,28 @@ def _has_content(payload: bytes) -> bool:
             if isinstance(part, dict) and any(part.get(key) for key in _CONTENT_KEYS):
                 return True
     return False
+
+
+def _usage_doc(payload: bytes) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """The final usage chunk's `usage` and `metrics.speculative_decoding`, or None when the
+    event is no usage chunk (`choices` not empty: continuous usage stats on a content event).
+
+    vLLM's usage chunk (`"choices":[]`) is read as a non-stream body is (`usage.usage_of`: the
+    two small objects decoded alone, not the chunk's per-request metrics around them); any
+    other shape is parsed whole."""
+    if _NO_CHOICES.search(payload) is not None:
+        usage, speculative = usage_of(payload)
+        return None if usage is None else (usage, speculative)
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    if not isinstance(usage, dict) or doc.get("choices"):
+        return None
+    metrics = doc.get("metrics")
+    speculative = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    return usage, speculative if isinstance(speculative, dict) else None
 
 
 def _data_payload(event: bytes) -> bytes | None:
@@ -99,8 +133,24 @@ def _data_payload(event: bytes) -> bytes | None:
     return b"\n".join(parts) if parts else None
 
 
-class SSEScanner:
-    """Feed it every upstream chunk with its arrival time; read the results when the stream ends."""
+def _defect(scanner: PySSEScanner) -> ErrorKind | None:
+    """Why a stream that ended normally (HTTP 200, clean EOF) is still no usable sample, as an
+    `error_kind`: an in-stream error object ("stream_error"), or no `data: [DONE]`, which vLLM
+    always sends last ("malformed_stream": garbage, or a stream cut at an event boundary), or an
+    event past `max_event_bytes` ("event_too_large"). None for a complete stream."""
+    if scanner.oversized:
+        return ErrorKind.EVENT_TOO_LARGE
+    if scanner.error_event:
+        return ErrorKind.STREAM_ERROR
+    if not scanner.done:
+        return ErrorKind.MALFORMED_STREAM
+    return None
+
+
+class PySSEScanner:
+    """Feed it every upstream chunk with its arrival time; read the results when the stream ends.
+
+    The reference implementation (see the module's docstring)."""
 
     def __init__(
         self, *, strip_usage: bool = False, max_event_bytes: int = MAX_EVENT_BYTES
@@ -112,7 +162,9 @@ class SSEScanner:
         self.last_content_at: float | None = None
         self.last_event_at: float | None = None
         self.n_events = 0  # events with content
-        self.gaps: list[float] = []  # between consecutive content events
+        # between consecutive content events: 8 bytes each (a stream is bounded in time by
+        # `stream_total_s`, so this is too)
+        self.gaps: array[float] = array("d")
         self.token_ids = 0
         self.token_ids_complete = True  # every content event carried token_ids
         self.usage: dict[str, Any] | None = None
@@ -169,19 +221,7 @@ class SSEScanner:
         self._out.clear()
         return out
 
-    def defect(self) -> ErrorKind | None:
-        """Why a stream that ended normally (HTTP 200, clean EOF) is still no usable sample, as
-        an `error_kind`: an in-stream error object ("stream_error"), or no `data: [DONE]`, which
-        vLLM always sends last ("malformed_stream": garbage, or a stream cut at an event
-        boundary), or an event past `max_event_bytes` ("event_too_large"). None for a
-        complete stream."""
-        if self.oversized:
-            return ErrorKind.EVENT_TOO_LARGE
-        if self.error_event:
-            return ErrorKind.STREAM_ERROR
-        if not self.done:
-            return ErrorKind.MALFORMED_STREAM
-        return None
+    defect = _defect
 
     def finish(self) -> bytes:
         """End of the upstream stream: release held events and any incomplete tail verbatim."""
@@ -246,19 +286,13 @@ class SSEScanner:
 
     def _usage_event(self, event: bytes, payload: bytes) -> bool:
         """Handle the final usage chunk (`choices: []` plus `usage`); False if it is not one."""
-        try:
-            doc = json.loads(payload)
-        except ValueError:
+        found = _usage_doc(payload)
+        if found is None:
             return False
-        usage = doc.get("usage") if isinstance(doc, dict) else None
-        if not isinstance(usage, dict) or doc.get("choices"):
-            return False  # e.g. continuous usage stats on a content event
-        self.usage = usage
-        metrics = doc.get("metrics")
-        if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
-            self.speculative = metrics["speculative_decoding"]
+        self.usage, speculative = found
+        if speculative is not None:
+            self.speculative = speculative
         if not self.strip_usage:
-            self._emit(event)
             return True
         fingerprint = _raw_value(payload, _FINGERPRINT)
         for held in self._held:
@@ -289,8 +323,39 @@ def _raw_value(payload: bytes, key: bytes) -> bytes | None:
     char_begin = len(payload[:begin].decode("utf-8", "surrogatepass"))
     try:
         value, char_end = _DECODER.raw_decode(text, char_begin)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if value is None:
         return None
     return text[char_begin:char_end].encode("utf-8", "surrogatepass")
+
+
+def _compiled() -> type[PySSEScanner] | None:
+    """The compiled scanner with this module's hooks, if it was built and is not switched off."""
+    if os.environ.get(NO_EXTENSIONS_ENV):
+        return None
+    try:
+        from specproxy.proxy._sse import Scanner
+    except ImportError:
+        return None
+
+    class SSEScanner(Scanner):
+        __slots__ = ()
+        defect = _defect
+        _data_payload = staticmethod(_data_payload)
+        _usage_doc = staticmethod(_usage_doc)
+        _has_content = staticmethod(_has_content)
+        _raw_value = staticmethod(_raw_value)
+
+    SSEScanner.__module__ = __name__
+    SSEScanner.__qualname__ = "SSEScanner"
+    return SSEScanner  # type: ignore[return-value]  # same attributes, another base
+
+
+_COMPILED = _compiled()
+COMPILED: Final = _COMPILED is not None  # which scanner `SSEScanner` is
+
+if TYPE_CHECKING:
+    SSEScanner = PySSEScanner
+else:
+    SSEScanner = _COMPILED if _COMPILED is not None else PySSEScanner

@@ -33,7 +33,7 @@ from specproxy.report.html import render_html
 from specproxy.report.summary import arm_figures, arms_of, main_window, shown_arms
 from specproxy.stats.job.rows import ROW_READ, usable_mask
 from specproxy.stats.job.tick import configs_of, warmup_rule
-from specproxy.stats.result import METRIC_COLUMNS, StatsResult
+from specproxy.stats.result import METRIC_COLUMNS, StatsResult, run_arms
 from specproxy.stats.warmup import WarmupRule, excluded_units, restart_times
 from specproxy.store.contract import Export, History, StatsStore, SummaryReader
 from specproxy.store.factory import open_store
@@ -66,6 +66,7 @@ async def write_report(
     settings: StatsConfig | None = None,
     stats_at: float | None = None,
     warmup: WarmupConfig | None = None,
+    control: str | None = None,
 ) -> Path | None:
     """Open the store at `store_url`, then `report_from_store`; None when nothing was recorded."""
     store = open_store(StoreConfig(url=store_url))
@@ -78,6 +79,7 @@ async def write_report(
             settings=settings,
             stats_at=stats_at,
             warmup=warmup,
+            control=control,
         )
     finally:
         await store.close()
@@ -91,12 +93,15 @@ async def report_from_store(
     settings: StatsConfig | None = None,
     stats_at: float | None = None,
     warmup: WarmupConfig | None = None,
+    control: str | None = None,
 ) -> Path | None:
     """Read the run from an open store, draw, write index.html, the PNGs and report.json.
 
     `stats_at` names the stats result to report (its `computed_at`), e.g. the final result a
     live proxy served; by default the run's last one. The caller keeps the store open (a live
-    proxy's `memory://` store holds the only copy of the run).
+    proxy's `memory://` store holds the only copy of the run). `control`: the control arm of a
+    run the report computes afresh without a stored result to take the arms from (a bench or
+    ingest run with named arms).
     """
     data = await collect(
         store,
@@ -104,6 +109,7 @@ async def report_from_store(
         settings=settings or StatsConfig(),
         stats_at=stats_at,
         warmup=warmup,
+        control=control,
     )
     if data is None:
         return None
@@ -118,9 +124,11 @@ async def collect(
     settings: StatsConfig,
     stats_at: float | None = None,
     warmup: WarmupConfig | None = None,
+    control: str | None = None,
 ) -> ReportData | None:
     """The run's records (with the stats job's selection), engine samples and stats history;
-    the settings of the run's last stored result win over `settings` and `warmup`."""
+    the settings and arms of the run's last stored result win over `settings`, `warmup` and
+    `control`."""
     run_id = run_id or await _latest_run(store)
     if run_id is None:
         return None
@@ -144,7 +152,7 @@ async def collect(
     data = _gather(run_id, arrays, engine, settings, warmup, _unit_s(last), until=until)
     if last is None or not _consistent(last, data):
         # No history (a bench run), or records the last stats run did not see: compute afresh.
-        history.append(await _compute_stats(store, run_id, settings, warmup, last))
+        history.append(await _compute_stats(store, run_id, settings, warmup, last, control))
         unit_s = _unit_s(history[-1][1])
         data = _gather(run_id, arrays, engine, settings, warmup, unit_s, until=None)
         data.recomputed = True
@@ -257,17 +265,20 @@ async def _compute_stats(
     settings: StatsConfig,
     warmup: WarmupConfig,
     last: StatsResult | None = None,
+    control: str | None = None,
 ) -> tuple[float, StatsResult]:
     """A store without stats history (a bench run), or records the last result did not see:
     compute the comparison once, with the last result's arms (A/B/n: its control and
-    treatments) where there is one, else the two-arm shorthand."""
+    treatments) where there is one, else `control` against every other arm of the run, else
+    the two-arm shorthand."""
     from specproxy.stats.job.tick import compute_stats
 
-    window = main_window(last)
+    held = run_arms(last)
     arms: dict[str, Any] = {}
-    if window is not None and "control" in window:
-        control, treatments = arms_of(window)
-        arms = {"control": control, "treatments": treatments}
+    if held is not None and last is not None:
+        arms = {"control": held[0], "treatments": held[1], "labels": last.get("arm_labels", {})}
+    elif control is not None:
+        arms = {"control": control}
     result = await compute_stats(store, run_id=run_id, stats_cfg=settings, warmup=warmup, **arms)
     return float(result["computed_at"]), result
 

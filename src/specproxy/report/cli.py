@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.extras import require
+from specproxy.records import arm_name
 
 __all__ = ["configure", "run"]
 
@@ -18,6 +19,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default="out/report", help="output directory")
     parser.add_argument("--run-id", help="run to report (default: the run with the latest record)")
+    parser.add_argument(
+        "--control",
+        type=arm_name,
+        metavar="NAME",
+        help="the control arm of a run without a stored stats result (a bench or ingest run with"
+        " named arms), every other arm a treatment (default: the stored result's arms, else"
+        " 'baseline')",
+    )
     parser.add_argument(
         "--warmup-requests",
         type=int,
@@ -42,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
             out_dir=Path(args.out),
             settings=StatsConfig(resamples=args.resamples),
             warmup=WarmupConfig(requests=args.warmup_requests),
+            control=args.control,
         )
     )
     if out is None:

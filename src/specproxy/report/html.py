@@ -18,6 +18,7 @@ from specproxy.report.summary import (
     METRICS,
     STATISTICS,
     arm_figures,
+    arm_labels_text,
     arms_of,
     band_text,
     best_line,
@@ -32,7 +33,7 @@ from specproxy.report.summary import (
     needed_more,
     shown_arms,
 )
-from specproxy.stats.result import WindowResult
+from specproxy.stats.result import StatsResult, WindowResult
 
 __all__ = ["render_html"]
 
@@ -42,6 +43,7 @@ body { font: 15px/1.45 system-ui, sans-serif; color: #1d2330; max-width: 1000px;
 h1 { font-size: 1.6em; margin-bottom: 0.2em; }
 h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 .sub { color: #667; }
+.labels { color: #667; font-size: 0.85em; }
 table { border-collapse: collapse; margin: 0.6em 0; }
 th, td { padding: 0.3em 0.8em; border-bottom: 1px solid #e4e6eb; text-align: right;
          white-space: nowrap; }
@@ -102,7 +104,7 @@ def render_html(data: ReportData) -> str:
     else:
         parts += _verdicts(window)
         parts += _speedups(window)
-        parts += _arms(window)
+        parts += _arms(window, data.stats)
         parts += _diagnosis(window)
         parts += _conditions(window)
     parts.append("<h2>Figures</h2><div class='grid'>")
@@ -226,7 +228,7 @@ def _speedups(window: WindowResult) -> list[str]:
     return out
 
 
-def _arms(window: WindowResult) -> list[str]:
+def _arms(window: WindowResult, result: StatsResult | None) -> list[str]:
     out = [
         "<h2>Per arm</h2><table id='arms'><tr><th>arm</th><th>n</th><th>E2E median</th>"
         "<th>E2E P90</th><th>E2E P99</th><th>TTFT median</th><th>TPOT median</th>"
@@ -236,7 +238,7 @@ def _arms(window: WindowResult) -> list[str]:
         f = arm_figures(window, arm)
         rate, length = f["acceptance_rate"], f["mean_acceptance_length"]
         out.append(
-            f"<tr data-arm='{_e(arm)}'><td>{_e(arm)}</td><td>{f['n']}</td>"
+            f"<tr data-arm='{_e(arm)}'><td>{_e(arm)}{_labels(result, arm)}</td><td>{f['n']}</td>"
             f"<td>{fmt_ms(f['e2e_median'])}</td><td>{fmt_ms(f['e2e_p90'])}</td>"
             f"<td>{fmt_ms(f['e2e_p99'])}</td>"
             f"<td>{fmt_ms(f['ttft_median'])}</td>"
@@ -246,6 +248,12 @@ def _arms(window: WindowResult) -> list[str]:
         )
     out.append("</table>")
     return out
+
+
+def _labels(result: StatsResult | None, arm: str) -> str:
+    """The arm's configured labels beside its name ("" without any)."""
+    text = arm_labels_text(result, arm)
+    return f" <span class='labels'>{_e(text)}</span>" if text else ""
 
 
 def _diagnosis(window: WindowResult) -> list[str]:

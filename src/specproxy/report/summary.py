@@ -33,6 +33,7 @@ __all__ = [
     "STATISTICS",
     "arm_comparison",
     "arm_figures",
+    "arm_labels_text",
     "arm_rows",
     "arms_of",
     "band_text",
@@ -163,6 +164,13 @@ def arm_figures(window: WindowResult, arm: str) -> dict[str, Any]:
         "acceptance_rate": engine["acceptance_rate"] if engine is not None else None,
         "mean_acceptance_length": engine["mean_acceptance_length"] if engine is not None else None,
     }
+
+
+def arm_labels_text(result: StatsResult | None, arm: str) -> str:
+    """An arm's configured labels as the views print them beside its name ("method=ngram,
+    k=4"); "" for an arm without labels (the two-arm shorthand's never have any)."""
+    labels = result.get("arm_labels", {}).get(arm, {}) if result is not None else {}
+    return ", ".join(f"{key}={value}" for key, value in labels.items())
 
 
 def best_line(window: WindowResult) -> str | None:

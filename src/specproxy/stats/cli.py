@@ -7,6 +7,11 @@ latest result win over the config's (`--settings config` keeps the config's), so
 reproduces what the proxy said live; flags win over both. `--follow` computes with the config's
 settings, as the proxy's own stats process does.
 
+The arms (A/B/n): `--control NAME` (every other arm of the run a treatment), else the config's
+arms, else (once) those the run's latest stored result compared, else the two-arm shorthand's
+control `baseline`. A run whose arms are named, without any of these, is refused with its arms
+listed, rather than compared with an arm that has no data.
+
 The text report gives, per model and window, the design, the sample sizes, each metric's verdict
 and speedup CIs, and the diagnosis; `--json` prints the full result (schema in `stats.result`).
 """
@@ -19,13 +24,28 @@ import dataclasses
 import datetime
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 from specproxy.config import StatsConfig, StoreConfig, WarmupConfig
 from specproxy.errors import ConfigError
+from specproxy.records import arm_name
+from specproxy.report.summary import arms_of, best_line
 from specproxy.stats.job.follower import StatsHistory
-from specproxy.stats.job.settings import StatsSettings, child_settings, command_settings
-from specproxy.stats.result import P99Verdict, StatsResult, TwoSampleP99, to_json
+from specproxy.stats.job.settings import (
+    StatsSettings,
+    arm_roles,
+    child_settings,
+    command_settings,
+)
+from specproxy.stats.result import (
+    P99Verdict,
+    StatsResult,
+    TwoSampleP99,
+    WindowComparison,
+    comparisons_of,
+    run_arms,
+    to_json,
+)
 
 __all__ = ["configure", "run"]
 
@@ -54,6 +74,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--run-id", help="run to analyse (default: the config's, else the only run, else 'default')"
+    )
+    add(
+        "--control",
+        type=arm_name,
+        metavar="NAME",
+        help="the control arm, every other arm of the run a treatment (default: the config's"
+        " arms, else those of the run's latest stored result, else 'baseline')",
     )
     add("--json", action="store_true", help="print the full JSON result")
     add(
@@ -96,7 +123,8 @@ def _with_flags(
 
 def _flagged(args: argparse.Namespace, settings: StatsSettings) -> StatsSettings:
     stats, warmup = _with_flags(args, settings.stats, settings.warmup)
-    return dataclasses.replace(settings, stats=stats, warmup=warmup)
+    control = args.control if args.control is not None else settings.control
+    return dataclasses.replace(settings, stats=stats, warmup=warmup, control=control)
 
 
 def _p99_line(p99: P99Verdict) -> str:
@@ -121,29 +149,52 @@ def _p99_line(p99: P99Verdict) -> str:
 
 
 def _text_report(result: StatsResult) -> str:
+    """Per model and window, each treatment's comparison with the control (two arms: one, as
+    before); with several treatments, the multiplicity and the best-configuration line."""
     lines = [f"run {result['run_id']}: windows end at {_utc(result['window_end'])}"]
     for model, windows in result["results"].items():
         for window, res in windows.items():
-            n = res["samples"]
-            lines.append(
-                f"\n[{model} / {window}] {res['design']}: baseline n={n['baseline']}, "
-                f"speculative n={n['speculative']}"
-            )
-            for metric, block in res["metrics"].items():
-                cells = []
-                for stat, ci in block["speedup"].items():
-                    estimate, lower, upper = ci["estimate"], ci["lower"], ci["upper"]
-                    if ci["status"] != "ok" or estimate is None or lower is None or upper is None:
-                        cells.append(f"{stat} insufficient")
-                    else:
-                        cells.append(f"{stat} {estimate:.3f} [{lower:.3f}, {upper:.3f}]")
-                lines.append(f"  {metric:<5} {block['verdict']:<12} " + "; ".join(cells))
-                seq = block["sequential"]
-                if seq is not None and "p99" in seq:
-                    lines.append(f"        {_p99_line(seq['p99'])}")
-            lines.append(f"  diagnosis: {res['diagnosis']['summary']}")
-            lines.extend(f"    - {r['message']}" for r in res["diagnosis"]["reasons"])
+            control, _ = arms_of(res)
+            each = comparisons_of(res)
+            for treatment, comparison in each.items():
+                lines.extend(
+                    _comparison_lines(f"{model} / {window}", control, treatment, comparison)
+                )
+            if len(each) > 1:
+                many = res.get("multiplicity")
+                if many is not None:
+                    lines.append(
+                        f"  {many['treatments']} treatments against {control}: each verdict at"
+                        f" alpha {many['alpha_per_comparison']:.3g} ({many['method']}, family"
+                        f" alpha {many['alpha']:.3g})"
+                    )
+                said = best_line(res)
+                if said is not None:
+                    lines.append(f"  {said}")
     return "\n".join(lines)
+
+
+def _comparison_lines(where: str, control: str, treatment: str, res: WindowComparison) -> list[str]:
+    n = res["samples"]
+    lines = [
+        f"\n[{where}] {res['design']}: {control} n={n.get(control, 0)}, "
+        f"{treatment} n={n.get(treatment, 0)}"
+    ]
+    for metric, block in res["metrics"].items():
+        cells = []
+        for stat, ci in block["speedup"].items():
+            estimate, lower, upper = ci["estimate"], ci["lower"], ci["upper"]
+            if ci["status"] != "ok" or estimate is None or lower is None or upper is None:
+                cells.append(f"{stat} insufficient")
+            else:
+                cells.append(f"{stat} {estimate:.3f} [{lower:.3f}, {upper:.3f}]")
+        lines.append(f"  {metric:<5} {block['verdict']:<12} " + "; ".join(cells))
+        seq = block["sequential"]
+        if seq is not None and "p99" in seq:
+            lines.append(f"        {_p99_line(seq['p99'])}")
+    lines.append(f"  diagnosis: {res['diagnosis']['summary']}")
+    lines.extend(f"    - {r['message']}" for r in res["diagnosis"]["reasons"])
+    return lines
 
 
 def _utc(t: float) -> str:
@@ -174,7 +225,8 @@ async def _run_once(args: argparse.Namespace, settings: StatsSettings) -> StatsR
             held = f"its runs: {', '.join(runs)}" if runs else "it holds no runs"
             raise ConfigError(f"no run {run_id!r} in {settings.store.url}; {held}")
         stats_cfg, warmup = settings.stats, settings.warmup
-        stored = await _latest_stored(store, run_id) if args.settings == "stored" else None
+        latest = await _latest_stored(store, run_id)
+        stored = latest if args.settings == "stored" else None
         if stored is not None:
             stats_cfg, warmup = _with_flags(args, *configs_of(stored, stats_cfg, warmup))
             at = datetime.datetime.fromtimestamp(float(stored["computed_at"]), datetime.UTC)
@@ -186,7 +238,12 @@ async def _run_once(args: argparse.Namespace, settings: StatsSettings) -> StatsR
                 stats_cfg.alpha,
                 stats_cfg.resamples,
             )
-        return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg, warmup=warmup)
+        arms = arm_roles(settings)
+        compared = run_arms(cast(StatsResult | None, latest))
+        if not arms and compared is not None:  # the arms the live job compared (A/B/n)
+            arms = {"control": compared[0], "treatments": compared[1]}
+            arms["labels"] = (latest or {}).get("arm_labels") or {}
+        return await compute_stats(store, run_id=run_id, stats_cfg=stats_cfg, warmup=warmup, **arms)
     finally:
         await store.close()
 

@@ -364,6 +364,7 @@ def diagnose_metrics(
             baseline_step_s=steps[0],
             speculative_step_s=steps[1],
             queueing=queueing,
+            names=names,
         )
     )
 

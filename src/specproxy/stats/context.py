@@ -85,6 +85,7 @@ async def _inline_job(app: web.Application) -> AsyncIterator[None]:
         model_label=app[FLEET].labels.label if FLEET in app else None,
         control=cfg.control_arm,
         treatments=cfg.treatment_arms,
+        labels=cfg.arm_labels,
         **ramp_of(cfg),
     )
     app[STATS_JOB] = job

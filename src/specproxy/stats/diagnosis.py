@@ -410,6 +410,8 @@ class DiagnosisInput:
     # arms whose latency rose steeply within the window (`stats.queueing`); empty: none, or
     # not enough requests to tell
     queueing: tuple[LatencyGrowth, ...] = ()
+    # (control, treatment): the compared arms' names, as the reasons that name an arm say them
+    names: tuple[Arm, Arm] = (SHORTHAND_CONTROL, SHORTHAND_TREATMENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -721,7 +723,8 @@ def diagnose(d: DiagnosisInput) -> Diagnosis:
                 "speculation only speeds up decoding",
             )
         )
-    _gpu_branches({"speculative": spec.gpu, "baseline": d.baseline.gpu}, reasons, not_evaluated)
+    control, treatment = d.names
+    _gpu_branches({treatment: spec.gpu, control: d.baseline.gpu}, reasons, not_evaluated)
     summary = headline(d, reasons)
     return Diagnosis(
         summary=summary,
@@ -760,6 +763,11 @@ _THERMAL = "thermal_throttling"
 _SOURCE_WORDS = {"dram_active": "DRAM active", "mem_copy_util": "memory copy utilisation"}
 
 
+def _table(arm: Arm) -> str:
+    """The config table an arm's settings are in: the two-arm shorthand's, else `[arms.NAME]`."""
+    return f"[{arm}]" if arm in (SHORTHAND_CONTROL, SHORTHAND_TREATMENT) else f"[arms.{arm}]"
+
+
 def _gpu_branches(
     gpus: dict[str, GpuSummary | None], reasons: list[Reason], not_evaluated: list[Reason]
 ) -> None:
@@ -771,7 +779,7 @@ def _gpu_branches(
     for arm, g in gpus.items():
         if g is None:
             for branch in missing.values():
-                branch.append(f"the {arm} arm has no GPU telemetry ([{arm}] dcgm_urls)")
+                branch.append(f"the {arm} arm has no GPU telemetry ({_table(arm)} dcgm_urls)")
             continue
         if g.up_samples == 0:
             reasons.append(

@@ -57,6 +57,7 @@ __all__ = [
     "WindowComparison",
     "WindowResult",
     "comparisons_of",
+    "run_arms",
     "settings_lists",
     "to_json",
 ]
@@ -484,6 +485,8 @@ class StatsResult(TypedDict):
     settings: Settings
     results: dict[str, dict[str, WindowResult]]  # model or "all" -> window label -> result
     ramp: NotRequired[dict[str, RampStatus]]  # [ramp] enabled: each ramped arm, by name
+    # A/B/n: the configured arms' free-form labels (`[arms.NAME] labels`), arms with any only
+    arm_labels: NotRequired[dict[str, dict[str, str]]]
 
 
 def comparisons_of(window: WindowResult) -> dict[str, WindowComparison]:
@@ -500,6 +503,19 @@ def comparisons_of(window: WindowResult) -> dict[str, WindowComparison]:
         others = [arm for arm in window["samples"] if arm != control]
         name = others[0] if others else SHORTHAND_TREATMENT
     return {name: window}
+
+
+def run_arms(result: StatsResult | None) -> tuple[str, tuple[str, ...]] | None:
+    """The (control, treatments) a stored result compared (schema 3: every window names them);
+    None for no result, or one stored before A/B/n (its arms are the shorthand's)."""
+    if result is None:
+        return None
+    for per_window in result["results"].values():
+        for window in per_window.values():
+            control, treatments = window.get("control"), window.get("treatments")
+            if control is not None and treatments:
+                return control, tuple(treatments)
+    return None
 
 
 def settings_lists() -> tuple[list[str], dict[str, dict[str, str]]]:

@@ -259,7 +259,13 @@ function renderConditions(win, METRICS) {
   document.getElementById("conditions-section").hidden = !any;
 }
 
-function renderArms(win) {
+// summary.arm_labels_text: an arm's configured labels beside its name ("" without any)
+function armLabelsText(result, arm) {
+  const labels = ((result && result.arm_labels) || {})[arm] || {};
+  return Object.entries(labels).map(([key, value]) => `${key}=${value}`).join(", ");
+}
+
+function renderArms(win, result) {
   const body = document.querySelector("#arms tbody");
   body.replaceChildren();
   const [control, treatments] = armsOf(win);
@@ -273,7 +279,13 @@ function renderArms(win) {
     const tpot = (m.tpot.summary[arm] || {}).median;
     const engine = (held.engine || {})[arm] || {};
     const n = m.e2e.n[arm] || 0;
-    tr.appendChild(el("td", {}, arm));
+    const name = el("td", {}, arm);
+    const labels = armLabelsText(result, arm);
+    if (labels) {
+      name.appendChild(document.createTextNode(" "));
+      name.appendChild(el("span", { class: "labels" }, labels));
+    }
+    tr.appendChild(name);
     tr.appendChild(numCell(String(n), n, { "data-field": "n" }));
     tr.appendChild(numCell(fmtMs(e2e.median), e2e.median, { "data-field": "e2e_median" }));
     tr.appendChild(numCell(fmtMs(e2e.p99), e2e.p99, { "data-field": "e2e_p99" }));
@@ -309,7 +321,7 @@ async function poll() {
     renderVerdicts(win, metricLabels(result));
     renderSpeedups(win, metricLabels(result), statisticList(result));
     renderConditions(win, metricLabels(result));
-    renderArms(win);
+    renderArms(win, result);
     const when = isNum(result.computed_at)
       ? utcTime(result.computed_at) : "?";
     const run = result.run_id ? "run " + result.run_id + ", " : "";

@@ -51,7 +51,9 @@ def history(db: Path) -> list[dict[str, object]]:
 
 def test_follow_computes_every_interval_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
-    asyncio.run(_store_run(str(db)))
+    # Recent rows: the live job's windows end now, so rows from 1970 (`_store_run`'s default)
+    # made its whole-run window 56 years of minutes, and each tick took minutes, not the test.
+    asyncio.run(_store_run(str(db), t0=time.time() - 60))
     config = tmp_path / "specproxy.toml"
     config.write_text(FOLLOW_CONFIG.format(run=RUN, db=db, dir=tmp_path))
     log = tmp_path / "follow.log"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +10,12 @@ import pytest
 
 from specproxy.config import Config, StatsConfig, WarmupConfig
 from specproxy.errors import ConfigError
-from specproxy.stats.job.settings import CHILD_CONFIG_ENV, child_settings, command_settings
+from specproxy.stats.job.settings import (
+    CHILD_CONFIG_ENV,
+    arm_roles,
+    child_settings,
+    command_settings,
+)
 from specproxy.stats.job.tick import configs_of
 
 
@@ -62,3 +68,22 @@ def test_the_child_reads_the_config_its_parent_handed_over() -> None:
         child_settings({})
     with pytest.raises(ConfigError, match="not JSON"):
         child_settings({CHILD_CONFIG_ENV: "{"})
+
+
+def test_the_arms_come_from_control_given_else_the_config() -> None:
+    """`specproxy stats --follow --control NAME` without a config: the control named, every
+    other arm of the data a treatment; a config's arms otherwise; neither: the shorthand."""
+    cfg = Config.from_mapping(
+        {
+            "arms": {
+                "base": {"role": "control", "urls": ["http://a:1"]},
+                "k2": {"urls": ["http://b:1"]},
+                "k4": {"urls": ["http://c:1"]},
+            }
+        }
+    )
+    bare = command_settings(None, environ={})
+    assert arm_roles(bare) == {}
+    with_config = dataclasses.replace(bare, config=cfg)
+    assert arm_roles(with_config) == {"control": "base", "treatments": ("k2", "k4")}
+    assert arm_roles(dataclasses.replace(with_config, control="k2")) == {"control": "k2"}

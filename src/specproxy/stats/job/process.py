@@ -123,7 +123,7 @@ async def follow(
         leadership=leadership_for(settings.store.url, run_id),
         model_label=served.label if served is not None else None,
         on_leadership=on_leadership,
-        **arm_roles(settings.config),
+        **arm_roles(settings),
         **ramp_of(settings.config),
     )
     try:

@@ -61,13 +61,16 @@ class StatsJob:
         ramp: RampConfig | None = None,
         ramp_weights: Mapping[str, float] | None = None,
         ramp_horizon_s: float | None = None,
+        labels: Mapping[Arm, Mapping[str, str]] | None = None,
     ) -> None:
         """`control`, `treatments`: the run's arms (`Config.control_arm`, `treatment_arms`;
         None: every arm in the data but the control). `ramp` (when enabled) with `ramp_weights`,
         each ramped arm's configured weight, and `ramp_horizon_s`, how long a request may take
         (`settings.ramp_of`): the guarded ramp runs after every interval this process leads,
-        just before its tick (`RampJob.move`)."""
+        just before its tick (`RampJob.move`). `labels`: the arms' configured labels, carried by
+        every result for the views."""
         self._control = control
+        self._labels = dict(labels or {})
         self._treatments = tuple(treatments) if treatments is not None else None
         self._store = store
         self._gpu_samples = gpu_samples  # per-arm GPU samples, read each run; None: the store's
@@ -131,6 +134,7 @@ class StatsJob:
             memory=self._memory,
             control=self._control,
             treatments=self._treatments,
+            labels=self._labels,
         )
         if self._ramp is not None:  # its moves so far, exported by every replica's collector
             result["ramp"] = self._ramp.status()

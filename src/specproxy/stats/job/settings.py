@@ -57,6 +57,7 @@ class StatsSettings:
     scrape: ScrapeConfig
     run_id: str | None  # None: the store's only run, else "default"
     config: Config | None = None
+    control: str | None = None  # `--control NAME`: the control arm, over the config's
 
 
 def child_settings(environ: Mapping[str, str] | None = None) -> StatsSettings:
@@ -111,12 +112,21 @@ def _from_config(cfg: Config) -> StatsSettings:
     return StatsSettings(cfg.store, cfg.stats, cfg.warmup, cfg.scrape, cfg.run_id, cfg)
 
 
-def arm_roles(config: Config | None) -> dict[str, Any]:
-    """`StatsJob`'s `control` and `treatments` from a proxy config; {} without one (the
-    shorthand's control, every other arm in the data a treatment)."""
-    if config is None:
-        return {}
-    return {"control": config.control_arm, "treatments": config.treatment_arms}
+def arm_roles(settings: StatsSettings) -> dict[str, Any]:
+    """`StatsJob`'s (and `compute_stats`') `control`, `treatments` and `labels`: a `--control`
+    given (every other arm in the data a treatment), else the proxy config's arms; {} with
+    neither (the shorthand's control, every other arm in the data a treatment). The config's
+    arm labels go with either."""
+    config = settings.config
+    roles: dict[str, Any] = {}
+    if config is not None:
+        roles = {"control": config.control_arm, "treatments": config.treatment_arms}
+        if config.arm_labels:
+            roles["labels"] = config.arm_labels
+    if settings.control is not None:
+        roles["control"] = settings.control
+        roles.pop("treatments", None)
+    return roles
 
 
 def ramp_of(config: Config | None) -> dict[str, Any]:

@@ -91,10 +91,20 @@ def run_treatments(
     control: Arm, found: Iterable[Arm], configured: Sequence[Arm] | None
 ) -> tuple[Arm, ...]:
     """The treatments a tick compares with `control`: the configured ones (in their order), else
-    every other arm the data holds (in name order), else the shorthand's one."""
+    every other arm the data holds (in name order), else the shorthand's one.
+
+    Without configured treatments, data holding two or more arms and none of them `control` is a
+    run whose arms were named (`[arms.NAME]`, `bench --arm`, `ingest --arm`) by a process that
+    did not say which is the control: comparing them with an arm that has no data would print
+    empty comparisons, so it is refused, naming the arms."""
     if configured:
         return tuple(configured)
     others = sorted(set(found) - {control})
+    if control not in found and len(others) >= 2:
+        raise ConfigError(
+            f"the run's arms are {', '.join(others)} and none is the control {control!r}: name"
+            " the control (--control NAME, or --config with the run's [arms.NAME] tables)"
+        )
     return tuple(others) if others else (SHORTHAND_TREATMENT,)
 
 
@@ -199,16 +209,20 @@ def compute_tick(
     now: float | None = None,
     control: Arm = SHORTHAND_CONTROL,
     treatments: Sequence[Arm] | None = None,
+    labels: Mapping[Arm, Mapping[str, str]] | None = None,
 ) -> StatsResult:
     """The whole result from a planned tick; CPU only. `memory`: the computing job's memory of
     the anytime-valid evidence per (segment, window, metric), None for a one-off computation.
     `control`: the run's control arm; `treatments`: the arms compared with it (None: every
-    other arm the data holds)."""
+    other arm the data holds); `labels`: the arms' configured labels, which the result carries
+    for the views (`arm_labels`)."""
     started = time.perf_counter()
     at = time.time() if now is None else now
     settings = CompareSettings.from_config(stats_cfg)
     rule = warmup_rule(warmup)
-    found = {arm for w in plan.windows for arm in w.tiers.arms}
+    found = {  # the arms holding data (rows give every arm asked for, empty ones too)
+        arm for w in plan.windows for arm in w.tiers.arms if w.tiers.unit_counts(arm)[0].size
+    }
     chosen = run_treatments(control, found, treatments)
     arms = (control, *chosen)
     restarts = {arm: restart_times(engine.restart_samples, arm) for arm in arms}
@@ -344,6 +358,7 @@ def compute_tick(
         "future_newest": plan.future_newest,
         "settings": result_settings(stats_cfg, warmup),
         "results": results,
+        "arm_labels": {arm: dict(kv) for arm, kv in (labels or {}).items() if kv},
     }
 
 
@@ -507,9 +522,10 @@ async def compute_stats(
     control: Arm = SHORTHAND_CONTROL,
     treatments: Sequence[Arm] | None = None,
     now: float | None = None,
+    labels: Mapping[Arm, Mapping[str, str]] | None = None,
 ) -> StatsResult:
     """Read the run from the store, then compute on `executor` (None: the loop's default pool).
-    `control` and `treatments`: as `compute_tick` takes them.
+    `control`, `treatments` and `labels`: as `compute_tick` takes them.
 
     Windows end at `now` (None: the wall clock) plus `stats_cfg.future_skew_s` at the latest,
     whatever `window_end` says: rows stamped later (a clock stepped back, a replica's clock
@@ -583,5 +599,6 @@ async def compute_stats(
             memory=memory,
             control=control,
             treatments=treatments,
+            labels=labels,
         ),
     )
