@@ -3,10 +3,10 @@ step, how often it cuts an A/A treatment, and why it compares within steps while
 
 Every run is `tests/stats/ramp_sim.simulate`: one stats tick per virtual minute, 1,000 requests a
 minute split at the arm's current weight, through the production decision code (`control.ramp`,
-the step's `stats.rampguard.StepGuard`, `stats.anytime.errorrate`) with the job's alpha split
-(latency and error guard at alpha / 2 each, over the schedule's steps), while the load's latency
-factor doubles over the first 100 minutes. Control E2E: lognormal(0, 0.5) x load. The policy is
-the default schedule 1% -> 5% -> 25% -> 50% with `min_samples` 200 and `min_minutes` 5.
+the step's `stats.rampguard.StepGuard`: its latency and error-rate guards) with the job's alpha
+split (latency and error guard at alpha / 2 each, over the schedule's steps), while the load's
+latency factor doubles over the first 100 minutes. Control E2E: lognormal(0, 0.5) x load. The
+policy is the default schedule 1% -> 5% -> 25% -> 50% with `min_samples` 200 and `min_minutes` 5.
 
 1. A treatment with a 30% worse P99 (same median, wider log-normal): the treatment requests sent
    before the ramp cut it, against what the P99 test alone needs, i.e. the verdict's P99 test
@@ -42,7 +42,8 @@ from tests.stats.ramp_sim import (
 
 from specproxy.config import RampConfig
 from specproxy.stats.anytime.verdict import evidence
-from specproxy.stats.rampguard import StepGuard
+from specproxy.stats.job.ramp import DEFAULT_HORIZON_S
+from specproxy.stats.rampguard import StepGuard, StepRows
 from specproxy.stats.sample import ArmSample
 
 __all__ = ["main", "p99_test_alone"]
@@ -63,24 +64,17 @@ def p99_test_alone(
 ) -> int | None:
     """Treatment requests until the verdict's P99 test (at `alpha`, one look a minute, 50/50)
     first says slower; None: not within `minutes`."""
-    guard = StepGuard(alpha=alpha, tolerance=TOLERANCE, steps=1)
-    c_vals: list[np.ndarray] = []
-    t_vals: list[np.ndarray] = []
+    guard = StepGuard(alpha=alpha, tolerance=TOLERANCE, steps=1, revise_s=DEFAULT_HORIZON_S)
+    guard.begin(since=0.0, basis=1)
     n_t_total = 0
     for minute in range(minutes):
         load = drifting_load(minute)
         n_t = int(rng.binomial(RATE, share))
-        c_vals.append(control_sampler(rng, RATE - n_t, load))
-        t_vals.append(treatment(rng, n_t, load))
+        c, t = control_sampler(rng, RATE - n_t, load), treatment(rng, n_t, load)
         n_t_total += n_t
-        units = minute + 1
-        c, t = (
-            ArmSample.from_values(
-                np.concatenate(vals), np.repeat(np.arange(units), [a.size for a in vals]), units
-            )
-            for vals in (c_vals, t_vals)
-        )
-        seq = guard.look(c, t, basis=1, at=60.0 * units)
+        end = 60.0 * (minute + 1)
+        guard.fold(*(StepRows.of(np.full(v.size, minute), v) for v in (c, t)), until=end)
+        seq = guard.look(at=end).seq
         if seq is not None and seq["p99_slower"]:
             return n_t_total
     return None
@@ -185,7 +179,9 @@ def drift(runs: int, seed: int) -> None:
         rng = np.random.default_rng(seed + i)
         vals: dict[str, list[np.ndarray]] = {"c": [], "t": []}
         mins: dict[str, list[np.ndarray]] = {"c": [], "t": []}
-        guard = StepGuard(alpha=ALPHA, tolerance=TOLERANCE, steps=len(POLICY.schedule))
+        guard = StepGuard(
+            alpha=ALPHA, tolerance=TOLERANCE, steps=len(POLICY.schedule), revise_s=DEFAULT_HORIZON_S
+        )
         failed = False
         for k, share in enumerate(POLICY.schedule):
             step: dict[str, list[np.ndarray]] = {"c": [], "t": []}
@@ -205,7 +201,14 @@ def drift(runs: int, seed: int) -> None:
             )
             if k == len(POLICY.schedule) - 1:
                 within_ratio.append(t.quantile(0.5) / c.quantile(0.5))
-            seq = guard.look(c, t, basis=k + 1, at=60.0 * 25 * (k + 1))
+            guard.begin(since=60.0 * 25 * k, basis=k + 1)
+            c_rows, t_rows = (
+                StepRows.of(np.concatenate(step_mins[a]) - 25 * k, np.concatenate(step[a]))
+                for a in ("c", "t")
+            )
+            end = 60.0 * 25 * (k + 1)
+            guard.fold(c_rows, t_rows, until=end)
+            seq = guard.look(at=end).seq
             failed |= seq is not None and (seq["p99_slower"] or seq["median_slower"])
         within_failed += failed
         c, t = (

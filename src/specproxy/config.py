@@ -187,6 +187,13 @@ class TimeoutConfig:
             )
             object.__setattr__(self, arm, merged)
 
+    def longest_s(self) -> float | None:
+        """The longest a request can last under these timeouts: the connect plus the longer of
+        the non-streaming deadline and the stream cap (None: streams have no cap)."""
+        if self.stream_total_s is None:
+            return None
+        return self.connect_s + max(self.total_s, self.stream_total_s)
+
     def for_arm(self, arm: str) -> TimeoutConfig:
         """The timeouts of one arm: its overrides over this table."""
         override = self.speculative if arm == "speculative" else self.baseline

@@ -1,7 +1,7 @@
 """A guarded-ramp simulation against known-truth synthetic arms, on a virtual clock: one stats
 tick per minute through the real decision code (`control.ramp.decide`, `guards`, the step's
-`stats.rampguard.StepGuard`, `stats.anytime.errorrate`, both on the current step's minutes
-as `stats.job.ramp` runs them), the events folded as a replica does."""
+`stats.rampguard.StepGuard` with its latency and error-rate guards, fed each minute's requests
+as `stats.job.ramp` feeds it those that landed), the events folded as a replica does."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import numpy.typing as npt
 from specproxy.config import RampConfig
 from specproxy.control.events import ArmEvent
 from specproxy.control.ramp import Decision, RampPosition, decide, guard_event, guards
-from specproxy.stats.anytime.errorrate import UnitErrors, error_rate_test
-from specproxy.stats.rampguard import StepGuard
-from specproxy.stats.sample import ArmSample
+from specproxy.stats.job.ramp import DEFAULT_HORIZON_S
+from specproxy.stats.rampguard import StepGuard, StepRows
 
 FloatArray = npt.NDArray[np.float64]
 Sampler = Callable[[np.random.Generator, int, float], FloatArray]
@@ -86,41 +85,36 @@ def simulate(
     run = RampRun()
     arm = "speculative"
     # as stats.job.ramp: alpha split between the latency and the error guard, each over the steps
-    steps = len(policy.schedule)
-    guard = StepGuard(alpha=alpha / 2, tolerance=tolerance, steps=steps)
-    step: dict[str, list[FloatArray]] = {"c": [], "t": []}
-    step_start, basis = 0, -1
-    errors: list[UnitErrors] = []
+    guard = StepGuard(
+        alpha=alpha / 2, tolerance=tolerance, steps=len(policy.schedule), revise_s=DEFAULT_HORIZON_S
+    )
     p_t = error_rate if treatment_error_rate is None else treatment_error_rate
     final_since: int | None = None
     for minute in range(minutes):
         pos = RampPosition.of(arm, 0.0, run.events, run_start=0.0)
-        if pos.basis != basis:  # a new step: its own time block
-            basis, step_start, step, errors = pos.basis, minute, {"c": [], "t": []}, []
-        # this minute's traffic at the current share
+        since = pos.since if pos.since is not None else 0.0  # a new step: its own time block
+        guard.begin(since=since, basis=pos.basis)
+        # this minute's traffic at the current share; each arm's errors are some of its
+        # requests (their latency is drawn with the rest)
         load = drifting_load(minute)
         n_t = int(rng.binomial(rate_per_minute, pos.weight))
         n_c = rate_per_minute - n_t
-        step["c"].append(control_sampler(rng, n_c, load))
-        step["t"].append(treatment(rng, n_t, load))
+        values = (control_sampler(rng, n_c, load), treatment(rng, n_t, load))
         run.treatment_requests += n_t
-        errors.append(
-            UnitErrors(n_c, int(rng.binomial(n_c, error_rate)), n_t, int(rng.binomial(n_t, p_t)))
-        )
-        # the tick at the minute's end
-        now = 60.0 * (minute + 1)
-        units = minute - step_start + 1
-        c, t = (
-            ArmSample.from_values(
-                np.concatenate(step[k]),
-                np.repeat(np.arange(units), [a.size for a in step[k]]),
-                units,
+        errors = (int(rng.binomial(n_c, error_rate)), int(rng.binomial(n_t, p_t)))
+        rows = [
+            StepRows.of(
+                np.full(v.size, minute - int(since // 60)), v, errored=np.arange(v.size) < k
             )
-            for k in ("c", "t")
+            for v, k in zip(values, errors, strict=True)
+        ]
+        # the tick at the minute's end, the minute's requests landed
+        now = 60.0 * (minute + 1)
+        guard.fold(rows[0], rows[1], until=now)
+        look = guard.look(at=now)
+        decision = decide(
+            policy, pos, now=now, guards=guards(look.seq, look.errors), samples=look.samples
         )
-        seq = guard.look(c, t, basis=pos.basis, at=now)
-        failing = guards(seq, error_rate_test(errors, alpha=alpha / 2 / steps))
-        decision = decide(policy, pos, now=now, guards=failing, samples=t.n)
         run.decisions.append(decision)
         event = guard_event(decision, run_id="sim", t=now)
         if event is not None and decision.still_valid(pos.basis):
@@ -136,7 +130,7 @@ def simulate(
             )
             run.events.append(stored)
         if decision.move == "cut":
-            run.step_requests_at_cut = t.n
+            run.step_requests_at_cut = look.samples
             run.requests_at_cut = run.treatment_requests
             break
         if decision.step == len(policy.schedule) - 1 and decision.move == "hold":

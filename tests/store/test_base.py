@@ -119,6 +119,29 @@ async def test_read_filters_window_usable_and_run(store: BufferedStore) -> None:
         await store.read_records(run_id="run", columns=["t_start", "t_start; DROP TABLE x"])
 
 
+async def test_read_by_end_returns_what_ended_in_the_span_however_old_its_start(
+    store: BufferedStore,
+) -> None:
+    t0 = 1_700_000_000.0
+    # (start, e2e): ends at 10, 12, 20 (started at 0: an old start), 12.5; 12.5 in another run
+    for i, (start, e2e) in enumerate([(9.0, 1.0), (11.0, 1.0), (0.0, 20.0), (12.0, 0.5)]):
+        store.record(make_record(i, arm="baseline", t_start=t0 + start, e2e_s=e2e))
+    store.record(make_record(9, arm="baseline", run_id="other", t_start=t0 + 11.5, e2e_s=1.0))
+    await store.flush()
+
+    async def ended(lo: float, hi: float, since: float | None = None) -> list[float]:
+        got = await store.read_records(
+            run_id="run", columns=["t_start"], ended_since=t0 + lo, ended_until=t0 + hi, since=since
+        )
+        return [t - t0 for (t,) in got["baseline"]]
+
+    assert await ended(10.0, 20.0) == [9.0, 11.0, 12.0]  # [lo, hi): 10 in, 20 out; start order
+    assert await ended(12.0, 21.0) == [0.0, 11.0, 12.0]
+    assert await ended(12.0, 21.0, since=t0 + 1.0) == [11.0, 12.0]  # and a bound on the start
+    assert await ended(0.0, 10.0) == []
+    assert await ended(30.0, 40.0) == []  # the arm is still named, with nothing in the span
+
+
 async def test_engine_samples_and_stats_history(store: BufferedStore) -> None:
     samples = [
         EngineSample(

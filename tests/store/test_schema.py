@@ -13,6 +13,7 @@ import pytest
 from specproxy.records import EngineSample, GpuSample, RequestRecord
 from specproxy.store.factory import open_store
 from specproxy.store.migrations import MIGRATIONS, SCHEMA_VERSION
+from specproxy.store.queries import RecordQuery, records_sql, with_arm
 from specproxy.store.schema import GPU_COLUMNS, REQUEST_COLUMNS, gpu_row, gpu_sample
 from tests.store.conftest import make_record, store_config
 from tests.store.helpers import read_arrays, read_rollups
@@ -428,3 +429,42 @@ async def test_a_v8_store_gains_the_reroute_columns(
     await _check_v8_rerouted(url, tmp_path)
     if dialect == "postgresql":
         assert await _pg_versions(url) == list(range(1, SCHEMA_VERSION + 1))
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+async def test_a_v11_store_gains_the_index_of_request_ends(
+    dialect: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    rows = [r.format(true=1 if dialect == "sqlite" else "TRUE") for r in V5_ROWS]
+    if dialect == "sqlite":
+        url = f"sqlite:///{tmp_path / 'v11.db'}"
+        _sqlite_store_at(tmp_path / "v11.db", 11, rows)
+    else:
+        url = request.getfixturevalue("pg_url")
+        await _pg_store_at(url, 11, rows)
+    store = open_store(store_config(url, tmp_path))
+    await store.start()
+    for i in range(4000):  # enough rows that the planner's choice means something
+        store.record(make_record(i, t_start=100.0 + i, e2e_s=2.0))
+    await store.flush()
+    got = await store.read_records(
+        run_id="run", columns=["request_id"], ended_since=9.0, ended_until=10.0
+    )
+    assert got["baseline"] == [("v5-1",)]  # the old row (7.0 + 2.5) is found by its end
+    await store.close()
+    query = RecordQuery.of("run", ("t_start",), since=0.0, ended_since=600.0, ended_until=620.0)
+    sql, params = records_sql(query, dialect)  # type: ignore[arg-type]
+    if dialect == "sqlite":
+        with sqlite3.connect(tmp_path / "v11.db") as lite:
+            lite.execute("ANALYZE")
+            plan = str(lite.execute(f"EXPLAIN QUERY PLAN {sql}", with_arm(params, "x")).fetchall())
+    else:
+        pg = await asyncpg.connect(url)
+        try:
+            await pg.execute("ANALYZE requests")
+            plan = str(await pg.fetch(f"EXPLAIN {sql}", *with_arm(params, "baseline")))
+        finally:
+            await pg.close()
+        assert await _pg_versions(url) == list(range(1, SCHEMA_VERSION + 1))
+    # a tick's read walks the span of ends in the index, not the requests since the step began
+    assert "requests_run_arm_end" in plan and "Seq Scan" not in plan, plan

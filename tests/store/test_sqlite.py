@@ -65,6 +65,9 @@ FILTERS: list[dict[str, Any]] = [
     {"since": T0 + 1e6},  # nothing in the window
     {"run_id": "other"},
     {"run_id": "missing"},
+    {"ended_since": T0 + 300.0, "ended_until": T0 + 330.0},
+    {"ended_since": T0 + 300.0, "ended_until": T0 + 900.0, "since": T0 + 500.0},
+    {"ended_since": T0 + 1400.0, "usable_only": True},
 ]
 
 
@@ -75,6 +78,8 @@ def _expected(filters: dict[str, Any], arm: Arm) -> list[tuple[Any, ...]]:
         filters.get("since"),
         filters.get("until"),
         filters.get("usable_only", False),
+        filters.get("ended_since"),
+        filters.get("ended_until"),
     )
     records = sorted(map(varied_record, range(N)), key=lambda r: r.t_start)
     return [tuple(r.to_dict().values()) for r in records if query.matches(r, arm)]
@@ -102,9 +107,11 @@ async def test_query_walks_the_run_arm_time_index(sqlite_store: SqliteStore) -> 
             since=filters.get("since"),
             until=filters.get("until"),
             usable_only=filters.get("usable_only", False),
+            ended_since=filters.get("ended_since"),
+            ended_until=filters.get("ended_until"),
         )
         sql, params = records_sql(query, "sqlite")
-        for key in ("since", "until"):
+        for key in ("since", "until", "ended_since", "ended_until"):
             assert (key in filters) == (len([p for p in params if p == filters.get(key)]) > 0)
         conn = sqlite3.connect(sqlite_store.path)
         try:
@@ -114,11 +121,14 @@ async def test_query_walks_the_run_arm_time_index(sqlite_store: SqliteStore) -> 
             )
         finally:
             conn.close()
+        assert "SCAN" not in plan, plan
+        if "ended_since" in filters:  # by the end's index, whatever the bound on the start
+            assert "USING INDEX requests_run_arm_end (run_id=? AND arm=? AND <expr>>?" in plan
+            continue
         assert "USING INDEX requests_run_arm_t (run_id=? AND arm=?" in plan, plan
         if "since" in filters or "until" in filters:
             assert "t_start>?" in plan or "t_start<?" in plan, plan
         assert "TEMP B-TREE" not in plan, plan  # ORDER BY t_start comes from the index
-        assert "SCAN" not in plan, plan
 
 
 async def test_reads_during_continuous_writes_see_whole_batches(sqlite_store: SqliteStore) -> None:

@@ -8,11 +8,14 @@ After each stats tick the leader asks `decide` about each ramped arm with:
 - the guards of this tick (`guards`), read off the same stats result the verdicts are: the E2E
   metric's anytime-valid P99 test says slower, its median verdict says slower, or the error-rate
   e-process (`stats.anytime.errorrate`) says the treatment errs more than the control;
-- the treatment's usable requests since its step began.
+- the treatment's usable requests since its step began;
+- how far the guards' reading of the step lags behind (a new leader replays the step's requests
+  a bounded span per tick, `stats.job.ramp`).
 
-Any failing guard while the arm has traffic: `cut` (weight 0, at once). No guard failing, at a
-step of the schedule, with `min_samples` and `min_minutes` at it: `step` to the next weight.
-Otherwise `hold`, with the reason. A cut is final: the ramp never raises an arm it cut, nor one
+Any failing guard while the arm has traffic: `cut` (weight 0, at once; evidence read so far
+suffices). No guard failing, at a step of the schedule, with `min_samples` and `min_minutes` at
+it, and the guards' reading caught up: `step` to the next weight. Otherwise `hold`, with the
+reason. A cut is final: the ramp never raises an arm it cut, nor one
 a person set off the schedule (a person resumes by setting a weight on it). The first step is
 the guard's `start` (the arm set to schedule[0]) while no event about the arm exists yet,
 whatever its configured weight.
@@ -122,9 +125,11 @@ def decide(
     now: float,
     guards: Sequence[str],
     samples: int,
+    behind_s: float = 0.0,
 ) -> Decision:
     """The ramp's move for one arm; `guards`: the failing guards' reasons (empty: none fails);
-    `samples`: the treatment's usable requests since `position.since`."""
+    `samples`: the treatment's usable requests since `position.since` read so far; `behind_s`:
+    how far behind now the guards have read them (> 0: no step up until they have caught up)."""
     arm, weight, schedule = position.arm, position.weight, policy.schedule
     at = step_index(schedule, weight)
 
@@ -145,6 +150,8 @@ def decide(
         return hold(f"weight {weight:g} was set off the schedule: the ramp holds")
     if at == len(schedule) - 1:
         return hold(f"at the final step ({weight:g})")
+    if behind_s > 0.0:
+        return hold(f"step {at + 1}/{len(schedule)}: the guards catch up ({behind_s:.0f} s behind)")
     minutes = (now - (position.since if position.since is not None else now)) / 60.0
     if samples < policy.min_samples or minutes < policy.min_minutes:
         return hold(

@@ -468,6 +468,10 @@ class RampStatus(TypedDict):
     dry_run: bool
     last_move: NotRequired[str]  # the newest decision: start | step | cut | hold
     last_why: NotRequired[str]
+    # how far behind now the guards have read the step's requests (> 0 while a new leader
+    # replays the step), and the requests that landed too late for the per-minute e-processes
+    behind_s: NotRequired[float]
+    late: NotRequired[int]
 
 
 class StatsResult(TypedDict):

@@ -195,12 +195,16 @@ class SummaryReader(Protocol):
         since: float | None = None,
         until: float | None = None,
         usable_only: bool = False,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> dict[Arm, list[Row]]:
         """Request rows with since <= t_start < until per arm (both arms present), as tuples in
         `columns` order and t_start order, from one snapshot; shadow rows included. Values as
         recorded: numbers, str (arm and error kind as their values), bool, None. `usable_only`:
         status 200, no error kind, client connected, not rerouted (`RequestRecord.comparable`).
-        An unknown column is a `StoreError`."""
+        `ended_since` <= t_start + e2e_s < `ended_until`: requests that ended in a span (a row
+        is written when its request ends, so this reads what landed since an earlier read, by
+        an index, however old the requests' starts). An unknown column is a `StoreError`."""
 
     @abc.abstractmethod
     async def read_engine(self, *, run_id: str, since: Sequence[float]) -> StoredView:
@@ -278,6 +282,8 @@ class Export(Protocol):
         since: float | None = None,
         until: float | None = None,
         usable_only: bool = False,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> dict[Arm, list[Row]]:
         """`SummaryReader.read_records`."""
 

@@ -204,9 +204,11 @@ class MemoryStore(BufferedStore):
         since: float | None = None,
         until: float | None = None,
         usable_only: bool = False,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> dict[Arm, list[Row]]:
         self._check_up()
-        query = RecordQuery.of(run_id, columns, since, until, usable_only)
+        query = RecordQuery.of(run_id, columns, since, until, usable_only, ended_since, ended_until)
         records = self.all_records()
         return {
             arm: [

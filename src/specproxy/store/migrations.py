@@ -513,6 +513,13 @@ _V11_POSTGRESQL = tuple(
     f"ALTER TABLE requests ADD COLUMN IF NOT EXISTS {c} {t}" for c, _, t in _V11_COLUMNS
 )
 
+# Version 12: the requests by their end (t_start + e2e_s), so the guarded ramp reads each tick only
+# the requests that ended since its last read (`read_records(ended_since=...)`), however long its
+# step has lasted. Building it on an existing store reads the requests table once.
+_V12 = (
+    "CREATE INDEX IF NOT EXISTS requests_run_arm_end ON requests (run_id, arm, (t_start + e2e_s))",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
     Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
@@ -525,6 +532,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "arm-control events", _V9_SQLITE, _V9_POSTGRESQL),
     Migration(10, "rerouted requests (failing open)", _V10_SQLITE, _V10_POSTGRESQL),
     Migration(11, "request conditions", _V11_SQLITE, _V11_POSTGRESQL),
+    Migration(12, "requests by their end", _V12, _V12),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -416,8 +416,10 @@ class PostgresStore(BufferedStore):
         since: float | None = None,
         until: float | None = None,
         usable_only: bool = False,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> dict[Arm, list[Row]]:
-        query = RecordQuery.of(run_id, columns, since, until, usable_only)
+        query = RecordQuery.of(run_id, columns, since, until, usable_only, ended_since, ended_until)
         sql, params = records_sql(query, "postgresql")
         await self._ensure_open()
         out: dict[Arm, list[Row]] = {}

@@ -93,6 +93,8 @@ class RecordQuery:
     since: float | None = None  # since <= t_start
     until: float | None = None  # t_start < until
     usable_only: bool = False  # status 200, no error kind, not disconnected, not rerouted
+    ended_since: float | None = None  # ended_since <= t_start + e2e_s (the request's end)
+    ended_until: float | None = None  # t_start + e2e_s < ended_until
 
     @classmethod
     def of(
@@ -102,6 +104,8 @@ class RecordQuery:
         since: float | None = None,
         until: float | None = None,
         usable_only: bool = False,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> RecordQuery:
         """The query, or a `StoreError` for no column or a column that is no record field."""
         unknown = [c for c in columns if c not in RECORD_FIELDS]
@@ -109,7 +113,7 @@ class RecordQuery:
             raise StoreError(f"unknown record column(s): {', '.join(unknown)}")
         if not columns:
             raise StoreError("read_records needs at least one column")
-        return cls(run_id, tuple(columns), since, until, usable_only)
+        return cls(run_id, tuple(columns), since, until, usable_only, ended_since, ended_until)
 
     def matches(self, rec: RequestRecord, arm: Arm) -> bool:
         """Whether `rec` is one of the records of `arm` this query selects (the memory store)."""
@@ -118,18 +122,31 @@ class RecordQuery:
             and rec.arm == arm
             and (self.since is None or rec.t_start >= self.since)
             and (self.until is None or rec.t_start < self.until)
+            and (self.ended_since is None or rec.t_start + rec.e2e_s >= self.ended_since)
+            and (self.ended_until is None or rec.t_start + rec.e2e_s < self.ended_until)
             and (not self.usable_only or rec.comparable)
         )
+
+
+# A request's end, as the index of migration 12 spells it (the planner matches it verbatim).
+ENDED = "t_start + e2e_s"
 
 
 def records_sql(query: RecordQuery, dialect: Dialect) -> Query:
     """`read_records` for one arm, whose value is the second parameter and not in the returned
     ones (`with_arm` adds it). Every filter is in the WHERE clause, so the (run_id, arm, t_start)
-    index does the work. SQLite's booleans are named for `BOOL_CONVERTER`, which the SQLite
-    store registers, so they come back as bool as in PostgreSQL."""
+    index does the work, or, with a bound on the end, the (run_id, arm, t_start + e2e_s) one
+    (migration 12; the expression is written exactly as indexed; the few rows are then sorted).
+    SQLite's booleans are named for `BOOL_CONVERTER`, which the SQLite store registers, so they
+    come back as bool as in PostgreSQL."""
     where = ["run_id = ?", "arm = ?"]
     params: list[Any] = [query.run_id]
-    for clause, value in (("t_start >= ?", query.since), ("t_start < ?", query.until)):
+    for clause, value in (
+        (f"{ENDED} >= ?", query.ended_since),
+        (f"{ENDED} < ?", query.ended_until),
+        ("t_start >= ?", query.since),
+        ("t_start < ?", query.until),
+    ):
         if value is not None:
             where.append(clause)
             params.append(value)
@@ -140,7 +157,12 @@ def records_sql(query: RecordQuery, dialect: Dialect) -> Query:
         f'{c} AS "{c} [{BOOL_CONVERTER}]"' if dialect == "sqlite" and c in BOOL_COLUMNS else c
         for c in query.columns
     ]
-    sql = f"SELECT {', '.join(columns)} FROM requests WHERE {' AND '.join(where)} ORDER BY t_start"
+    table = "requests"
+    if dialect == "sqlite" and (query.ended_since is not None or query.ended_until is not None):
+        # SQLite would rather walk the t_start index for the ORDER BY, from `since` on: a step's
+        # whole history, where the span of ends holds a tick's requests
+        table += " INDEXED BY requests_run_arm_end"
+    sql = f"SELECT {', '.join(columns)} FROM {table} WHERE {' AND '.join(where)} ORDER BY t_start"
     return placeholders(sql, dialect), tuple(params)
 
 

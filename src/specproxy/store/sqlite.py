@@ -535,9 +535,12 @@ class SqliteStore(BufferedStore):
         since: float | None = None,
         until: float | None = None,
         usable_only: bool = False,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> dict[Arm, list[Row]]:
         sql, params = records_sql(
-            RecordQuery.of(run_id, columns, since, until, usable_only), "sqlite"
+            RecordQuery.of(run_id, columns, since, until, usable_only, ended_since, ended_until),
+            "sqlite",
         )
 
         def fetch(conn: sqlite3.Connection) -> dict[Arm, list[Row]]:

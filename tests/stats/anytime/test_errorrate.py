@@ -6,7 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specproxy.stats.anytime.errorrate import UnitErrors, error_rate_test
+from specproxy.stats.anytime.errorrate import (
+    ErrorRatePath,
+    UnitErrors,
+    error_rate_path,
+    error_rate_test,
+)
 
 
 def _units(
@@ -66,3 +71,16 @@ def test_bad_counts_and_levels_are_refused() -> None:
         error_rate_test([], alpha=1.0)
     with pytest.raises(ValueError, match="odds"):
         error_rate_test([], alpha=0.05, odds_ratios=(1.0,))
+
+
+def test_feeding_the_units_in_pieces_gives_the_test_of_all_of_them() -> None:
+    shares, rates = _ramp(200)
+    units = _units(np.random.default_rng(7), shares, rates, odds=1.6)
+    whole = error_rate_test(units, alpha=0.01)
+    assert whole.rejected  # a crossing inside a piece must survive the pieces after it
+    path = ErrorRatePath()
+    for first, stop in ((0, 1), (1, 40), (40, 41), (41, 199), (199, 200)):
+        path = error_rate_path(units[first:stop], alpha=0.01, start=path)
+    assert error_rate_test([], alpha=0.01, start=path) == whole
+    with pytest.raises(ValueError, match="odds ratios"):
+        error_rate_path(units, alpha=0.01, odds_ratios=(2.0,), start=path)

@@ -22,8 +22,11 @@ from specproxy.stats.anytime.decision import Evidence
 from specproxy.stats.anytime.exceedance import (
     MIN_BASELINE,
     SETTLE_UNITS,
+    BaselinePool,
     BinnedUnits,
+    ExceedancePath,
     UnitCounts,
+    baseline_walk,
     exceedance_test,
     hypergeom_log_mgf,
     predictable_thresholds,
@@ -191,6 +194,48 @@ def binned_counts(base: Arm2, spec: Arm2, *, tolerance: float, **how: Any) -> Un
     """The production counts of "spec slower than base" from the arms' samples."""
     c, t = samples(base, spec, **how)
     return unit_counts(BinnedUnits.of_sample(c), BinnedUnits.of_sample(t), tolerance=tolerance)
+
+
+def _units_from(arm: BinnedUnits, first: int, stop: int | None = None) -> BinnedUnits:
+    """The entries of units first.. (before `stop`), renumbered from 0."""
+    keep = (arm.unit >= first) & (arm.unit < (stop if stop is not None else arm.unit.max() + 1))
+    return BinnedUnits(
+        arm.unit[keep] - first, arm.bins[keep], arm.lower[keep], arm.upper[keep], arm.counts[keep]
+    )
+
+
+@pytest.mark.parametrize("cuts", [(3,), (6, 7, 15), (1, 2, 3, 4, 5, 30, 31)])
+def test_feeding_the_units_in_pieces_gives_the_test_of_all_of_them(cuts: tuple[int, ...]) -> None:
+    """What the guarded ramp relies on to read only new minutes: the thresholds' pool and the
+    e-process's path, carried from one piece of units to the next, give bit for bit what the
+    test on every unit gives (thresholds refresh inside pieces and across their borders)."""
+    rng = np.random.default_rng(len(cuts))
+    base, spec = minute_arms(rng, "waves", 6000, math.log(1.1))
+    c, t = (BinnedUnits.of_sample(s) for s in samples(base, spec))
+    units = int(max(c.unit.max(), t.unit.max())) + 1
+    whole = unit_counts(c, t, tolerance=0.05)
+    expected = exceedance_test(whole, alpha=ALPHA)
+    pool, path = BaselinePool.empty(), ExceedancePath()
+    for first, stop in zip((0, *cuts), (*cuts, units), strict=True):
+        ref, tested = _units_from(c, first), _units_from(t, first)
+        counts = unit_counts(ref, tested, tolerance=0.05, start=pool, units=units - first)
+        # the units still to come change nothing in this piece's counts
+        assert np.array_equal(counts.x[: stop - first], whole.x[first:stop])
+        assert np.array_equal(counts.y[: stop - first], whole.y[first:stop])
+        got = exceedance_test(counts, alpha=ALPHA, start=path)
+        assert (got.statistic, got.units, got.exceedances) == (
+            expected.statistic,
+            expected.units,
+            expected.exceedances,
+        )
+        path = path.extended(counts, stop - first)
+        _q, pool = baseline_walk(
+            ref.unit, ref.bins, ref.counts, units - first, pool, keep=stop - first
+        )
+    assert expected.units > max(cuts) and path.units == units
+    # a pool is every value before its unit, whatever was pooled lazily by then
+    whole_pool = baseline_walk(c.unit, c.bins, c.counts, units, keep=units)[1]
+    assert np.array_equal(pool.pooled, whole_pool.pooled) and pool.n == int(c.counts.sum())
 
 
 def test_a_clear_slowdown_is_rejected_and_the_faster_direction_is_not() -> None:

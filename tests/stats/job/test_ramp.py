@@ -4,6 +4,7 @@ decision overtaken by another writer is dropped."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,7 +16,7 @@ from specproxy.config import RampConfig, StatsConfig, StoreConfig
 from specproxy.control.events import ArmEvent
 from specproxy.records import Arm
 from specproxy.stats.collector import register_stats_collector
-from specproxy.stats.job.ramp import RampJob
+from specproxy.stats.job.ramp import CATCH_UP_S, LANDING_S, RampJob
 from specproxy.stats.result import StatsResult
 from specproxy.store.memory import MemoryStore
 from tests.store.conftest import make_record
@@ -25,10 +26,11 @@ CONTROL, TREATMENT = Arm("baseline"), Arm("speculative")
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> MemoryStore:
+async def store(tmp_path: Path) -> AsyncIterator[MemoryStore]:
     st = MemoryStore(StoreConfig(url="memory://", spill_path=str(tmp_path / "spill.jsonl")))
     await st.start()
-    return st
+    yield st
+    await st.close()  # its flusher stopped, not left to the loop's teardown
 
 
 def _job(
@@ -178,3 +180,107 @@ async def test_a_decision_overtaken_by_another_write_is_dropped(tmp_path: Path) 
     assert start.move == "start"
     events = await store.arm_events(run_id="run")
     assert [(e.who, e.weight) for e in events] == [("alice", 0.2)]
+
+
+class _Counted(MemoryStore):
+    """A store that keeps how many rows each `read_records` returned."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        super().__init__(config)
+        self.reads: list[int] = []
+
+    async def read_records(self, **kwargs: Any) -> Any:
+        got = await super().read_records(**kwargs)
+        self.reads.append(sum(len(rows) for rows in got.values()))
+        return got
+
+
+@pytest.fixture
+async def counted(tmp_path: Path) -> AsyncIterator[_Counted]:
+    st = _Counted(StoreConfig(url="memory://", spill_path=str(tmp_path / "spill.jsonl")))
+    await st.start()
+    yield st
+    await st.close()
+
+
+async def _steady(
+    store: MemoryStore, start: float, end: float, *, per_s: float = 4.0, slow: float = 1.0
+) -> list[float]:
+    """Requests started in [start, end), alternating arms, E2E ~1 s (x `slow` for the
+    treatment); returns their ends."""
+    ends = []
+    rng = np.random.default_rng(int(start))
+    for k, t in enumerate(np.arange(start, end, 1.0 / per_s).tolist()):
+        arm = TREATMENT if k % 2 else CONTROL
+        e2e = float(rng.lognormal(0.0, 0.3)) * (slow if arm is TREATMENT else 1.0)
+        store.record(make_record(int(t * 1000), arm=arm, t_start=t, e2e_s=e2e))
+        ends.append(t + e2e)
+    await store.flush()
+    return ends
+
+
+def _ended(ends: list[float], lo: float, hi: float) -> int:
+    return sum(lo <= e < hi for e in ends)
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+async def test_a_held_step_reads_each_tick_only_what_landed_since_the_last(
+    counted: _Counted, dry_run: bool
+) -> None:
+    """The final step (or a dry run, which never leaves the configured weight) held for an hour
+    of 15 s ticks: each tick reads the requests that ended since the last one's read, each
+    request once, never the step's history (the ramp read every request since the step began
+    each tick: 14,400 rows at its last tick here)."""
+    store = counted
+    now = [T0 + 1.0]
+    policy: dict[str, object] = {"dry_run": True} if dry_run else {"schedule": (0.5,)}
+    job = _job(store, CollectorRegistry(), now, **policy)
+    ends = await _steady(store, T0, now[0])
+    (first,) = await job.move()
+    assert first.move == "start"
+    since = T0 if dry_run else (await store.arm_events(run_id="run"))[0].t
+    read_until = since
+    for _ in range(240):
+        ends += await _steady(store, now[0], now[0] + 15.0)
+        now[0] += 15.0
+        (decision,) = await job.move()
+        assert decision.move == ("start" if dry_run else "hold"), decision.why
+        until = now[0] - StatsConfig().future_skew_s - LANDING_S  # what has surely landed
+        assert store.reads[-1] == _ended(ends, read_until, until)  # what ended since, no more
+        read_until = until
+    assert len(ends) > 14_000 and max(store.reads) <= 80  # ~15 s of 4 req/s, whatever the age
+    assert sum(store.reads) == _ended(ends, since, read_until)  # each request read once
+    assert job.status()["speculative"]["behind_s"] == 0.0
+
+
+@pytest.mark.parametrize("slow", [1.0, 2.0])
+async def test_a_new_leader_replays_the_step_a_bounded_span_per_tick(
+    counted: _Counted, slow: float
+) -> None:
+    """A leader that takes over 30 minutes into a step reads at most `CATCH_UP_S` of request
+    ends per tick, holds while its guards catch up (then steps up a healthy treatment), and
+    cuts a slower one on what it has read so far."""
+    store = counted
+    await store.add_arm_event(ArmEvent("run", T0, "set", "speculative", 0.05, "alice"))
+    ends = await _steady(store, T0, T0 + 1800.0, slow=slow)
+    now = [T0 + 1800.0]
+    job = _job(store, CollectorRegistry(), now)  # the new leader
+    read_until = T0
+    moves = []
+    for _ in range(10):
+        (decision,) = await job.move()
+        moves.append(decision.move)
+        until = min(now[0] - StatsConfig().future_skew_s - LANDING_S, read_until + CATCH_UP_S)
+        assert store.reads[-1] == _ended(ends, read_until, until)
+        read_until = until
+        if decision.move != "hold":
+            break
+        assert "the guards catch up" in decision.why
+        assert job.status()["speculative"]["behind_s"] > 0
+        now[0] += 15.0
+        ends += await _steady(store, now[0] - 15.0, now[0], slow=slow)
+    assert max(store.reads) <= CATCH_UP_S * 4 + 2
+    if slow == 1.0:  # caught up after 1,800 s of ends at 300 s a tick: then it steps up
+        assert moves == ["hold"] * 6 + ["step"]
+    else:  # the first 300 s of the step already show the slower treatment
+        assert moves == ["cut"]

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from specproxy.config import Config, StoreConfig
 from specproxy.records import Arm
 from specproxy.stats.collector import register_stats_collector
+from specproxy.stats.job.ramp import DEFAULT_HORIZON_S, HORIZON_MAX_S, horizon_s
 from specproxy.stats.job.runner import StatsJob
 from specproxy.stats.job.settings import ramp_of
 from specproxy.stats.result import StatsResult
@@ -79,6 +80,26 @@ def test_ramp_of_is_empty_when_off_and_names_every_treatment_when_on() -> None:
     assert ramp_of(_config(arms=["slow"]))["ramp_weights"] == {"slow": 0.5}
 
 
+def test_the_guards_keep_minutes_open_as_long_as_the_compared_arms_requests_can_last() -> None:
+    # the default timeouts: connect 5 s + the 1 h stream cap
+    assert ramp_of(_config())["ramp_horizon_s"] == DEFAULT_HORIZON_S == 3605.0
+    cfg = Config.from_mapping(
+        {
+            "timeouts": {"stream_total_s": 600.0, "total_s": 300.0},
+            "arms": {
+                "base": {"role": "control", "urls": [DEAD]},
+                "good": {"urls": [DEAD], "weight": 0.5, "timeouts": {"total_s": 900.0}},
+                "slow": {"urls": [DEAD], "weight": 0.5, "timeouts": {"stream_total_s": 5e4}},
+            },
+            "ramp": {"enabled": True, "arms": ["good"]},
+        }
+    )
+    assert ramp_of(cfg)["ramp_horizon_s"] == 905.0  # the ramped arm's, not the other's
+    slow = Config.from_mapping({**cfg.to_mapping(), "ramp": {"enabled": True, "arms": ["slow"]}})
+    assert ramp_of(slow)["ramp_horizon_s"] == HORIZON_MAX_S  # capped
+    assert horizon_s([None, 100.0]) == HORIZON_MAX_S  # streams without a cap
+
+
 async def test_the_leader_steps_a_healthy_treatment_up_and_cuts_a_slower_one(
     store: MemoryStore,
 ) -> None:
@@ -116,6 +137,8 @@ async def test_the_leader_steps_a_healthy_treatment_up_and_cuts_a_slower_one(
         "dry_run": False,
         "last_move": "step",
         "last_why": ramp.last["good"].why,
+        "behind_s": 0.0,  # its guards have read every request that landed
+        "late": 0,
     }
     replica = CollectorRegistry()
     register_stats_collector(replica, lambda: cast(StatsResult, stored[1]))

@@ -23,7 +23,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["ODDS_RATIOS", "ErrorRateTest", "UnitErrors", "error_rate_test"]
+__all__ = [
+    "ODDS_RATIOS",
+    "ErrorRatePath",
+    "ErrorRateTest",
+    "UnitErrors",
+    "error_rate_path",
+    "error_rate_test",
+]
 
 ODDS_RATIOS: Final[tuple[float, ...]] = (1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
@@ -58,24 +65,61 @@ class ErrorRateTest:
     treatment_rate: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorRatePath:
+    """The e-process over a prefix of units: each odds ratio's log product, the mixture's log
+    e-value at the last unit with errors, whether it reached the boundary at any unit, and the
+    arms' totals (control requests, errors, treatment requests, errors). A caller that keeps it
+    feeds later units alone and gets the test of feeding every unit again."""
+
+    logs: tuple[float, ...] = (0.0,) * len(ODDS_RATIOS)
+    log_e: float = 0.0
+    rejected: bool = False
+    totals: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
 def error_rate_test(
     units: Iterable[UnitErrors],
     *,
     alpha: float,
     odds_ratios: Sequence[float] = ODDS_RATIOS,
+    start: ErrorRatePath | None = None,
 ) -> ErrorRateTest:
     """The e-process over `units` in time order (rejected if it crossed at any prefix: the
-    caller may hold a crossing across ticks as well)."""
+    caller may hold a crossing across ticks as well); `start`: the path over earlier units, at
+    the same alpha and odds ratios (`error_rate_path`)."""
+    path = error_rate_path(units, alpha=alpha, odds_ratios=odds_ratios, start=start)
+    c_n, c_k, t_n, t_k = path.totals
+    return ErrorRateTest(
+        log_e=path.log_e,
+        boundary=math.log(1.0 / alpha),
+        rejected=path.rejected,
+        control_rate=c_k / c_n if c_n else None,
+        treatment_rate=t_k / t_n if t_n else None,
+    )
+
+
+def error_rate_path(
+    units: Iterable[UnitErrors],
+    *,
+    alpha: float,
+    odds_ratios: Sequence[float] = ODDS_RATIOS,
+    start: ErrorRatePath | None = None,
+) -> ErrorRatePath:
+    """`start` (none: the empty path) continued by `units` in time order."""
     if not 0.0 < alpha < 1.0:
         raise ValueError("alpha must lie in (0, 1)")
     if not odds_ratios or any(not theta > 1.0 for theta in odds_ratios):
         raise ValueError("odds ratios must be > 1")
+    path = start if start is not None else ErrorRatePath(logs=(0.0,) * len(odds_ratios))
+    if len(path.logs) != len(odds_ratios):
+        raise ValueError("the path was made with other odds ratios")
     boundary = math.log(1.0 / alpha)
-    logs = [0.0] * len(odds_ratios)
+    logs = list(path.logs)
     lam = [math.log(theta) for theta in odds_ratios]
-    rejected = False
-    best = 0.0
-    totals = [0, 0, 0, 0]
+    rejected = path.rejected
+    best = path.log_e
+    totals = list(path.totals)
     for u in units:
         totals[0] += u.control_requests
         totals[1] += u.control_errors
@@ -90,13 +134,7 @@ def error_rate_test(
             logs[i] += lam[i] * u.treatment_errors - errors * math.log1p(pi * (theta - 1.0))
         best = _log_mean_exp(logs)
         rejected = rejected or best >= boundary
-    return ErrorRateTest(
-        log_e=best,
-        boundary=boundary,
-        rejected=rejected,
-        control_rate=totals[1] / totals[0] if totals[0] else None,
-        treatment_rate=totals[3] / totals[2] if totals[2] else None,
-    )
+    return ErrorRatePath(tuple(logs), best, rejected, (totals[0], totals[1], totals[2], totals[3]))
 
 
 def _log_mean_exp(xs: Sequence[float]) -> float:

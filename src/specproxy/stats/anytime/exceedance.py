@@ -12,7 +12,7 @@ validity argument, what is and is not covered, and the cost: docs/statistics.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
@@ -27,9 +27,12 @@ __all__ = [
     "LAMBDAS",
     "MIN_BASELINE",
     "SETTLE_UNITS",
+    "BaselinePool",
     "BinnedUnits",
+    "ExceedancePath",
     "ExceedanceResult",
     "UnitCounts",
+    "baseline_walk",
     "exceedance_test",
     "hypergeom_log_mgf",
     "predictable_thresholds",
@@ -171,25 +174,68 @@ def hypergeom_log_mgf(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class BaselinePool:
+    """The reference arm's values before some unit, as the thresholds carry them from unit to
+    unit: counts per occupied coarse bin (sorted), how many values, and the last refresh (the
+    pool's size then, and the threshold it set; NaN before `MIN_BASELINE` values). A caller that
+    keeps it can feed later units alone and get the thresholds of feeding every unit again."""
+
+    occupied: IntArray
+    pooled: IntArray
+    n: float = 0.0
+    refreshed_at: float = 0.0
+    current: float = math.nan
+
+    @classmethod
+    def empty(cls) -> BaselinePool:
+        nothing = np.zeros(0, dtype=np.int64)
+        return cls(nothing, nothing)
+
+
 def predictable_thresholds(
-    unit: IntArray, bins: IntArray, counts: IntArray, units: int
+    unit: IntArray,
+    bins: IntArray,
+    counts: IntArray,
+    units: int,
+    start: BaselinePool | None = None,
 ) -> FloatArray:
     """q_u per unit from the reference arm's fine-grid entries (unit, bin, count; a coarse entry
     at its centre fine bin): the lower edge of the coarse bin (`summary.histogram.coarse_bin`)
     of the ceil(0.99 n)-th smallest value pooled over units before the last refresh point <= u
     (refreshed when the pool has grown by `_THRESHOLD_GROWTH`); NaN before `MIN_BASELINE`
-    values. Depends only on units < u."""
+    values. Depends only on units < u. `start`: the units before unit 0 (`baseline_walk`)."""
+    return baseline_walk(unit, bins, counts, units, start)[0]
+
+
+def baseline_walk(
+    unit: IntArray,
+    bins: IntArray,
+    counts: IntArray,
+    units: int,
+    start: BaselinePool | None = None,
+    *,
+    keep: int = 0,
+) -> tuple[FloatArray, BaselinePool]:
+    """`predictable_thresholds` of units 0..units-1 after the units `start` holds, and the pool
+    of every unit before unit `keep` (0 <= keep <= units): where a later walk starts."""
+    pool = start if start is not None else BaselinePool.empty()
     q = np.full(units, np.nan)
-    if bins.size == 0 or units == 0:
-        return q
+    unit = np.asarray(unit, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
     order = np.argsort(unit, kind="stable")
     u_sorted, c_sorted = unit[order], counts[order]
-    occupied, slot = np.unique(coarse_bin(bins[order]), return_inverse=True)
-    before = np.concatenate([[0], np.cumsum(np.bincount(unit, weights=counts, minlength=units))])
+    occupied, slot = np.unique(
+        np.concatenate([pool.occupied, coarse_bin(np.asarray(bins)[order])]), return_inverse=True
+    )
     pooled = np.zeros(occupied.size, dtype=np.int64)
+    pooled[slot[: pool.occupied.size]] = pool.pooled
+    slot = slot[pool.occupied.size :]
+    per_unit = np.bincount(unit, weights=counts, minlength=units)[:units]
+    before = pool.n + np.concatenate([[0], np.cumsum(per_unit)])
     added = 0  # entries (in unit order) already in `pooled`
-    refreshed_at = 0.0
-    current = math.nan
+    refreshed_at, current = pool.refreshed_at, pool.current
+    kept = (refreshed_at, current)
     for u in range(units):
         n = before[u]  # values in units < u
         if n >= MIN_BASELINE and n >= refreshed_at * _THRESHOLD_GROWTH:
@@ -201,17 +247,35 @@ def predictable_thresholds(
             current = float(bin_lower_edges(np.array([b * COARSE_FACTOR]))[0])
             refreshed_at = float(n)
         q[u] = current
-    return q
+        if u == keep - 1:
+            kept = (refreshed_at, current)
+    upto = int(np.searchsorted(u_sorted, keep, side="left"))
+    if upto > added:
+        np.add.at(pooled, slot[added:upto], c_sorted[added:upto])
+    elif upto < added:  # a refresh after `keep` pooled more: take back the later units
+        np.subtract.at(pooled, slot[upto:added], c_sorted[upto:added])
+    live = pooled > 0
+    kept_pool = BaselinePool(occupied[live], pooled[live], float(before[keep]), *kept)
+    return q, kept_pool
 
 
-def unit_counts(reference: BinnedUnits, tested: BinnedUnits, *, tolerance: float) -> UnitCounts:
+def unit_counts(
+    reference: BinnedUnits,
+    tested: BinnedUnits,
+    *,
+    tolerance: float,
+    start: BaselinePool | None = None,
+    units: int | None = None,
+) -> UnitCounts:
     """Conservative counts from histograms: X counts only tested entries whose lower edge / c
-    lies above q_u, Y every reference entry whose upper edge does. Units 0..last used unit."""
-    if reference.unit.size == 0 or tested.unit.size == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return UnitCounts(empty, empty, empty, empty)
-    units = int(max(reference.unit.max(), tested.unit.max())) + 1
-    q = predictable_thresholds(reference.unit, reference.bins, reference.counts, units)
+    lies above q_u, Y every reference entry whose upper edge does. Units 0..last used unit, or
+    0..`units`-1 when given (then after the reference's units before them, `start`)."""
+    if units is None:
+        if reference.unit.size == 0 or tested.unit.size == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return UnitCounts(empty, empty, empty, empty)
+        units = int(max(reference.unit.max(), tested.unit.max())) + 1
+    q = predictable_thresholds(reference.unit, reference.bins, reference.counts, units, start)
     with np.errstate(invalid="ignore"):
         x_hit = tested.lower / (1.0 + tolerance) > q[tested.unit]
         y_hit = reference.upper > q[reference.unit]
@@ -227,28 +291,58 @@ def unit_counts(reference: BinnedUnits, tested: BinnedUnits, *, tolerance: float
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ExceedancePath:
+    """The mixture e-process over a prefix of units: each bet's log product, the running maximum
+    of the mixture (-inf before any unit), the units and (X, Y) exceedances it used. Extending
+    it by later units is the same sum, in the same order, as running the test on all of them."""
+
+    logs: tuple[float, ...] = (0.0,) * len(LAMBDAS)
+    statistic: float = -math.inf
+    units: int = 0
+    exceedances: tuple[int, int] = (0, 0)
+
+    def extended(self, counts: UnitCounts, used: int) -> ExceedancePath:
+        """This path continued by the first `used` units of `counts`."""
+        x, y = counts.x[:used], counts.y[:used]
+        k, total = counts.n_test[:used], counts.n_test[:used] + counts.n_ref[:used]
+        m = x + y
+        live = (m > 0) & (k > 0) & (k < total)  # elsewhere X is determined: the factor is 1
+        lams = np.asarray(LAMBDAS, dtype=np.float64)
+        log_f = np.zeros((used, lams.size))
+        if live.any():
+            psi = hypergeom_log_mgf(total[live], m[live], k[live], lams)
+            log_f[live] = x[live, None] * lams[None, :] - psi
+        exceedances = (self.exceedances[0] + int(x.sum()), self.exceedances[1] + int(y.sum()))
+        if used == 0:
+            return replace(self, exceedances=exceedances)
+        # per lam, log of the product up to each unit, summed on from this path's own
+        paths = np.cumsum(np.vstack([np.asarray(self.logs)[None, :], log_f]), axis=0)[1:]
+        log_e = sp.logsumexp(paths, axis=1) - math.log(lams.size)
+        return ExceedancePath(
+            tuple(float(v) for v in paths[-1]),
+            max(self.statistic, float(np.max(log_e))),
+            self.units + used,
+            exceedances,
+        )
+
+
 def exceedance_test(
-    counts: UnitCounts, *, alpha: float, settle_units: int = SETTLE_UNITS
+    counts: UnitCounts,
+    *,
+    alpha: float,
+    settle_units: int = SETTLE_UNITS,
+    start: ExceedancePath | None = None,
 ) -> ExceedanceResult:
     """The mixture e-process over the units (all but the last `settle_units`), see the module
-    docstring; "rejected" once its running maximum reaches log(1/alpha)."""
+    docstring; "rejected" once its running maximum reaches log(1/alpha). `start`: the path over
+    the units before unit 0, kept by a caller that feeds later units alone."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     boundary = math.log(1.0 / alpha)
     used = max(counts.x.size - settle_units, 0)
-    x, y = counts.x[:used], counts.y[:used]
-    k, total = counts.n_test[:used], counts.n_test[:used] + counts.n_ref[:used]
-    m = x + y
-    live = (m > 0) & (k > 0) & (k < total)  # elsewhere X is determined: the factor is 1
-    lams = np.asarray(LAMBDAS, dtype=np.float64)
-    log_f = np.zeros((used, lams.size))
-    if live.any():
-        psi = hypergeom_log_mgf(total[live], m[live], k[live], lams)
-        log_f[live] = x[live, None] * lams[None, :] - psi
-    exceedances = (int(x.sum()), int(y.sum()))
-    if used == 0:
-        return ExceedanceResult(-math.inf, boundary, False, 0, exceedances)
-    paths = np.cumsum(log_f, axis=0)  # per lam, log of the product up to each unit
-    log_e = sp.logsumexp(paths, axis=1) - math.log(lams.size)
-    statistic = float(np.max(log_e))
-    return ExceedanceResult(statistic, boundary, statistic >= boundary, used, exceedances)
+    path = (start if start is not None else ExceedancePath()).extended(counts, used)
+    statistic = path.statistic
+    return ExceedanceResult(
+        statistic, boundary, statistic >= boundary, path.units, path.exceedances
+    )

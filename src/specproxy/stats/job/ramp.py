@@ -4,27 +4,37 @@ decides each ramped arm's move (`control.ramp.decide`) and writes it as an arm e
 
 Why here: the stats process already reads the run's records, is the one leader of the run
 (`stats.job.leader`), and the proxy process must stay free of numpy. Per ramped treatment arm,
-each tick: fold the run's arm events into its `RampPosition`; read the requests of both arms
-since its step began (one time block of one share: `stats.rampguard`); run the step's latency
-guard and the error-rate e-process on them, each at alpha / 2 and split over the schedule's
-steps (the ramp's false-cut probability over a run stays <= the stats alpha); decide; re-read
-the arm's events and write the event only if the newest is still the one the decision read
-(`Decision.still_valid`), so a leader change or a person's change in between drops it instead
-of acting twice. Replicas apply the event within one `[control] poll_s`. `dry_run`: log and
-count the move, write nothing.
+each tick: fold the run's arm events into its `RampPosition`; read both arms' requests of its
+step (since the event that set its weight: one time block of one share) that ended since the
+last read, and fold them into the step's guards (`stats.rampguard.StepGuard`: the latency guard
+and the error-rate e-process, each at alpha / 2 split over the schedule's steps, so the ramp's
+false-cut probability over a run stays <= the stats alpha); decide; re-read the arm's events and
+write the event only if the newest is still the one the decision read (`Decision.still_valid`),
+so a leader change or a person's change in between drops it instead of acting twice. Replicas
+apply the event within one `[control] poll_s`. `dry_run`: log and count the move, write nothing.
+
+Bounded per tick. A row is written when its request ends, so the requests that ended in
+[last read, now - `landing_s`) are the ones that landed since the last read (`landing_s`: the
+store's flush and the replicas' clock skew, `stats.future_skew_s` + `LANDING_S`); the store
+finds them by an index on the end (`read_records(ended_since=...)`), however long the step has
+lasted, and the guards keep what they need of earlier ones (`stats.rampguard`). A leader that
+takes over mid-step (or a process restart) replays the step from its start, at most
+`CATCH_UP_S` of request ends per tick; meanwhile a failing guard still cuts (the evidence read
+so far is valid evidence), and the ramp holds instead of stepping up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 
-from specproxy.config import RampConfig, StatsConfig
+from specproxy.config import RampConfig, StatsConfig, TimeoutConfig
 from specproxy.control.events import ArmEvent
 from specproxy.control.ramp import (
     Decision,
@@ -37,17 +47,38 @@ from specproxy.control.ramp import (
 )
 from specproxy.errors import ErrorKind
 from specproxy.records import SHORTHAND_CONTROL, Arm
-from specproxy.stats.anytime.errorrate import UnitErrors, error_rate_test
-from specproxy.stats.rampguard import StepGuard
-from specproxy.stats.result import RampStatus, Sequential
-from specproxy.stats.sample import ArmSample
+from specproxy.stats.rampguard import UNIT_S, StepGuard, StepLook, StepRows
+from specproxy.stats.result import RampStatus
 
-__all__ = ["COLUMNS", "RampJob", "RampStore", "step_inputs"]
+__all__ = [
+    "CATCH_UP_S",
+    "COLUMNS",
+    "DEFAULT_HORIZON_S",
+    "HORIZON_MAX_S",
+    "LANDING_S",
+    "RampJob",
+    "RampStore",
+    "horizon_s",
+    "step_rows",
+]
 
 log = logging.getLogger(__name__)
 
 COLUMNS = ("t_start", "e2e_s", "status", "error_kind", "disconnected", "rerouted_from", "shadow")
 Row = tuple[Any, ...]  # store.contract.Row
+LANDING_S: Final = 5.0  # a row is in the store this long after its request ended (flush <= 1 s)
+CATCH_UP_S: Final = 300.0  # request ends a tick reads while it replays a step (a new leader)
+# The most a guard keeps a minute open to requests still landing in it: at 1k req/s per arm a
+# minute's histograms hold ~12k entries per arm, so 2 h is ~50 MB (streams without a cap).
+HORIZON_MAX_S: Final = 7200.0
+DEFAULT_HORIZON_S: Final = TimeoutConfig().longest_s() or HORIZON_MAX_S  # the default timeouts'
+
+
+def horizon_s(longest: Iterable[float | None]) -> float:
+    """How long after its minute ends a request of a step may still land, from the longest
+    request of each compared arm (`TimeoutConfig.longest_s`; None: no cap), capped by
+    `HORIZON_MAX_S`."""
+    return min(HORIZON_MAX_S, max((x if x is not None else math.inf for x in longest), default=0))
 
 
 class RampStore(Protocol):
@@ -61,6 +92,8 @@ class RampStore(Protocol):
         since: float | None = None,
         until: float | None = None,
         usable_only: bool = False,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> dict[Arm, list[Row]]: ...
 
     async def add_arm_event(self, event: ArmEvent) -> ArmEvent: ...
@@ -75,43 +108,23 @@ def _errored(row: Row) -> bool:
     return int(status) >= 500
 
 
-def step_inputs(
-    control: Sequence[Row], treatment: Sequence[Row], *, since: float, unit_s: float = 60.0
-) -> tuple[ArmSample, ArmSample, list[UnitErrors]]:
-    """Both arms' E2E samples of the step (usable primary requests) and its per-unit error
-    counts (primary requests the client did not leave, rerouted ones excluded), from `COLUMNS`
-    rows with t_start >= `since`."""
-    arms = []
-    counts = []
-    for rows in (control, treatment):
-        primary = [r for r in rows if not r[6] and r[5] is None and not r[4]]
-        unit = np.array([int((r[0] - since) // unit_s) for r in primary], dtype=np.int64)
-        bad = np.array([_errored(r) for r in primary], dtype=bool)
-        e2e = np.array([float(r[1]) for r in primary], dtype=np.float64)
-        ok = (~bad) & (np.array([r[2] == 200 for r in primary], dtype=bool)) & (e2e > 0)
-        arms.append((unit, bad, e2e, ok))
-    units = 1 + max((int(a[0].max()) for a in arms if a[0].size), default=0)
-    samples = [ArmSample.from_values(e2e[ok], unit[ok], units, unit_s) for unit, _, e2e, ok in arms]
-    for unit, bad, _e2e, _ok in arms:
-        counts.append(
-            (
-                np.bincount(unit, minlength=units),
-                np.bincount(unit, weights=bad.astype(np.float64), minlength=units),
-            )
-        )
-    errors = [
-        UnitErrors(
-            int(counts[0][0][u]), int(counts[0][1][u]), int(counts[1][0][u]), int(counts[1][1][u])
-        )
-        for u in range(units)
-    ]
-    return samples[0], samples[1], errors
+def step_rows(rows: Sequence[Row], *, since: float) -> StepRows:
+    """One arm's `COLUMNS` rows as the guards read them: the primary requests (not shadow, not
+    rerouted, client connected) started at or after `since`, each with its minute of the step,
+    whether it errored, and whether its E2E is usable (not errored, HTTP 200, E2E > 0)."""
+    primary = [r for r in rows if not r[6] and r[5] is None and not r[4] and r[0] >= since]
+    t = np.array([float(r[0]) for r in primary], dtype=np.float64)
+    e2e = np.array([float(r[1]) for r in primary], dtype=np.float64)
+    bad = np.array([_errored(r) for r in primary], dtype=bool)
+    ok = ~bad & np.array([r[2] == 200 for r in primary], dtype=bool) & (e2e > 0)
+    unit = np.floor_divide(t - since, UNIT_S).astype(np.int64)
+    return StepRows.of(unit, e2e, usable=ok, errored=bad)
 
 
 class RampJob:
     """The ramp of the run's treatment arms (`configured`: each ramped arm's configured weight;
     `treatments` the store's arms by name), run by the leader each interval before its tick
-    (`move`)."""
+    (`move`). `horizon_s`: how long after its minute a request may still land (`horizon_s`)."""
 
     def __init__(
         self,
@@ -125,6 +138,7 @@ class RampJob:
         control: str = SHORTHAND_CONTROL,
         clock: Callable[[], float],
         executor: Executor | None = None,
+        horizon_s: float = DEFAULT_HORIZON_S,
     ) -> None:
         self._store = store
         self._run_id = run_id
@@ -134,13 +148,17 @@ class RampJob:
         self._run_start = run_start
         self._clock = clock
         self._executor = executor
-        level = stats_cfg.alpha / 2.0
-        steps = len(policy.schedule)
-        self._alpha_errors = level / steps
+        self._landing_s = stats_cfg.future_skew_s + LANDING_S
         self._guards = {
-            arm: StepGuard(alpha=level, tolerance=stats_cfg.p99_tolerance, steps=steps)
+            arm: StepGuard(
+                alpha=stats_cfg.alpha / 2.0,  # each guard's share: latency, error rate
+                tolerance=stats_cfg.p99_tolerance,
+                steps=len(policy.schedule),
+                revise_s=horizon_s,
+            )
             for arm in configured
         }
+        self._looks: dict[str, tuple[float, int]] = {}  # arm -> (seconds behind, late requests)
         self.last: dict[str, Decision] = {}
         self._steps: dict[str, int] = {}  # each arm's 1-based step after its last move
         self._moves: dict[str, dict[str, int]] = {arm: {} for arm in configured}
@@ -156,6 +174,8 @@ class RampJob:
             if arm in self.last:
                 status["last_move"] = self.last[arm].move
                 status["last_why"] = self.last[arm].why
+            if arm in self._looks:
+                status["behind_s"], status["late"] = self._looks[arm]
             out[arm] = status
         return out
 
@@ -177,36 +197,44 @@ class RampJob:
             await self._apply(decision, pos)
             return decision
         since = pos.since if pos.since is not None else self._run_start
-        rows = await self._store.read_records(run_id=self._run_id, columns=COLUMNS, since=since)
-        by_name = dict(rows)
-        controls = [rows[self._control]] if self._control in rows else []
-        if arm not in by_name or not controls:
+        guard = self._guards[arm]
+        guard.begin(since=since, basis=pos.basis)
+        landed = self._clock() - self._landing_s
+        start = guard.read_until
+        until = max(start, min(landed, start + CATCH_UP_S))
+        rows = await self._store.read_records(
+            run_id=self._run_id, columns=COLUMNS, ended_since=start, ended_until=until
+        )
+        if arm not in rows or self._control not in rows:
             log.warning("ramp: no arm named %s or no control in the store's rows", arm)
             return None
         now = self._clock()
         loop = asyncio.get_running_loop()
-        seq, errors_test, samples = await loop.run_in_executor(
-            self._executor, self._evaluate, arm, controls[0], by_name[arm], since, pos.basis, now
+        look = await loop.run_in_executor(
+            self._executor, self._fold, guard, rows[self._control], rows[arm], since, until, now
         )
+        behind = max(0.0, landed - until)
+        self._looks[arm] = (behind, look.late)
+        failing = guards(look.seq, look.errors)
         decision = decide(
-            self._policy, pos, now=now, guards=guards(seq, errors_test), samples=samples
+            self._policy, pos, now=now, guards=failing, samples=look.samples, behind_s=behind
         )
         self.last[arm] = decision
         await self._apply(decision, pos)
         return decision
 
-    def _evaluate(
-        self,
-        arm: str,
+    @staticmethod
+    def _fold(
+        guard: StepGuard,
         control: list[Row],
         treatment: list[Row],
         since: float,
-        basis: int,
+        until: float,
         now: float,
-    ) -> tuple[Sequential | None, Any, int]:
-        c, t, errors = step_inputs(control, treatment, since=since)
-        seq = self._guards[arm].look(c, t, basis=basis, at=now)
-        return seq, error_rate_test(errors, alpha=self._alpha_errors), t.n
+    ) -> StepLook:
+        c, t = (step_rows(rows, since=since) for rows in (control, treatment))
+        guard.fold(c, t, until=until)
+        return guard.look(at=now)
 
     async def _apply(self, decision: Decision, pos: RampPosition) -> None:
         dry = self._policy.dry_run

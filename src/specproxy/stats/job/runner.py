@@ -26,7 +26,7 @@ from specproxy.stats.anytime.decision import DecisionMemory
 from specproxy.stats.collector import register_stats_collector
 from specproxy.stats.job.cache import RollupCache
 from specproxy.stats.job.leader import Leadership
-from specproxy.stats.job.ramp import RampJob, RampStore
+from specproxy.stats.job.ramp import DEFAULT_HORIZON_S, RampJob, RampStore
 from specproxy.stats.job.tick import compute_stats, stored_evidence
 from specproxy.stats.result import StatsResult
 from specproxy.store.contract import StatsStore
@@ -60,13 +60,15 @@ class StatsJob:
         treatments: Sequence[Arm] | None = None,
         ramp: RampConfig | None = None,
         ramp_weights: Mapping[str, float] | None = None,
+        ramp_horizon_s: float | None = None,
         labels: Mapping[Arm, Mapping[str, str]] | None = None,
     ) -> None:
         """`control`, `treatments`: the run's arms (`Config.control_arm`, `treatment_arms`;
         None: every arm in the data but the control). `ramp` (when enabled) with `ramp_weights`,
-        each ramped arm's configured weight (`settings.ramp_of`): the guarded ramp runs after
-        every interval this process leads, just before its tick (`RampJob.move`). `labels`:
-        the arms' configured labels, carried by every result for the views."""
+        each ramped arm's configured weight, and `ramp_horizon_s`, how long a request may take
+        (`settings.ramp_of`): the guarded ramp runs after every interval this process leads,
+        just before its tick (`RampJob.move`). `labels`: the arms' configured labels, carried by
+        every result for the views."""
         self._control = control
         self._labels = dict(labels or {})
         self._treatments = tuple(treatments) if treatments is not None else None
@@ -93,6 +95,7 @@ class StatsJob:
             register_stats_collector(registry, self.latest, self.is_leader)
         self._ramp_cfg = ramp if ramp is not None and ramp.enabled and ramp_weights else None
         self._ramp_weights = dict(ramp_weights or {})
+        self._ramp_horizon_s = DEFAULT_HORIZON_S if ramp_horizon_s is None else ramp_horizon_s
         # Before any arm event the ramp reads the run's records since this job began.
         self._ramp_start = clock()
         self._ramp: RampJob | None = None  # made on first use: it shares the tick's one thread
@@ -181,6 +184,7 @@ class StatsJob:
                 control=self._control,
                 clock=self._clock,
                 executor=self._pool(),  # numpy off the event loop, on the tick's thread
+                horizon_s=self._ramp_horizon_s,
             )
         return self._ramp
 

@@ -32,6 +32,7 @@ from specproxy.config import (
 )
 from specproxy.config_env import file_and_env
 from specproxy.errors import ConfigError
+from specproxy.stats.job.ramp import horizon_s
 
 __all__ = [
     "CHILD_CONFIG_ENV",
@@ -129,10 +130,13 @@ def arm_roles(settings: StatsSettings) -> dict[str, Any]:
 
 
 def ramp_of(config: Config | None) -> dict[str, Any]:
-    """`StatsJob`'s `ramp` and `ramp_weights` from a proxy config: each ramped arm
-    (`ramp.arms`, or every treatment) with its configured weight; {} when `[ramp]` is off."""
+    """`StatsJob`'s `ramp`, `ramp_weights` and `ramp_horizon_s` from a proxy config: each
+    ramped arm (`ramp.arms`, or every treatment) with its configured weight, and the longest a
+    request of the control or a ramped arm can last (`stats.job.ramp.horizon_s`); {} when
+    `[ramp]` is off."""
     if config is None or not config.ramp.enabled:
         return {}
     arms = config.ramp.arms or tuple(config.treatment_arms)
     weights = {arm: config.arm_config(arm).weight for arm in arms}
-    return {"ramp": config.ramp, "ramp_weights": weights}
+    longest = [config.arm_timeouts(arm).longest_s() for arm in (config.control_arm, *arms)]
+    return {"ramp": config.ramp, "ramp_weights": weights, "ramp_horizon_s": horizon_s(longest)}
