@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, Final, Protocol
 
 import numpy as np
 
-from specproxy.config import RampConfig, StatsConfig, TimeoutConfig
+from specproxy.config import RampConfig, StatsConfig
 from specproxy.control.events import ArmEvent
 from specproxy.control.ramp import (
     Decision,
@@ -47,6 +46,7 @@ from specproxy.control.ramp import (
 )
 from specproxy.errors import ErrorKind
 from specproxy.records import SHORTHAND_CONTROL, Arm
+from specproxy.stats.job.horizon import DEFAULT_HORIZON_S, HORIZON_MAX_S, horizon_s
 from specproxy.stats.rampguard import UNIT_S, StepGuard, StepLook, StepRows
 from specproxy.stats.result import RampStatus
 
@@ -68,17 +68,6 @@ COLUMNS = ("t_start", "e2e_s", "status", "error_kind", "disconnected", "rerouted
 Row = tuple[Any, ...]  # store.contract.Row
 LANDING_S: Final = 5.0  # a row is in the store this long after its request ended (flush <= 1 s)
 CATCH_UP_S: Final = 300.0  # request ends a tick reads while it replays a step (a new leader)
-# The most a guard keeps a minute open to requests still landing in it: at 1k req/s per arm a
-# minute's histograms hold ~12k entries per arm, so 2 h is ~50 MB (streams without a cap).
-HORIZON_MAX_S: Final = 7200.0
-DEFAULT_HORIZON_S: Final = TimeoutConfig().longest_s() or HORIZON_MAX_S  # the default timeouts'
-
-
-def horizon_s(longest: Iterable[float | None]) -> float:
-    """How long after its minute ends a request of a step may still land, from the longest
-    request of each compared arm (`TimeoutConfig.longest_s`; None: no cap), capped by
-    `HORIZON_MAX_S`."""
-    return min(HORIZON_MAX_S, max((x if x is not None else math.inf for x in longest), default=0))
 
 
 class RampStore(Protocol):

@@ -32,7 +32,7 @@ from specproxy.config import (
 )
 from specproxy.config_env import file_and_env
 from specproxy.errors import ConfigError
-from specproxy.stats.job.ramp import horizon_s
+from specproxy.stats.job.horizon import horizon_s
 
 __all__ = [
     "CHILD_CONFIG_ENV",
@@ -132,7 +132,7 @@ def arm_roles(settings: StatsSettings) -> dict[str, Any]:
 def ramp_of(config: Config | None) -> dict[str, Any]:
     """`StatsJob`'s `ramp`, `ramp_weights` and `ramp_horizon_s` from a proxy config: each
     ramped arm (`ramp.arms`, or every treatment) with its configured weight, and the longest a
-    request of the control or a ramped arm can last (`stats.job.ramp.horizon_s`); {} when
+    request of the control or a ramped arm can last (`stats.job.horizon.horizon_s`); {} when
     `[ramp]` is off."""
     if config is None or not config.ramp.enabled:
         return {}
