@@ -23,8 +23,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specproxy.config import SegmentsConfig
 from specproxy.fleet.models import OTHER
 from specproxy.records import MODEL_MAX_BYTES
+from specproxy.summary.conditions import CONDITION_METRICS, DIMENSIONS, split_key
 from tests.faults.conftest import RUN, MiB, fault_row
 from tests.faults.serve_proc import Serve, stored_rows
 from tests.faults.upstream import FaultUpstream
@@ -208,7 +210,14 @@ def test_memory_and_store_stay_bounded(live: LiveProxy) -> None:
     # the rollups, which every stats tick reads, are keyed by the bounded label: the model the
     # upstream serves, or "other", however many strings the clients made up
     assert len(models) > 100
-    assert set(stored_models(live.workdir / "store.db", "rollup_minutes")) <= {"tiny-llama", OTHER}
+    rollups = live.workdir / "store.db"
+    assert set(stored_models(rollups, "rollup_minutes", conditions=False)) <= {"tiny-llama", OTHER}
+    # condition rollups are keyed by a condition instead (`summary.conditions`): bounded too,
+    # whatever the clients sent
+    keys = stored_models(rollups, "rollup_minutes", conditions=True)
+    dimensions = [split_key(k)[0] for k in keys]
+    assert keys and set(dimensions) <= set(DIMENSIONS)
+    assert dimensions.count("category") <= SegmentsConfig().categories_max + 1  # + "other"
     # The first half carries one-time costs (allocator arenas, warm caches). A leak grows with
     # the requests, so the second half, which repeats the first's mix, must stay nearly flat;
     # retaining the hostile bodies or model strings would add gigabytes. The statistics run in
@@ -225,6 +234,15 @@ def test_memory_and_store_stay_bounded(live: LiveProxy) -> None:
               live.rss_before, rss_after)  # fmt: skip
 
 
-def stored_models(db: Path, table: str = "requests") -> list[str]:
+def stored_models(
+    db: Path, table: str = "requests", *, conditions: bool | None = None
+) -> list[str]:
+    """The distinct `model` keys of `table`; of a rollup table, those of its condition metrics
+    (`conditions=True`) or of the others (False)."""
+    where = ""
+    if conditions is not None:
+        marks = ", ".join("?" * len(CONDITION_METRICS))
+        where = f" WHERE metric {'' if conditions else 'NOT '}IN ({marks})"
+    args = tuple(CONDITION_METRICS) if conditions is not None else ()
     with sqlite3.connect(db) as conn:
-        return [m for (m,) in conn.execute(f"SELECT DISTINCT model FROM {table}")]
+        return [m for (m,) in conn.execute(f"SELECT DISTINCT model FROM {table}{where}", args)]
