@@ -58,6 +58,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--conc", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy's folded stacks (threads apart) of each specproxy run, to PROFILE-NAME-REP",
+    )
     args = parser.parse_args()
     proxies = args.proxy or ["bare", "sqlite", "sqlite-py"]
     libs = ":".join(
@@ -87,6 +92,10 @@ def main() -> None:
                 for name in proxies if rep % 2 == 0 else proxies[::-1]:
                     proc, base = start(procs, name, upstream, work)
                     wrk.run(base + faceoff.PATH, script, args.conc, 1)  # warm
+                    sampler = None
+                    if args.profile and name != "bare":
+                        out = args.profile.with_name(f"{args.profile.name}-{name}-{rep}")
+                        sampler = spy(proc.pid, args.seconds, out)
                     before = thread_cpu(proc.pid)
                     run = wrk.run(base + faceoff.PATH, script, args.conc, args.seconds)
                     after = thread_cpu(proc.pid)
@@ -95,6 +104,9 @@ def main() -> None:
                     us["total"] = sum(us.values())
                     per[name].append(us)
                     print(f"{name} rep{rep}: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()))
+                    if sampler is not None:
+                        sampler.wait()
+                        faceoff.print_folded(out, top=30)
                     procs.stop(proc)
         finally:
             procs.stop_all()
@@ -103,6 +115,19 @@ def main() -> None:
         keys = sorted({k for r in runs for k in r if r[k] > 0.05})
         cells = ", ".join(f"{k} {statistics.median(r.get(k, 0.0) for r in runs):.1f}" for k in keys)
         print(f"- {name}: {cells}")
+
+
+def spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling `pid` (every thread, idle frames dropped) for the measured run."""
+    spy_bin = shutil.which("py-spy")
+    if spy_bin is None:
+        raise SystemExit("--profile needs py-spy on PATH")
+    record = ["record", "-r", "500", "-d", str(int(seconds)), "-f", "raw", "--threads"]
+    return subprocess.Popen(
+        [spy_bin, *record, "-o", str(out), "-p", str(pid), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def start(

@@ -214,3 +214,44 @@ async def test_the_wal_shrinks_back_after_a_checkpoint(tmp_path: Path) -> None:
         await store.close()
     assert grown > 4 * 65536 and checkpointed == grown
     assert restarted <= 65536
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 6, 7, 8, 13, 20])
+def test_insert_rows_writes_what_executemany_writes(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many rows a statement (the writer's GIL hand-offs), around every chunk boundary: the
+    same table as one statement a row, upserts of a key twice in one batch included."""
+    import specproxy.store.sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "_MAX_ROWS", 3)
+    upsert = (
+        "INSERT INTO t (k, v, m) VALUES (?, ?, ?) "
+        "ON CONFLICT (k) DO UPDATE SET v = t.v + excluded.v, m = max(t.m, excluded.m)"
+    )
+    rows = [(i % 5, float(i), i * 7 % 11) for i in range(n)]  # keys repeat within the batch
+    tables = []
+    for write in (
+        lambda c: c.executemany(upsert, rows),
+        lambda c: sqlite_module.insert_rows(c, upsert, rows),
+    ):
+        conn = sqlite3.connect(":memory:")
+        conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v REAL, m INTEGER)")
+        conn.execute("INSERT INTO t VALUES (0, 100.0, 5)")  # a row already there
+        write(conn)
+        tables.append(conn.execute("SELECT * FROM t ORDER BY k").fetchall())
+    assert tables[0] == tables[1]
+    assert len(tables[1]) == (1 if n == 0 else min(n, 5))
+
+
+def test_insert_rows_keeps_sqlites_parameter_bound() -> None:
+    """Wide rows get fewer a statement: never more than SQLite's 999 parameters."""
+    import specproxy.store.sqlite as sqlite_module
+
+    width = 40
+    sql = f"INSERT INTO w VALUES ({', '.join('?' * width)})"
+    conn = sqlite3.connect(":memory:")
+    conn.execute(f"CREATE TABLE w ({', '.join(f'c{i}' for i in range(width))})")
+    conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, sqlite_module._MAX_PARAMS)
+    sqlite_module.insert_rows(conn, sql, [tuple(range(i, i + width)) for i in range(100)])
+    assert conn.execute("SELECT count(*), sum(c0) FROM w").fetchone() == (100, sum(range(100)))

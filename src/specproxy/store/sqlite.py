@@ -359,7 +359,7 @@ class SqliteStore(BufferedStore):
                 self._model_label,
             )
             for aggregate, rows in aggregate_rows(inserted):
-                conn.executemany(upsert_sql(aggregate, "sqlite"), rows)
+                insert_rows(conn, upsert_sql(aggregate, "sqlite"), rows)
             if gpu:
                 conn.executemany(_INSERT_GPU, [gpu_row(g) for g in gpu])
 
@@ -688,6 +688,41 @@ def _typed_export_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(values)
 
 
+# SQLite's bound on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER, 32766 since 3.32; the
+# floor keeps to the pre-3.32 999 anyway) and the rows one statement carries at most.
+_MAX_PARAMS: Final = 999
+_MAX_ROWS: Final = 256
+
+
+@functools.lru_cache(maxsize=64)
+def _multi_row(sql: str, n: int) -> str:
+    """`sql`, one `INSERT ... VALUES (?, ...) ...` of one row, rewritten for `n` rows."""
+    head, _, tail = sql.partition("VALUES (")
+    one, _, rest = tail.partition(")")
+    if not one or set(one) - set("?, "):
+        raise ValueError(f"not a one-row INSERT of ? marks: {sql[:80]!r}")
+    return f"{head}VALUES {', '.join([f'({one})'] * n)}{rest}"
+
+
+def insert_rows(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """`conn.executemany(sql, rows)` in statements of many rows each: the same rows written in
+    the same order, but the GIL is given up and taken back once per statement rather than once
+    per row (the sqlite3 module releases it around every step), which on a proxy's one busy core
+    is a thread switch to the event loop and back each time."""
+    if not rows:
+        return
+    per = max(1, min(_MAX_ROWS, _MAX_PARAMS // len(rows[0])))
+    full = len(rows) - len(rows) % per
+    if full:
+        stmt = _multi_row(sql, per)
+        conn.executemany(
+            stmt, [[v for row in rows[i : i + per] for v in row] for i in range(0, full, per)]
+        )
+    if full < len(rows):
+        tail = rows[full:]
+        conn.execute(_multi_row(sql, len(tail)), [v for row in tail for v in row])
+
+
 def _insert_requests(
     conn: sqlite3.Connection, requests: list[RequestRecord]
 ) -> list[RequestRecord]:
@@ -696,7 +731,7 @@ def _insert_requests(
     rows = [request_row(r) for r in requests]
     before = conn.total_changes
     conn.execute("SAVEPOINT requests_batch")
-    conn.executemany(_INSERT_REQUEST, rows)
+    insert_rows(conn, _INSERT_REQUEST, rows)
     if conn.total_changes - before == len(rows):
         conn.execute("RELEASE requests_batch")
         return requests
