@@ -80,6 +80,7 @@ async def _stream(
     # The per-event loop: a read, a clock reading, a byte scan, a write; names bound once.
     perf_counter = time.perf_counter
     readany = upstream.readany
+    at_eof = upstream.at_eof
     # A large non-stream body comes here too: it has no events, and is never scanned (held).
     feed = scanner.feed if is_event_stream(upstream.headers) else _unscanned
     try:
@@ -90,6 +91,7 @@ async def _stream(
         return resp
     write = resp.write
     now: float | None = None  # arrival of the last chunk
+    last = b""  # the body's last piece, sent with the response's end in one write
     while True:
         try:
             chunk = await readany()
@@ -104,6 +106,11 @@ async def _stream(
             break
         now = perf_counter()
         out = feed(chunk, now)
+        if at_eof():  # nothing follows: the headers (if still held), it and the end go together
+            last = out
+            if scanner.oversized:
+                upstream.close()
+            break
         if out:
             try:
                 await write(out)
@@ -125,7 +132,7 @@ async def _stream(
         defect = scanner.defect()  # relayed as it came, but never a usable sample
         if defect is not None:
             trace.fail(defect)
-    if (tail and not await _flush(resp, tail)) or not await write_eof(resp):
+    if not await write_eof(resp, last=last + tail if tail else last):
         trace.disconnected = True
         trace.fail(ErrorKind.DISCONNECTED)
     trace.e2e_end = perf_counter()
@@ -184,12 +191,15 @@ async def _flush(resp: web.StreamResponse, data: bytes) -> bool:
     return True
 
 
-async def write_eof(resp: web.StreamResponse, request: web.Request | None = None) -> bool:
-    """Finish a response ourselves, so that 'last byte written' is a real timestamp."""
+async def write_eof(
+    resp: web.StreamResponse, request: web.Request | None = None, *, last: bytes = b""
+) -> bool:
+    """Finish a response ourselves, so that 'last byte written' is a real timestamp; `last`, the
+    body's remaining bytes, goes in the same write as the end (and the headers, if unsent)."""
     try:
         if request is not None:
             await resp.prepare(request)
-        await resp.write_eof()
+        await resp.write_eof(last)
     except ConnectionError:
         return False
     return True

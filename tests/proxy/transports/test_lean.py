@@ -142,6 +142,49 @@ async def test_chunked_body_split_anywhere_with_extensions_and_trailers() -> Non
         assert server.connections == 1  # a complete chunked body leaves the connection reusable
 
 
+async def test_at_eof_is_true_once_the_last_body_byte_was_returned() -> None:
+    """Length framing: exactly after the piece with the last byte. Chunked: never while body
+    bytes remain, and by the time `readany` says b"". Until close: only at the close. The
+    server sends its next piece only once the client read one, so every prefix is seen."""
+    length = b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhel|lo |world"
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n|6\r\n world\r\n|0\r\n\r\n"
+    )
+    until_close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nhello| world"
+    for response, exact in ((length, True), (chunked, False), (until_close, False)):
+        read: asyncio.Queue[None] = asyncio.Queue()
+
+        def gated(
+            server: Server, response: bytes = response, read: asyncio.Queue[None] = read
+        ) -> Script:
+            async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await server.read_request(reader)
+                for piece in _pieces(response):
+                    writer.write(piece)
+                    await writer.drain()
+                    if b"0\r\n\r\n" not in piece:  # the client waits for nothing after it
+                        await read.get()
+
+            return run
+
+        async with serve(gated) as server:
+            pool = pool_for(server)
+            resp = await pool.post("/x", b"", HEADERS)
+            got, states = b"", []
+            while piece := await resp.readany():
+                got += piece
+                states.append((got, resp.at_eof()))
+                read.put_nowait(None)
+            assert got == b"hello world" and resp.at_eof()
+            assert len(states) >= 2 and not states[0][1]  # a body seen in parts
+            assert all(not eof for seen, eof in states if seen != got)
+            if exact:
+                assert states[-1][1]
+            resp.release()
+            await pool.close()
+
+
 async def test_body_until_close_is_read_and_the_connection_not_reused() -> None:
     async with serve(replying(b"HTTP/1.1 200 OK\r\n\r\nall of it", close_after=True)) as server:
         pool = pool_for(server)

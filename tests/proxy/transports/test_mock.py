@@ -216,3 +216,54 @@ async def test_http_errors_pass_through_and_connections_are_kept_only_after_succ
     assert (ok_rec.error_kind, ok_rec.output_tokens) == (None, 3)
     assert (busy.error_kind, busy.status) == ("http_5xx", 503)
     assert [(m.released, m.closed) for m in replies] == [(True, False), (False, True)]
+
+
+@pytest.mark.parametrize("pieces", [1, 3])
+async def test_the_last_piece_goes_out_in_the_same_write_as_the_end(
+    rig: MakeRig, monkeypatch: pytest.MonkeyPatch, pieces: int
+) -> None:
+    """A body whose end the transport knows (`Reply.at_eof`) is finished in the write that
+    carries its last bytes: one send less per stream, and the client's last event is not
+    held back for a separate terminator. A body cut short gets no terminator at all."""
+    from aiohttp.http_writer import StreamWriter
+
+    writes: dict[int, list[bytes]] = {}  # by writer: the client's request writer is one too
+    write, writelines = StreamWriter._write, StreamWriter._writelines
+
+    def record_write(self: StreamWriter, chunk: bytes) -> None:
+        write(self, chunk)  # raises, unsent, on a closed transport
+        writes.setdefault(id(self), []).append(bytes(chunk))
+
+    def record_writelines(self: StreamWriter, chunks: list[bytes]) -> None:
+        chunks = [bytes(c) for c in chunks]
+        writelines(self, chunks)
+        writes.setdefault(id(self), []).append(b"".join(chunks))
+
+    monkeypatch.setattr(StreamWriter, "_write", record_write)
+    monkeypatch.setattr(StreamWriter, "_writelines", record_writelines)
+    body = b"".join(EVENTS)
+    split = [body] if pieces == 1 else EVENTS
+
+    def answer(request: MockRequest) -> MockReply:
+        return MockReply(200, SSE, split)
+
+    r = await rig(answer, answer)
+    async with r.client.post(CHAT, json=chat(stream=True)) as resp:
+        assert await resp.read() == body
+    (sent,) = [w for w in writes.values() if w[0].startswith(b"HTTP/1.1 200")]
+    assert sent[-1].endswith(EVENTS[-1] + b"\r\n0\r\n\r\n")  # the end rides with the last piece
+    assert b"0\r\n\r\n" not in sent  # never a write of its own
+    (rec,) = await r.records(1)
+    assert rec.error_kind is None and rec.n_events == 2
+
+    writes.clear()
+
+    def cut(request: MockRequest) -> MockReply:
+        return MockReply(200, SSE, EVENTS[:2], error=UpstreamBroken("closed mid-body"))
+
+    r = await rig(cut, cut)
+    async with r.client.post(CHAT, json=chat(stream=True)) as resp:
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+    (sent,) = [w for w in writes.values() if w[0].startswith(b"HTTP/1.1 200")]
+    assert len(sent) == 3 and not any(w.endswith(b"0\r\n\r\n") for w in sent)

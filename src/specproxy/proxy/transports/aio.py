@@ -68,6 +68,9 @@ class AiohttpReply:
         except (ClientError, TimeoutError) as exc:
             raise upstream_error(exc) from exc
 
+    def at_eof(self) -> bool:
+        return self._content.at_eof()
+
     async def read(self) -> bytes:
         try:
             return await self._resp.read()

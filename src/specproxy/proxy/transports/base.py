@@ -39,6 +39,12 @@ class Reply(Protocol):
         """The whole (rest of the) body."""
         ...
 
+    def at_eof(self) -> bool:
+        """Whether the body ended with the piece `readany` last returned: no byte and no error
+        can follow it (False where the transport cannot tell yet: `readany` then says so with
+        b"")."""
+        ...
+
     def release(self) -> None:
         """Done with a completely read body: the connection may be reused."""
         ...

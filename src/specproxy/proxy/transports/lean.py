@@ -227,6 +227,9 @@ class UpstreamResponse:
             await conn.wait(conn.read_limit)
         return b""
 
+    def at_eof(self) -> bool:
+        return self._done
+
     def _ended(self, conn: _Connection) -> bool:
         """Whether the body is complete now that no bytes are buffered; raises if it was cut."""
         if self._done:

@@ -59,6 +59,9 @@ class MockReply:
             raise self._error
         return b""
 
+    def at_eof(self) -> bool:
+        return not self._chunks and self._error is None
+
     async def read(self) -> bytes:
         parts = []
         while chunk := await self.readany():
