@@ -83,6 +83,18 @@ async def _stream(
     at_eof = upstream.at_eof
     # A large non-stream body comes here too: it has no events, and is never scanned (held).
     feed = scanner.feed if is_event_stream(upstream.headers) else _unscanned
+    # Body bytes that came with the headers (or an error in them, raised in the loop below).
+    first: bytes | UpstreamError
+    try:
+        first = upstream.read_nowait()
+    except UpstreamError as exc:
+        first = exc
+    held = bool(first) and not isinstance(first, UpstreamError)
+    if held:
+        # The headers wait for the first write, which follows at once, as web.Response's do:
+        # one send for both. (Otherwise aiohttp sends them at `prepare`, for an engine still
+        # computing its first event; and so does the loop, if that piece completes no event.)
+        resp._send_headers_immediately = False
     try:
         await resp.prepare(request)
     except ConnectionError:
@@ -94,7 +106,12 @@ async def _stream(
     last = b""  # the body's last piece, sent with the response's end in one write
     while True:
         try:
-            chunk = await readany()
+            if first:
+                if isinstance(first, UpstreamError):
+                    raise first
+                chunk, first = first, b""
+            else:
+                chunk = await readany()
         except UpstreamError as exc:
             trace.upstream_end = perf_counter()
             trace.fail(exc.kind)
@@ -111,7 +128,8 @@ async def _stream(
             if scanner.oversized:
                 upstream.close()
             break
-        if out:
+        if out or held:
+            held = False
             try:
                 await write(out)
             except ConnectionError:

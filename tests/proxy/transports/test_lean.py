@@ -15,7 +15,7 @@ import pytest
 
 from specproxy.config import ArmConfig
 from specproxy.errors import UpstreamBroken, UpstreamConnectError
-from specproxy.proxy.transports.lean import UpstreamPool
+from specproxy.proxy.transports.lean import UpstreamPool, UpstreamResponse
 from tests.proxy.conftest import MakeProxy
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -183,6 +183,45 @@ async def test_at_eof_is_true_once_the_last_body_byte_was_returned() -> None:
                 assert states[-1][1]
             resp.release()
             await pool.close()
+
+
+async def test_read_nowait_returns_the_body_bytes_already_here_and_never_waits() -> None:
+    gate: asyncio.Queue[None] = asyncio.Queue()
+
+    def gated(server: Server) -> Script:
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.read_request(reader)
+            for piece in (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                b"5\r\nhel",
+                b"lo\r\n0\r\n\r\n",
+            ):
+                writer.write(piece)
+                await writer.drain()
+                await gate.get()
+
+        return run
+
+    async def arrived(resp: UpstreamResponse) -> bytes:
+        for _ in range(500):  # the bytes are on their way: wait for them, up to 5 s
+            if piece := resp.read_nowait():
+                return piece
+            await asyncio.sleep(0.01)
+        raise AssertionError("no body bytes arrived")
+
+    async with serve(gated) as server:
+        pool = pool_for(server)
+        resp = await pool.post("/x", b"", HEADERS)
+        assert resp.read_nowait() == b"" and not resp.at_eof()  # only the headers were sent
+        gate.put_nowait(None)
+        assert await arrived(resp) == b"hel" and not resp.at_eof()
+        gate.put_nowait(None)
+        assert await arrived(resp) == b"lo" and resp.at_eof()
+        assert resp.read_nowait() == b"" and await resp.readany() == b""
+        gate.put_nowait(None)
+        resp.release()
+        assert server.connections == 1 and pool.idle_connections == 1
+        await pool.close()
 
 
 async def test_body_until_close_is_read_and_the_connection_not_reused() -> None:

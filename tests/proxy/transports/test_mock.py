@@ -253,6 +253,9 @@ async def test_the_last_piece_goes_out_in_the_same_write_as_the_end(
     (sent,) = [w for w in writes.values() if w[0].startswith(b"HTTP/1.1 200")]
     assert sent[-1].endswith(EVENTS[-1] + b"\r\n0\r\n\r\n")  # the end rides with the last piece
     assert b"0\r\n\r\n" not in sent  # never a write of its own
+    assert EVENTS[0] in sent[0]  # the headers ride with the first piece, already here
+    if pieces == 1:
+        assert len(sent) == 1
     (rec,) = await r.records(1)
     assert rec.error_kind is None and rec.n_events == 2
 
@@ -266,4 +269,15 @@ async def test_the_last_piece_goes_out_in_the_same_write_as_the_end(
         with pytest.raises(aiohttp.ClientPayloadError):
             await resp.read()
     (sent,) = [w for w in writes.values() if w[0].startswith(b"HTTP/1.1 200")]
-    assert len(sent) == 3 and not any(w.endswith(b"0\r\n\r\n") for w in sent)
+    assert len(sent) == 2 and not any(w.endswith(b"0\r\n\r\n") for w in sent)
+
+    writes.clear()
+
+    def partial(request: MockRequest) -> MockReply:  # no whole event in the first piece
+        return MockReply(200, SSE, [EVENTS[0][:7], EVENTS[0][7:], *EVENTS[1:]])
+
+    r = await rig(partial, partial)
+    async with r.client.post(CHAT, json=chat(stream=True)) as resp:
+        assert await resp.read() == body
+    (sent,) = [w for w in writes.values() if w[0].startswith(b"HTTP/1.1 200")]
+    assert sent[0].endswith(b"\r\n\r\n") and b"data:" not in sent[0]  # the headers, at once

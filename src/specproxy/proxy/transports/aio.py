@@ -68,6 +68,12 @@ class AiohttpReply:
         except (ClientError, TimeoutError) as exc:
             raise upstream_error(exc) from exc
 
+    def read_nowait(self) -> bytes:
+        try:
+            return self._content.read_nowait()
+        except (ClientError, TimeoutError) as exc:
+            raise upstream_error(exc) from exc
+
     def at_eof(self) -> bool:
         return self._content.at_eof()
 

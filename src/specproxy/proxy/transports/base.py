@@ -39,6 +39,10 @@ class Reply(Protocol):
         """The whole (rest of the) body."""
         ...
 
+    def read_nowait(self) -> bytes:
+        """The body bytes already received, without waiting: b"" when none are (yet)."""
+        ...
+
     def at_eof(self) -> bool:
         """Whether the body ended with the piece `readany` last returned: no byte and no error
         can follow it (False where the transport cannot tell yet: `readany` then says so with

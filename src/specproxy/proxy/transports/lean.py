@@ -227,6 +227,15 @@ class UpstreamResponse:
             await conn.wait(conn.read_limit)
         return b""
 
+    def read_nowait(self) -> bytes:
+        if self._done:
+            return b""
+        conn = self._conn
+        piece = self._take(conn.buf)
+        if conn.paused:
+            conn.consumed()
+        return piece
+
     def at_eof(self) -> bool:
         return self._done
 

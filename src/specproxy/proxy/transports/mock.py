@@ -59,6 +59,9 @@ class MockReply:
             raise self._error
         return b""
 
+    def read_nowait(self) -> bytes:
+        return self._chunks.pop(0) if self._chunks else b""
+
     def at_eof(self) -> bool:
         return not self._chunks and self._error is None
 
