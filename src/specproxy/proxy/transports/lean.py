@@ -217,9 +217,7 @@ class UpstreamResponse:
         """The next piece of the body as it arrives; b"" at its end."""
         conn = self._conn
         while not self._done:
-            piece = self._take(conn.buf)
-            if conn.paused:
-                conn.consumed()
+            piece = self.read_nowait()
             if piece:
                 return piece
             if self._ended(conn):
@@ -228,6 +226,7 @@ class UpstreamResponse:
         return b""
 
     def read_nowait(self) -> bytes:
+        """Decoded body bytes already buffered (possibly none); resumes a paused socket."""
         if self._done:
             return b""
         conn = self._conn
