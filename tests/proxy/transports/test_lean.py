@@ -203,7 +203,7 @@ async def test_read_nowait_returns_the_body_bytes_already_here_and_never_waits()
         return run
 
     async def arrived(resp: UpstreamResponse) -> bytes:
-        for _ in range(500):  # the bytes are on their way: wait for them, up to 5 s
+        for _ in range(3000):  # the bytes are on their way: wait for them (30 s at most)
             if piece := resp.read_nowait():
                 return piece
             await asyncio.sleep(0.01)
