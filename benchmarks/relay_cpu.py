@@ -11,8 +11,9 @@ main thread (the event loop) and its other threads (the store's writer) apart, f
 
 Proxies: `bare` (the aiohttp pass-through of `bench_proxy.py`), `sqlite` (`specproxy serve`
 with a SQLite store, statistics computed elsewhere: `compute = "external"`) and `sqlite-py`
-(the same with the pure-Python SSE scanner, `SPECPROXY_NO_EXTENSIONS=1`). The .debs are
-unpacked into --prefix as for the face-off.
+(the same with the pure-Python SSE scanner, `SPECPROXY_NO_EXTENSIONS=1`) and `sqlite-deferred`
+(the same with deferred rollups, `store.rollups = "deferred"`: the writer inserts rows only). The
+.debs are unpacked into --prefix as for the face-off.
 """
 
 from __future__ import annotations
@@ -141,11 +142,13 @@ def start(
         proc = procs.start([*cmd, "--upstream", upstream], cpu)
         faceoff.wait_http(base + "/")
         return proc, base
-    if name not in ("sqlite", "sqlite-py"):
-        raise SystemExit(f"unknown proxy {name!r}: bare, sqlite or sqlite-py")
+    if name not in ("sqlite", "sqlite-py", "sqlite-deferred"):
+        raise SystemExit(f"unknown proxy {name!r}: bare, sqlite, sqlite-py or sqlite-deferred")
     env = faceoff.serve_env(HERE.parent)
     if name == "sqlite-py":
         env["SPECPROXY_NO_EXTENSIONS"] = "1"
+    if name == "sqlite-deferred":
+        env["SPECPROXY_STORE__ROLLUPS"] = "deferred"
     cmd = [sys.executable, "-m", "specproxy", "serve", "--port", str(port), "--baseline", upstream]
     cmd += ["--speculative", upstream, "--store", f"sqlite:///{work}/{name}-{port}.db"]
     cmd += ["--log-level", "error"]

@@ -80,6 +80,7 @@ _DEFAULT_SHARE: Final = 0.5  # the shorthand's routing.speculative_share
 RoutingMode = Literal["weighted", "sticky"]
 StickySource = Literal["header", "user"]
 StatsCompute = Literal["child", "external"]
+RollupMode = Literal["inline", "deferred"]
 OnDown = Literal["control", "error"]
 ArmAuthorization = Literal["client", "arm"]
 # Header names an arm's `headers` may not set: the API key has its own settings, the rest are
@@ -213,6 +214,12 @@ class StoreConfig:
     retention_days: float | None = None
     # per-minute rollups (the statistics of big windows); kept longer than rows. None = keep
     rollup_retention_days: float | None = None
+    # Who computes the rollups of the request rows. "inline": each write computes and upserts
+    # them with the rows (the rollups are current as soon as the rows are). "deferred": the
+    # write marks its rows pending and the stats leader folds them into the rollups before each
+    # tick (`Store.fold_pending`), so a proxy's core spends nothing on them; a reader that does
+    # not lead (the report, a one-shot `specproxy stats`) sees them as of the leader's last fold.
+    rollups: RollupMode = "inline"
 
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
@@ -233,6 +240,7 @@ class StoreConfig:
             f"{self.url!r} needs three slashes: sqlite:///{rest.lstrip('/')} (a relative file)"
             f" or sqlite:////{rest.lstrip('/')} (an absolute one)",
         )
+        _check(self.rollups in get_args(RollupMode), "store.rollups", "must be inline or deferred")
         _check(0 < self.flush_interval_s <= 1.0, "store.flush_interval_s", "must be in (0, 1]")
         _check(self.batch_size > 0, "store.batch_size", "must be > 0")
         _check(self.max_buffer > 0, "store.max_buffer", "must be > 0")

@@ -22,11 +22,15 @@ from tests.stats.job.runs import RUN
 from tests.stats.job.runs import records as _records
 
 
-async def _store_run(db: str, gpu: list[GpuSample] | None = None, t0: float = 1000.0) -> None:
-    """A SQLite store at `db` holding 400 records of run RUN (t t0 to t0 + 40 s) and `gpu`."""
+async def _store_run(
+    db: str, gpu: list[GpuSample] | None = None, t0: float = 1000.0, rollups: str = "inline"
+) -> None:
+    """A SQLite store at `db` holding 400 records of run RUN (t t0 to t0 + 40 s) and `gpu`,
+    written with `rollups` as a proxy's `store.rollups`."""
     from specproxy.store.factory import open_store
 
-    s = open_store(StoreConfig(url=f"sqlite:///{db}"), run_id=RUN)
+    cfg = StoreConfig(url=f"sqlite:///{db}", rollups=rollups)  # type: ignore[arg-type]
+    s = open_store(cfg, run_id=RUN)
     await s.start()
     for rec in _records(400, t0, 1.5, 1):
         s.record(rec)

@@ -3,6 +3,7 @@ retention, on every backend."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -110,16 +111,21 @@ async def _replicas(
             await second.close()
 
 
+async def _check_fine(store: BufferedStore, records: list[RequestRecord]) -> None:
+    """The store's fine rollups of every compared metric are those of `records`."""
+    for metric in ROLLUP_METRICS:
+        got = await _read(store, metric)
+        for arm in ("speculative", "baseline"):
+            bins, total = _expected(records, metric, arm)
+            assert _pooled(got[arm]) == bins
+            assert math.isclose(float(got[arm].total.sum()), total, rel_tol=1e-12)
+            assert int(got[arm].n.sum()) == sum(bins.values())
+
+
 async def test_rollups_of_batches_and_replicas_add_up(backend_url: str, tmp_path: Path) -> None:
     records = _records(600)
     async with _replicas(backend_url, tmp_path, records) as first:
-        for metric in ROLLUP_METRICS:
-            got = await _read(first, metric)
-            for arm in ("speculative", "baseline"):
-                bins, total = _expected(records, metric, arm)
-                assert _pooled(got[arm]) == bins
-                assert math.isclose(float(got[arm].total.sum()), total, rel_tol=1e-12)
-                assert int(got[arm].n.sum()) == sum(bins.values())
+        await _check_fine(first, records)
         # model filter
         only_a = await _read(first, "e2e", model="a")
         bins_a, _ = _expected([r for r in records if r.model == "a"], "e2e", "baseline")
@@ -236,6 +242,107 @@ async def test_rollup_retention_is_separate_from_row_retention(store: BufferedSt
     # one summary row and one bin row, of e2e and of its one condition (temperature=default)
     assert removed == 4
     assert int((await _read(store, "e2e"))["baseline"].n.sum()) == 1
+
+
+# -- deferred rollups (schema v13) -----------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _deferred(
+    backend_url: str, tmp_path: Path, name: str = "p"
+) -> AsyncIterator[BufferedStore]:
+    """A store whose writes leave the rollups to `fold_pending` (a proxy's)."""
+    store = open_store(store_config(backend_url, tmp_path / name, rollups="deferred"), run_id="run")
+    await store.start()
+    try:
+        yield store
+    finally:
+        await store.close()
+        assert store.dropped == 0
+
+
+async def test_deferred_rows_are_rolled_up_once_by_the_fold_as_inline(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """A deferred write stores the rows and no rollups; one fold adds exactly the rollups an
+    inline write adds (bins and counts equal, sums to rounding, moments too); a replay of rows
+    already stored, folded or not, is not folded again."""
+    records = _with_tokens(_records(600, prefix="d"), hours=1.5)
+    async with _deferred(backend_url, tmp_path) as store:
+        await _write(store, records[:400])
+        assert (await _full(store)).minutes == []
+        assert (await store.read_moments(run_id="run", since_minute=0)).minutes == []
+        rows = await read_arrays(store, run_id="run", columns=("request_id",))
+        assert sum(len(a["request_id"]) for a in rows.values()) == 400
+        assert await store.fold_pending() == 400
+        await _write(store, records[300:])  # 100 already folded, 200 new
+        assert await store.fold_pending() == 200
+        assert await store.fold_pending() == 0
+        await _check_fine(store, records)
+        for metric in CONDITION_METRICS:
+            want = merge_batches([rollup_records(records)])
+            expect = sorted(
+                (m, mo, a, n) for _r, me, m, mo, a, n, *_ in want.summaries if me == metric
+            )
+            read = await _full(store, metric)
+            assert sorted((m, mo, a, n) for m, mo, a, n, _t, _sq in read.minutes) == expect
+        want_moments = _moment_key_rows(
+            [r[1:] for r in merge_batches([rollup_records(records)]).moments]
+        )
+        have = _moment_key_rows((await store.read_moments(run_id="run", since_minute=0)).minutes)
+        assert have.keys() == want_moments.keys()
+        for key, values in want_moments.items():
+            assert have[key] == pytest.approx(values, rel=1e-12), key
+
+
+async def test_folders_at_once_take_each_pending_row_once(
+    durable_backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two stats processes folding one database at the same time, in batches of 7 rows: the rows
+    they report add up to the rows written, and the rollups count each row once."""
+    for module in ("sqlite", "postgres"):
+        monkeypatch.setattr(f"specproxy.store.{module}.FOLD_BATCH_ROWS", 7)
+    records = _records(300, prefix="c")
+    async with (
+        _deferred(durable_backend_url, tmp_path, "w") as writer,
+        _deferred(durable_backend_url, tmp_path, "f1") as one,
+        _deferred(durable_backend_url, tmp_path, "f2") as two,
+    ):
+        await _write(writer, records)
+        folded = await asyncio.gather(one.fold_pending(), two.fold_pending(), one.fold_pending())
+        assert sum(folded) == len(records)
+        got = await _read(writer, "e2e")
+        for arm in ("speculative", "baseline"):
+            assert _pooled(got[arm]) == _expected(records, "e2e", arm)[0]
+
+
+async def test_the_fold_keys_rollups_by_the_folders_model_label(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """The rows keep the client's model string; the leader's labeller bounds the rollup keys."""
+    async with _deferred(backend_url, tmp_path) as store:
+        hostile = [f"m-{i}" for i in range(50)]
+        for i, model in enumerate(["served", *hostile]):
+            store.record(make_record(i, t_start=T0 + i * 0.1, arm="baseline", model=model))
+        await store.flush()
+        labels = ModelLabels()
+        labels.set_served(["served"])
+        store.label_models(labels.label)
+        assert await store.fold_pending() == 51
+        by_model = {model: n for _m, model, _arm, n, _t, _sq in (await _full(store)).minutes}
+        assert by_model == {"served": 1, OTHER: 50}
+
+
+async def test_row_retention_keeps_a_pending_row_until_it_is_folded(
+    backend_url: str, tmp_path: Path
+) -> None:
+    now = time.time()
+    async with _deferred(backend_url, tmp_path) as store:
+        await _write(store, [make_record(1, t_start=now - 10 * 86400, arm="baseline")])
+        assert await store.purge_older_than(now - 86400) == 0
+        assert await store.fold_pending() == 1
+        assert await store.purge_older_than(now - 86400) == 1
+        assert int((await _read(store, "e2e"))["baseline"].n.sum()) == 1
 
 
 # -- the compacted tier (schema v5) ---------------------------------------------------------------

@@ -50,7 +50,7 @@ from specproxy.store.spill import Row, Sample, SpillSet
 from specproxy.summary.minute import ROLLUP_UNIT_S, as_is
 from specproxy.summary.tiering import CompactionBounds
 
-__all__ = ["MEMORY_FACTOR", "STALLED_WRITE_S", "BufferedStore"]
+__all__ = ["FOLD_BATCH_ROWS", "MEMORY_FACTOR", "STALLED_WRITE_S", "BufferedStore"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ MEMORY_FACTOR: Final = 2
 # A write still running after this long is an outage until it ends: new rows go to the spill
 # file instead of waiting in memory for the backend's own timeout (SIGKILL would lose them).
 STALLED_WRITE_S: Final = 1.0
+# Pending rows one transaction of `fold_pending` takes and rolls up (a 10 s tick at 1k req/s is
+# one batch; a backlog goes in several, each holding the write lock briefly).
+FOLD_BATCH_ROWS: Final = 20_000
 
 
 class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, Control, abc.ABC):
@@ -131,6 +134,20 @@ class BufferedStore(Sink, Lifecycle, SummaryReader, History, Export, Control, ab
     async def compact(self, *, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         await self._ensure_open()
         return await self._compact(run_id, bounds, fold)
+
+    @property
+    def deferred(self) -> bool:
+        """Whether this store's writes leave the rollups to the stats leader (`fold_pending`)."""
+        return self.cfg.rollups == "deferred"
+
+    @abc.abstractmethod
+    async def _fold_pending(self) -> int:
+        """`fold_pending`: take the pending rows batch by batch, each batch with its rollups in
+        one transaction; return the rows folded."""
+
+    async def fold_pending(self) -> int:
+        await self._ensure_open()
+        return await self._fold_pending()
 
     def _rejects_rows(self, exc: BaseException) -> bool:
         """Whether a failed write means bad rows (never succeeds) rather than an outage.

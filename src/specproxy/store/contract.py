@@ -225,6 +225,13 @@ class SummaryReader(Protocol):
         leader calls it."""
 
     @abc.abstractmethod
+    async def fold_pending(self) -> int:
+        """Roll up every request row written pending (`store.rollups = "deferred"`, by any
+        replica and run) into the rollup tables, as an inline write would have, and mark it
+        done, one transaction per batch; the rows folded. A row is folded once, whoever else
+        folds at the same time. The stats leader calls it before each tick."""
+
+    @abc.abstractmethod
     async def run_ids(self) -> list[str]:
         """Distinct run ids holding records."""
 

@@ -70,6 +70,7 @@ class MemoryStore(BufferedStore):
         self._blocks: dict[StoredBlockKey, tuple[int, bytes]] = {}  # (n, blob)
         self._tables = {a.table: AdditiveTable(a) for a in AGGREGATES}
         self._arm_events: list[ArmEvent] = []
+        self._pending: dict[RequestKey, RequestRecord] = {}  # rows written, rollups deferred
 
     def _table(self, aggregate: Aggregate) -> AdditiveTable:
         return self._tables[aggregate.table]
@@ -94,6 +95,9 @@ class MemoryStore(BufferedStore):
             for s in engine
             if (s.run_id, s.arm, s.t) not in self._samples
         ]
+        if self.deferred:  # the stats leader rolls them up (`fold_pending`)
+            self._pending.update(((r.run_id, r.request_id, r.arm, r.shadow), r) for r in new)
+            new = []
         for aggregate, rows in aggregate_rows(Inserted(new, taken, self._model_label)):
             self._table(aggregate).add(rows)
         for g in gpu:
@@ -103,7 +107,10 @@ class MemoryStore(BufferedStore):
         return None
 
     async def _purge(self, before: float) -> int:
-        old_rows = [k for k, r in self._rows.items() if r.t_start < before]
+        # a row still pending stays until it is rolled up (`fold_pending`)
+        old_rows = [
+            k for k, r in self._rows.items() if r.t_start < before and k not in self._pending
+        ]
         old_samples = [k for k, s in self._samples.items() if s.t < before]
         old_gpu = [k for k, g in self._gpu.items() if g.t < before]
         for k in old_rows:
@@ -135,6 +142,14 @@ class MemoryStore(BufferedStore):
             for a in AGGREGATES
             if isinstance(a.retention, RollupCut)
         )
+
+    async def _fold_pending(self) -> int:
+        self._check_up()
+        taken = list(self._pending.values())
+        self._pending.clear()
+        for aggregate, rows in aggregate_rows(Inserted(taken, (), self._model_label)):
+            self._table(aggregate).add(rows)
+        return len(taken)
 
     async def _compact(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         self._check_up()

@@ -520,6 +520,20 @@ _V12 = (
     "CREATE INDEX IF NOT EXISTS requests_run_arm_end ON requests (run_id, arm, (t_start + e2e_s))",
 )
 
+# Version 13: deferred rollups (`store.rollups = "deferred"`, issue 27): a proxy writes its rows
+# marked pending and the stats leader folds them into the rollups (`fold_pending`); the partial
+# index holds only the pending rows, so finding them costs nothing when there are none. Existing
+# rows were rolled up when written: they are not pending.
+_V13_SQLITE = (
+    "ALTER TABLE requests ADD COLUMN rollup_pending INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX IF NOT EXISTS requests_rollup_pending ON requests (run_id) "
+    "WHERE rollup_pending = 1",
+)
+_V13_POSTGRESQL = (
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS rollup_pending BOOLEAN NOT NULL DEFAULT false",
+    "CREATE INDEX IF NOT EXISTS requests_rollup_pending ON requests (run_id) WHERE rollup_pending",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "requests and engine samples", _V1_SQLITE, _V1_POSTGRESQL),
     Migration(2, "acceptance, disconnects, stats history", _V2_SQLITE, _V2_POSTGRESQL),
@@ -533,6 +547,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "rerouted requests (failing open)", _V10_SQLITE, _V10_POSTGRESQL),
     Migration(11, "request conditions", _V11_SQLITE, _V11_POSTGRESQL),
     Migration(12, "requests by their end", _V12, _V12),
+    Migration(13, "deferred rollups", _V13_SQLITE, _V13_POSTGRESQL),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -30,7 +30,7 @@ from specproxy.store.aggregates import (
     retention_sql,
     upsert_sql,
 )
-from specproxy.store.buffered import BufferedStore
+from specproxy.store.buffered import FOLD_BATCH_ROWS, BufferedStore
 from specproxy.store.contract import (
     BlockKey,
     FineKey,
@@ -72,6 +72,7 @@ from specproxy.store.rollups import (
     fine_minutes_sql,
     read_moments_sql,
     stored_block_sql,
+    take_pending_sql,
     upsert_block_sql,
 )
 from specproxy.store.schema import (
@@ -82,6 +83,7 @@ from specproxy.store.schema import (
     gpu_by_arm,
     gpu_row,
     gpu_sample,
+    request_record,
     request_row,
 )
 from specproxy.summary.engine import EngineAggregate, StoredView
@@ -101,7 +103,8 @@ COMPACTION_LOCK_KEY = 0x5BEC_0002  # one rollup compaction at a time (leader han
 _COLS = ", ".join(REQUEST_COLUMNS)
 _ENGINE_COLS = ", ".join(ENGINE_COLUMNS)
 _TEMP_TABLES = (
-    "CREATE TEMP TABLE incoming_requests (LIKE requests) ON COMMIT DELETE ROWS",
+    # with the defaults: the copy leaves out `rollup_pending` (NOT NULL)
+    "CREATE TEMP TABLE incoming_requests (LIKE requests INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
     "CREATE TEMP TABLE incoming_engine (LIKE engine_samples) ON COMMIT DELETE ROWS",
 )
 # RETURNING names the rows actually inserted, so only they are rolled up (a replayed batch's
@@ -109,6 +112,11 @@ _TEMP_TABLES = (
 _MOVE_REQUESTS = (
     f"INSERT INTO requests ({_COLS}) SELECT {_COLS} FROM incoming_requests ON CONFLICT DO NOTHING "
     "RETURNING run_id, request_id, arm, shadow"
+)
+# a deferred write's rows: pending until the stats leader rolls them up (`fold_pending`)
+_MOVE_PENDING = (
+    f"INSERT INTO requests ({_COLS}, rollup_pending) SELECT {_COLS}, true FROM incoming_requests "
+    "ON CONFLICT DO NOTHING"
 )
 _MOVE_ENGINE = (
     f"INSERT INTO engine_samples ({_ENGINE_COLS}) SELECT {_ENGINE_COLS} FROM incoming_engine "
@@ -191,7 +199,14 @@ class PostgresStore(BufferedStore):
     ) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             inserted: list[RequestRecord] = []
-            if requests:
+            if requests and self.deferred:  # duplicates ignored; the leader rolls them up
+                await conn.copy_records_to_table(
+                    "incoming_requests",
+                    records=[request_row(r) for r in requests],
+                    columns=REQUEST_COLUMNS,
+                )
+                await conn.execute(_MOVE_PENDING)
+            elif requests:
                 await conn.copy_records_to_table(
                     "incoming_requests",
                     records=[request_row(r) for r in requests],
@@ -222,7 +237,8 @@ class PostgresStore(BufferedStore):
         removed = 0
         async with self.pool.acquire() as conn, conn.transaction():
             for sql in (
-                "DELETE FROM requests WHERE t_start < $1",
+                # a row still pending stays until it is rolled up (`fold_pending`)
+                "DELETE FROM requests WHERE t_start < $1 AND NOT rollup_pending",
                 "DELETE FROM engine_samples WHERE t < $1",
                 "DELETE FROM gpu_samples WHERE t < $1",
                 "DELETE FROM stats_history WHERE t < $1",
@@ -248,6 +264,21 @@ class PostgresStore(BufferedStore):
                 status = await conn.execute(sql, before_minute)
                 removed += int(status.split()[-1])
         return removed
+
+    async def _fold_pending(self) -> int:
+        folded = 0
+        while True:
+            async with self.pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(take_pending_sql("postgresql"), FOLD_BATCH_ROWS)
+                records = [request_record(tuple(r)) for r in rows]
+                pairs = await asyncio.to_thread(
+                    aggregate_rows, Inserted(records, (), self._model_label)
+                )
+                for aggregate, agg_rows in pairs:
+                    await conn.executemany(upsert_sql(aggregate, "postgresql"), agg_rows)
+            folded += len(rows)
+            if len(rows) < FOLD_BATCH_ROWS:
+                return folded
 
     async def _compact(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         """One REPEATABLE READ transaction: the DELETE ... RETURNING statements see one snapshot;

@@ -4,6 +4,9 @@ Fine rows (`rollup_minutes`, `rollup_bins`: schema v4) and the moments (v8) are 
 aggregates written by every replica (`aggregates`); the stats leader's compaction takes closed
 fine rows (DELETE ... RETURNING) and writes them, folded, into `rollup_blocks` (v5), whose rows
 carry their request count `n`, the version a reader compares (`contract.TierVersions`).
+Deferred rollups (schema v13, `store.rollups = "deferred"`): a proxy inserts its request rows with
+`rollup_pending` set and no rollups; the leader takes them (`take_pending_sql`) and writes their
+rollups in the same transaction.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from typing import Final
 
 from specproxy.store.contract import BlockKey, TierVersions
-from specproxy.store.schema import Dialect
+from specproxy.store.schema import REQUEST_COLUMNS, Dialect
 from specproxy.summary.minute import MOMENT_SUMS
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "fine_minutes_sql",
     "read_moments_sql",
     "stored_block_sql",
+    "take_pending_sql",
     "upsert_block_sql",
 ]
 
@@ -35,6 +39,25 @@ BLOCK_COLS: Final = "run_id, metric, start, span, model, arm, n, blob"
 
 def _p(dialect: Dialect, n: int) -> list[str]:
     return ["?" if dialect == "sqlite" else f"${i + 1}" for i in range(n)]
+
+
+def take_pending_sql(dialect: Dialect) -> str:
+    """Mark at most N (the one param) pending request rows done and return them, every column of
+    `REQUEST_COLUMNS`. SQLite runs one writer at a time; PostgreSQL locks the rows it takes and
+    skips those another folder holds, so two folders never take one row."""
+    cols = ", ".join(REQUEST_COLUMNS)
+    if dialect == "sqlite":
+        return (
+            "UPDATE requests SET rollup_pending = 0 WHERE rowid IN "
+            "(SELECT rowid FROM requests WHERE rollup_pending = 1 LIMIT ?) "
+            f"RETURNING {cols}"
+        )
+    return (
+        "UPDATE requests SET rollup_pending = false WHERE rollup_pending AND "
+        "(run_id, request_id, arm, shadow) IN (SELECT run_id, request_id, arm, shadow "
+        "FROM requests WHERE rollup_pending LIMIT $1 FOR UPDATE SKIP LOCKED) "
+        f"RETURNING {cols}"
+    )
 
 
 def delete_blocks_before_sql(dialect: Dialect) -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "gpu_by_arm",
     "gpu_row",
     "gpu_sample",
+    "request_record",
     "request_row",
 ]
 
@@ -74,6 +75,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "temperature",
     "category",
 )
+_BOOL_INDEXES = tuple(i for i, c in enumerate(REQUEST_COLUMNS) if c in BOOL_COLUMNS)
 ENGINE_COLUMNS: tuple[str, ...] = (
     "t",
     "run_id",
@@ -144,6 +146,15 @@ def request_row(rec: RequestRecord) -> tuple[Any, ...]:
         rec.temperature,
         rec.category,
     )
+
+
+def request_record(row: Sequence[Any]) -> RequestRecord:
+    """A row in `REQUEST_COLUMNS` order, from either dialect, as the record `request_row` stored
+    (SQLite's 0/1 booleans made bools again; the record's own checks restore the enums)."""
+    values = list(row)
+    for i in _BOOL_INDEXES:
+        values[i] = bool(values[i])
+    return RequestRecord(*values)
 
 
 def engine_row(s: EngineSample, dialect: Dialect) -> tuple[Any, ...]:

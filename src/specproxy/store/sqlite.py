@@ -56,7 +56,7 @@ from specproxy.store.aggregates import (
     retention_sql,
     upsert_sql,
 )
-from specproxy.store.buffered import BufferedStore
+from specproxy.store.buffered import FOLD_BATCH_ROWS, BufferedStore
 from specproxy.store.contract import (
     BlockKey,
     FineKey,
@@ -98,6 +98,7 @@ from specproxy.store.rollups import (
     fine_minutes_sql,
     read_moments_sql,
     stored_block_sql,
+    take_pending_sql,
     upsert_block_sql,
 )
 from specproxy.store.schema import (
@@ -108,6 +109,7 @@ from specproxy.store.schema import (
     gpu_by_arm,
     gpu_row,
     gpu_sample,
+    request_record,
     request_row,
 )
 from specproxy.summary.engine import EngineAggregate, StoredView
@@ -125,6 +127,11 @@ DEFAULT_TIMEOUT_S = 5.0
 _INSERT_REQUEST = (
     f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in REQUEST_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+# a deferred write's rows: pending until the stats leader rolls them up (`fold_pending`)
+_INSERT_PENDING = (
+    f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}, rollup_pending) "
+    f"VALUES ({', '.join('?' for _ in REQUEST_COLUMNS)}, 1) ON CONFLICT DO NOTHING"
 )
 _INSERT_ENGINE = (
     f"INSERT INTO engine_samples ({', '.join(ENGINE_COLUMNS)}) "
@@ -347,9 +354,16 @@ class SqliteStore(BufferedStore):
     def _write_sync(
         self, requests: list[RequestRecord], engine: list[EngineSample], gpu: list[GpuSample]
     ) -> None:
+        deferred = self.deferred
+
         def insert(conn: sqlite3.Connection) -> None:
+            new: list[RequestRecord] = []
+            if deferred:  # duplicates ignored; the leader rolls the rows up
+                insert_rows(conn, _INSERT_PENDING, [request_row(r) for r in requests])
+            elif requests:
+                new = _insert_requests(conn, requests)
             inserted = Inserted(
-                _insert_requests(conn, requests) if requests else [],
+                new,
                 # row by row: only the samples inserted (not duplicates) join their hour
                 [
                     s
@@ -374,7 +388,8 @@ class SqliteStore(BufferedStore):
         def delete(conn: sqlite3.Connection) -> int:
             removed = 0
             for sql in (
-                "DELETE FROM requests WHERE t_start < ?",
+                # a row still pending stays until it is rolled up (`fold_pending`)
+                "DELETE FROM requests WHERE t_start < ? AND rollup_pending = 0",
                 "DELETE FROM engine_samples WHERE t < ?",
                 "DELETE FROM gpu_samples WHERE t < ?",
                 "DELETE FROM stats_history WHERE t < ?",
@@ -405,6 +420,24 @@ class SqliteStore(BufferedStore):
 
     async def _purge_rollups(self, before_minute: int) -> int:
         return await self._on_writer(self._purge_rollups_sync, before_minute)
+
+    def _fold_pending_sync(self) -> int:
+        def fold(conn: sqlite3.Connection) -> int:
+            rows = conn.execute(take_pending_sql("sqlite"), (FOLD_BATCH_ROWS,)).fetchall()
+            records = [request_record(row) for row in rows]
+            for aggregate, agg_rows in aggregate_rows(Inserted(records, (), self._model_label)):
+                insert_rows(conn, upsert_sql(aggregate, "sqlite"), agg_rows)
+            return len(rows)
+
+        folded = 0
+        while True:
+            n = self._in_transaction(fold)
+            folded += n
+            if n < FOLD_BATCH_ROWS:
+                return folded
+
+    async def _fold_pending(self) -> int:
+        return await self._on_writer(self._fold_pending_sync)
 
     def _compact_sync(self, run_id: str, bounds: CompactionBounds, fold: Fold) -> int:
         def move(conn: sqlite3.Connection) -> int:
@@ -696,10 +729,11 @@ _MAX_ROWS: Final = 256
 
 @functools.lru_cache(maxsize=64)
 def _multi_row(sql: str, n: int) -> str:
-    """`sql`, one `INSERT ... VALUES (?, ...) ...` of one row, rewritten for `n` rows."""
+    """`sql`, one `INSERT ... VALUES (?, ..., 1) ...` of one row (marks and 0/1 literals),
+    rewritten for `n` rows."""
     head, _, tail = sql.partition("VALUES (")
     one, _, rest = tail.partition(")")
-    if not one or set(one) - set("?, "):
+    if not one or set(one) - set("?, 01"):
         raise ValueError(f"not a one-row INSERT of ? marks: {sql[:80]!r}")
     return f"{head}VALUES {', '.join([f'({one})'] * n)}{rest}"
 

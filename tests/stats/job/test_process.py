@@ -49,11 +49,31 @@ def history(db: Path) -> list[dict[str, object]]:
     return [json.loads(body) for (body,) in rows]
 
 
+def pending_and_rolled_up(db: Path) -> tuple[int, int, int]:
+    """Request rows still pending (deferred rollups), the e2e rollups' requests, and the rows
+    the rollups take (usable primary requests, `summary.minute.usable_for_rollup`)."""
+    usable = (
+        "SELECT count(*) FROM requests WHERE status = 200 AND error_kind IS NULL AND "
+        "disconnected = 0 AND rerouted_from IS NULL AND shadow = 0 AND e2e_s > 0"
+    )
+    with sqlite3.connect(db, timeout=30) as conn:
+        pending = conn.execute("SELECT count(*) FROM requests WHERE rollup_pending = 1")
+        rolled = conn.execute("SELECT sum(n) FROM rollup_minutes WHERE metric = 'e2e'")
+        return (
+            int(pending.fetchone()[0]),
+            int(rolled.fetchone()[0] or 0),
+            int(conn.execute(usable).fetchone()[0]),
+        )
+
+
 def test_follow_computes_every_interval_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
+    """It also rolls up the rows proxies wrote with deferred rollups, before its first tick."""
     db = tmp_path / "store.db"
     # Recent rows: the live job's windows end now, so rows from 1970 (`_store_run`'s default)
     # made its whole-run window 56 years of minutes, and each tick took minutes, not the test.
-    asyncio.run(_store_run(str(db), t0=time.time() - 60))
+    asyncio.run(_store_run(str(db), t0=time.time() - 60, rollups="deferred"))
+    pending, rolled, usable = pending_and_rolled_up(db)
+    assert (pending, rolled) == (400, 0) and usable > 0
     config = tmp_path / "specproxy.toml"
     config.write_text(FOLLOW_CONFIG.format(run=RUN, db=db, dir=tmp_path))
     log = tmp_path / "follow.log"
@@ -86,6 +106,7 @@ def test_follow_computes_every_interval_and_exits_cleanly_on_sigterm(tmp_path: P
     window = results[-1]["results"]["all"]["all"]  # type: ignore[index]
     assert sum(window["samples"].values()) > 0
     assert "Traceback" not in log.read_text()
+    assert pending_and_rolled_up(db) == (0, usable, usable)
 
 
 async def test_the_served_models_bound_the_model_label(aiohttp_server: AiohttpServer) -> None:

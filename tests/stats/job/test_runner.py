@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,24 @@ async def test_the_job_bounds_its_windows_by_its_own_clock(store: MemoryStore) -
     assert sum(whole["samples"].values()) + sum(whole["excluded_warmup"].values()) == 1010
     text = generate_latest(registry).decode()
     assert "specproxy_stats_future_rows 549.0" in text
+
+
+async def test_a_tick_first_folds_the_rows_proxies_left_pending() -> None:
+    """With deferred rollups (`store.rollups = "deferred"`) the proxies write rows only; the
+    leader's tick folds them first, so its result is the one inline rollups give."""
+    results = []
+    for mode in ("inline", "deferred"):
+        s = MemoryStore(StoreConfig(url="memory://", rollups=mode), run_id=RUN)
+        await s.start()
+        for rec in records(1600, 1000.0, 1.5, 0):
+            s.record(rec)
+        await s.flush()
+        job = StatsJob(s, run_id=RUN, stats_cfg=CFG, warmup=WARMUP, clock=lambda: 1160.0)
+        try:
+            results.append((await job.run_once())["results"])
+            assert await s.fold_pending() == 0  # the tick took them all
+        finally:
+            await job.close()
+            await s.close()
+    inline, deferred = results
+    assert json.dumps(deferred, sort_keys=True) == json.dumps(inline, sort_keys=True)

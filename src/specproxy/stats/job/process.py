@@ -32,7 +32,7 @@ import aiohttp
 
 from specproxy.config import Config
 from specproxy.fleet.arms import Fleet
-from specproxy.fleet.models import parse_models
+from specproxy.fleet.models import ModelLabels, parse_models
 from specproxy.scrape.loop import describe_error, fetch_text
 from specproxy.stats.job.leader import leadership_for
 from specproxy.stats.job.runner import StatsJob
@@ -115,6 +115,9 @@ async def follow(
     served = None
     if settings.config is not None:
         served = ServedModels(settings.config, interval_s=settings.stats.interval_s)
+    # the rows it folds (`fold_pending`) are rolled up by the proxies' bounded model label; with
+    # no arms known, every model is `OTHER` (bounded, where the client's strings would not be)
+    store.label_models(served.label if served is not None else ModelLabels().label)
     job = StatsJob(
         store,
         run_id=run_id,
