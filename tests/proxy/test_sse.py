@@ -360,3 +360,32 @@ def test_a_finish_event_without_a_brace_gets_the_fingerprint_as_python_slices_it
         1.0,
     )
     assert out == b'data: "finish_reason":"stop" no brace\n,"system_fingerprint":"fp"\n'
+
+
+@pytest.mark.parametrize(
+    ("finish", "held"),
+    [
+        (b'"finish_reason":null},{"index":1,"finish_reason":"stop"}', True),  # a later choice
+        (b'"finish_reason": null},{"index":1,"finish_reason": "length"}', True),
+        (b'"finish_reason":null},{"index":1,"finish_reason":null}', False),
+        (b'"finish_reason":  "stop"}', False),  # two spaces: not vLLM's, and not `_FINISHED`
+        (b'"finish_reason":"stop"},{"finish_reason":', True),
+        (b'"finish_reason":', False),  # the key ends the payload
+    ],
+)
+def test_a_finish_event_is_held_whichever_choice_finishes(
+    finish: bytes, held: bool, impl: type[PySSEScanner]
+) -> None:
+    """A content event is held for the usage chunk's fingerprint when any `finish_reason` of it
+    holds a string (`"finish_reason":"` or `"finish_reason": "`), not only the first."""
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"x"},' + finish + b"]}\n\n"
+    usage = b'data: {"choices":[],"usage":{"completion_tokens":1},"system_fingerprint":"fp"}\n\n'
+    scanner = impl(strip_usage=True)
+    first = scanner.feed(event, 1.0)
+    assert first == (b"" if held else event)
+    out = first + scanner.feed(usage, 2.0) + scanner.finish()
+    with_fp = (
+        event[: event.rindex(b"}")] + b',"system_fingerprint":"fp"' + event[event.rindex(b"}") :]
+    )
+    assert out == (with_fp if held else event)
+    assert scanner.n_events == 1

@@ -105,6 +105,21 @@ static Py_ssize_t count_token_ids(const char *p, Py_ssize_t n) {
     return total;
 }
 
+/* `"finish_reason":"` or `"finish_reason": "` anywhere (sse._FINISHED): one search for the key,
+ * then the bytes after each occurrence. */
+static int finished(const char *p, Py_ssize_t n) {
+    static const char KEY[] = "\"finish_reason\":";
+    const Py_ssize_t klen = sizeof(KEY) - 1;
+    Py_ssize_t at = find(p, n, KEY, klen, 0);
+    while (at >= 0) {
+        Py_ssize_t v = at + klen;
+        if (v < n && p[v] == '"') return 1;
+        if (v + 1 < n && p[v] == ' ' && p[v + 1] == '"') return 1;
+        at = find(p, n, KEY, klen, at + 1);
+    }
+    return 0;
+}
+
 /* sse._MAYBE_EMPTY.search(payload) is not None:
  * `"content": ?(?:""|null)|"text": ?""|"delta": ?\{\}` anywhere. */
 static int maybe_empty(const char *p, Py_ssize_t n) {
@@ -338,7 +353,7 @@ static int scan_event(Scanner *s, const char *ev, Py_ssize_t evn, double now) {
         rc = s->strip ? emit_raw(s, ev, evn) : 0;
         goto end;
     }
-    Py_ssize_t tokens = contains(p, pn, LIT("\"token_ids\":")) ? count_token_ids(p, pn) : -1;
+    Py_ssize_t tokens = count_token_ids(p, pn); /* -1 (None) without the key: one search */
     if (tokens < 0) s->token_ids_complete = 0;
     int content = tokens > 0 || !maybe_empty(p, pn);
     if (!content && !surely_empty(p, pn)) {
@@ -384,8 +399,7 @@ static int scan_event(Scanner *s, const char *ev, Py_ssize_t evn, double now) {
         if (tokens > 0) s->token_ids += tokens;
     }
     if (!s->strip) goto end;
-    if ((contains(p, pn, LIT("\"finish_reason\":\"")) || contains(p, pn, LIT("\"finish_reason\": \"")))
-        && !contains(p, pn, FINGERPRINT, (Py_ssize_t)sizeof(FINGERPRINT) - 1)) {
+    if (finished(p, pn) && !contains(p, pn, FINGERPRINT, (Py_ssize_t)sizeof(FINGERPRINT) - 1)) {
         PyObject *event = PyBytes_FromStringAndSize(ev, evn);
         if (event == NULL || PyList_Append(s->held, event) < 0) rc = -1;
         Py_XDECREF(event);
