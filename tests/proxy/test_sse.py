@@ -389,3 +389,30 @@ def test_a_finish_event_is_held_whichever_choice_finishes(
     )
     assert out == (with_fp if held else event)
     assert scanner.n_events == 1
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled scanner is not built here")
+@pytest.mark.parametrize("run", [1, 63, 64, 65, 300])
+@pytest.mark.parametrize("strip", [False, True])
+def test_keys_after_a_long_run_of_their_second_byte_are_found_like_the_reference(
+    run: int, strip: bool
+) -> None:
+    """The compiled search looks for a key's second byte: text full of that byte makes a false
+    candidate of every byte, and past a bound it searches the rest another way. Each key after
+    such a run is still found, as the reference finds it."""
+    events = [
+        b'data: {"choices":[{"text":"' + b"t" * run + b'","token_ids":[1,2,3]}]}',
+        b'data: {"choices":[{"delta":{"content":"' + b"c" * run + b'"}}],"x":{"content":""}}',
+        b'data: {"choices":[{"delta":{"role":"' + b"d" * run + b'","content":""}}]}',
+        b'data: {"choices":[{"delta":{"content":"' + b"f" * run + b'"},"finish_reason":"stop"}]}',
+        b'data: {"choices":[],"note":"' + b"u" * run + b'","usage":{"completion_tokens":3},'
+        b'"system_fingerprint":"' + b"s" * run + b'"}',
+        b"data: [DONE]",
+    ]
+    data = b"".join(e + b"\n\n" for e in events)
+    ref, got = PySSEScanner(strip_usage=strip), SSEScanner(strip_usage=strip)
+    assert got.feed(data, 1.0) == ref.feed(data, 1.0)
+    assert got.finish() == ref.finish()
+    assert _state(got) == _state(ref)
+    assert got.token_ids == 3 and got.n_events == 3
+    assert got.usage == {"completion_tokens": 3}
