@@ -12,8 +12,10 @@ main thread (the event loop) and its other threads (the store's writer) apart, f
 Proxies: `bare` (the aiohttp pass-through of `bench_proxy.py`), `sqlite` (`specproxy serve`
 with a SQLite store, statistics computed elsewhere: `compute = "external"`) and `sqlite-py`
 (the same with the pure-Python SSE scanner, `SPECPROXY_NO_EXTENSIONS=1`) and `sqlite-deferred`
-(the same with deferred rollups, `store.rollups = "deferred"`: the writer inserts rows only). The
-.debs are unpacked into --prefix as for the face-off.
+(the same with deferred rollups, `store.rollups = "deferred"`: the writer inserts rows only); each
+may name another source tree after an `@` (`sqlite@/tmp/before`: that tree's `src`), so that a
+change and the tree before it take turns in one run. The .debs are unpacked into --prefix as for
+the face-off.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def main() -> None:
                     wrk.run(base + faceoff.PATH, script, args.conc, 1)  # warm
                     sampler = None
                     if args.profile and name != "bare":
-                        out = args.profile.with_name(f"{args.profile.name}-{name}-{rep}")
+                        label = name.replace("/", "_")
+                        out = args.profile.with_name(f"{args.profile.name}-{label}-{rep}")
                         sampler = spy(proc.pid, args.seconds, out)
                     before = thread_cpu(proc.pid)
                     run = wrk.run(base + faceoff.PATH, script, args.conc, args.seconds)
@@ -142,15 +145,19 @@ def start(
         proc = procs.start([*cmd, "--upstream", upstream], cpu)
         faceoff.wait_http(base + "/")
         return proc, base
-    if name not in ("sqlite", "sqlite-py", "sqlite-deferred"):
-        raise SystemExit(f"unknown proxy {name!r}: bare, sqlite, sqlite-py or sqlite-deferred")
-    env = faceoff.serve_env(HERE.parent)
-    if name == "sqlite-py":
+    kind, _, tree = name.partition("@")
+    if kind not in ("sqlite", "sqlite-py", "sqlite-deferred"):
+        raise SystemExit(
+            f"unknown proxy {name!r}: bare, sqlite[@TREE], sqlite-py[@TREE] or "
+            "sqlite-deferred[@TREE]"
+        )
+    env = faceoff.serve_env(Path(tree) if tree else HERE.parent)
+    if kind == "sqlite-py":
         env["SPECPROXY_NO_EXTENSIONS"] = "1"
-    if name == "sqlite-deferred":
+    if kind == "sqlite-deferred":
         env["SPECPROXY_STORE__ROLLUPS"] = "deferred"
     cmd = [sys.executable, "-m", "specproxy", "serve", "--port", str(port), "--baseline", upstream]
-    cmd += ["--speculative", upstream, "--store", f"sqlite:///{work}/{name}-{port}.db"]
+    cmd += ["--speculative", upstream, "--store", f"sqlite:///{work}/{kind}-{port}.db"]
     cmd += ["--log-level", "error"]
     proc = procs.start(cmd, cpu, env=env, cwd=work)
     faceoff.wait_http(base + "/healthz")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
@@ -361,6 +361,20 @@ class _FastHistogram:
             self._buckets[bisect.bisect_left(self._bounds, amount)]._value += 1
         self._sum._value += amount
 
+    def observe_many(self, amounts: Iterable[float]) -> None:
+        """`observe` of each value in turn (the same sum, added in the same order), in one call:
+        a stream's gaps between events are a dozen or hundreds of values."""
+        bounds = self._bounds
+        buckets = self._buckets
+        bucket_of = bisect.bisect_left
+        total = self._sum
+        value = total._value
+        for amount in amounts:
+            if amount == amount:
+                buckets[bucket_of(bounds, amount)]._value += 1
+            value += amount
+        total._value = value
+
 
 class _FastCounter:
     __slots__ = ("_value",)
@@ -391,6 +405,20 @@ def fast_observe(child: Histogram) -> Callable[[float], None]:
     ):
         return _FastHistogram(bounds, buckets, total).observe
     return child.observe
+
+
+def fast_observe_many(child: Histogram) -> Callable[[Iterable[float]], None]:
+    """`fast_observe` for many values in one call (each observed in turn); same rule."""
+    observe = fast_observe(child)
+    histogram = getattr(observe, "__self__", None)
+    if type(histogram) is _FastHistogram:
+        return histogram.observe_many
+
+    def observe_each(amounts: Iterable[float]) -> None:
+        for amount in amounts:
+            observe(amount)
+
+    return observe_each
 
 
 def fast_increment(child: Counter) -> Callable[[], None]:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
 
 from specproxy.errors import ErrorKind
+from specproxy.fastinit import fast_init
 
 __all__ = [
     "ARM_NAME_PATTERN",
@@ -83,6 +84,7 @@ class RerouteReason(enum.StrEnum):
     CONNECT = "connect"  # no endpoint of the treatment could be connected to; nothing was sent
 
 
+@fast_init  # built once per request on the event loop: slots set through their descriptors
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """One request as served (or shadowed) by one arm."""

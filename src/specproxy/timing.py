@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from specproxy.errors import ErrorKind
+from specproxy.fastinit import fast_init
 from specproxy.records import Arm, RequestRecord, RerouteReason
 
 __all__ = ["ContentEvents", "Measures", "RequestTimings", "derive"]
@@ -84,6 +85,7 @@ class RequestTimings:
             self.status = status
 
 
+@fast_init  # built once per request on the event loop (see `specproxy.fastinit`)
 @dataclass(frozen=True, slots=True)
 class Measures:
     """The measured fields of a `RequestRecord`, as `derive` computes them (see its fields)."""

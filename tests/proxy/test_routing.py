@@ -3,6 +3,7 @@ arms, mirroring, for the shorthand's two arms and for n named arms."""
 
 from __future__ import annotations
 
+import random
 import uuid
 
 import pytest
@@ -215,3 +216,26 @@ def test_shadows_go_to_the_control_and_the_controls_to_a_treatment() -> None:
     assert binomtest(drawn.count("k2"), n, 0.75).pvalue > ALPHA  # by the treatments' shares
     router.apply({"k2": 0.3, "k4": 0.3}, paused=frozenset({"k2", "k4"}))
     assert router.shadow_arm("base") is None  # every treatment off: no shadow
+
+
+def test_the_weighted_draw_walks_the_current_shares_in_arm_order() -> None:
+    """Each draw is one uniform point on the current shares laid end to end, the control's
+    first: the same arms a seeded generator gives by hand, after every `apply` too."""
+    router = Router(RoutingConfig(seed=5), THREE, control="base")
+    rng = random.Random(5)
+
+    def by_hand(shares: dict[str, float]) -> str:
+        point = rng.random() * sum(shares.values())
+        for arm, share in shares.items():
+            point -= share
+            if point < 0.0:
+                return arm
+        raise AssertionError("the point fell past every share")
+
+    for treatments in [None, {"k2": 0.6, "k4": 0.1}, {"k2": 0.0, "k4": 0.05}]:
+        if treatments is not None:
+            router.apply(treatments)
+        shares = router.shares
+        assert [router.choose(NO_HEADERS) for _ in range(300)] == [
+            by_hand(shares) for _ in range(300)
+        ]

@@ -360,3 +360,59 @@ def test_a_finish_event_without_a_brace_gets_the_fingerprint_as_python_slices_it
         1.0,
     )
     assert out == b'data: "finish_reason":"stop" no brace\n,"system_fingerprint":"fp"\n'
+
+
+@pytest.mark.parametrize(
+    ("finish", "held"),
+    [
+        (b'"finish_reason":null},{"index":1,"finish_reason":"stop"}', True),  # a later choice
+        (b'"finish_reason": null},{"index":1,"finish_reason": "length"}', True),
+        (b'"finish_reason":null},{"index":1,"finish_reason":null}', False),
+        (b'"finish_reason":  "stop"}', False),  # two spaces: not vLLM's, and not `_FINISHED`
+        (b'"finish_reason":"stop"},{"finish_reason":', True),
+        (b'"finish_reason":', False),  # the key ends the payload
+    ],
+)
+def test_a_finish_event_is_held_whichever_choice_finishes(
+    finish: bytes, held: bool, impl: type[PySSEScanner]
+) -> None:
+    """A content event is held for the usage chunk's fingerprint when any `finish_reason` of it
+    holds a string (`"finish_reason":"` or `"finish_reason": "`), not only the first."""
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"x"},' + finish + b"]}\n\n"
+    usage = b'data: {"choices":[],"usage":{"completion_tokens":1},"system_fingerprint":"fp"}\n\n'
+    scanner = impl(strip_usage=True)
+    first = scanner.feed(event, 1.0)
+    assert first == (b"" if held else event)
+    out = first + scanner.feed(usage, 2.0) + scanner.finish()
+    with_fp = (
+        event[: event.rindex(b"}")] + b',"system_fingerprint":"fp"' + event[event.rindex(b"}") :]
+    )
+    assert out == (with_fp if held else event)
+    assert scanner.n_events == 1
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled scanner is not built here")
+@pytest.mark.parametrize("run", [1, 63, 64, 65, 300])
+@pytest.mark.parametrize("strip", [False, True])
+def test_keys_after_a_long_run_of_their_second_byte_are_found_like_the_reference(
+    run: int, strip: bool
+) -> None:
+    """The compiled search looks for a key's second byte: text full of that byte makes a false
+    candidate of every byte, and past a bound it searches the rest another way. Each key after
+    such a run is still found, as the reference finds it."""
+    events = [
+        b'data: {"choices":[{"text":"' + b"t" * run + b'","token_ids":[1,2,3]}]}',
+        b'data: {"choices":[{"delta":{"content":"' + b"c" * run + b'"}}],"x":{"content":""}}',
+        b'data: {"choices":[{"delta":{"role":"' + b"d" * run + b'","content":""}}]}',
+        b'data: {"choices":[{"delta":{"content":"' + b"f" * run + b'"},"finish_reason":"stop"}]}',
+        b'data: {"choices":[],"note":"' + b"u" * run + b'","usage":{"completion_tokens":3},'
+        b'"system_fingerprint":"' + b"s" * run + b'"}',
+        b"data: [DONE]",
+    ]
+    data = b"".join(e + b"\n\n" for e in events)
+    ref, got = PySSEScanner(strip_usage=strip), SSEScanner(strip_usage=strip)
+    assert got.feed(data, 1.0) == ref.feed(data, 1.0)
+    assert got.finish() == ref.finish()
+    assert _state(got) == _state(ref)
+    assert got.token_ids == 3 and got.n_events == 3
+    assert got.usage == {"completion_tokens": 3}

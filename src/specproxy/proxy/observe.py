@@ -1,20 +1,42 @@
 """The proxy's live Prometheus observations of finished records, and its in-flight gauges.
 
 Labelled children are cached per label set (`.labels()` takes a lock and builds a tuple) and
-observed through `metrics.fast_observe`/`fast_increment`; in-flight counts are plain ints read at
-scrape time, so the request path takes no lock.
+observed through `metrics.fast_observe`/`fast_increment` (a request's gaps in one call,
+`fast_observe_many`); in-flight counts are plain ints read at scrape time, so the request path
+takes no lock.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeAlias
 
 from specproxy.fleet.models import OTHER
-from specproxy.metrics import UPSTREAM_ERROR_KINDS, ProxyMetrics, fast_increment, fast_observe
+from specproxy.metrics import (
+    UPSTREAM_ERROR_KINDS,
+    ProxyMetrics,
+    fast_increment,
+    fast_observe,
+    fast_observe_many,
+)
 from specproxy.records import SHORTHAND_CONTROL, SHORTHAND_TREATMENT, Arm, RequestRecord
 
 __all__ = ["Observer"]
+
+_Observe: TypeAlias = Callable[[float], None]
+# duration, ttft, tpot, the gaps (all of a request's at once), tokens per event, output tokens,
+# overhead, acceptance length
+_Children: TypeAlias = tuple[
+    _Observe,
+    _Observe,
+    _Observe,
+    Callable[[Iterable[float]], None],
+    _Observe,
+    _Observe,
+    _Observe,
+    _Observe,
+]
 
 
 class Observer:
@@ -32,7 +54,7 @@ class Observer:
     ) -> None:
         self._metrics = metrics
         self._label = model_label
-        self._children: dict[tuple[Arm, str, bool, str], tuple[Callable[[float], None], ...]] = {}
+        self._children: dict[tuple[Arm, str, bool, str], _Children] = {}
         self._request_counters: dict[tuple[Arm, int, str], Callable[[], None]] = {}
         self.inflight = dict.fromkeys(arms, 0)
         for arm in self.inflight:
@@ -73,7 +95,7 @@ class Observer:
         children = self._children.get(key)
         if children is None:
             children = self._children[key] = self._observers(key)
-        duration, ttft, tpot, gap, per_event, out, overhead, acceptance = children
+        duration, ttft, tpot, gaps_of, per_event, out, overhead, acceptance = children
         e2e = rec.e2e_s
         duration(e2e)
         overhead(e2e - rec.upstream_s if e2e > rec.upstream_s else 0.0)
@@ -87,23 +109,22 @@ class Observer:
             out(rec.output_tokens)
         if rec.mean_acceptance_length is not None:
             acceptance(rec.mean_acceptance_length)
-        for value in gaps:
-            gap(value)
+        if gaps:
+            gaps_of(gaps)  # one call for all of them
 
-    def _observers(self, key: tuple[Arm, str, bool, str]) -> tuple[Callable[[float], None], ...]:
+    def _observers(self, key: tuple[Arm, str, bool, str]) -> _Children:
         """The histogram children of one (arm, endpoint, stream, model), as fast callables."""
         m = self._metrics
         arm, endpoint, stream, model = key
-        return tuple(
-            fast_observe(child)
-            for child in (
-                m.request_duration.labels(arm, endpoint, "true" if stream else "false", model),
-                m.ttft.labels(arm, endpoint, model),
-                m.tpot.labels(arm, endpoint, model),
-                m.event_gap.labels(arm, model),
-                m.tokens_per_event.labels(arm, model),
-                m.output_tokens.labels(arm, model),
-                m.proxy_overhead.labels(arm, model),
-                m.request_acceptance_length.labels(arm, model),
-            )
+        return (
+            fast_observe(
+                m.request_duration.labels(arm, endpoint, "true" if stream else "false", model)
+            ),
+            fast_observe(m.ttft.labels(arm, endpoint, model)),
+            fast_observe(m.tpot.labels(arm, endpoint, model)),
+            fast_observe_many(m.event_gap.labels(arm, model)),
+            fast_observe(m.tokens_per_event.labels(arm, model)),
+            fast_observe(m.output_tokens.labels(arm, model)),
+            fast_observe(m.proxy_overhead.labels(arm, model)),
+            fast_observe(m.request_acceptance_length.labels(arm, model)),
         )

@@ -78,6 +78,7 @@ class Router:
         "_arms",
         "_cfg",
         "_control",
+        "_draw_weights",
         "_forced",
         "_on",
         "_paused",
@@ -108,6 +109,7 @@ class Router:
         self._arms: tuple[str, ...] = (control, *(a for a in shares if a != control))
         self._treatments: tuple[str, ...] = self._arms[1:]
         self._shares: dict[str, float] = {}
+        self._draw_weights: tuple[tuple[float, ...], float] = ((), 0.0)  # `apply` sets them
         self._paused: frozenset[str] = frozenset()
         self._on = True
         self._forced = cfg.allow_forced_arm
@@ -167,6 +169,11 @@ class Router:
         self._shares = {self._control: max(0.0, 1.0 - total), **given}
         self._paused = frozenset(paused)
         self._on = on
+        # Each arm's weight in `_arms`' order and their sum, as `_draw` computes them from
+        # `shares`: computed here once, not per request.
+        now = self.shares
+        weights = tuple(now[a] for a in self._arms)
+        self._draw_weights = (weights, sum(weights))
 
     def choose(self, headers: Mapping[str, str], user: object = None) -> Arm:
         """The arm for a request; `headers` must look keys up case-insensitively.
@@ -184,15 +191,15 @@ class Router:
                     )
                 served = self._on and arm not in self._paused
                 return arm if served else self._control
-        shares = self.shares
         key: str | None = None
         if self._sticky_header is not None:
             key = headers.get(self._sticky_header)
         elif self._sticky_user and isinstance(user, str):
             key = user
         if key:
-            return rendezvous(key, shares) or self._control
-        return self._draw(shares, self._arms)
+            return rendezvous(key, self.shares) or self._control
+        weights, total = self._draw_weights
+        return self._pick(self._arms, weights, total)
 
     def mirror(self) -> bool:
         """Whether this request is also sent to another arm as a shadow."""
@@ -211,7 +218,10 @@ class Router:
 
     def _draw(self, shares: Mapping[str, float], arms: Sequence[str]) -> Arm:
         weights = [shares[a] for a in arms]
-        total = sum(weights)
+        return self._pick(arms, weights, sum(weights))
+
+    def _pick(self, arms: Sequence[str], weights: Sequence[float], total: float) -> Arm:
+        """One of `arms` drawn by `weights` (whose sum is `total`)."""
         if total <= 0.0:
             return self._control
         point = self._rng.random() * total

@@ -415,7 +415,7 @@ class UpstreamPool:
             )
         )
         deadline = None if deadline_s is None else self.loop.time() + deadline_s
-        conn = await self._acquire(connect_s)
+        conn = self._idle_connection() or await self._connect(connect_s)
         conn.deadline = deadline
         conn.read_limit = read_s
         try:
@@ -435,7 +435,9 @@ class UpstreamPool:
 
     # ----------------------------------------------------------------------- pool
 
-    async def _acquire(self, connect_s: float | None = None) -> _Connection:
+    def _idle_connection(self) -> _Connection | None:
+        """A pooled connection still fit for a request, if any (a plain call, not a coroutine:
+        the usual case on every request; `_connect` otherwise)."""
         if self._idle:
             expired = self.loop.time() - self.idle_timeout_s
             while self._idle:
@@ -450,7 +452,7 @@ class UpstreamPool:
                     conn.close()
                     continue
                 return conn
-        return await self._connect(connect_s)
+        return None
 
     async def _connect(self, connect_s: float | None = None) -> _Connection:
         try:
