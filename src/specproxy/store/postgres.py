@@ -199,19 +199,15 @@ class PostgresStore(BufferedStore):
     ) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             inserted: list[RequestRecord] = []
-            if requests and self.deferred:  # duplicates ignored; the leader rolls them up
+            if requests:
                 await conn.copy_records_to_table(
                     "incoming_requests",
                     records=[request_row(r) for r in requests],
                     columns=REQUEST_COLUMNS,
                 )
+            if requests and self.deferred:  # duplicates ignored; the leader rolls them up
                 await conn.execute(_MOVE_PENDING)
             elif requests:
-                await conn.copy_records_to_table(
-                    "incoming_requests",
-                    records=[request_row(r) for r in requests],
-                    columns=REQUEST_COLUMNS,
-                )
                 new = {
                     (r["run_id"], r["request_id"], r["arm"], r["shadow"])
                     for r in await conn.fetch(_MOVE_REQUESTS)
