@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import statistics
+import sys
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -74,6 +75,11 @@ _IDS = {"issued": 0}
 
 
 def _token_hex(nbytes: int = 8) -> str:
+    """The next pinned request id. Only the engine's `submit` (one id per request) takes from the
+    sequence: the proxy's model refresh may read `/v1/models` (a `modelperm-` id) at any moment,
+    and must not shift the ids of the request being compared."""
+    if sys._getframe(1).f_code.co_name != "submit":
+        return "0" * (2 * nbytes)
     _IDS["issued"] += 1
     return f"{_IDS['issued']:0{2 * nbytes}x}"
 
