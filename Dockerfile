@@ -13,9 +13,10 @@ ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-# A C compiler for specproxy's one compiled module (the SSE scanner, src/specproxy/proxy/_sse.c);
-# it stays in this stage. SPECPROXY_REQUIRE_EXTENSIONS=1: a failed compile fails the build
-# instead of shipping the slower pure-Python scanner.
+# A C compiler for specproxy's two compiled modules (the SSE scanner, src/specproxy/proxy/_sse.c,
+# and the response-head splitter, src/specproxy/proxy/transports/_head.c); it stays in this
+# stage. SPECPROXY_REQUIRE_EXTENSIONS=1: a failed compile fails the build instead of shipping
+# the slower pure-Python references.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 SPECPROXY_REQUIRE_EXTENSIONS=1
 RUN apt-get update \
     && apt-get install -y --no-install-recommends build-essential=12.9 \

@@ -1,22 +1,30 @@
-"""The one compiled module, `specproxy.proxy._sse` (the SSE scanner's C core); every other setting
-lives in pyproject.toml.
+"""The compiled modules, `specproxy.proxy._sse` (the SSE scanner's C core) and
+`specproxy.proxy.transports._head` (the lean transport's response-head splitter); every other
+setting lives in pyproject.toml.
 
-The extension is optional: without a C compiler the install goes on and `specproxy.proxy.sse`
-uses its pure-Python scanner. `SPECPROXY_REQUIRE_EXTENSIONS=1` makes a failed build an error
-(`make test` sets it, so CI never measures or tests the fallback by accident).
+The extensions are optional: without a C compiler the install goes on and `specproxy.proxy.sse`
+and `specproxy.proxy.transports.head` use their pure-Python references.
+`SPECPROXY_REQUIRE_EXTENSIONS=1` makes a failed build an error (`make test` sets it, so CI never
+measures or tests the fallback by accident).
 """
 
 import os
 
 from setuptools import Extension, setup
 
+_OPTIONAL = os.environ.get("SPECPROXY_REQUIRE_EXTENSIONS") != "1"
+
 setup(
     ext_modules=[
         Extension(
-            "specproxy.proxy._sse",
-            ["src/specproxy/proxy/_sse.c"],
-            optional=os.environ.get("SPECPROXY_REQUIRE_EXTENSIONS") != "1",
+            name,
+            [source],
+            optional=_OPTIONAL,
             extra_compile_args=["-O2", "-std=c11"],
+        )
+        for name, source in (
+            ("specproxy.proxy._sse", "src/specproxy/proxy/_sse.c"),
+            ("specproxy.proxy.transports._head", "src/specproxy/proxy/transports/_head.c"),
         )
     ]
 )

@@ -47,6 +47,7 @@ from specproxy.errors import (
     UpstreamTimeout,
 )
 from specproxy.proxy.headers import OutboundHeaders
+from specproxy.proxy.transports.head import split_head
 
 __all__ = ["READ_HIGH_WATER", "READ_LOW_WATER", "LeanTransport", "UpstreamPool", "UpstreamResponse"]
 
@@ -501,31 +502,16 @@ class UpstreamPool:
 
 def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
     """Parse a status line and headers; None for an interim (1xx) response."""
-    text = raw.decode("latin-1")  # one decode for the whole head; HTTP headers are latin-1
-    status_line, _, rest = text.partition("\r\n")
-    if not status_line.startswith(("HTTP/1.1 ", "HTTP/1.0 ")) or len(status_line) < 12:
-        raise UpstreamBroken(f"not an HTTP/1.x status line: {status_line[:40]!r}")
-    code = status_line[9:12]
-    if not (code.isascii() and code.isdigit()) or status_line[12:13] not in ("", " "):
-        raise UpstreamBroken(f"bad status line: {status_line[:40]!r}")
-    status = int(code)
-    if status < 100:
-        raise UpstreamBroken(f"bad status code {status}")
-    if status < 200:
+    try:
+        head = split_head(raw)
+    except ValueError as exc:
+        raise UpstreamBroken(str(exc)) from None
+    if head is None:
         return None
-    pairs = []
-    if rest:
-        for line in rest.split("\r\n"):
-            name, colon, value = line.partition(":")
-            if not colon or not name or name[-1] in " \t" or name[0] in " \t":
-                raise UpstreamBroken(f"bad header line: {line[:40]!r}")
-            pairs.append((name, value.strip()))
-    headers = CIMultiDict(pairs)
-    http10 = status_line[7] == "0"
-    connection = headers.get("Connection", "").lower()
+    status, reason, http10, pairs, connection, encoding, lengths = head
+    connection = connection.lower() if connection else ""
     reusable = "keep-alive" in connection if http10 else "close" not in connection
     mode, length = "length", 0
-    encoding = headers.get("Transfer-Encoding")
     if status in (204, 304):
         pass
     elif encoding is not None:
@@ -533,16 +519,16 @@ def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
             mode = "chunked"
         else:
             mode, reusable = "close", False
+    elif lengths:
+        first = lengths[0]
+        if not (first.isascii() and first.isdigit()) or (
+            len(lengths) > 1 and any(v != first for v in lengths)
+        ):
+            raise UpstreamBroken(f"bad Content-Length {lengths!r}")
+        length = int(first)
     else:
-        lengths = headers.getall("Content-Length", ())
-        if lengths:
-            first = lengths[0]
-            if not (first.isascii() and first.isdigit()) or any(v != first for v in lengths):
-                raise UpstreamBroken(f"bad Content-Length {list(lengths)!r}")
-            length = int(first)
-        else:
-            mode, reusable = "close", False
-    return UpstreamResponse(conn, status, status_line[13:], headers, mode, length, reusable)
+        mode, reusable = "close", False
+    return UpstreamResponse(conn, status, reason, CIMultiDict(pairs), mode, length, reusable)
 
 
 class LeanTransport:

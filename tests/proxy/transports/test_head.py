@@ -1,0 +1,181 @@
+"""The response-head splitter: what it returns and refuses, and the compiled one equal to the
+reference on every head, well formed or not."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specproxy.proxy.transports.head import (
+    COMPILED,
+    NO_EXTENSIONS_ENV,
+    Head,
+    py_split_head,
+    split_head,
+)
+
+IMPLEMENTATIONS: dict[str, Callable[[bytes], Head | None]] = {"python": py_split_head}
+if COMPILED:
+    from specproxy.proxy.transports._head import split_head as compiled
+
+    IMPLEMENTATIONS["compiled"] = compiled
+
+NGINX = (
+    b"HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Mon, 07 Dec 2026 13:41:28 GMT\r\n"
+    b"Content-Type: text/event-stream\r\nContent-Length: 3000\r\nConnection: keep-alive"
+)
+
+CORPUS = [
+    NGINX,
+    b"HTTP/1.1 200 OK",
+    b"HTTP/1.1 200",
+    b"HTTP/1.1 200 ",
+    b"HTTP/1.0 404 Not Found\r\nConnection: Keep-Alive",
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\nTRANSFER-ENCODING: identity",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\ncontent-length: 6\r\nX: 1",
+    b"HTTP/1.1 200 OK\r\nConnection: close\r\nConnection: keep-alive",
+    b"HTTP/1.1 200 OK\r\nX-Empty:\r\nX-Spaces:   \t ",
+    b"HTTP/1.1 200 OK\r\nA:\xa0b\x85 \x1c",  # latin-1 whitespace str.strip() removes
+    b"HTTP/1.1 200 OK\r\nA: b\r",  # a lone CR stays in the value's line, then is stripped
+    b"HTTP/1.1 200 OK\r\nA: b\nB: c",  # a bare LF does not end a line
+    b"HTTP/1.1 200 OK\r\nConnexi\xf3n: close",
+    b"HTTP/1.1 200 OK\r\nName:with:colons: v:w",
+    b"HTTP/1.1 100 Continue",
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket",
+    b"HTTP/1.1 199 whatever\r\nno colon",
+    b"HTTP/1.1 099 low",
+    b"HTTP/1.1 000 zero",
+    b"HTTP/1.1 2x0 OK",
+    b"HTTP/1.1 200OK",
+    b"HTTP/1.1 20",
+    b"HTTP/2 200 OK",
+    b"SSH-2.0-OpenSSH",
+    b"",
+    b"HTTP/1.1 200 OK\r\n",
+    b"HTTP/1.1 200 OK\r\nno colon here",
+    b"HTTP/1.1 200 OK\r\n: no name",
+    b"HTTP/1.1 200 OK\r\nName : space before the colon",
+    b"HTTP/1.1 200 OK\r\nName\t: tab before the colon",
+    b"HTTP/1.1 200 OK\r\n folded: line",
+    b"HTTP/1.1 200 OK\r\n\tfolded: line",
+    b"HTTP/1.1 200 OK\r\nA: b\r\n",
+    b"HTTP/1.1 200 OK\r\n" + b"x" * 100,
+    "HTTP/1.1 200 Ok\u00e9\r\nX-Caf\u00e9: \u00fcber".encode("latin-1"),
+]
+
+
+def outcome(split: Callable[[bytes], Head | None], raw: bytes) -> object:
+    try:
+        return split(raw)
+    except ValueError as exc:
+        return ("ValueError", str(exc))
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_a_well_formed_head(name: str) -> None:
+    head = IMPLEMENTATIONS[name](NGINX)
+    assert head == (
+        200,
+        "OK",
+        False,
+        [
+            ("Server", "nginx/1.22.1"),
+            ("Date", "Mon, 07 Dec 2026 13:41:28 GMT"),
+            ("Content-Type", "text/event-stream"),
+            ("Content-Length", "3000"),
+            ("Connection", "keep-alive"),
+        ],
+        "keep-alive",
+        None,
+        ["3000"],
+    )
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_framing_values_are_matched_in_any_case_first_or_all(name: str) -> None:
+    split = IMPLEMENTATIONS[name]
+    head = split(b"HTTP/1.0 200 OK\r\nconnection: a\r\nCONNECTION: b\r\ncontent-LENGTH: 3")
+    assert head is not None
+    status, reason, http10, _, connection, encoding, lengths = head
+    assert (status, reason, http10) == (200, "OK", True)
+    assert (connection, encoding, lengths) == ("a", None, ["3"])
+    head = split(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\ntransfer-encoding: chunked")
+    assert head is not None and head[5] == "gzip"
+    head = split(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length:  6 ")
+    assert head is not None and head[6] == ["5", "6"]
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_an_interim_response_is_none(name: str) -> None:
+    assert IMPLEMENTATIONS[name](b"HTTP/1.1 100 Continue") is None
+    assert IMPLEMENTATIONS[name](b"HTTP/1.1 103 Early Hints\r\nLink: </a>") is None
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"SSH-2.0-OpenSSH", "not an HTTP/1.x status line: 'SSH-2.0-OpenSSH'"),
+        (b"HTTP/1.1 20", "not an HTTP/1.x status line: 'HTTP/1.1 20'"),
+        (b"HTTP/1.1 2x0 OK", "bad status line: 'HTTP/1.1 2x0 OK'"),
+        (b"HTTP/1.1 200OK", "bad status line: 'HTTP/1.1 200OK'"),
+        (b"HTTP/1.1 099 low", "bad status code 99"),
+        (b"HTTP/1.1 200 OK\r\nno colon", "bad header line: 'no colon'"),
+        (b"HTTP/1.1 200 OK\r\n" + b"y" * 100, f"bad header line: {'y' * 40!r}"),
+        (b"HTTP/1.1 200 OK\r\nA : b", "bad header line: 'A : b'"),
+    ],
+)
+def test_malformed_heads_are_refused_with_what_is_wrong(
+    name: str, raw: bytes, message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        IMPLEMENTATIONS[name](raw)
+    assert str(info.value) == message
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled splitter is not built here")
+@pytest.mark.parametrize("raw", CORPUS)
+def test_the_compiled_splitter_equals_the_reference_on_the_corpus(raw: bytes) -> None:
+    assert outcome(compiled, raw) == outcome(py_split_head, raw)
+
+
+_HEAD_BYTES = st.sampled_from(
+    [
+        *(b"\r\n", b"\r", b"\n", b":", b" ", b"\t", b"\xa0", b"\x85", b"\x1f", b"a", b"Z", b"0"),
+        *(b"-", b"Connection", b"content-length", b"Transfer-Encoding", b"close", b"chunked"),
+        b"\xe9",
+    ]
+)
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled splitter is not built here")
+@settings(max_examples=400, deadline=None)
+@given(
+    status=st.sampled_from([b"HTTP/1.1 200 OK", b"HTTP/1.0 204", b"HTTP/1.1 101 x", b"HTTP/1.1 2"]),
+    tail=st.lists(_HEAD_BYTES, max_size=40).map(b"".join),
+)
+def test_the_compiled_splitter_equals_the_reference_on_generated_heads(
+    status: bytes, tail: bytes
+) -> None:
+    for raw in (status + tail, status + b"\r\n" + tail, tail):
+        assert outcome(compiled, raw) == outcome(py_split_head, raw)
+
+
+def test_the_compiled_splitter_is_built_where_required() -> None:
+    """`make test` (CI) installs with SPECPROXY_REQUIRE_EXTENSIONS=1: there the lean transport
+    must split heads in C, and these tests must have run on both."""
+    if os.environ.get("SPECPROXY_REQUIRE_EXTENSIONS") == "1":
+        assert not os.environ.get(NO_EXTENSIONS_ENV)
+        assert COMPILED and split_head is not py_split_head
+        assert set(IMPLEMENTATIONS) == {"python", "compiled"}
+    assert split_head(NGINX) == py_split_head(NGINX)
+
+
+def test_only_bytes_are_split() -> None:
+    if COMPILED:
+        with pytest.raises(TypeError):
+            compiled("HTTP/1.1 200 OK")  # type: ignore[arg-type]
