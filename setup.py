@@ -1,9 +1,10 @@
-"""The compiled modules, `specproxy.proxy._sse` (the SSE scanner's C core) and
-`specproxy.proxy.transports._head` (the lean transport's response-head splitter); every other
-setting lives in pyproject.toml.
+"""The compiled modules: `specproxy.proxy._sse` (the SSE scanner's C core),
+`specproxy.proxy._usage` (reading usage out of a body) and `specproxy.proxy.transports._head`
+(the lean transport's response-head splitter), each the twin of a pure-Python reference
+(`specproxy.native`); every other setting lives in pyproject.toml.
 
-The extensions are optional: without a C compiler the install goes on and `specproxy.proxy.sse`
-and `specproxy.proxy.transports.head` use their pure-Python references.
+The extensions are optional: without a C compiler the install goes on and the proxy runs the
+references.
 `SPECPROXY_REQUIRE_EXTENSIONS=1` makes a failed build an error (`make test` sets it, so CI never
 measures or tests the fallback by accident).
 """
@@ -24,6 +25,7 @@ setup(
         )
         for name, source in (
             ("specproxy.proxy._sse", "src/specproxy/proxy/_sse.c"),
+            ("specproxy.proxy._usage", "src/specproxy/proxy/_usage.c"),
             ("specproxy.proxy.transports._head", "src/specproxy/proxy/transports/_head.c"),
         )
     ]

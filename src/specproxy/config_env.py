@@ -68,7 +68,7 @@ NOT_SETTINGS: frozenset[str] = frozenset(
         "SPECPROXY_WORKER_INDEX",  # fleet.workers.WORKER_INDEX_ENV
         "SPECPROXY_VLLM_PYTHON",  # realvllm.launcher
         "SPECPROXY_CACHE_DIR",  # realvllm.model_dir
-        "SPECPROXY_NO_EXTENSIONS",  # proxy.sse.NO_EXTENSIONS_ENV: the pure-Python scanner
+        "SPECPROXY_NO_EXTENSIONS",  # native.NO_EXTENSIONS_ENV: the pure-Python references
         "SPECPROXY_REQUIRE_EXTENSIONS",  # setup.py: a failed compile fails the install
         # knobs of the test tiers, read by tests/ (a shell that sets them can still serve)
         "SPECPROXY_HOSTILE_EXAMPLES",

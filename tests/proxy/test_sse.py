@@ -8,10 +8,10 @@ import random
 
 import pytest
 
+from specproxy.native import NO_EXTENSIONS_ENV
 from specproxy.proxy.sse import (
     COMPILED,
     MAX_EVENT_BYTES,
-    NO_EXTENSIONS_ENV,
     PySSEScanner,
     SSEScanner,
     count_token_ids,

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from specproxy.native import NO_EXTENSIONS_ENV
+from specproxy.proxy import usage as usage_module
 from specproxy.proxy.usage import usage_of, with_usage
 from tests.conftest import fixture_path
 from tests.proxy.conftest import CHAT, COMPLETIONS, SPEC_ONLY, Arms, MakeProxy
@@ -98,3 +103,117 @@ def test_with_usage_sets_the_option_and_keeps_everything_else(body: bytes) -> No
     assert json.loads(got) == {**doc, "stream_options": {**options, "include_usage": True}}
     if "stream_options" not in doc and body.lstrip().startswith(b"{"):
         assert got.startswith(body.rstrip()[:-1])  # the client's own bytes, key appended
+
+
+# --------------------------------------------------------------------------- the compiled twin
+
+if usage_module._COMPILED is not None:
+    _compiled_after = usage_module._COMPILED
+
+
+def _reference(payload: bytes, key: bytes) -> object:
+    """The reference's answer in the compiled one's terms: the value, or the outcome's name."""
+    value = usage_module.py_object_after(payload, key)
+    if value is usage_module._NOT_FOUND:
+        return "not found"
+    if value is usage_module._UNSURE:
+        return "unsure"
+    return ("value", value)
+
+
+def _compiled(payload: bytes, key: bytes) -> object:
+    """The compiled answer, with what it leaves to the reference decided by the reference."""
+    outcome, value = _compiled_after(payload, key)
+    if outcome == 3:
+        assert value is None
+        return _reference(payload, key)
+    return ("not found", "unsure", ("value", value))[outcome]
+
+
+_KEYS = (b'"usage"', b'"speculative_decoding"')
+_TRICKY = [
+    b'{"usage": null}',
+    b'{"usage":nul}',
+    b'{"usage" :\x0b {"a": 1}}',
+    b'{"usage": {"a": 1, "a": 2, "b": [1, 2.5, -0, 1e3, 1E-2, -3.25e+2, true, false, null]}}',
+    b'{"usage": {"a": 01}}',
+    b'{"usage": {"a": 1.}}',
+    b'{"usage": {"a": .5}}',
+    b'{"usage": {"a": NaN, "b": Infinity}}',
+    b'{"usage": {"a": -Infinity}}',
+    b'{"usage": {"a": "caf\\u00e9", "b": "tab\\t"}}',
+    '{"usage": {"a": "caf\u00e9"}}'.encode(),
+    b'{"usage": {"a": "ctl\x01"}}',
+    b'{"usage": {"a": 1,}}',
+    b'{"usage": {"a" 1}}',
+    b'{"usage": {"a": 1',
+    b'{"usage": {"a": [1, 2}}',
+    b'{"usage": {"a": {"b": {"c": {"d": {"e": 1}}}}}}',
+    b'{"usage": {"a": 123456789012345678901234567890123456789012345678901234567890}}',
+    b'{"usage": {"a": 1e400, "b": -1e-400}}',
+    b'{"usage": {}} {"usage": [1]}',
+    b'{"usage": "text"}',
+    b'{"usage": 5}',
+    b'{"usage"',
+    b'"usage": {"x": 1}',
+    b'{"speculative_decoding": {"mean_acceptance_length": 4.428571428571429}}',
+    b"",
+]
+
+
+@pytest.mark.skipif(usage_module._COMPILED is None, reason="the compiled reader is not built here")
+@pytest.mark.parametrize("payload", _TRICKY)
+def test_the_compiled_reader_equals_the_reference_on_tricky_json(payload: bytes) -> None:
+    for key in _KEYS:
+        assert _compiled(payload, key) == _reference(payload, key)
+
+
+@pytest.mark.skipif(usage_module._COMPILED is None, reason="the compiled reader is not built here")
+def test_the_compiled_reader_equals_the_reference_on_every_fixture() -> None:
+    paths = sorted(fixture_path("chat_stream_usage_spec.sse").parent.iterdir())
+    bodies = [p.read_bytes() for p in paths if p.suffix in (".json", ".sse")]
+    assert len(bodies) > 5
+    for body in bodies:
+        for key in _KEYS:
+            assert _compiled(body, key) == _reference(body, key)
+    decoded = [_compiled_after(b, k) for b in bodies for k in _KEYS]
+    assert any(outcome == 2 for outcome, _ in decoded)  # vLLM's own objects are decoded in C
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(alphabet='abcu_"\\é', max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@pytest.mark.skipif(usage_module._COMPILED is None, reason="the compiled reader is not built here")
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.dictionaries(st.text(alphabet="abcu_", max_size=5), _JSON, max_size=5) | _JSON,
+    spaced=st.booleans(),
+    cut=st.integers(min_value=0, max_value=400),
+)
+def test_the_compiled_reader_equals_the_reference_on_generated_json(
+    value: object, spaced: bool, cut: int
+) -> None:
+    """Objects mostly (what the reader decodes), any JSON value, and each cut short."""
+    text = json.dumps(value, separators=(", ", ": ") if spaced else (",", ":"))
+    payload = ('{"usage":' + text + ',"metrics":{"speculative_decoding":' + text + "}}").encode()
+    for body in (payload, payload[:cut]):
+        for key in _KEYS:
+            assert _compiled(body, key) == _reference(body, key)
+
+
+def test_the_compiled_reader_is_built_where_required() -> None:
+    """`make test` (CI) installs with SPECPROXY_REQUIRE_EXTENSIONS=1: there usage is read in C."""
+    if os.environ.get("SPECPROXY_REQUIRE_EXTENSIONS") == "1":
+        assert not os.environ.get(NO_EXTENSIONS_ENV)
+        assert usage_module._COMPILED is not None

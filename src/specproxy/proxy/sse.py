@@ -27,18 +27,17 @@ else the reference; tests run both on the same streams.
 from __future__ import annotations
 
 import json
-import os
 import re
 from array import array
 from typing import TYPE_CHECKING, Any, Final
 
 from specproxy.errors import ErrorKind
+from specproxy.native import compiled
 from specproxy.proxy.usage import usage_of
 
 __all__ = ["COMPILED", "MAX_EVENT_BYTES", "PySSEScanner", "SSEScanner", "count_token_ids"]
 
 MAX_EVENT_BYTES = 1024 * 1024  # the default bound on one event (`Config.max_event_bytes`)
-NO_EXTENSIONS_ENV: Final = "SPECPROXY_NO_EXTENSIONS"  # set (non-empty): the reference scanner
 
 _DATA = b"data:"
 _DATA_SPACE = b"data: "
@@ -332,12 +331,9 @@ def _raw_value(payload: bytes, key: bytes) -> bytes | None:
 
 def _compiled() -> type[PySSEScanner] | None:
     """The compiled scanner with this module's hooks, if it was built and is not switched off."""
-    if os.environ.get(NO_EXTENSIONS_ENV):
+    if compiled("specproxy.proxy._sse", "Scanner") is None:
         return None
-    try:
-        from specproxy.proxy._sse import Scanner
-    except ImportError:
-        return None
+    from specproxy.proxy._sse import Scanner
 
     class SSEScanner(Scanner):
         __slots__ = ()

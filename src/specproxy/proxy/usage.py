@@ -10,8 +10,10 @@ bodies, `usage_of` reads `usage` and `metrics.speculative_decoding` without pars
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
+
+from specproxy.native import compiled
 
 __all__ = ["should_inject", "usage_of", "with_usage"]
 
@@ -78,8 +80,27 @@ _NOT_FOUND: Final = object()
 _UNSURE: Final = object()
 
 
+# The compiled `_object_after` (`_usage.c`) for plain JSON: (outcome, value) with outcome 0 (not
+# found), 1 (unsure), 2 (value) or 3 (left to the reference below, which then decides).
+_COMPILED: Callable[[bytes, bytes], tuple[int, Any]] | None = compiled(
+    "specproxy.proxy._usage", "object_after"
+)
+_OUTCOMES: Final = (_NOT_FOUND, _UNSURE)
+
+
 def _object_after(payload: bytes, key: bytes) -> object:
     """The JSON object that is the value of the last `key` in `payload`, decoded alone."""
+    if _COMPILED is not None:
+        outcome, value = _COMPILED(payload, key)
+        if outcome == 2:
+            return value
+        if outcome < 2:
+            return _OUTCOMES[outcome]
+    return py_object_after(payload, key)
+
+
+def py_object_after(payload: bytes, key: bytes) -> object:
+    """The reference `_object_after`: the json module's decoder."""
     at = payload.rfind(key)
     if at < 0:
         return _NOT_FOUND

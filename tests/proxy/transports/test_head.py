@@ -10,13 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specproxy.proxy.transports.head import (
-    COMPILED,
-    NO_EXTENSIONS_ENV,
-    Head,
-    py_split_head,
-    split_head,
-)
+from specproxy.native import NO_EXTENSIONS_ENV
+from specproxy.proxy.transports.head import COMPILED, Head, py_split_head, split_head
 
 IMPLEMENTATIONS: dict[str, Callable[[bytes], Head | None]] = {"python": py_split_head}
 if COMPILED:

@@ -15,13 +15,12 @@ the reference; tests run both on the same heads.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Final, TypeAlias
 
-__all__ = ["COMPILED", "Head", "py_split_head", "split_head"]
+from specproxy.native import compiled
 
-NO_EXTENSIONS_ENV: Final = "SPECPROXY_NO_EXTENSIONS"  # set (non-empty): the reference
+__all__ = ["COMPILED", "Head", "py_split_head", "split_head"]
 
 # status, reason, HTTP/1.0, name/value pairs, first Connection, first Transfer-Encoding,
 # every Content-Length
@@ -62,17 +61,9 @@ def py_split_head(raw: bytes) -> Head | None:
     return status, status_line[13:], status_line[7] == "0", pairs, connection, encoding, lengths
 
 
-def _compiled() -> Callable[[bytes], Head | None] | None:
-    if os.environ.get(NO_EXTENSIONS_ENV):
-        return None
-    try:
-        from specproxy.proxy.transports._head import split_head as compiled
-    except ImportError:
-        return None
-    return compiled
-
-
-_COMPILED = _compiled()
+_COMPILED: Callable[[bytes], Head | None] | None = compiled(
+    "specproxy.proxy.transports._head", "split_head"
+)
 COMPILED: Final = _COMPILED is not None  # which one `split_head` is
 split_head: Final[Callable[[bytes], Head | None]] = (
     _COMPILED if _COMPILED is not None else py_split_head
