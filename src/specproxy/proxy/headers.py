@@ -26,8 +26,10 @@ from specproxy.records import Arm
 __all__ = [
     "ARM_HEADER",
     "REQUEST_ID_HEADER",
+    "RESPONSE_DROP",
     "ArmHeaders",
     "OutboundHeaders",
+    "forwarded",
     "is_event_stream",
     "response_headers",
     "safe_path",
@@ -54,6 +56,8 @@ _DROP_REQUEST_BYTES: Final = frozenset(name.encode() for name in _DROP_REQUEST)
 # Response headers the proxy never forwards: hop-by-hop ones, the length (aiohttp sets it), and
 # its own, which it sets (an upstream that sends them, e.g. another specproxy, is overridden).
 _DROP_RESPONSE: Final = _HOP_BY_HOP | {"content-length", ARM_HEADER, REQUEST_ID_HEADER}
+# The same names, for a transport that filters them while it parses (lean: `head.split_head`).
+RESPONSE_DROP: Final = tuple(sorted(_DROP_RESPONSE))
 
 
 class ArmHeaders:
@@ -174,21 +178,24 @@ class OutboundHeaders:
         return _DROP_REQUEST_BYTES | (tokens - {b""}) | added
 
 
-def response_headers(
-    headers: Mapping[str, str], arm: Arm, request_id: str
-) -> list[tuple[str, str]]:
-    """The upstream's headers minus dropped ones, plus ours: a list, since aiohttp's response
-    copies what it is given into its own CIMultiDict anyway."""
+def forwarded(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The upstream's response headers that reach the client (`Reply.forwarded`): all but the
+    dropped ones (`RESPONSE_DROP`)."""
     drop = _DROP_RESPONSE
-    out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
-    out.append((ARM_HEADER, arm))
-    out.append((REQUEST_ID_HEADER, request_id))
-    return out
+    return [(k, v) for k, v in headers.items() if k.lower() not in drop]
 
 
-def is_event_stream(headers: Mapping[str, str]) -> bool:
-    """Whether an upstream answer is a server-sent event stream."""
-    return headers.get("Content-Type", "").startswith("text/event-stream")
+def response_headers(
+    forward: Sequence[tuple[str, str]], arm: Arm, request_id: str
+) -> list[tuple[str, str]]:
+    """The client's response headers: the upstream's that cross (`forwarded`), plus ours; a
+    list, since aiohttp's response copies what it is given into its own CIMultiDict anyway."""
+    return [*forward, (ARM_HEADER, arm), (REQUEST_ID_HEADER, request_id)]
+
+
+def is_event_stream(content_type: str) -> bool:
+    """Whether an upstream answer with this Content-Type is a server-sent event stream."""
+    return content_type.startswith("text/event-stream")
 
 
 def safe_path(raw: str) -> bool:

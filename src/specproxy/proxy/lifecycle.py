@@ -301,7 +301,7 @@ class Forwarder:
         resp = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
-            headers=response_headers(upstream.headers, arm, request_id),
+            headers=response_headers(upstream.forwarded, arm, request_id),
         )
         if upstream.content_length is not None:
             resp.content_length = upstream.content_length

@@ -62,7 +62,7 @@ def relay(
     """Send the upstream's answer to the client: streamed, or buffered when small and framed.
 
     The coroutine that does it, not one wrapping it: a frame less on every request."""
-    if is_event_stream(upstream.headers):
+    if is_event_stream(upstream.content_type):
         return _stream(request, trace, upstream, strip_usage, max_event_bytes, events=True)
     return _buffered(request, trace, upstream)
 
@@ -81,7 +81,7 @@ async def _stream(
     resp = web.StreamResponse(
         status=upstream.status,
         reason=upstream.reason,
-        headers=response_headers(upstream.headers, trace.arm, trace.request_id),
+        headers=response_headers(upstream.forwarded, trace.arm, trace.request_id),
     )
     scanner = trace.scanner = SSEScanner(strip_usage=strip_usage, max_event_bytes=max_event_bytes)
     # The per-event loop: a read, a clock reading, a byte scan, a write; names bound once.
@@ -183,7 +183,7 @@ async def _buffered(request: web.Request, trace: Trace, upstream: Reply) -> web.
         body=payload,
         status=upstream.status,
         reason=upstream.reason,
-        headers=response_headers(upstream.headers, trace.arm, trace.request_id),
+        headers=response_headers(upstream.forwarded, trace.arm, trace.request_id),
     )
     try:  # `write_eof` inlined: one coroutine frame less on the hot path
         await resp.prepare(request)

@@ -110,7 +110,7 @@ class Shadows:
             upstream = await self._upstreams.send(
                 trace, Mode.measured(trace.stream), path, body, headers
             )
-            if is_event_stream(upstream.headers):
+            if is_event_stream(upstream.content_type):
                 scanner = trace.scanner = SSEScanner()
                 while chunk := await upstream.readany():
                     now = trace.upstream_end = perf_counter()

@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specproxy.native import NO_EXTENSIONS_ENV
+from specproxy.proxy.headers import RESPONSE_DROP
 from specproxy.proxy.transports.head import COMPILED, Head, py_split_head, split_head
 
-IMPLEMENTATIONS: dict[str, Callable[[bytes], Head | None]] = {"python": py_split_head}
+Split = Callable[[bytes, tuple[str, ...]], Head | None]
+IMPLEMENTATIONS: dict[str, Split] = {"python": py_split_head}
 if COMPILED:
     from specproxy.proxy.transports._head import split_head as compiled
 
@@ -63,27 +65,26 @@ CORPUS = [
 ]
 
 
-def outcome(split: Callable[[bytes], Head | None], raw: bytes) -> object:
+def outcome(split: Split, raw: bytes, drop: tuple[str, ...] = RESPONSE_DROP) -> object:
     try:
-        return split(raw)
+        return split(raw, drop)
     except ValueError as exc:
         return ("ValueError", str(exc))
 
 
 @pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
 def test_a_well_formed_head(name: str) -> None:
-    head = IMPLEMENTATIONS[name](NGINX)
+    head = IMPLEMENTATIONS[name](NGINX, RESPONSE_DROP)
+    server = ("Server", "nginx/1.22.1")
+    date = ("Date", "Mon, 07 Dec 2026 13:41:28 GMT")
+    content_type = ("Content-Type", "text/event-stream")
     assert head == (
         200,
         "OK",
         False,
-        [
-            ("Server", "nginx/1.22.1"),
-            ("Date", "Mon, 07 Dec 2026 13:41:28 GMT"),
-            ("Content-Type", "text/event-stream"),
-            ("Content-Length", "3000"),
-            ("Connection", "keep-alive"),
-        ],
+        [server, date, content_type, ("Content-Length", "3000"), ("Connection", "keep-alive")],
+        [server, date, content_type],  # the length and the hop-by-hop Connection stay behind
+        "text/event-stream",
         "keep-alive",
         None,
         ["3000"],
@@ -91,23 +92,36 @@ def test_a_well_formed_head(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_dropped_names_are_matched_in_any_case_and_nothing_else_is_dropped(name: str) -> None:
+    raw = (
+        b"HTTP/1.1 200 OK\r\nX-SpecProxy-Arm: other\r\ntransfer-ENCODING: chunked\r\n"
+        b"X-Kept: 1\r\nKeep-Alive: timeout=5\r\nx-specproxy-request-id: abc\r\nTE: trailers"
+    )
+    head = IMPLEMENTATIONS[name](raw, RESPONSE_DROP)
+    assert head is not None and head[4] == [("X-Kept", "1")]
+    everything = IMPLEMENTATIONS[name](raw, ())
+    assert everything is not None and everything[4] == everything[3]
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
 def test_framing_values_are_matched_in_any_case_first_or_all(name: str) -> None:
     split = IMPLEMENTATIONS[name]
-    head = split(b"HTTP/1.0 200 OK\r\nconnection: a\r\nCONNECTION: b\r\ncontent-LENGTH: 3")
+    raw = b"HTTP/1.0 200 OK\r\nconnection: a\r\nCONNECTION: b\r\ncontent-LENGTH: 3"
+    head = split(raw + b"\r\ncontent-type: text/plain\r\nContent-Type: x", ())
     assert head is not None
-    status, reason, http10, _, connection, encoding, lengths = head
-    assert (status, reason, http10) == (200, "OK", True)
+    status, reason, http10, _, _, content_type, connection, encoding, lengths = head
+    assert (status, reason, http10, content_type) == (200, "OK", True, "text/plain")
     assert (connection, encoding, lengths) == ("a", None, ["3"])
-    head = split(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\ntransfer-encoding: chunked")
-    assert head is not None and head[5] == "gzip"
-    head = split(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length:  6 ")
-    assert head is not None and head[6] == ["5", "6"]
+    head = split(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\ntransfer-encoding: chunked", ())
+    assert head is not None and head[7] == "gzip" and head[5] is None
+    head = split(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length:  6 ", ())
+    assert head is not None and head[8] == ["5", "6"]
 
 
 @pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
 def test_an_interim_response_is_none(name: str) -> None:
-    assert IMPLEMENTATIONS[name](b"HTTP/1.1 100 Continue") is None
-    assert IMPLEMENTATIONS[name](b"HTTP/1.1 103 Early Hints\r\nLink: </a>") is None
+    assert IMPLEMENTATIONS[name](b"HTTP/1.1 100 Continue", ()) is None
+    assert IMPLEMENTATIONS[name](b"HTTP/1.1 103 Early Hints\r\nLink: </a>", ()) is None
 
 
 @pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
@@ -128,14 +142,15 @@ def test_malformed_heads_are_refused_with_what_is_wrong(
     name: str, raw: bytes, message: str
 ) -> None:
     with pytest.raises(ValueError) as info:
-        IMPLEMENTATIONS[name](raw)
+        IMPLEMENTATIONS[name](raw, RESPONSE_DROP)
     assert str(info.value) == message
 
 
 @pytest.mark.skipif(not COMPILED, reason="the compiled splitter is not built here")
 @pytest.mark.parametrize("raw", CORPUS)
 def test_the_compiled_splitter_equals_the_reference_on_the_corpus(raw: bytes) -> None:
-    assert outcome(compiled, raw) == outcome(py_split_head, raw)
+    for drop in (RESPONSE_DROP, (), ("server", "a", "connection")):
+        assert outcome(compiled, raw, drop) == outcome(py_split_head, raw, drop)
 
 
 _HEAD_BYTES = st.sampled_from(
@@ -167,10 +182,14 @@ def test_the_compiled_splitter_is_built_where_required() -> None:
         assert not os.environ.get(NO_EXTENSIONS_ENV)
         assert COMPILED and split_head is not py_split_head
         assert set(IMPLEMENTATIONS) == {"python", "compiled"}
-    assert split_head(NGINX) == py_split_head(NGINX)
+    assert split_head(NGINX, RESPONSE_DROP) == py_split_head(NGINX, RESPONSE_DROP)
 
 
-def test_only_bytes_are_split() -> None:
-    if COMPILED:
-        with pytest.raises(TypeError):
-            compiled("HTTP/1.1 200 OK")  # type: ignore[arg-type]
+@pytest.mark.skipif(not COMPILED, reason="the compiled splitter is not built here")
+def test_the_compiled_splitter_checks_its_arguments() -> None:
+    with pytest.raises(TypeError):
+        compiled("HTTP/1.1 200 OK", ())  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        compiled(b"HTTP/1.1 200 OK", ("caf\u00e9",))
+    with pytest.raises(TypeError):
+        compiled(b"HTTP/1.1 200 OK", [])  # type: ignore[arg-type]

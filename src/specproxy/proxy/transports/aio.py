@@ -9,7 +9,7 @@ any other client error (disconnected before or during the answer, bad framing) -
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from aiohttp import (
@@ -29,7 +29,7 @@ from specproxy.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from specproxy.proxy.headers import OutboundHeaders
+from specproxy.proxy.headers import OutboundHeaders, forwarded
 
 __all__ = ["AiohttpReply", "AiohttpTransport", "upstream_error"]
 
@@ -52,7 +52,16 @@ def upstream_error(exc: BaseException) -> UpstreamError:
 class AiohttpReply:
     """A `Reply` over aiohttp's `ClientResponse`, its exceptions mapped."""
 
-    __slots__ = ("_content", "_resp", "content_length", "headers", "reason", "status")
+    __slots__ = (
+        "_content",
+        "_resp",
+        "content_length",
+        "content_type",
+        "forwarded",
+        "headers",
+        "reason",
+        "status",
+    )
 
     def __init__(self, resp: ClientResponse) -> None:
         self._resp = resp
@@ -60,6 +69,8 @@ class AiohttpReply:
         self.status: int = resp.status
         self.reason: str | None = resp.reason
         self.headers: Mapping[str, str] = resp.headers
+        self.content_type: str = resp.headers.get("Content-Type", "")
+        self.forwarded: Sequence[tuple[str, str]] = forwarded(resp.headers)
         self.content_length: int | None = resp.content_length
 
     async def readany(self) -> bytes:

@@ -12,7 +12,7 @@ Implementations: `lean.LeanTransport` (plain http, the proxy's own HTTP/1.1 clie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from specproxy.proxy.headers import OutboundHeaders
@@ -29,6 +29,16 @@ class Reply(Protocol):
     def reason(self) -> str | None: ...
     @property
     def headers(self) -> Mapping[str, str]: ...
+    @property
+    def content_type(self) -> str:
+        """The Content-Type header; "" without one."""
+        ...
+
+    @property
+    def forwarded(self) -> Sequence[tuple[str, str]]:
+        """The headers that reach the client (`headers.forwarded`), in the upstream's order."""
+        ...
+
     @property
     def content_length(self) -> int | None: ...
     async def readany(self) -> bytes:

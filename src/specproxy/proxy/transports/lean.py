@@ -46,7 +46,7 @@ from specproxy.errors import (
     UpstreamConnectTimeout,
     UpstreamTimeout,
 )
-from specproxy.proxy.headers import OutboundHeaders
+from specproxy.proxy.headers import RESPONSE_DROP, OutboundHeaders
 from specproxy.proxy.transports.head import split_head
 
 __all__ = ["READ_HIGH_WATER", "READ_LOW_WATER", "LeanTransport", "UpstreamPool", "UpstreamResponse"]
@@ -177,11 +177,14 @@ class UpstreamResponse:
         "_chunk_left",
         "_conn",
         "_done",
+        "_headers",
         "_left",
         "_mode",
+        "_pairs",
         "_reusable",
         "content_length",
-        "headers",
+        "content_type",
+        "forwarded",
         "reason",
         "status",
     )
@@ -191,7 +194,9 @@ class UpstreamResponse:
         conn: _Connection,
         status: int,
         reason: str,
-        headers: CIMultiDict[str],
+        pairs: list[tuple[str, str]],
+        forwarded: list[tuple[str, str]],
+        content_type: str,
         mode: str,
         length: int,
         reusable: bool,
@@ -199,13 +204,24 @@ class UpstreamResponse:
         self._conn = conn
         self.status = status
         self.reason = reason
-        self.headers = headers
+        self._pairs = pairs
+        self._headers: CIMultiDict[str] | None = None
+        self.forwarded = forwarded  # the headers that cross to the client (RESPONSE_DROP out)
+        self.content_type = content_type
         self.content_length = length if mode == "length" else None
         self._mode = mode  # "length" | "chunked" | "close"
         self._left = length  # body bytes still to come ("length")
         self._chunk_left = -1  # bytes left in the current chunk, -1 before a size line
         self._done = mode == "length" and length == 0
         self._reusable = reusable
+
+    @property
+    def headers(self) -> CIMultiDict[str]:
+        """Every header, as the upstream sent them (made on first use: the relay needs only
+        `forwarded` and `content_type`)."""
+        if self._headers is None:
+            self._headers = CIMultiDict(self._pairs)
+        return self._headers
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -503,12 +519,12 @@ class UpstreamPool:
 def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
     """Parse a status line and headers; None for an interim (1xx) response."""
     try:
-        head = split_head(raw)
+        head = split_head(raw, RESPONSE_DROP)
     except ValueError as exc:
         raise UpstreamBroken(str(exc)) from None
     if head is None:
         return None
-    status, reason, http10, pairs, connection, encoding, lengths = head
+    status, reason, http10, pairs, forward, content_type, connection, encoding, lengths = head
     connection = connection.lower() if connection else ""
     reusable = "keep-alive" in connection if http10 else "close" not in connection
     mode, length = "length", 0
@@ -528,7 +544,9 @@ def _parse_head(conn: _Connection, raw: bytes) -> UpstreamResponse | None:
         length = int(first)
     else:
         mode, reusable = "close", False
-    return UpstreamResponse(conn, status, reason, CIMultiDict(pairs), mode, length, reusable)
+    return UpstreamResponse(
+        conn, status, reason, pairs, forward, content_type or "", mode, length, reusable
+    )
 
 
 class LeanTransport:

@@ -9,13 +9,13 @@ raises an `UpstreamError` to stand for a failed connection or a timeout before t
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from specproxy.errors import UpstreamError
-from specproxy.proxy.headers import OutboundHeaders
+from specproxy.proxy.headers import OutboundHeaders, forwarded
 
 __all__ = ["MockReply", "MockRequest", "MockTransport"]
 
@@ -46,6 +46,8 @@ class MockReply:
         self.status = status
         self.reason: str | None = reason
         self.headers: Mapping[str, str] = CIMultiDictProxy(CIMultiDict(headers or {}))
+        self.content_type: str = self.headers.get("Content-Type", "")
+        self.forwarded: Sequence[tuple[str, str]] = forwarded(self.headers)
         self._chunks = [c for c in chunks if c]
         self._error = error
         self.content_length = content_length
