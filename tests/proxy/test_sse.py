@@ -276,6 +276,16 @@ _ODD_EVENTS = [
     b'data: {"choices":[{"text":"a","token_ids":[1,2,3]}],"token_ids":null}',
     b'data: {"choices":[{"delta":{"content":"u"}}],"usage":{"prompt_tokens":1}}',
     b'data: {"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"fp-\\"q\\""}',
+    b'data: {"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":  "fp spaced"}',
+    b'data: {"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":null}',
+    b'data: {"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":7}',
+    b'data: {"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"fp\x01ctl"}',
+    b'data: {"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"fp-'
+    + "\u00e9".encode()
+    + b'"}',
+    b'data: {"choices":[],"note":"' + "\u00e9".encode() + b'","usage":{"completion_tokens":3},'
+    b'"system_fingerprint":"fp-ascii"}',
+    b'data: {"choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"unterminated',
     b'data: {"choices":[],"usage":null}',
     b'data: {"choices":[],"usage":{"prompt_tokens":2},"metrics":{"speculative_decoding":{"a":1}}}',
     b'data: {"error": {"message": "boom"}}',
@@ -394,19 +404,22 @@ def test_a_finish_event_is_held_whichever_choice_finishes(
 @pytest.mark.skipif(not COMPILED, reason="the compiled scanner is not built here")
 @pytest.mark.parametrize("run", [1, 63, 64, 65, 300])
 @pytest.mark.parametrize("strip", [False, True])
-def test_keys_after_a_long_run_of_their_second_byte_are_found_like_the_reference(
-    run: int, strip: bool
+@pytest.mark.parametrize("filler", [b"t", b"c", b"d", b"f", b"u", b"s", b"k", b"x", b"g", b"y"])
+def test_keys_after_a_long_run_of_the_byte_they_are_searched_by_are_found_like_the_reference(
+    run: int, strip: bool, filler: bytes
 ) -> None:
-    """The compiled search looks for a key's second byte: text full of that byte makes a false
-    candidate of every byte, and past a bound it searches the rest another way. Each key after
-    such a run is still found, as the reference finds it."""
+    """The compiled search looks for one byte of a key (its second, or a rarer one): text full
+    of that byte makes a false candidate of every byte, and past a bound it searches the rest
+    another way. Each key after such a run is still found, as the reference finds it."""
+    text = filler * run
     events = [
-        b'data: {"choices":[{"text":"' + b"t" * run + b'","token_ids":[1,2,3]}]}',
-        b'data: {"choices":[{"delta":{"content":"' + b"c" * run + b'"}}],"x":{"content":""}}',
-        b'data: {"choices":[{"delta":{"role":"' + b"d" * run + b'","content":""}}]}',
-        b'data: {"choices":[{"delta":{"content":"' + b"f" * run + b'"},"finish_reason":"stop"}]}',
-        b'data: {"choices":[],"note":"' + b"u" * run + b'","usage":{"completion_tokens":3},'
-        b'"system_fingerprint":"' + b"s" * run + b'"}',
+        b'data: {"choices":[{"text":"' + text + b'","token_ids":[1,2,3]}]}',
+        b'data: {"choices":[{"delta":{"content":"' + text + b'"}}],"x":{"content":""}}',
+        b'data: {"choices":[{"delta":{"role":"' + text + b'","content":""}}]}',
+        b'data: {"choices":[{"text":"' + text + b'"}],"more":{"text":""}}',
+        b'data: {"choices":[{"delta":{"content":"' + text + b'"},"finish_reason":"stop"}]}',
+        b'data: {"choices":[],"note":"' + text + b'","usage":{"completion_tokens":3},'
+        b'"system_fingerprint":"' + text + b'"}',
         b"data: [DONE]",
     ]
     data = b"".join(e + b"\n\n" for e in events)
@@ -414,5 +427,5 @@ def test_keys_after_a_long_run_of_their_second_byte_are_found_like_the_reference
     assert got.feed(data, 1.0) == ref.feed(data, 1.0)
     assert got.finish() == ref.finish()
     assert _state(got) == _state(ref)
-    assert got.token_ids == 3 and got.n_events == 3
+    assert got.token_ids == 3 and got.n_events == 4
     assert got.usage == {"completion_tokens": 3}
