@@ -429,3 +429,21 @@ def test_keys_after_a_long_run_of_the_byte_they_are_searched_by_are_found_like_t
     assert _state(got) == _state(ref)
     assert got.token_ids == 3 and got.n_events == 4
     assert got.usage == {"completion_tokens": 3}
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled scanner is not built here")
+def test_stripping_passes_a_verbatim_chunk_on_without_copying_it() -> None:
+    """While stripping, events that pass unchanged leave as one piece of their chunk: a chunk
+    that passes whole is returned itself, and adjacent events before a changed one are one
+    bytes object, equal to the reference's output."""
+    events = [e + b"\n\n" for e in fixture_stream("chat_stream_usage_spec.sse").split(b"\n\n") if e]
+    scanner, ref = SSEScanner(strip_usage=True), PySSEScanner(strip_usage=True)
+    for i, event in enumerate(events):
+        out = scanner.feed(event, float(i))
+        assert out == ref.feed(event, float(i))
+        if out == event:
+            assert out is event
+    whole = b"".join(events)
+    assert SSEScanner(strip_usage=True).feed(whole, 0.0) == PySSEScanner(strip_usage=True).feed(
+        whole, 0.0
+    )

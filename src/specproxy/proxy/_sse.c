@@ -57,6 +57,16 @@ typedef struct {
     PyObject *out;         /* list[bytes]: what the client gets from this feed */
     char *buf;             /* an event begun in an earlier chunk */
     Py_ssize_t buf_len, buf_cap, scan_from;
+    /* Events passed on verbatim straight from the chunk being fed, not yet in `out`: one run of
+     * adjacent bytes of it (`run`, `run_n`), so that they become one bytes object, or the chunk
+     * itself when it is all of it, instead of one copy per event joined again. Only while a
+     * feed scans its chunk (`chunk` set, borrowed); always flushed into `out` before `out` is
+     * read or added to, and before the feed returns. */
+    PyObject *chunk;
+    const char *chunk_p;
+    Py_ssize_t chunk_n;
+    const char *run;
+    Py_ssize_t run_n;
 } Scanner;
 
 static inline const char *sep_of(const Scanner *s) { return s->seplen == 4 ? "\r\n\r\n" : "\n\n"; }
@@ -269,7 +279,26 @@ static int data_payload(Scanner *s, const char *body, Py_ssize_t n, const char *
     return 1;
 }
 
+/* The pending run into `out` (see Scanner.run). */
+static int flush_run(Scanner *s) {
+    if (s->run_n == 0) return 0;
+    PyObject *piece;
+    if (s->run == s->chunk_p && s->run_n == s->chunk_n && s->chunk != NULL &&
+        PyBytes_CheckExact(s->chunk)) {
+        piece = Py_NewRef(s->chunk); /* the whole chunk, as it came */
+    } else {
+        piece = PyBytes_FromStringAndSize(s->run, s->run_n);
+        if (piece == NULL) return -1;
+    }
+    s->run = NULL;
+    s->run_n = 0;
+    int rc = PyList_Append(s->out, piece);
+    Py_DECREF(piece);
+    return rc;
+}
+
 static int emit(Scanner *s, PyObject *event) {
+    if (flush_run(s) < 0) return -1;
     if (PyList_GET_SIZE(s->held)) {
         Py_ssize_t k = PyList_GET_SIZE(s->held);
         for (Py_ssize_t i = 0; i < k; i++) {
@@ -281,6 +310,16 @@ static int emit(Scanner *s, PyObject *event) {
 }
 
 static int emit_raw(Scanner *s, const char *ev, Py_ssize_t n) {
+    if (s->chunk != NULL && PyList_GET_SIZE(s->held) == 0) { /* verbatim from the chunk */
+        if (s->run_n && s->run + s->run_n == ev) {
+            s->run_n += n;
+            return 0;
+        }
+        if (flush_run(s) < 0) return -1;
+        s->run = ev;
+        s->run_n = n;
+        return 0;
+    }
     PyObject *event = PyBytes_FromStringAndSize(ev, n);
     if (event == NULL) return -1;
     int rc = emit(s, event);
@@ -353,6 +392,7 @@ static int usage_event(Scanner *s, const char *ev, Py_ssize_t evn, const char *p
         PyErr_SetString(PyExc_TypeError, "_raw_value must return bytes or None");
         return -1;
     }
+    if (flush_run(s) < 0) goto fail;
     Py_ssize_t k = PyList_GET_SIZE(s->held);
     for (Py_ssize_t i = 0; i < k; i++) {
         PyObject *held = PyList_GET_ITEM(s->held, i);
@@ -508,6 +548,7 @@ static void buf_release(Scanner *s) {
 }
 
 static PyObject *take_out(Scanner *s) {
+    if (flush_run(s) < 0) return NULL;
     Py_ssize_t k = PyList_GET_SIZE(s->out);
     PyObject *res;
     if (k == 0) {
@@ -561,6 +602,9 @@ static PyObject *Scanner_feed(Scanner *s, PyObject *const *args, Py_ssize_t narg
             s->buf_len -= start;
         }
     } else { /* the usual case: events straight from the chunk */
+        s->chunk = chunk;
+        s->chunk_p = data;
+        s->chunk_n = n;
         Py_ssize_t start = 0, end = find(data, n, sep, sn, 0);
         while (end >= 0) {
             Py_ssize_t stop = end + sn;
@@ -568,6 +612,8 @@ static PyObject *Scanner_feed(Scanner *s, PyObject *const *args, Py_ssize_t narg
             start = stop;
             end = find(data, n, sep, sn, start);
         }
+        if (flush_run(s) < 0) goto error; /* while the chunk's bytes are ours to read */
+        s->chunk = NULL;
         if (start < n && buf_append(s, data + start, n - start) < 0) goto error;
     }
     PyBuffer_Release(&view);
@@ -580,6 +626,9 @@ static PyObject *Scanner_feed(Scanner *s, PyObject *const *args, Py_ssize_t narg
     if (!s->strip) return Py_NewRef(chunk);
     return take_out(s);
 error:
+    s->chunk = NULL; /* nothing may point into the chunk past this call */
+    s->run = NULL;
+    s->run_n = 0;
     PyBuffer_Release(&view);
     return NULL;
 }
