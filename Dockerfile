@@ -14,7 +14,7 @@ ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 # A C compiler for specproxy's two compiled modules (the SSE scanner, src/specproxy/proxy/_sse.c,
-# and the response-head splitter, src/specproxy/proxy/transports/_head.c); it stays in this
+# and the response-head splitter, src/specproxy/proxy/transports/_wire.c); it stays in this
 # stage. SPECPROXY_REQUIRE_EXTENSIONS=1: a failed compile fails the build instead of shipping
 # the slower pure-Python references.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 SPECPROXY_REQUIRE_EXTENSIONS=1

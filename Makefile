@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
 # SPECPROXY_REQUIRE_EXTENSIONS=1: the dev install must compile the C scanner (setup.py), so the
 # tests run it beside the pure-Python one; the demo's install falls back without a compiler.
-$(STAMP): pyproject.toml setup.py src/specproxy/proxy/_sse.c src/specproxy/proxy/_usage.c src/specproxy/proxy/transports/_head.c
+$(STAMP): pyproject.toml setup.py src/specproxy/proxy/_sse.c src/specproxy/proxy/_usage.c src/specproxy/proxy/transports/_wire.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	SPECPROXY_REQUIRE_EXTENSIONS=1 $(BIN)/pip install -q -e '.[dev]'
@@ -22,7 +22,7 @@ venv: $(STAMP)
 # The demo needs the package and its report extra (matplotlib, for the final report), no test,
 # lint, PostgreSQL or vLLM-client extras: a fraction of the dev install's size and time.
 # `make test` adds the rest into the same venv.
-$(DEMO_STAMP): pyproject.toml setup.py src/specproxy/proxy/_sse.c src/specproxy/proxy/_usage.c src/specproxy/proxy/transports/_head.c
+$(DEMO_STAMP): pyproject.toml setup.py src/specproxy/proxy/_sse.c src/specproxy/proxy/_usage.c src/specproxy/proxy/transports/_wire.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[report]'

@@ -1,5 +1,5 @@
 """The compiled modules: `specproxy.proxy._sse` (the SSE scanner's C core),
-`specproxy.proxy._usage` (reading usage out of a body) and `specproxy.proxy.transports._head`
+`specproxy.proxy._usage` (reading usage out of a body) and `specproxy.proxy.transports._wire`
 (the lean transport's response-head splitter), each the twin of a pure-Python reference
 (`specproxy.native`); every other setting lives in pyproject.toml.
 
@@ -26,7 +26,7 @@ setup(
         for name, source in (
             ("specproxy.proxy._sse", "src/specproxy/proxy/_sse.c"),
             ("specproxy.proxy._usage", "src/specproxy/proxy/_usage.c"),
-            ("specproxy.proxy.transports._head", "src/specproxy/proxy/transports/_head.c"),
+            ("specproxy.proxy.transports._wire", "src/specproxy/proxy/transports/_wire.c"),
         )
     ]
 )

@@ -11,7 +11,8 @@ from specproxy.native import NO_EXTENSIONS_ENV, compiled
 MODULES = [
     ("specproxy.proxy._sse", "Scanner"),
     ("specproxy.proxy._usage", "object_after"),
-    ("specproxy.proxy.transports._head", "split_head"),
+    ("specproxy.proxy.transports._wire", "split_head"),
+    ("specproxy.proxy.transports._wire", "take_chunked"),
 ]
 
 

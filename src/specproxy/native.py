@@ -1,6 +1,6 @@
 """The compiled modules, and the one switch that turns them all off.
 
-Each C module (`proxy._sse`, `proxy._usage`, `proxy.transports._head`) is the twin of a
+Each C module (`proxy._sse`, `proxy._usage`, `proxy.transports._wire`) is the twin of a
 pure-Python reference in the module that uses it, tested equal to it. `pip install` builds them
 where a C compiler is found (setup.py); without one, or with `SPECPROXY_NO_EXTENSIONS` set
 (non-empty), every user runs its reference instead.

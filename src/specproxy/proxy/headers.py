@@ -56,7 +56,7 @@ _DROP_REQUEST_BYTES: Final = frozenset(name.encode() for name in _DROP_REQUEST)
 # Response headers the proxy never forwards: hop-by-hop ones, the length (aiohttp sets it), and
 # its own, which it sets (an upstream that sends them, e.g. another specproxy, is overridden).
 _DROP_RESPONSE: Final = _HOP_BY_HOP | {"content-length", ARM_HEADER, REQUEST_ID_HEADER}
-# The same names, for a transport that filters them while it parses (lean: `head.split_head`).
+# The same names, for a transport that filters them while it parses (lean: `wire.split_head`).
 RESPONSE_DROP: Final = tuple(sorted(_DROP_RESPONSE))
 
 

@@ -33,7 +33,6 @@ It raises the errors of `specproxy.errors` itself: there is nothing to map at it
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Coroutine, Iterable
 from typing import Any, Final, cast
 
@@ -47,7 +46,7 @@ from specproxy.errors import (
     UpstreamTimeout,
 )
 from specproxy.proxy.headers import RESPONSE_DROP, OutboundHeaders
-from specproxy.proxy.transports.head import split_head
+from specproxy.proxy.transports.wire import split_head, take_chunked
 
 __all__ = ["READ_HIGH_WATER", "READ_LOW_WATER", "LeanTransport", "UpstreamPool", "UpstreamResponse"]
 
@@ -55,9 +54,6 @@ READ_HIGH_WATER: Final = 256 * 1024  # buffered bytes at which a connection paus
 READ_LOW_WATER: Final = 64 * 1024  # and below which it resumes
 
 _MAX_HEAD: Final = 64 * 1024  # status line + headers
-_MAX_CHUNK_LINE: Final = 4096
-_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
-_SIZE_LINE: Final = re.compile(rb"([0-9a-fA-F]{1,16})\r\n")
 
 
 class _Connection(asyncio.Protocol):
@@ -285,64 +281,14 @@ class UpstreamResponse:
         return self._take_chunked(buf)
 
     def _take_chunked(self, buf: bytearray) -> bytes:
-        """Chunked framing, parsed by position over the buffer and consumed with one delete."""
-        out: list[bytes] = []
-        pos = 0
-        left = self._chunk_left  # -1: a size line is next; -2: trailers; 0: the data's CRLF
-        size_of = len(buf)
-        view = memoryview(buf)
+        """Chunked framing, decoded and consumed in one call (`wire.take_chunked`)."""
         try:
-            while True:
-                if left == -1:  # expecting a size line
-                    plain = _SIZE_LINE.match(buf, pos)  # the usual bare `1a3\r\n`
-                    if plain is not None:
-                        size = int(plain.group(1), 16)
-                        pos = plain.end()
-                    else:
-                        end = buf.find(b"\r\n", pos)
-                        if end < 0:
-                            if size_of - pos > _MAX_CHUNK_LINE:
-                                raise UpstreamBroken("chunk size line too long")
-                            break
-                        size_text = bytes(view[pos:end]).split(b";", 1)[0].strip()
-                        if not size_text or size_text.strip(_HEX_DIGITS):
-                            raise UpstreamBroken(f"bad chunk size {size_text[:20]!r}")
-                        size = int(size_text, 16)
-                        pos = end + 2
-                    left = -2 if size == 0 else size  # after the last chunk: trailers
-                if left == -2:  # trailers, up to an empty line
-                    end = buf.find(b"\r\n", pos)
-                    if end < 0:
-                        break
-                    last = end == pos
-                    pos = end + 2
-                    if last:
-                        self._done = True
-                        break
-                    continue
-                if left > 0:
-                    n = min(left, size_of - pos)
-                    if not n:
-                        break
-                    out.append(bytes(view[pos : pos + n]))
-                    pos += n
-                    left -= n
-                    if left:
-                        break
-                # chunk data complete: its CRLF
-                if size_of - pos < 2:
-                    left = 0
-                    break
-                if not buf.startswith(b"\r\n", pos):
-                    raise UpstreamBroken("chunk not followed by CRLF")
-                pos += 2
-                left = -1
-        finally:
-            view.release()
-            self._chunk_left = left
-            if pos:
-                del buf[:pos]
-        return out[0] if len(out) == 1 else b"".join(out)
+            piece, self._chunk_left, done = take_chunked(buf, self._chunk_left)
+        except ValueError as exc:
+            raise UpstreamBroken(str(exc)) from None
+        if done:
+            self._done = True
+        return piece
 
     def release(self) -> None:
         """Done with a completely read response: pool the connection if it may be reused."""

@@ -1,6 +1,8 @@
-/* The head of an HTTP/1.x response split into its parts, compiled: the same function as
- * `specproxy.proxy.transports.head.py_split_head`, result for result and error for error.
+/* HTTP/1.1 framing for the lean transport, compiled: the same functions as
+ * `specproxy.proxy.transports.wire.py_split_head` and `py_take_chunked`, result for result and
+ * error for error.
  *
+ * split_head:
  * Why compiled: the lean transport parses one response head per request. Measured inside a
  * serving proxy (perf_counter around the call, benchmarks/relay_cpu.py's unpaced load on the
  * build machine), the Python parse took 9.8 us a head against 3.5 us in a tight loop: a dozen
@@ -10,8 +12,14 @@
  * the relay filters nothing), the Content-Type, and the values of Connection,
  * Transfer-Encoding and Content-Length, which decide how the body is framed.
  *
- * Equivalence with the Python reference is tested on a corpus of heads, well formed and not, and
- * on generated ones (tests/proxy/transports/test_head.py).
+ *
+ * take_chunked: vLLM (uvicorn) streams with chunked framing, one chunk per event, so a stream of
+ * n events is n decodes. The reference's regex match, int(), memoryview slice, list, join and
+ * del were a few microseconds an event inside the proxy; here one pass finds the size lines and
+ * copies the data out once.
+ *
+ * Equivalence with the Python references is tested on a corpus of heads and chunked bodies, well
+ * formed and not, cut anywhere, and on generated ones (tests/proxy/transports/test_wire.py).
  */
 #define PY_SSIZE_T_CLEAN
 #ifndef _GNU_SOURCE
@@ -153,10 +161,169 @@ done:
     return result;
 }
 
+
+#define MAX_CHUNK_LINE 4096 /* wire.MAX_CHUNK_LINE: a test holds them equal */
+#define MAX_SIZE_DIGITS 15  /* longer sizes (past 2**60 bytes) go to the reference's int() */
+
+static inline int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* bytes.strip()'s whitespace */
+static inline int is_bytes_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c';
+}
+
+/* take_chunked(buf: bytearray, left: int) -> (data, left, ended), as `py_take_chunked`. A size
+ * of more than MAX_SIZE_DIGITS hex digits is read by the reference, from the state reached: the
+ * C part consumes what it decoded, then hands the rest to `py_take_chunked`. */
+static PyObject *take_chunked(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyByteArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "take_chunked(buf: bytearray, left: int)");
+        return NULL;
+    }
+    PyObject *bufobj = args[0];
+    Py_ssize_t left = PyLong_AsSsize_t(args[1]);
+    if (left == -1 && PyErr_Occurred()) return NULL;
+    const char *buf = PyByteArray_AS_STRING(bufobj);
+    const Py_ssize_t size_of = PyByteArray_GET_SIZE(bufobj);
+    Py_ssize_t pos = 0;
+    int done = 0, refer = 0;
+    /* the data: one piece is most calls; more are gathered into `joined` */
+    const char *one = NULL;
+    Py_ssize_t one_n = 0, pieces = 0;
+    PyObject *joined = NULL; /* a bytearray, once a second piece comes */
+    for (;;) {
+        if (left == -1) { /* a size line */
+            const char *line = buf + pos;
+            const char *end = memmem(line, (size_t)(size_of - pos), "\r\n", 2);
+            if (end == NULL) {
+                if (size_of - pos > MAX_CHUNK_LINE) {
+                    PyErr_SetString(PyExc_ValueError, "chunk size line too long");
+                    goto error;
+                }
+                break;
+            }
+            /* the size text: up to a ';' (extensions), stripped */
+            const char *a = line, *b = end;
+            const char *semi = memchr(a, ';', (size_t)(b - a));
+            if (semi != NULL) b = semi;
+            while (a < b && is_bytes_space(*a)) a++;
+            while (b > a && is_bytes_space(b[-1])) b--;
+            int bad = a == b;
+            for (const char *c = a; c < b && !bad; c++) bad = hex_value(*c) < 0;
+            if (bad) {
+                PyObject *text = PyBytes_FromStringAndSize(a, b - a < 20 ? b - a : 20);
+                if (text != NULL) {
+                    PyErr_Format(PyExc_ValueError, "bad chunk size %R", text);
+                    Py_DECREF(text);
+                }
+                goto error;
+            }
+            if (b - a > MAX_SIZE_DIGITS) {
+                refer = 1; /* the reference reads this line: stop before it */
+                break;
+            }
+            Py_ssize_t size = 0;
+            for (const char *c = a; c < b; c++) size = size * 16 + hex_value(*c);
+            pos = end + 2 - buf;
+            left = size == 0 ? -2 : size;
+        }
+        if (left == -2) { /* trailers, up to an empty line */
+            const char *end = memmem(buf + pos, (size_t)(size_of - pos), "\r\n", 2);
+            if (end == NULL) break;
+            int last = end == buf + pos;
+            pos = end + 2 - buf;
+            if (last) {
+                done = 1;
+                break;
+            }
+            continue;
+        }
+        if (left > 0) {
+            Py_ssize_t n = left < size_of - pos ? left : size_of - pos;
+            if (n == 0) break;
+            if (pieces == 0) {
+                one = buf + pos;
+                one_n = n;
+            } else {
+                if (joined == NULL) {
+                    joined = PyByteArray_FromStringAndSize(one, one_n);
+                    if (joined == NULL) goto error;
+                }
+                Py_ssize_t had = PyByteArray_GET_SIZE(joined);
+                if (PyByteArray_Resize(joined, had + n) < 0) goto error;
+                memcpy(PyByteArray_AS_STRING(joined) + had, buf + pos, (size_t)n);
+            }
+            pieces++;
+            pos += n;
+            left -= n;
+            if (left) break;
+        }
+        /* the chunk's data is complete: its CRLF */
+        if (size_of - pos < 2) {
+            left = 0;
+            break;
+        }
+        if (buf[pos] != '\r' || buf[pos + 1] != '\n') {
+            PyErr_SetString(PyExc_ValueError, "chunk not followed by CRLF");
+            goto error;
+        }
+        pos += 2;
+        left = -1;
+    }
+    PyObject *data;
+    if (joined != NULL) {
+        data = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(joined), PyByteArray_GET_SIZE(joined));
+        Py_CLEAR(joined);
+    } else {
+        data = PyBytes_FromStringAndSize(one, one_n);
+    }
+    if (data == NULL) return NULL;
+    if (pos && PySequence_DelSlice(bufobj, 0, pos) < 0) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    if (refer) { /* the rest by the reference, from here */
+        PyObject *wire = PyImport_ImportModule("specproxy.proxy.transports.wire");
+        PyObject *rest = wire != NULL ? PyObject_CallMethod(wire, "py_take_chunked", "On", bufobj,
+                                                            left)
+                                      : NULL;
+        Py_XDECREF(wire);
+        if (rest == NULL) {
+            Py_DECREF(data);
+            return NULL;
+        }
+        PyObject *tail = PyTuple_GET_ITEM(rest, 0);
+        PyObject *both = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(data) + PyBytes_GET_SIZE(tail));
+        if (both == NULL) {
+            Py_DECREF(rest);
+            Py_DECREF(data);
+            return NULL;
+        }
+        memcpy(PyBytes_AS_STRING(both), PyBytes_AS_STRING(data), (size_t)PyBytes_GET_SIZE(data));
+        memcpy(PyBytes_AS_STRING(both) + PyBytes_GET_SIZE(data), PyBytes_AS_STRING(tail),
+               (size_t)PyBytes_GET_SIZE(tail));
+        Py_DECREF(data);
+        PyObject *res = Py_BuildValue("(NOO)", both, PyTuple_GET_ITEM(rest, 1), PyTuple_GET_ITEM(rest, 2));
+        Py_DECREF(rest);
+        return res;
+    }
+    return Py_BuildValue("(NnO)", data, left, done ? Py_True : Py_False);
+error:
+    Py_XDECREF(joined);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"split_head", (PyCFunction)(void (*)(void))split_head, METH_FASTCALL,
      "split_head(raw, drop=()) -> (status, reason, http10, pairs, forward, content_type, "
      "connection, encoding, lengths) | None"},
+    {"take_chunked", (PyCFunction)(void (*)(void))take_chunked, METH_FASTCALL,
+     "take_chunked(buf, left) -> (data, left, ended): decode and consume a chunked body's bytes"},
     {NULL},
 };
 
@@ -166,11 +333,11 @@ static PyModuleDef_Slot module_slots[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "specproxy.proxy.transports._head",
-    .m_doc = "The compiled specproxy.proxy.transports.head.split_head.",
+    .m_name = "specproxy.proxy.transports._wire",
+    .m_doc = "The compiled split_head and take_chunked of specproxy.proxy.transports.wire.",
     .m_size = 0,
     .m_methods = module_methods,
     .m_slots = module_slots,
 };
 
-PyMODINIT_FUNC PyInit__head(void) { return PyModuleDef_Init(&module_def); }
+PyMODINIT_FUNC PyInit__wire(void) { return PyModuleDef_Init(&module_def); }

@@ -1,10 +1,12 @@
-"""The response-head splitter: what it returns and refuses, and the compiled one equal to the
-reference on every head, well formed or not."""
+"""HTTP/1.1 framing: the response-head splitter and the chunked decoder, what they return and
+refuse, and the compiled ones equal to the references on every input, well formed or not."""
 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -12,12 +14,20 @@ from hypothesis import strategies as st
 
 from specproxy.native import NO_EXTENSIONS_ENV
 from specproxy.proxy.headers import RESPONSE_DROP
-from specproxy.proxy.transports.head import COMPILED, Head, py_split_head, split_head
+from specproxy.proxy.transports import wire as wire_module
+from specproxy.proxy.transports.wire import (
+    COMPILED,
+    MAX_CHUNK_LINE,
+    Head,
+    py_split_head,
+    py_take_chunked,
+    split_head,
+)
 
 Split = Callable[[bytes, tuple[str, ...]], Head | None]
 IMPLEMENTATIONS: dict[str, Split] = {"python": py_split_head}
 if COMPILED:
-    from specproxy.proxy.transports._head import split_head as compiled
+    from specproxy.proxy.transports._wire import split_head as compiled
 
     IMPLEMENTATIONS["compiled"] = compiled
 
@@ -193,3 +203,126 @@ def test_the_compiled_splitter_checks_its_arguments() -> None:
         compiled(b"HTTP/1.1 200 OK", ("caf\u00e9",))
     with pytest.raises(TypeError):
         compiled(b"HTTP/1.1 200 OK", [])  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- chunked bodies
+
+Take = Callable[[bytearray, int], tuple[bytes, int, bool]]
+TAKES: dict[str, Take] = {"python": py_take_chunked}
+if COMPILED:
+    from specproxy.proxy.transports._wire import take_chunked as compiled_take
+
+    TAKES["compiled"] = compiled_take
+
+BODIES = [
+    b"5\r\nhello\r\n0\r\n\r\n",
+    b"3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n",
+    b"A; name=value\r\n0123456789\r\n0\r\nTrailer: x\r\nOther: y\r\n\r\n",
+    b"  a \t\r\n0123456789\r\n0 ; last\r\n\r\n",
+    b"1a3\r\n" + b"e" * 0x1A3 + b"\r\n0\r\n\r\n",
+    b"0000000000000005\r\nhello\r\n0\r\n\r\n",  # 16 digits: the regex's longest
+    b"00000000000000000005\r\nhello\r\n0\r\n\r\n",  # 20 digits: past the compiled parse
+    b"5\r\nhelloXX",
+    b"zz\r\n",
+    b"0x5\r\nhello\r\n",
+    b"+5\r\nhello\r\n",
+    b"1_0\r\n",
+    b";\r\n",
+    b"\r\n",
+    b"5\r\nhel",
+    b"5" * 5000,
+    b"5;" + b"e" * 5000 + b"\r\nhello\r\n0\r\n\r\n",
+    b"2\r\nhi\r\n0\r\n",
+    b"c\r\n" + "\u00e9t\u00e9 ok".encode("latin-1").ljust(12) + b"\r\n0\r\n\r\nafter",
+]
+
+
+def _drain(take: Take, body: bytes, cuts: list[int]) -> object:
+    """Feed `body` in pieces ending at `cuts`, taking after each; every step's answer, or the
+    error, and what was left unconsumed."""
+    buf = bytearray()
+    left = -1
+    steps: list[object] = []
+    for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True):
+        buf += body[a:b]
+        try:
+            data, left, done = take(buf, left)
+        except ValueError as exc:
+            steps.append(("ValueError", str(exc)))
+            return steps
+        steps.append((data, left, done))
+        if done:
+            break
+    steps.append(bytes(buf))
+    return steps
+
+
+@pytest.mark.parametrize("name", sorted(TAKES))
+def test_a_chunked_body_is_decoded_and_consumed(name: str) -> None:
+    take = TAKES[name]
+    buf = bytearray(b"5\r\nhello\r\n6\r\n world\r\n0\r\nX-T: 1\r\n\r\nNEXT")
+    assert take(buf, -1) == (b"hello world", -2, True)
+    assert buf == b"NEXT"  # the next response's bytes stay
+    buf = bytearray(b"5\r\nhel")
+    assert take(buf, -1) == (b"hel", 2, False) and buf == b""
+    buf += b"lo\r"
+    assert take(buf, 2) == (b"lo", 0, False) and buf == b"\r"
+
+
+@pytest.mark.parametrize("name", sorted(TAKES))
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"zz\r\n", "bad chunk size b'zz'"),
+        (b"0x5\r\n", "bad chunk size b'0x5'"),
+        (b" ;ext\r\n", "bad chunk size b''"),
+        (b"5\r\nhelloXX", "chunk not followed by CRLF"),
+        (b"5" * 5000, "chunk size line too long"),
+    ],
+)
+def test_bad_chunked_framing_is_refused_with_what_is_wrong(
+    name: str, body: bytes, message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        TAKES[name](bytearray(body), -1)
+    assert str(info.value) == message
+
+
+def test_the_chunk_line_bound_is_the_same_number_in_c() -> None:
+    source = (Path(wire_module.__file__).parent / "_wire.c").read_text()
+    assert f"#define MAX_CHUNK_LINE {MAX_CHUNK_LINE} " in source
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled decoder is not built here")
+@pytest.mark.parametrize("body", BODIES)
+def test_the_compiled_decoder_equals_the_reference_cut_anywhere(body: bytes) -> None:
+    for cut in range(len(body) + 1):
+        cuts = [cut] if 0 < cut < len(body) else []
+        assert _drain(compiled_take, body, cuts) == _drain(py_take_chunked, body, cuts)
+    singles = list(range(1, min(len(body), 600)))
+    assert _drain(compiled_take, body, singles) == _drain(py_take_chunked, body, singles)
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled decoder is not built here")
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=40), max_size=6),
+    ext=st.sampled_from([b"", b";a=b", b" ", b"\t;x"]),
+    case=st.sampled_from([str.lower, str.upper]),
+    noise=st.lists(st.sampled_from([b"\r", b"\n", b"x", b";", b" ", b"0"]), max_size=3),
+    seed=st.integers(min_value=0, max_value=10**6),
+)
+def test_the_compiled_decoder_equals_the_reference_on_generated_bodies(
+    sizes: list[int], ext: bytes, case: Callable[[str], str], noise: list[bytes], seed: int
+) -> None:
+    rng = random.Random(seed)
+    body = b""
+    for size in [*sizes, 0]:
+        body += case(f"{size:x}").encode() + ext + b"\r\n"
+        body += bytes(rng.randrange(256) for _ in range(size)) + (b"\r\n" if size else b"")
+    body += b"\r\n"
+    if noise:  # framing damaged somewhere
+        at = rng.randrange(len(body))
+        body = body[:at] + b"".join(noise) + body[at:]
+    cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(0, 12))))
+    assert _drain(compiled_take, body, cuts) == _drain(py_take_chunked, body, cuts)

@@ -1,5 +1,5 @@
-# The compiled `specproxy.proxy.transports.head.split_head` (`_head.c`); `head.py_split_head` is
-# the reference with the same results.
+# The compiled `split_head` and `take_chunked` of `specproxy.proxy.transports.wire` (`_wire.c`);
+# `wire.py_split_head` and `wire.py_take_chunked` are the references with the same results.
 def split_head(
     raw: bytes, drop: tuple[str, ...], /
 ) -> (
@@ -16,3 +16,4 @@ def split_head(
     ]
     | None
 ): ...
+def take_chunked(buf: bytearray, left: int, /) -> tuple[bytes, int, bool]: ...
