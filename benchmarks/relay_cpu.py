@@ -2,7 +2,9 @@
 
 Throughput ratios need a quiet machine (`faceoff.py`); CPU seconds per request do not, or much
 less: they count only the cycles the relay itself spent. This runs an nginx upstream (the
-face-off's recorded 13-event stream, or its non-stream body) and one proxy pinned to one core,
+face-off's recorded 13-event stream, or its non-stream body; `--mode paced`: the face-off's
+paced replay instead, chunked as uvicorn sends it, an event a millisecond) and one proxy pinned
+to one core,
 drives it with wrk from another core, and prints the proxy's CPU microseconds per request, its
 main thread (the event loop) and its other threads (the store's writer) apart, from /proc.
 
@@ -56,7 +58,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefix", type=Path, required=True)
-    parser.add_argument("--mode", choices=["unpaced", "nonstream"], default="unpaced")
+    parser.add_argument("--mode", choices=["unpaced", "nonstream", "paced"], default="unpaced")
     parser.add_argument("--proxy", action="append", default=[])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--conc", type=int, default=16)
@@ -89,6 +91,12 @@ def main() -> None:
             faceoff.wait_http(f"http://127.0.0.1:{port}/health")
             prefix = "/json" if args.mode == "nonstream" else "/stream"
             upstream = f"http://127.0.0.1:{port}{prefix}"
+            if args.mode == "paced":  # the face-off's paced replay: chunked, an event a ms
+                paced = faceoff.free_port()
+                role = [sys.executable, str(HERE / "faceoff.py"), "--role", "paced"]
+                procs.start([*role, "--port", str(paced)], faceoff.cores(0))
+                faceoff.wait_http(f"http://127.0.0.1:{paced}/health")
+                upstream = f"http://127.0.0.1:{paced}"
             wrk = faceoff.Wrk([str(args.prefix / "usr/bin/wrk")], faceoff.cores(0), 1, native)
             script = faceoff.lua(work, stream=args.mode != "nonstream")
             for rep in range(args.reps):
