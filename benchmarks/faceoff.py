@@ -123,8 +123,8 @@ class Procs:
             self.stop(proc)
 
 
-def tree_rss(pid: int) -> dict[str, int]:
-    """VmRSS (KiB) of `pid` and every descendant, by `pid:name`."""
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc's parent links."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -135,11 +135,34 @@ def tree_rss(pid: int) -> dict[str, int]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry))
-    out: dict[str, int] = {}
+    out: list[int] = []
     todo = [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
         todo.extend(children.get(p, []))
+    return out
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) spent so far by `pid` and its descendants."""
+    total = 0.0
+    for p in descendants(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+def tree_rss(pid: int) -> dict[str, int]:
+    """VmRSS (KiB) of `pid` and every descendant, by `pid:name`."""
+    out: dict[str, int] = {}
+    for p in descendants(pid):
         try:
             status = Path(f"/proc/{p}/status").read_text()
             cmdline = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
@@ -151,6 +174,69 @@ def tree_rss(pid: int) -> dict[str, int]:
         name = b" ".join(cmdline[1:4]).decode(errors="replace")[-40:]
         out[f"{p}:{name}"] = int(rss.group(1))
     return out
+
+
+# ------------------------------------------------------------------------------ cores
+
+
+def physical_cores() -> list[list[int]]:
+    """This machine's CPUs grouped by physical core (SMT siblings together), in CPU order."""
+    groups: dict[str, list[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        try:
+            key = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+            sib = key.read_text().strip()
+        except OSError:
+            sib = str(cpu)
+        groups.setdefault(sib, []).append(cpu)
+    return sorted(groups.values())
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which CPUs each role gets. A proxy under test gets a physical core to itself (its SMT
+    sibling, if any, left idle) so that neither wrk nor the upstream shares its core; the
+    upstream and wrk take whole physical cores at either end. On a machine too small for that
+    (the 2-core build box) every role wraps modulo the CPU count, as a smoke test."""
+
+    upstream: list[int]
+    wrk: list[int]
+    proxies: list[int]  # one CPU per proxy under test, each on its own physical core
+    spare: list[int]  # the rest, for `--workers N` (proxies' CPUs first, then their siblings)
+    smt: bool
+
+    @classmethod
+    def plan(cls, n_proxies: int, side: int = 4) -> Layout:
+        groups = physical_cores()
+        smt = any(len(g) > 1 for g in groups)
+        head: list[int] = []
+        tail: list[int] = []
+        rest = list(groups)
+        while rest and len(head) < side:
+            head += rest.pop(0)
+        while rest and len(tail) < side:
+            tail = rest.pop() + tail
+        if len(rest) < n_proxies:  # too small: the modulo layout
+            n = os.cpu_count() or 1
+            return cls(
+                upstream=sorted({c % n for c in range(side)}),
+                wrk=sorted({c % n for c in range(12, 12 + side)}),
+                proxies=[(4 + i) % n for i in range(n_proxies)],
+                spare=[(4 + i) % n for i in range(8)],
+                smt=smt,
+            )
+        firsts = [g[0] for g in rest]
+        siblings = [c for g in rest for c in g[1:]]
+        return cls(upstream=head, wrk=tail, proxies=firsts[:n_proxies],
+                   spare=firsts + siblings, smt=smt)  # fmt: skip
+
+    def workers(self, n: int) -> str:
+        """The CPU list of `--workers n`: n CPUs, whole physical cores first."""
+        return ",".join(str(c) for c in sorted(self.spare[: max(1, n)]))
+
+
+def cpulist(cpus: Sequence[int]) -> str:
+    return ",".join(str(c) for c in sorted(set(cpus)))
 
 
 # ------------------------------------------------------------------------------ nginx
@@ -314,6 +400,7 @@ class Rig:
     nginx: list[str]
     trees: dict[str, Path]
     native: dict[str, str]
+    layout: Layout
     tree_env: dict[str, dict[str, str]] = field(default_factory=dict)
     upstream_port: int = 0
     paced_port: int = 0
@@ -339,12 +426,12 @@ class Rig:
         self.upstream_port = free_port()
         conf = nginx_conf(self.work / "up", 4, upstream_server(self.upstream_port, root))
         nginx = [*self.nginx, "-p", str(self.work / "up"), "-c", str(conf)]
-        self.procs.start(nginx, cores(0, 1, 2, 3), env=self.native)
+        self.procs.start(nginx, cpulist(self.layout.upstream), env=self.native)
         self.paced_port = free_port()
-        for i in range(4):
+        for cpu in self.layout.upstream:
             self.procs.start(
                 [sys.executable, __file__, "--role", "paced", "--port", str(self.paced_port)],
-                cores(i),
+                str(cpu),
             )
         wait_http(f"http://127.0.0.1:{self.upstream_port}/health")
         wait_http(f"http://127.0.0.1:{self.paced_port}/health")
@@ -395,7 +482,7 @@ def profile(rig: Rig, out: Path) -> None:
     cmd += ["-m", "specproxy", "serve", "--port", str(port), "--baseline", upstream]
     cmd += ["--speculative", upstream, "--store", f"sqlite:///{rig.work / 'profile.db'}"]
     cmd += ["--log-level", "error"]
-    proc = rig.procs.start(cmd, cores(4), env=serve_env(tree), cwd=rig.work)
+    proc = rig.procs.start(cmd, str(rig.layout.proxies[0]), env=serve_env(tree), cwd=rig.work)
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/healthz")
     time.sleep(1.0)
@@ -444,14 +531,31 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def measured(rig: Rig, proc: subprocess.Popen[bytes], url: str, script: Path, conc: int,
+             seconds: float) -> dict[str, float]:  # fmt: skip
+    """One wrk run after `--warmup` seconds of the same load, with the CPU the proxy's process
+    tree spent during it: `busy` (CPU seconds per second: 1.0 is its core saturated) and
+    `cpu_us` (CPU microseconds per request). A proxy below 1.0 busy was held back by something
+    other than its own CPU."""
+    if rig.args.warmup > 0:
+        rig.wrk.run(url, script, conc, rig.args.warmup)
+    before, began = tree_cpu(proc.pid), time.monotonic()
+    run = rig.wrk.run(url, script, conc, seconds)
+    wall, spent = time.monotonic() - began, tree_cpu(proc.pid) - before
+    run["busy"] = spent / wall
+    run["cpu_us"] = 1e6 * spent / max(1.0, run["rps"] * max(1, round(seconds)))
+    return run
+
+
 def single_core(rig: Rig, results: dict[str, Any]) -> None:
     args = rig.args
     proxies = ["bare", *rig.trees, "nginx"]
-    for mode in MODES:
+    for mode in args.modes:
         upstream = rig.upstream_base(mode)
         script = lua(rig.work, stream=mode != "nonstream")
         started = {
-            name: rig.start_proxy(name, upstream, cores(4 + i)) for i, name in enumerate(proxies)
+            name: rig.start_proxy(name, upstream, str(rig.layout.proxies[i]))
+            for i, name in enumerate(proxies)
         }
         for name in rig.trees:
             results["memory"][f"{mode}/{name}/idle"] = tree_rss(started[name][0].pid)
@@ -464,9 +568,11 @@ def single_core(rig: Rig, results: dict[str, Any]) -> None:
             for rep in range(args.reps):
                 order = proxies if rep % 2 == 0 else proxies[::-1]  # alternating
                 for name in order:
-                    run = rig.wrk.run(started[name][1] + PATH, script, conc, args.seconds)
+                    proc, base = started[name]
+                    run = measured(rig, proc, base + PATH, script, conc, args.seconds)
                     results["throughput"].setdefault(f"{mode}/c{conc}/{name}", []).append(run)
-                    print(f"{mode} c{conc} rep{rep} {name}: {run['rps']:.0f}/s", flush=True)
+                    print(f"{mode} c{conc} rep{rep} {name}: {run['rps']:.0f}/s, busy "
+                          f"{run['busy']:.2f}, {run['cpu_us']:.1f} us/req", flush=True)  # fmt: skip
         for name in rig.trees:
             results["memory"][f"{mode}/{name}/loaded"] = tree_rss(started[name][0].pid)
         for proc, _ in started.values():
@@ -480,7 +586,7 @@ def soak(rig: Rig, results: dict[str, Any]) -> None:
     script = lua(rig.work, stream=True)
     conc = max(rig.args.conc)
     for name in rig.worker_trees():
-        proc, base = rig.start_proxy(name, upstream, cores(4))
+        proc, base = rig.start_proxy(name, upstream, str(rig.layout.proxies[0]))
         idle = tree_rss(proc.pid)
         run = rig.wrk.run(base + PATH, script, conc, rig.args.soak)
         loaded = tree_rss(proc.pid)
@@ -498,7 +604,7 @@ def multi_worker(rig: Rig, results: dict[str, Any]) -> None:
     script = lua(rig.work, stream=True)
     for n in args.workers:
         for name in rig.worker_trees():
-            proc, base = rig.start_proxy(name, upstream, cores(*range(4, 4 + n)), workers=n)
+            proc, base = rig.start_proxy(name, upstream, rig.layout.workers(n), workers=n)
             results["memory"][f"workers{n}/{name}/idle"] = tree_rss(proc.pid)
             for _ in range(args.reps):
                 run = rig.wrk.run(base + PATH, script, 32 * n, args.seconds)
@@ -520,7 +626,7 @@ def tables(results: dict[str, Any], trees: Sequence[str], args: argparse.Namespa
     head = " | ".join(proxies) + " | " + " | ".join(f"{t}/bare" for t in trees)
     lines += [f"| mode | conc | {head} | p50 / p99 ms ({', '.join(trees)}, bare) |",
               "|" + " --- |" * (3 + len(proxies) + len(trees))]  # fmt: skip
-    for mode in MODES:
+    for mode in args.modes:
         for conc in args.conc:
             med = {
                 p: median([r["rps"] for r in thr.get(f"{mode}/c{conc}/{p}", [])]) for p in proxies
@@ -535,10 +641,34 @@ def tables(results: dict[str, Any], trees: Sequence[str], args: argparse.Namespa
             )
             cells = " | ".join(f"{med[p]:.0f}" for p in proxies)
             lines.append(f"| {mode} | {conc} | {cells} | {ratios} | {pp} |")
+    lines.append(
+        "\n### The same runs: each repetition's ratio to bare (the run beside it), and the "
+        "proxy's CPU (busy: CPU s per s; us: CPU us per request), medians\n"
+    )
+    lines += ["| mode | conc | " + " | ".join(f"{t}/bare by rep" for t in trees) + " | "
+              + " | ".join(f"{p} busy, us" for p in proxies) + " |",
+              "|" + " --- |" * (2 + len(trees) + len(proxies))]  # fmt: skip
+    for mode in args.modes:
+        for conc in args.conc:
+            runs = {p: thr.get(f"{mode}/c{conc}/{p}", []) for p in proxies}
+            by_rep = {
+                t: [a["rps"] / b["rps"] for a, b in zip(runs[t], runs["bare"], strict=True)]
+                for t in trees
+            }
+            paired = " | ".join(
+                ", ".join(f"{r:.2f}" for r in by_rep[t]) + f" (median {median(by_rep[t]):.2f})"
+                for t in trees
+            )
+            cpu = " | ".join(
+                f"{median([r.get('busy', float('nan')) for r in runs[p]]):.2f}, "
+                f"{median([r.get('cpu_us', float('nan')) for r in runs[p]]):.1f}"
+                for p in proxies
+            )
+            lines.append(f"| {mode} | {conc} | {paired} | {cpu} |")
     lines.append("\n### Added p50 latency, one connection (ms; proxy p50 minus direct p50)\n")
     lines += ["| mode | " + " | ".join(proxies) + " |", "|" + " --- |" * (1 + len(proxies))]
     lat = results["latency"]
-    for mode in MODES:
+    for mode in args.modes:
         direct = median([r["p50_s"] for r in lat[f"{mode}/direct"]])
         cells = " | ".join(
             f"{1e3 * (median([r['p50_s'] for r in lat[f'{mode}/{p}']]) - direct):.3f}"
@@ -588,6 +718,15 @@ def main() -> None:
         "--tree", action="append", default=[], metavar="NAME=PATH", help="a tree (before=...)"
     )
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--warmup", type=float, default=0.0, help="seconds of unrecorded load before each run"
+    )
+    parser.add_argument(
+        "--modes",
+        type=lambda s: [m for m in s.split(",") if m],
+        default=list(MODES),
+        help=f"which of {','.join(MODES)} the single-core runs cover",
+    )
     parser.add_argument("--latency-seconds", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128])
@@ -648,11 +787,18 @@ def main() -> None:
         tree, _, pair = item.partition(":")
         key, _, value = pair.partition("=")
         tree_env.setdefault(tree, {})[key] = value
-    results["setup"] = {"cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()}}
+    layout = Layout.plan(n_proxies=2 + len(trees))
+    results["setup"] = {
+        "cpus": os.cpu_count(),
+        "physical_cores": physical_cores(),
+        "layout": vars(layout),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    print(f"layout: {vars(layout)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="faceoff-") as tmp:
-        wrk = Wrk([str(args.prefix / "usr/bin/wrk")], cores(12, 13, 14, 15), 4, native)
-        rig = Rig(args, procs, Path(tmp), wrk,
-                  [str(args.prefix / "usr/sbin/nginx")], trees, native, tree_env)  # fmt: skip
+        wrk = Wrk([str(args.prefix / "usr/bin/wrk")], cpulist(layout.wrk), len(layout.wrk), native)
+        rig = Rig(args, procs, Path(tmp), wrk, [str(args.prefix / "usr/sbin/nginx")], trees,
+                  native, layout, tree_env)  # fmt: skip
         try:
             rig.start_upstreams()
             if args.profile is not None:

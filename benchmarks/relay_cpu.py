@@ -109,11 +109,16 @@ def main() -> None:
                         out = args.profile.with_name(f"{args.profile.name}-{label}-{rep}")
                         sampler = spy(proc.pid, args.seconds, out)
                     before = thread_cpu(proc.pid)
+                    began = time.monotonic()
                     run = wrk.run(base + faceoff.PATH, script, args.conc, args.seconds)
+                    wall = time.monotonic() - began
                     after = thread_cpu(proc.pid)
                     n = run["rps"] * max(1, round(args.seconds))
-                    us = {k: 1e6 * (after[k] - before.get(k, 0.0)) / n for k in after}
+                    spent = {k: after[k] - before.get(k, 0.0) for k in after}
+                    us = {k: 1e6 * v / n for k, v in spent.items()}
                     us["total"] = sum(us.values())
+                    us["busy%"] = 100 * sum(spent.values()) / wall
+                    us["rps"] = run["rps"]
                     per[name].append(us)
                     print(f"{name} rep{rep}: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()))
                     if sampler is not None:
