@@ -1,8 +1,9 @@
 """The streaming face-off (issue 27): specproxy beside a bare aiohttp pass-through and nginx, each
 proxy alone on one core, before and after a change, in one go and without network.
 
-Roles (processes pinned with taskset; cores are taken modulo the machine's count, so the same
-command proves itself on a 2-core box at a tiny size):
+Roles (processes pinned with taskset, by `Layout`: whole physical cores, SMT siblings left idle;
+on a machine too small for that the cores wrap modulo its count, so the same command proves
+itself on a 2-core box at a tiny size):
   upstream   nginx (from Debian packages unpacked with `dpkg -x` into `--prefix`) on its own
              cores serving the recorded 13-event vLLM chat stream (`chat_stream_usage_spec.sse`,
              unpaced) and the non-streaming body; nginx cannot pace, so the 1 ms paced stream
@@ -10,18 +11,23 @@ command proves itself on a 2-core box at a tiny size):
              replay as `bench_proxy.py --role replay-upstream`;
   proxies    the bare aiohttp pass-through (uvloop, `bench_proxy.py --role bare`), `specproxy
              serve` from each `--tree` (e.g. before=main, after=the branch; its store a SQLite
-             file, its stats child on the same core) and nginx as a reverse proxy (keep-alive
-             upstream, no buffering), each on one core;
+             file, statistics computed elsewhere) and nginx as a reverse proxy (keep-alive
+             upstream, no buffering), each alone on one core: by default all on the same core,
+             the ones not under load stopped (SIGSTOP), because a virtual machine's vCPUs differ
+             in speed by more than the proxies do (`--core-each`: a core each);
   load       wrk (a Lua script for the POST) on cores of its own.
 
 Measured, for non-stream, unpaced and paced streams at each `--conc`: requests (streams) per
-second and wrk's p50/p99, `--reps` repetitions alternating the proxies, median; added p50
+second and wrk's p50/p99, `--reps` repetitions alternating the proxies (each after `--warmup`
+seconds of the same load), median, and each repetition's ratio to the bare run beside it; the
+proxy's CPU during each run (busy share of its core, CPU us per request); added p50
 latency (one connection, proxy minus direct); `specproxy serve --workers N` on N cores, req/s
 and its efficiency against N x one worker; the RSS of every serve process, idle and after load.
 It prints markdown tables and writes all figures as JSON (`--json`).
 
     python benchmarks/faceoff.py --prefix /tmp/fo --tree before=../before --tree after=. \\
-        [--seconds 3] [--reps 3] [--conc 32,128] [--workers 1,2,4,8] [--json faceoff.json]
+        [--seconds 3] [--warmup 0] [--reps 3] [--conc 32,128] [--modes nonstream,unpaced,paced] \\
+        [--workers 1,2,4,8] [--core-each] [--json faceoff.json]
 
 On the 16-core device machine: carry the .debs (`apt-get download nginx wrk libluajit-5.1-2
 libluajit-5.1-common libssl3 libpcre2-8-0 zlib1g libcrypt1`) and both trees, `dpkg -x` each
@@ -110,6 +116,7 @@ class Procs:
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGCONT)  # a stopped one (`only`) acts on it now
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -547,14 +554,27 @@ def measured(rig: Rig, proc: subprocess.Popen[bytes], url: str, script: Path, co
     return run
 
 
+def only(started: dict[str, tuple[subprocess.Popen[bytes], str]], name: str | None) -> None:
+    """Let `name` run and hold every other started proxy stopped (SIGSTOP), so that proxies
+    sharing one core take no turns with the one under load (`None`: every one stopped)."""
+    for other, (proc, _) in started.items():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT if other == name else signal.SIGSTOP)
+
+
 def single_core(rig: Rig, results: dict[str, Any]) -> None:
+    """Each proxy alone on one core. By default every proxy is on the same core and the ones
+    not under load are stopped, so that a core's own speed (a virtual machine's vCPUs differ,
+    and drift) cannot pass for a proxy's; `--core-each` gives each its own core instead."""
     args = rig.args
     proxies = ["bare", *rig.trees, "nginx"]
     for mode in args.modes:
         upstream = rig.upstream_base(mode)
         script = lua(rig.work, stream=mode != "nonstream")
         started = {
-            name: rig.start_proxy(name, upstream, str(rig.layout.proxies[i]))
+            name: rig.start_proxy(
+                name, upstream, str(rig.layout.proxies[i if args.core_each else 0])
+            )
             for i, name in enumerate(proxies)
         }
         for name in rig.trees:
@@ -562,12 +582,14 @@ def single_core(rig: Rig, results: dict[str, Any]) -> None:
         # Added latency: one connection, each target in turn, proxy minus direct.
         for _ in range(args.reps):
             for name, target in [("direct", upstream), *((n, started[n][1]) for n in proxies)]:
+                only(started, None if name == "direct" else name)
                 run = rig.wrk.run(target + PATH, script, 1, args.latency_seconds)
                 results["latency"].setdefault(f"{mode}/{name}", []).append(run)
         for conc in args.conc:
             for rep in range(args.reps):
                 order = proxies if rep % 2 == 0 else proxies[::-1]  # alternating
                 for name in order:
+                    only(started, name)
                     proc, base = started[name]
                     run = measured(rig, proc, base + PATH, script, conc, args.seconds)
                     results["throughput"].setdefault(f"{mode}/c{conc}/{name}", []).append(run)
@@ -576,7 +598,7 @@ def single_core(rig: Rig, results: dict[str, Any]) -> None:
         for name in rig.trees:
             results["memory"][f"{mode}/{name}/loaded"] = tree_rss(started[name][0].pid)
         for proc, _ in started.values():
-            rig.procs.stop(proc)
+            rig.procs.stop(proc)  # SIGCONT first: a stopped process cannot act on SIGTERM
 
 
 def soak(rig: Rig, results: dict[str, Any]) -> None:
@@ -720,6 +742,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument(
         "--warmup", type=float, default=0.0, help="seconds of unrecorded load before each run"
+    )
+    parser.add_argument(
+        "--core-each",
+        action="store_true",
+        help="give each proxy its own core (default: all on one core, one running at a time)",
     )
     parser.add_argument(
         "--modes",
