@@ -756,7 +756,9 @@ def main() -> None:
     )
     parser.add_argument("--latency-seconds", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128])
+    parser.add_argument(
+        "--conc", type=lambda s: [int(x) for x in s.split(",") if x], default=[32, 128]
+    )
     parser.add_argument(
         "--workers", type=lambda s: [int(x) for x in s.split(",") if x], default=[1, 2, 4, 8]
     )
