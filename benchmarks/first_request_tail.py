@@ -176,7 +176,7 @@ def main() -> None:
                 for conc in args.conc:
                     rows = run_client(layout, proxy_port, conc, args.seconds)
                     lines.append(summary(name, conc, args.seconds, rows))
-                    print(lines[-1], flush=True)
+                    print(lines[-1], file=sys.stderr, flush=True)  # progress
                 procs.stop(proc)
         finally:
             procs.stop_all()
