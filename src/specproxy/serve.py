@@ -31,7 +31,7 @@ from specproxy.fleet.workers import merged_metrics, supervise, this_worker, work
 from specproxy.proxy.armauth import every_arm_headers
 from specproxy.stats.job.supervisor import StatsChild, needs_stats_process
 
-__all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
+__all__ = ["LISTEN_BACKLOG", "build_config", "configure", "freeze_startup_objects", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     web.run_app(
         app,
         sock=sock,
+        backlog=LISTEN_BACKLOG,  # the site listens on `sock` again: with 128 unless told
         handler_cancellation=True,
         access_log=None,
         print=None,
@@ -218,12 +219,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# Connections the kernel completes and queues while the event loop is busy (capped by
+# net.core.somaxconn). aiohttp's default, 128, is below a burst of new connections that one
+# busy core meets (a load balancer reconnecting, a benchmark's 256): the kernel then drops the
+# handshakes past it, and each such client waits out a SYN retransmit, 1 s and more.
+LISTEN_BACKLOG = 1024
+
+
 def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A listening TCP socket on host:port; a port in use or a bad address is a `ConfigError`."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         return socket.create_server(
-            (host, port), family=family, backlog=1024, reuse_port=reuse_port
+            (host, port), family=family, backlog=LISTEN_BACKLOG, reuse_port=reuse_port
         )
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)

@@ -1,16 +1,22 @@
 """Faulty clients: 500 of them leaving mid-stream at once; 20 that never read (in the test's
-process, on both transports, and against a real `specproxy serve`)."""
+process, on both transports, and against a real `specproxy serve`); a burst of new connections
+larger than aiohttp's default listen backlog, against a real `specproxy serve`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import socket
+import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from specproxy.proxy.transports.lean import LeanTransport
+from specproxy.serve import LISTEN_BACKLOG
 from tests.faults.conftest import RUN, MakeRig, MiB, fault_row, rss_bytes
 from tests.faults.serve_proc import Serve, serve_toml, stored_rows
 from tests.faults.upstream import FaultUpstream
@@ -156,3 +162,53 @@ async def test_a_real_serve_leaves_unread_streams_in_the_sockets(
     fault_row(f"{SLOW_READERS} clients that do not read a 20 MB stream (serve)",
               "- (read nothing)", f"{SLOW_READERS} x disconnected", 0,
               rss_before, rss_held)  # fmt: skip
+
+
+BURST = 3 * 128  # three times aiohttp's default backlog, well under LISTEN_BACKLOG
+
+
+async def test_a_burst_of_new_connections_waits_in_the_listen_queue(
+    faulty: FaultUpstream, tmp_path: Path
+) -> None:
+    """While the proxy cannot accept (stopped, as a busy loop is for a while), the kernel
+    completes and queues every new connection up to the listen backlog. Past the backlog it
+    drops the handshake, and that client waits out SYN retransmits (1 s, 3 s, ...): aiohttp's
+    `run_app` listens again with 128 unless told, which a burst of 256 connections met."""
+    somaxconn = _somaxconn()
+    assert min(somaxconn, LISTEN_BACKLOG) > BURST, f"net.core.somaxconn is {somaxconn}"
+    serve = Serve(tmp_path, serve_toml(faulty.url, tmp_path, RUN))
+    await serve.ready()
+    os.kill(serve.pid, signal.SIGSTOP)
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(BURST):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", serve.port))
+            socks.append(sock)
+        pending = list(socks)
+        deadline = time.monotonic() + 60  # the kernel's handshakes: a loaded machine is slower
+        while pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            pending = [sock for sock in pending if not _connected(sock)]
+        assert not pending, f"{len(pending)} of {BURST} connections were not queued"
+    finally:
+        os.kill(serve.pid, signal.SIGCONT)
+        for sock in socks:
+            sock.close()
+    serve.proc.terminate()
+    assert await serve.wait() == 0
+
+
+def _somaxconn() -> int:
+    """The kernel's cap on any listen backlog."""
+    return int(Path("/proc/sys/net/core/somaxconn").read_text())
+
+
+def _connected(sock: socket.socket) -> bool:
+    """Whether a non-blocking connect has completed its handshake."""
+    try:
+        sock.getpeername()
+    except OSError:
+        return False
+    return True
