@@ -14,7 +14,6 @@ import dataclasses
 import gc
 import logging
 import os
-import socket
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -28,10 +27,11 @@ from specproxy.config import Config, load_toml
 from specproxy.config_env import file_and_env, name_variable, variable_name
 from specproxy.errors import ConfigError
 from specproxy.fleet.workers import merged_metrics, supervise, this_worker, worker_argv
+from specproxy.listen import listen_socket, serve_app
 from specproxy.proxy.armauth import every_arm_headers
 from specproxy.stats.job.supervisor import StatsChild, needs_stats_process
 
-__all__ = ["LISTEN_BACKLOG", "build_config", "configure", "freeze_startup_objects", "run"]
+__all__ = ["build_config", "configure", "freeze_startup_objects", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     # port (SO_REUSEPORT: the kernel spreads connections over them).
     sock = listen_socket(cfg.host, cfg.port, reuse_port=worker is not None)
     app = create_app(cfg, admin_token=admin_token)
-    sites: dict[str, Any] = {}
+    unix_path: str | None = None
     if worker is not None:
         registry = app[REGISTRY]
 
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             return await merged_metrics(registry, worker, token=admin_token)
 
         app[METRICS_VIEW] = every_worker
-        sites = {"path": worker.socket}  # where the other workers read this one's registry
+        unix_path = worker.socket  # where the other workers read this one's registry
     app.on_startup.append(freeze_startup_objects)  # last hook: after every component started
 
     async def announce(app: web.Application) -> None:
@@ -206,36 +206,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     app.on_startup.append(announce)
-    web.run_app(
-        app,
-        sock=sock,
-        backlog=LISTEN_BACKLOG,  # the site listens on `sock` again: with 128 unless told
-        handler_cancellation=True,
-        access_log=None,
-        print=None,
-        loop=_new_loop(),
-        **sites,
-    )
+    serve_app(app, sock, loop=_new_loop(), unix_path=unix_path)
     return 0
-
-
-# Connections the kernel completes and queues while the event loop is busy (capped by
-# net.core.somaxconn). aiohttp's default, 128, is below a burst of new connections that one
-# busy core meets (a load balancer reconnecting, a benchmark's 256): the kernel then drops the
-# handshakes past it, and each such client waits out a SYN retransmit, 1 s and more.
-LISTEN_BACKLOG = 1024
-
-
-def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A listening TCP socket on host:port; a port in use or a bad address is a `ConfigError`."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server(
-            (host, port), family=family, backlog=LISTEN_BACKLOG, reuse_port=reuse_port
-        )
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from exc
 
 
 # Young-generation threshold while serving. A request leaves a few tracked objects behind (its
