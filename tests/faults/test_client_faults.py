@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from specproxy.proxy.transports.lean import LeanTransport
 from specproxy.listen import LISTEN_BACKLOG
+from specproxy.proxy.transports.lean import LeanTransport
 from tests.faults.conftest import RUN, MakeRig, MiB, fault_row, rss_bytes
 from tests.faults.serve_proc import Serve, serve_toml, stored_rows
 from tests.faults.upstream import FaultUpstream
