@@ -21,7 +21,8 @@ Measured, for non-stream, unpaced and paced streams at each `--conc`: requests (
 second and wrk's p50/p99, `--reps` repetitions alternating the proxies (each after `--warmup`
 seconds of the same load), median, and each repetition's ratio to the bare run beside it; the
 proxy's CPU during each run (busy share of its core, CPU us per request); added p50
-latency (one connection, proxy minus direct); `specproxy serve --workers N` on N cores, req/s
+latency (one connection, proxy minus direct, a request to every target in turn:
+`added_latency.py`); `specproxy serve --workers N` on N cores, req/s
 and its efficiency against N x one worker; the RSS of every serve process, idle and after load.
 It prints markdown tables and writes all figures as JSON (`--json`).
 
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # `benchmarks.*` when run as a script
 FIXTURES = HERE.parent / "tests/fixtures/vllm-0.32.0-cpu"
 STREAM_FILE = FIXTURES / "chat_stream_usage_spec.sse"  # 13 events: content, usage, [DONE]
 BODY_FILE = FIXTURES / "chat_nonstream_spec.json"
@@ -579,12 +581,18 @@ def single_core(rig: Rig, results: dict[str, Any]) -> None:
         }
         for name in rig.trees:
             results["memory"][f"{mode}/{name}/idle"] = tree_rss(started[name][0].pid)
-        # Added latency: one connection, each target in turn, proxy minus direct.
-        for _ in range(args.reps):
-            for name, target in [("direct", upstream), *((n, started[n][1]) for n in proxies)]:
-                only(started, None if name == "direct" else name)
-                run = rig.wrk.run(target + PATH, script, 1, args.latency_seconds)
-                results["latency"].setdefault(f"{mode}/{name}", []).append(run)
+        # Added latency: one connection to each target, a request to each in turn in every
+        # round (`added_latency`), so drift lands on all alike; all running, one busy at a time.
+        if args.latency_seconds > 0:
+            from benchmarks import added_latency
+
+            for name in started:
+                os.killpg(started[name][0].pid, signal.SIGCONT)
+            for rep in range(args.reps):
+                summary = added_latency.measure(rig, mode, started, args.latency_seconds, 1.0)
+                results["latency"].setdefault(mode, []).append(summary)
+                print(added_latency.table(mode, ["direct", *proxies], [summary], rep)[0],
+                      flush=True)  # fmt: skip
         for conc in args.conc:
             for rep in range(args.reps):
                 order = proxies if rep % 2 == 0 else proxies[::-1]  # alternating
@@ -687,16 +695,16 @@ def tables(results: dict[str, Any], trees: Sequence[str], args: argparse.Namespa
                 for p in proxies
             )
             lines.append(f"| {mode} | {conc} | {paired} | {cpu} |")
-    lines.append("\n### Added p50 latency, one connection (ms; proxy p50 minus direct p50)\n")
-    lines += ["| mode | " + " | ".join(proxies) + " |", "|" + " --- |" * (1 + len(proxies))]
-    lat = results["latency"]
-    for mode in args.modes:
-        direct = median([r["p50_s"] for r in lat[f"{mode}/direct"]])
-        cells = " | ".join(
-            f"{1e3 * (median([r['p50_s'] for r in lat[f'{mode}/{p}']]) - direct):.3f}"
-            for p in proxies
+    if results["latency"]:
+        from benchmarks import added_latency
+
+        lines.append(
+            "\n### Added p50 latency, one connection (ms; proxy p50 minus direct p50; requests "
+            "to every target in turn, `added_latency.py`), and each tree minus bare per round\n"
         )
-        lines.append(f"| {mode} | {cells} |")
+        lines += added_latency.header(["direct", *proxies])
+        for mode in args.modes:
+            lines += added_latency.table(mode, ["direct", *proxies], results["latency"][mode])
     wtrees = [t for t in trees if any(k.endswith(f"/{t}") for k in results["workers"])]
     if results["workers"]:
         trees = wtrees
@@ -754,7 +762,12 @@ def main() -> None:
         default=list(MODES),
         help=f"which of {','.join(MODES)} the single-core runs cover",
     )
-    parser.add_argument("--latency-seconds", type=float, default=1.0)
+    parser.add_argument(
+        "--latency-seconds",
+        type=float,
+        default=3.0,
+        help="seconds of each one-connection latency run, after 1 s unrecorded (0: none)",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
         "--conc", type=lambda s: [int(x) for x in s.split(",") if x], default=[32, 128]
@@ -791,7 +804,6 @@ def main() -> None:
         run_paced(args.port, PACE_S)
         return
     if args.role == "bare":
-        sys.path.insert(0, str(HERE.parent))
         from benchmarks import bench_proxy
 
         bench_proxy.run_bare(args.port, args.upstream)

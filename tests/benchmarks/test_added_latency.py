@@ -1,0 +1,69 @@
+"""The interleaved one-connection latency client (`benchmarks/added_latency.py`): its framing of
+answers, its rounds and its paired statistics. Timings are not asserted, only structure."""
+
+from __future__ import annotations
+
+import math
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from benchmarks import added_latency
+
+
+def test_median_interval_is_the_binomial_order_statistics() -> None:
+    med, lo, hi = added_latency.median_interval([float(x) for x in range(101)])
+    # k = floor(101/2 - 1.96 * sqrt(101) / 2) = 40: the 41st and 61st of 101 ordered values
+    assert (med, lo, hi) == (50.0, 40.0, 60.0)
+    assert all(math.isnan(v) for v in added_latency.median_interval([]))
+
+
+def test_summarize_subtracts_direct_and_pairs_with_bare() -> None:
+    names = ["direct", "bare", "ours"]
+    rounds = [[1.0 + i, 2.0 + i, 1.5 + i] for i in range(5)]  # drift moves every target alike
+    out = added_latency.summarize(names, rounds)
+    assert out["rounds"] == 5
+    assert out["bare"]["added_p50_s"] == 1.0
+    assert out["ours"]["added_p50_s"] == 0.5
+    assert out["ours"]["vs_bare_s"] == -0.5
+    assert "vs_bare_s" not in out["bare"] and "vs_bare_s" not in out["direct"]
+
+
+async def test_rounds_reach_every_target_through_both_framings() -> None:
+    """A Content-Length answer and a chunked stream written in pieces: each request completes
+    only at its answer's last byte, on one kept-alive connection per target."""
+    served: dict[str, int] = {"json": 0, "stream": 0}
+
+    async def plain(request: web.Request) -> web.Response:
+        await request.read()
+        served["json"] += 1
+        return web.json_response({"ok": True})
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        served["stream"] += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/json/v1/chat/completions", plain)
+    app.router.add_post("/v1/chat/completions", stream)
+    async with TestServer(app, host="127.0.0.1", port=0) as server:
+        port = server.port
+        assert port is not None
+        targets = [(port, "/json/v1/chat/completions"), (port, "/v1/chat/completions")]
+        rounds = await added_latency.interleave(targets, stream=True, seconds=0.05, warmup=0.0)
+    assert rounds and all(len(row) == 2 and min(row) > 0 for row in rounds)
+    assert served == {"json": len(rounds), "stream": len(rounds)}  # one connection each, no retry
+
+
+def test_request_bytes_frame_a_json_body() -> None:
+    data = added_latency.request_bytes("/v1/chat/completions", stream=True)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert b'"stream":true' in body
