@@ -491,7 +491,8 @@ def profile(rig: Rig, out: Path) -> None:
     cmd += ["-m", "specproxy", "serve", "--port", str(port), "--baseline", upstream]
     cmd += ["--speculative", upstream, "--store", f"sqlite:///{rig.work / 'profile.db'}"]
     cmd += ["--log-level", "error"]
-    proc = rig.procs.start(cmd, str(rig.layout.proxies[0]), env=serve_env(tree), cwd=rig.work)
+    env = {**serve_env(tree), **rig.tree_env.get(name, {})}  # as the face-off runs it
+    proc = rig.procs.start(cmd, str(rig.layout.proxies[0]), env=env, cwd=rig.work)
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/healthz")
     time.sleep(1.0)
