@@ -1,0 +1,362 @@
+"""Throughput of proxies sharing one core, in short alternating slices (issue 27).
+
+The face-off's wrk runs measure one proxy for seconds, then the next. On a virtual machine the
+core's speed drifts over seconds (the same proxy's CPU per request moved by up to 77% between
+its own runs on the device), so a ratio of two such runs carries that drift. Here every proxy
+runs on the same core at once, each with its connections open, and the load moves from one
+proxy to the next every `--slice` seconds (a fresh random order each cycle): only one proxy is
+busy at a time, the others wait idle on their sockets. Each cycle gives every proxy one slice,
+so a cycle's ratio of two proxies' rates compares them within a fraction of a second, on the
+same core; hundreds of cycles give a median and a distribution-free 95% interval.
+
+The load: closed-loop connections (`--conc` per proxy in all) spread over client processes on
+the load cores, raw asyncio on uvloop, one request per connection at a time, like wrk; the
+connections stay open for the whole run (no new-connection bursts). A slice's rate counts the
+answers completed in it after `--settle` seconds, the time the previous proxy's last requests
+take to finish on the shared core. The client processes follow one schedule on the wall clock.
+
+    python benchmarks/sliced_throughput.py --prefix /tmp/fo --tree after=. \\
+        [--env after:SPECPROXY_STORE__ROLLUPS=deferred] [--modes nonstream,unpaced,paced] \\
+        [--conc 32,128] [--seconds 30] [--slice 0.25] [--settle 0.03] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import math
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks import added_latency, faceoff  # noqa: E402
+
+
+def schedule(n_targets: int, cycles: int, seed: int = 27) -> list[int]:
+    """The target of each slice: every target once per cycle, in a fresh random order."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(cycles):
+        cycle = list(range(n_targets))
+        rng.shuffle(cycle)
+        order += cycle
+    return order
+
+
+class _Loop(asyncio.Protocol):
+    """One closed-loop connection: while its target holds the slice, send, await the whole
+    answer, stamp it, send again."""
+
+    def __init__(self, load: _Load, target: int, data: bytes) -> None:
+        self.load, self.target, self.data = load, target, data
+        self.buf = bytearray()
+        self.need = 0
+        self.busy = False
+        self.transport: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def kick(self) -> None:
+        if not self.busy:
+            self.busy = True
+            self.buf.clear()
+            self.need = 0
+            self.transport.write(self.data)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.need == 0:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            match = added_latency._LENGTH.search(self.buf, 0, end + 2)
+            self.need = end + 4 + int(match.group(1)) if match else -1
+        if self.need < 0:
+            finished = self.buf.endswith(added_latency._CHUNKED_END)
+        else:
+            finished = len(self.buf) >= self.need
+        if finished:
+            self.busy = False
+            self.load.done(self.target, time.time())
+            if self.load.active == self.target:
+                self.kick()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.load.lost += 1
+
+
+class _Load:
+    def __init__(self) -> None:
+        self.active = -1
+        self.stamps: list[tuple[int, float]] = []
+        self.lost = 0
+
+    def done(self, target: int, at: float) -> None:
+        self.stamps.append((target, at))
+
+
+async def drive(
+    targets: Sequence[tuple[int, str]],
+    stream: bool,
+    conns_each: int,
+    order: Sequence[int],
+    start: float,
+    slice_s: float,
+    settle_s: float,
+) -> list[int]:
+    """Answers completed in each slice's window (after `settle_s`) by the slice's target, then
+    every answer each target completed in each cycle (cycle-major)."""
+    loop = asyncio.get_running_loop()
+    load = _Load()
+    conns: list[list[_Loop]] = []
+    for i, (port, path) in enumerate(targets):
+        data = added_latency.request_bytes(path, stream)
+        mine = []
+        for _ in range(conns_each):
+            _, proto = await loop.create_connection(
+                functools.partial(_Loop, load, i, data), "127.0.0.1", port
+            )
+            mine.append(proto)
+        conns.append(mine)
+    for k, target in enumerate(order):
+        await asyncio.sleep(max(0.0, start + k * slice_s - time.time()))
+        load.active = target
+        for conn in conns[target]:
+            conn.kick()
+    await asyncio.sleep(max(0.0, start + len(order) * slice_s - time.time()))
+    load.active = -1
+    await asyncio.sleep(0.2)  # the last answers
+    for mine in conns:
+        for conn in mine:
+            conn.transport.close()
+    if load.lost > sum(map(len, conns)):
+        raise RuntimeError(f"{load.lost} connections lost before the end")
+    n = len(targets)
+    counts = [0] * len(order)  # in each slice's window, by its target
+    totals = [0] * len(order)  # cycle c, target t at [c * n + t]: every answer it completed then
+    for target, at in load.stamps:
+        k = math.floor((at - start) / slice_s)
+        if not 0 <= k < len(order):
+            continue
+        totals[k - k % n + target] += 1
+        if order[k] == target and at - start - k * slice_s >= settle_s:
+            counts[k] += 1
+    return counts + totals
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    return added_latency.median_interval(values)
+
+
+def summarize(
+    names: Sequence[str], order: Sequence[int], counts: Sequence[int], totals: Sequence[int],
+    cpu: Sequence[Sequence[float]], window_s: float, warmup_cycles: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Per target, over the cycles after `warmup_cycles`:
+      - `rps`: the median rate (answers/s) of its slices' windows, and against bare the median
+        of the cycles' ratios with its 95% interval (`vs_bare`);
+      - `per_cpu_s`: answers per CPU-second of its process tree over whole cycles, which counts
+        work a proxy defers past its slice (a store writer's batch) against it wherever it
+        lands; against bare likewise (`eff_vs_bare`).
+    `cpu[c][t]`: target t's CPU seconds at cycle c's start (one more entry: the end)."""
+    n = len(names)
+    cycles = len(order) // n
+    rates: list[dict[str, float]] = []
+    effs: list[dict[str, float]] = []
+    for c in range(warmup_cycles, cycles):
+        rates.append({names[order[c * n + j]]: counts[c * n + j] / window_s for j in range(n)})
+        effs.append(
+            {
+                name: totals[c * n + t] / max(1e-9, cpu[c + 1][t] - cpu[c][t])
+                for t, name in enumerate(names)
+            }
+        )
+    out: dict[str, Any] = {"cycles": len(rates)}
+    for name in names:
+        entry: dict[str, float] = {
+            "rps": statistics.median(r[name] for r in rates),
+            "per_cpu_s": statistics.median(e[name] for e in effs),
+        }
+        if name != "bare":
+            for key, rows in (("vs_bare", rates), ("eff_vs_bare", effs)):
+                med, lo, hi = median_interval([r[name] / r["bare"] for r in rows if r["bare"] > 0])
+                entry |= {key: med, f"{key}_lo": lo, f"{key}_hi": hi}
+        out[name] = entry
+    return out
+
+
+def run_clients(
+    cpus: Sequence[int],
+    targets: Sequence[tuple[int, str]],
+    stream: bool,
+    conc: int,
+    order: Sequence[int],
+    slice_s: float,
+    settle_s: float,
+    pids: Sequence[int],
+) -> tuple[list[int], list[int], list[dict[int, float]]]:
+    """One client process per load CPU, sharing `conc` connections per target: the summed
+    windowed counts and cycle totals (`drive`), and the CPU seconds each proxy's process tree
+    (`pids`) had spent at each cycle's start and at the end, read here on the schedule."""
+    procs = len(cpus) if conc >= len(cpus) else 1
+    start = time.time() + 2.0 + 0.05 * conc * len(targets) / 100  # after every connection opens
+    spec = json.dumps({"targets": [list(t) for t in targets], "order": list(order),
+                       "start": start, "slice": slice_s, "settle": settle_s,
+                       "stream": stream})  # fmt: skip
+    children = []
+    for p in range(procs):
+        each = conc // procs + (1 if p < conc % procs else 0)
+        cmd = ["taskset", "-c", str(cpus[p]), sys.executable, __file__, "--role", "client"]
+        cmd += ["--spec", spec, "--conns", str(each)]
+        children.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+    n = len(targets)
+    cpu: list[dict[int, float]] = []
+    for c in range(len(order) // n + 1):  # every cycle's start, and the end
+        time.sleep(max(0.0, start + c * n * slice_s - time.time()))
+        cpu.append({pid: faceoff.tree_cpu(pid) for pid in pids})
+    summed = [0] * (2 * len(order))
+    for child in children:
+        out, _ = child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"client exited {child.returncode}")
+        for k, got in enumerate(json.loads(out)):
+            summed[k] += got
+    return summed[: len(order)], summed[len(order) :], cpu
+
+
+def table_rows(mode: str, conc: int, names: Sequence[str], s: dict[str, Any]) -> list[str]:
+    rates = " | ".join(f"{s[n]['rps']:.0f}, {s[n]['per_cpu_s']:.0f}" for n in names)
+    ratios = " | ".join(
+        f"{s[n][k]:.3f} [{s[n][k + '_lo']:.3f}, {s[n][k + '_hi']:.3f}]"
+        for n in names
+        if n != "bare"
+        for k in ("vs_bare", "eff_vs_bare")
+    )
+    return [f"| {mode} | {conc} | {s['cycles']} | {rates} | {ratios} |"]
+
+
+def table_header(names: Sequence[str]) -> list[str]:
+    cols = ["mode", "conc", "cycles", *(f"{n} req/s, req per CPU-s" for n in names)]
+    for n in names:
+        if n != "bare":
+            cols += [f"{n}/bare req/s [95%]", f"{n}/bare req per CPU-s [95%]"]
+    return ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["client"], help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    parser.add_argument("--conns", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", type=Path, help="where the nginx and wrk .debs are unpacked")
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
+    parser.add_argument("--env", action="append", default=[], metavar="TREE:KEY=VALUE")
+    parser.add_argument("--modes", default="nonstream,unpaced,paced")
+    parser.add_argument("--conc", default="32,128", help="connections per proxy")
+    parser.add_argument("--seconds", type=float, default=30.0, help="of slices, per mode and conc")
+    parser.add_argument("--slice", type=float, default=0.25)
+    parser.add_argument("--settle", type=float, default=0.03)
+    parser.add_argument("--warmup-cycles", type=int, default=2)
+    parser.add_argument(
+        "--nginx",
+        action="store_true",
+        help="add nginx as a proxy (the client may then be the limit: nginx is far faster)",
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.role == "client":
+        import uvloop
+
+        spec = json.loads(args.spec)
+        targets = [(int(p), str(path)) for p, path in spec["targets"]]
+        counts = uvloop.run(
+            drive(
+                targets,
+                spec["stream"],
+                args.conns,
+                spec["order"],
+                spec["start"],
+                spec["slice"],
+                spec["settle"],
+            )
+        )
+        json.dump(counts, sys.stdout)
+        return
+    assert args.prefix is not None, "--prefix is required"
+    trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.tree)}
+    tree_env: dict[str, dict[str, str]] = {}
+    for item in args.env:
+        tree, _, pair = item.partition(":")
+        key, _, value = pair.partition("=")
+        tree_env.setdefault(tree, {})[key] = value
+    libs = ":".join(
+        str(args.prefix / d) for d in ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
+    )
+    native = {"LD_LIBRARY_PATH": libs}
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    names = ["bare", *trees] + (["nginx"] if args.nginx else [])
+    layout = faceoff.Layout.plan(n_proxies=1)
+    procs = faceoff.Procs()
+    results: dict[str, Any] = {
+        "layout": vars(layout),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    lines = table_header(names)
+    cycles = max(1, round(args.seconds / (args.slice * len(names)))) + args.warmup_cycles
+    order = schedule(len(names), cycles)
+    with tempfile.TemporaryDirectory(prefix="sliced-") as tmp:
+        wrk = faceoff.Wrk([str(args.prefix / "usr/bin/wrk")], "", 1, native)
+        rig = faceoff.Rig(args, procs, Path(tmp), wrk, [str(args.prefix / "usr/sbin/nginx")],
+                          trees, native, layout, tree_env)  # fmt: skip
+        port_path = re.compile(r"http://127\.0\.0\.1:(\d+)(.*)")
+        try:
+            rig.start_upstreams()
+            for mode in [m for m in args.modes.split(",") if m]:
+                upstream = rig.upstream_base(mode)
+                core = str(layout.proxies[0])
+                started = {name: rig.start_proxy(name, upstream, core) for name in names}
+                targets = []
+                for name in names:
+                    m = port_path.fullmatch(started[name][1])
+                    assert m is not None
+                    targets.append((int(m.group(1)), m.group(2) + faceoff.PATH))
+                pids = [started[n][0].pid for n in names]
+                for conc in [int(c) for c in args.conc.split(",") if c]:
+                    counts, totals, cpu_at = run_clients(
+                        layout.wrk, targets, mode != "nonstream", conc, order, args.slice,
+                        args.settle, pids,
+                    )  # fmt: skip
+                    cpu = [[at[pid] for pid in pids] for at in cpu_at]
+                    summary = summarize(names, order, counts, totals, cpu,
+                                        args.slice - args.settle, args.warmup_cycles)  # fmt: skip
+                    results[f"{mode}/c{conc}"] = {
+                        "summary": summary, "counts": counts, "totals": totals, "cpu": cpu,
+                    }  # fmt: skip
+                    lines += table_rows(mode, conc, names, summary)
+                    print(lines[-1], file=sys.stderr, flush=True)
+                for proc, _ in started.values():
+                    procs.stop(proc)
+        finally:
+            procs.stop_all()
+    results["order"] = order
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
