@@ -2,22 +2,32 @@
 
 The face-off's wrk runs measure one proxy for seconds, then the next. On a virtual machine the
 core's speed drifts over seconds (the same proxy's CPU per request moved by up to 77% between
-its own runs on the device), so a ratio of two such runs carries that drift. Here every proxy
-runs on the same core at once, each with its connections open, and the load moves from one
-proxy to the next every `--slice` seconds (a fresh random order each cycle): only one proxy is
-busy at a time, the others wait idle on their sockets. Each cycle gives every proxy one slice,
-so a cycle's ratio of two proxies' rates compares them within a fraction of a second, on the
-same core; hundreds of cycles give a median and a distribution-free 95% interval.
+its own runs on the device), so a ratio of two such runs carries that drift. Here every target
+(a proxy at one concurrency, in a process of its own: the bare aiohttp pass-through and each
+`--tree`'s `specproxy serve` at each `--conc`) runs on the same core at once, with its
+connections open, and the load moves from one target to the next every `--slice` seconds, in a
+fresh random order each cycle: only one target is busy at a time, the others wait idle on their
+sockets. A cycle's ratio of two targets compares them within a second or two, on the same core;
+the cycles give a median and a distribution-free 95% interval, for each tree against bare at the
+same concurrency and for each proxy's largest concurrency against its smallest (the issue's
+"c128 within 10% of c32").
 
-The load: closed-loop connections (`--conc` per proxy in all) spread over client processes on
-the load cores, raw asyncio on uvloop, one request per connection at a time, like wrk; the
-connections stay open for the whole run (no new-connection bursts). A slice's rate counts the
-answers completed in it after `--settle` seconds, the time the previous proxy's last requests
-take to finish on the shared core. The client processes follow one schedule on the wall clock.
+Two measures per target:
+  - req/s: the answers completed in its slices, after `--settle` seconds (the previous target's
+    last requests finishing on the shared core);
+  - req per CPU-second: every answer it completed in a cycle over the CPU its process tree spent
+    in that cycle (each process's CPU clock, read on the schedule). This one charges work a
+    proxy defers past its slice (a store writer's batch, 0.5 s later) to that proxy wherever it
+    lands, where the first credits it to the proxy and bills whichever target holds the core.
+    On a saturated core it is the sustained req/s.
+
+The load: closed-loop connections spread over client processes on the load cores, raw asyncio
+on uvloop, one request per connection at a time, like wrk; the connections stay open for the
+whole run (no new-connection bursts). The client processes follow one schedule on the clock.
 
     python benchmarks/sliced_throughput.py --prefix /tmp/fo --tree after=. \\
         [--env after:SPECPROXY_STORE__ROLLUPS=deferred] [--modes nonstream,unpaced,paced] \\
-        [--conc 32,128] [--seconds 30] [--slice 0.25] [--settle 0.03] [--json out.json]
+        [--conc 32,128] [--seconds 90] [--slice 0.25] [--settle 0.03] [--json out.json]
 """
 
 from __future__ import annotations
@@ -110,9 +120,8 @@ class _Load:
 
 
 async def drive(
-    targets: Sequence[tuple[int, str]],
+    targets: Sequence[tuple[int, str, int]],
     stream: bool,
-    conns_each: int,
     order: Sequence[int],
     start: float,
     slice_s: float,
@@ -123,10 +132,10 @@ async def drive(
     loop = asyncio.get_running_loop()
     load = _Load()
     conns: list[list[_Loop]] = []
-    for i, (port, path) in enumerate(targets):
+    for i, (port, path, n_conns) in enumerate(targets):
         data = added_latency.request_bytes(path, stream)
         mine = []
-        for _ in range(conns_each):
+        for _ in range(n_conns):
             _, proto = await loop.create_connection(
                 functools.partial(_Loop, load, i, data), "127.0.0.1", port
             )
@@ -165,13 +174,15 @@ def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
 def summarize(
     names: Sequence[str], order: Sequence[int], counts: Sequence[int], totals: Sequence[int],
     cpu: Sequence[Sequence[float]], window_s: float, warmup_cycles: int,
+    pairs: Sequence[tuple[str, str]],
 ) -> dict[str, Any]:  # fmt: skip
-    """Per target, over the cycles after `warmup_cycles`:
-      - `rps`: the median rate (answers/s) of its slices' windows, and against bare the median
-        of the cycles' ratios with its 95% interval (`vs_bare`);
-      - `per_cpu_s`: answers per CPU-second of its process tree over whole cycles, which counts
-        work a proxy defers past its slice (a store writer's batch) against it wherever it
-        lands; against bare likewise (`eff_vs_bare`).
+    """Per target (each its own process), over the cycles after `warmup_cycles`:
+      - `rps`: the median rate (answers/s) of its slices' windows;
+      - `per_cpu_s`: the median of its answers per CPU-second of its process tree over whole
+        cycles, which counts work a proxy defers past its slice (a store writer's batch)
+        against it wherever that lands.
+    And for each (a, b) of `pairs`, the median of the cycles' ratios a/b of both, with its 95%
+    interval (`pairs`: {"a/b": {"rps": (median, lo, hi), "per_cpu_s": (...)}}).
     `cpu[c][t]`: target t's CPU seconds at cycle c's start (one more entry: the end)."""
     n = len(names)
     cycles = len(order) // n
@@ -185,44 +196,43 @@ def summarize(
                 for t, name in enumerate(names)
             }
         )
-    out: dict[str, Any] = {"cycles": len(rates)}
+    out: dict[str, Any] = {"cycles": len(rates), "pairs": {}}
     for name in names:
-        entry: dict[str, float] = {
+        out[name] = {
             "rps": statistics.median(r[name] for r in rates),
             "per_cpu_s": statistics.median(e[name] for e in effs),
         }
-        if name != "bare":
-            for key, rows in (("vs_bare", rates), ("eff_vs_bare", effs)):
-                med, lo, hi = median_interval([r[name] / r["bare"] for r in rows if r["bare"] > 0])
-                entry |= {key: med, f"{key}_lo": lo, f"{key}_hi": hi}
-        out[name] = entry
+    for a, b in pairs:
+        out["pairs"][f"{a}/{b}"] = {
+            key: median_interval([r[a] / r[b] for r in rows if r[b] > 0])
+            for key, rows in (("rps", rates), ("per_cpu_s", effs))
+        }
     return out
 
 
 def run_clients(
     cpus: Sequence[int],
-    targets: Sequence[tuple[int, str]],
+    targets: Sequence[tuple[int, str, int]],
     stream: bool,
-    conc: int,
     order: Sequence[int],
     slice_s: float,
     settle_s: float,
     pids: Sequence[int],
 ) -> tuple[list[int], list[int], list[dict[int, float]]]:
-    """One client process per load CPU, sharing `conc` connections per target: the summed
-    windowed counts and cycle totals (`drive`), and the CPU seconds each proxy's process tree
-    (`pids`) had spent at each cycle's start and at the end, read here on the schedule."""
-    procs = len(cpus) if conc >= len(cpus) else 1
-    start = time.time() + 2.0 + 0.05 * conc * len(targets) / 100  # after every connection opens
-    spec = json.dumps({"targets": [list(t) for t in targets], "order": list(order),
-                       "start": start, "slice": slice_s, "settle": settle_s,
-                       "stream": stream})  # fmt: skip
+    """One client process per load CPU, sharing each target's connections (its third field):
+    the summed windowed counts and cycle totals (`drive`), and the CPU seconds each target's
+    process tree (`pids`) had spent at each cycle's start and at the end, read on the
+    schedule."""
+    procs = max(1, min(len(cpus), min(t[2] for t in targets)))
+    conns = sum(t[2] for t in targets)
+    start = time.time() + 2.0 + conns / 200  # after every connection opens
     children = []
     for p in range(procs):
-        each = conc // procs + (1 if p < conc % procs else 0)
+        mine = [(port, path, c // procs + (1 if p < c % procs else 0)) for port, path, c in targets]
+        spec = json.dumps({"targets": mine, "order": list(order), "start": start,
+                           "slice": slice_s, "settle": settle_s, "stream": stream})  # fmt: skip
         cmd = ["taskset", "-c", str(cpus[p]), sys.executable, __file__, "--role", "client"]
-        cmd += ["--spec", spec, "--conns", str(each)]
-        children.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+        children.append(subprocess.Popen([*cmd, "--spec", spec], stdout=subprocess.PIPE, text=True))
     n = len(targets)
     cpu: list[dict[int, float]] = []
     for c in range(len(order) // n + 1):  # every cycle's start, and the end
@@ -238,36 +248,41 @@ def run_clients(
     return summed[: len(order)], summed[len(order) :], cpu
 
 
-def table_rows(mode: str, conc: int, names: Sequence[str], s: dict[str, Any]) -> list[str]:
-    rates = " | ".join(f"{s[n]['rps']:.0f}, {s[n]['per_cpu_s']:.0f}" for n in names)
-    ratios = " | ".join(
-        f"{s[n][k]:.3f} [{s[n][k + '_lo']:.3f}, {s[n][k + '_hi']:.3f}]"
-        for n in names
-        if n != "bare"
-        for k in ("vs_bare", "eff_vs_bare")
-    )
-    return [f"| {mode} | {conc} | {s['cycles']} | {rates} | {ratios} |"]
+def pairs_of(proxies: Sequence[str], concs: Sequence[int]) -> list[tuple[str, str]]:
+    """Each proxy against bare at each concurrency, then each proxy's largest concurrency
+    against its smallest."""
+    out = [(f"{p}@c{c}", f"bare@c{c}") for c in concs for p in proxies if p != "bare"]
+    if len(concs) > 1:
+        out += [(f"{p}@c{max(concs)}", f"{p}@c{min(concs)}") for p in proxies]
+    return out
 
 
-def table_header(names: Sequence[str]) -> list[str]:
-    cols = ["mode", "conc", "cycles", *(f"{n} req/s, req per CPU-s" for n in names)]
-    for n in names:
-        if n != "bare":
-            cols += [f"{n}/bare req/s [95%]", f"{n}/bare req per CPU-s [95%]"]
-    return ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+def table(mode: str, summary: dict[str, Any], labels: Sequence[str]) -> list[str]:
+    lines = [f"| {mode} | {label} | {summary[label]['rps']:.0f} | "
+             f"{summary[label]['per_cpu_s']:.0f} |" for label in labels]  # fmt: skip
+    return lines
+
+
+def pair_table(mode: str, summary: dict[str, Any]) -> list[str]:
+    def cell(v: Sequence[float]) -> str:
+        return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+    return [
+        f"| {mode} | {pair} | {summary['cycles']} | {cell(v['rps'])} | {cell(v['per_cpu_s'])} |"
+        for pair, v in summary["pairs"].items()
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=["client"], help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
-    parser.add_argument("--conns", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--prefix", type=Path, help="where the nginx and wrk .debs are unpacked")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
     parser.add_argument("--env", action="append", default=[], metavar="TREE:KEY=VALUE")
     parser.add_argument("--modes", default="nonstream,unpaced,paced")
     parser.add_argument("--conc", default="32,128", help="connections per proxy")
-    parser.add_argument("--seconds", type=float, default=30.0, help="of slices, per mode and conc")
+    parser.add_argument("--seconds", type=float, default=90.0, help="of slices, per mode")
     parser.add_argument("--slice", type=float, default=0.25)
     parser.add_argument("--settle", type=float, default=0.03)
     parser.add_argument("--warmup-cycles", type=int, default=2)
@@ -282,12 +297,11 @@ def main() -> None:
         import uvloop
 
         spec = json.loads(args.spec)
-        targets = [(int(p), str(path)) for p, path in spec["targets"]]
+        targets = [(int(p), str(path), int(c)) for p, path, c in spec["targets"]]
         counts = uvloop.run(
             drive(
                 targets,
                 spec["stream"],
-                args.conns,
                 spec["order"],
                 spec["start"],
                 spec["slice"],
@@ -308,16 +322,20 @@ def main() -> None:
     )
     native = {"LD_LIBRARY_PATH": libs}
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    names = ["bare", *trees] + (["nginx"] if args.nginx else [])
+    proxies = ["bare", *trees] + (["nginx"] if args.nginx else [])
+    concs = [int(c) for c in args.conc.split(",") if c]
+    labels = [f"{p}@c{c}" for c in concs for p in proxies]  # a target: one process of its own
+    pairs = pairs_of(proxies, concs)
     layout = faceoff.Layout.plan(n_proxies=1)
     procs = faceoff.Procs()
     results: dict[str, Any] = {
         "layout": vars(layout),
         "args": {k: str(v) for k, v in vars(args).items()},
     }
-    lines = table_header(names)
-    cycles = max(1, round(args.seconds / (args.slice * len(names)))) + args.warmup_cycles
-    order = schedule(len(names), cycles)
+    cycles = max(1, round(args.seconds / (args.slice * len(labels)))) + args.warmup_cycles
+    order = schedule(len(labels), cycles)
+    rows: list[str] = []
+    pair_rows: list[str] = []
     with tempfile.TemporaryDirectory(prefix="sliced-") as tmp:
         wrk = faceoff.Wrk([str(args.prefix / "usr/bin/wrk")], "", 1, native)
         rig = faceoff.Rig(args, procs, Path(tmp), wrk, [str(args.prefix / "usr/sbin/nginx")],
@@ -328,30 +346,43 @@ def main() -> None:
             for mode in [m for m in args.modes.split(",") if m]:
                 upstream = rig.upstream_base(mode)
                 core = str(layout.proxies[0])
-                started = {name: rig.start_proxy(name, upstream, core) for name in names}
+                started = {
+                    label: rig.start_proxy(label.split("@")[0], upstream, core) for label in labels
+                }
                 targets = []
-                for name in names:
-                    m = port_path.fullmatch(started[name][1])
+                for label in labels:
+                    m = port_path.fullmatch(started[label][1])
                     assert m is not None
-                    targets.append((int(m.group(1)), m.group(2) + faceoff.PATH))
-                pids = [started[n][0].pid for n in names]
-                for conc in [int(c) for c in args.conc.split(",") if c]:
-                    counts, totals, cpu_at = run_clients(
-                        layout.wrk, targets, mode != "nonstream", conc, order, args.slice,
-                        args.settle, pids,
-                    )  # fmt: skip
-                    cpu = [[at[pid] for pid in pids] for at in cpu_at]
-                    summary = summarize(names, order, counts, totals, cpu,
-                                        args.slice - args.settle, args.warmup_cycles)  # fmt: skip
-                    results[f"{mode}/c{conc}"] = {
-                        "summary": summary, "counts": counts, "totals": totals, "cpu": cpu,
-                    }  # fmt: skip
-                    lines += table_rows(mode, conc, names, summary)
-                    print(lines[-1], file=sys.stderr, flush=True)
+                    conc = int(label.rsplit("@c", 1)[1])
+                    targets.append((int(m.group(1)), m.group(2) + faceoff.PATH, conc))
+                pids = [started[label][0].pid for label in labels]
+                counts, totals, cpu_at = run_clients(
+                    layout.wrk, targets, mode != "nonstream", order, args.slice, args.settle, pids
+                )
+                cpu = [[at[pid] for pid in pids] for at in cpu_at]
+                window = args.slice - args.settle
+                summary = summarize(
+                    labels, order, counts, totals, cpu, window, args.warmup_cycles, pairs
+                )
+                results[mode] = {"summary": summary, "counts": counts, "totals": totals, "cpu": cpu}
+                rows += table(mode, summary, labels)
+                pair_rows += pair_table(mode, summary)
+                print("\n".join(pair_rows[-len(pairs) :]), file=sys.stderr, flush=True)
                 for proc, _ in started.values():
                     procs.stop(proc)
         finally:
             procs.stop_all()
+    lines = [
+        "| mode | proxy@connections | req/s (median of its slices) | req per CPU-s (median of "
+        "cycles) |",
+        "| --- | --- | --- | --- |",
+        *rows,
+        "",
+        "| mode | pair | cycles | req/s ratio, median of cycles [95%] | req per CPU-s ratio "
+        "[95%] |",
+        "| --- | --- | --- | --- | --- |",
+        *pair_rows,
+    ]
     results["order"] = order
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))

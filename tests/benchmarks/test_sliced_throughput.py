@@ -26,14 +26,24 @@ def test_summarize_pairs_rates_and_cpu_within_each_cycle() -> None:
     counts = [100, 120, 60, 50, 100, 120]  # the second cycle ran at half speed: same ratio
     totals = [110, 130, 55, 65, 110, 130]  # per cycle, per target (bare, ours)
     cpu = [[0.0, 0.0], [0.1, 0.1], [0.2, 0.2], [0.3, 0.3]]  # 0.1 CPU-s each per cycle
-    out = st.summarize(names, order, counts, totals, cpu, window_s=0.5, warmup_cycles=0)
+    pairs = [("ours", "bare")]
+    out = st.summarize(names, order, counts, totals, cpu, 0.5, 0, pairs)
     assert out["cycles"] == 3
-    assert out["ours"]["vs_bare"] == 1.2
+    assert out["pairs"]["ours/bare"]["rps"][0] == 1.2
     assert out["bare"]["rps"] == 200.0
     assert out["ours"]["per_cpu_s"] == 1300.0
-    assert round(out["ours"]["eff_vs_bare"], 6) == round(130 / 110, 6)
-    kept = st.summarize(names, order, counts, totals, cpu, window_s=0.5, warmup_cycles=2)
-    assert kept["cycles"] == 1
+    assert round(out["pairs"]["ours/bare"]["per_cpu_s"][0], 6) == round(130 / 110, 6)
+    assert st.summarize(names, order, counts, totals, cpu, 0.5, 2, pairs)["cycles"] == 1
+
+
+def test_pairs_compare_with_bare_and_across_concurrency() -> None:
+    assert st.pairs_of(["bare", "after"], [32, 128]) == [
+        ("after@c32", "bare@c32"),
+        ("after@c128", "bare@c128"),
+        ("bare@c128", "bare@c32"),
+        ("after@c128", "after@c32"),
+    ]
+    assert st.pairs_of(["bare", "after"], [32]) == [("after@c32", "bare@c32")]
 
 
 async def test_answers_are_counted_in_their_targets_slices_only() -> None:
@@ -52,10 +62,10 @@ async def test_answers_are_counted_in_their_targets_slices_only() -> None:
     app.router.add_post("/b", handler("b"))
     async with TestServer(app, host="127.0.0.1", port=0) as server:
         assert server.port is not None
-        targets = [(server.port, "/a"), (server.port, "/b")]
+        targets = [(server.port, "/a", 2), (server.port, "/b", 2)]
         order = st.schedule(2, 3)
         start = time.time() + 0.2
-        got = await st.drive(targets, False, 2, order, start, slice_s=0.05, settle_s=0.01)
+        got = await st.drive(targets, False, order, start, slice_s=0.05, settle_s=0.01)
     counts, totals = got[: len(order)], got[len(order) :]
     assert len(totals) == len(order)
     for k, target in enumerate(order):  # a slice's window counts only its target's answers
