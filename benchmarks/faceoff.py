@@ -615,6 +615,7 @@ def single_core(rig: Rig, results: dict[str, Any]) -> None:
             results["memory"][f"{mode}/{name}/loaded"] = tree_rss(started[name][0].pid)
         for proc, _ in started.values():
             rig.procs.stop(proc)  # SIGCONT first: a stopped process cannot act on SIGTERM
+        args.json.write_text(json.dumps(results, indent=1))  # kept if a later mode dies
 
 
 def soak(rig: Rig, results: dict[str, Any]) -> None:
