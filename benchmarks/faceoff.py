@@ -775,7 +775,8 @@ def main() -> None:
         "--latency-seconds",
         type=float,
         default=3.0,
-        help="seconds of each one-connection latency run, after 1 s unrecorded (0: none)",
+        help="seconds of each one-connection latency run (4x for paced), after 1 s unrecorded "
+        "(0: none)",
     )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
