@@ -107,10 +107,21 @@ class _Conn(asyncio.Protocol):
 
 
 async def interleave(
-    targets: Sequence[tuple[int, str]], stream: bool, seconds: float, warmup: float
+    targets: Sequence[tuple[int, str]],
+    stream: bool,
+    seconds: float,
+    warmup: float,
+    burst: int = 1,
+    think_s: float = 0.0,
 ) -> list[list[float]]:
     """Rounds of one request to every (port, path) target in a random order: each round's
-    latencies (seconds) in the targets' order. `warmup` seconds of rounds are not kept."""
+    latencies (seconds) in the targets' order. `warmup` seconds of rounds are not kept.
+
+    `burst` > 1: each target gets that many requests back to back in its turn, and the round
+    keeps the median of the later half: a proxy kept busy as wrk at one connection keeps it
+    (its caches warm, no wake-up from idle), yet still paired in time with the others;
+    `think_s`: the client then waits that long (spinning) after each answer before the next
+    request, as a real client does, where wrk at one connection sends at once."""
     loop = asyncio.get_running_loop()
     conns: list[_Conn] = []
     for port, _ in targets:
@@ -128,7 +139,17 @@ async def interleave(
         rng.shuffle(order)
         row = [0.0] * len(targets)
         for i in order:
-            row[i] = await conns[i].request(data[i])
+            if burst == 1:
+                row[i] = await conns[i].request(data[i])
+                continue
+            times = []
+            for _ in range(burst):
+                times.append(await conns[i].request(data[i]))
+                if think_s:  # a client's own time between an answer and its next request
+                    until_next = time.perf_counter() + think_s
+                    while time.perf_counter() < until_next:
+                        pass
+            row[i] = statistics.median(times[burst // 2 :])
         if began >= keep_from:
             rounds.append(row)
         if time.perf_counter() >= until and rounds:
@@ -203,12 +224,19 @@ def header(names: Sequence[str]) -> list[str]:
 
 
 def run_client(
-    cpu: int, targets: Sequence[tuple[int, str]], stream: bool, seconds: float, warmup: float
+    cpu: int,
+    targets: Sequence[tuple[int, str]],
+    stream: bool,
+    seconds: float,
+    warmup: float,
+    burst: int = 1,
+    think_s: float = 0.0,
 ) -> list[list[float]]:
     """The client in a process of its own, pinned to `cpu`; rounds as JSON on stdout."""
     spec = json.dumps([list(t) for t in targets])
     cmd = ["taskset", "-c", str(cpu), sys.executable, __file__, "--role", "client"]
     cmd += ["--targets", spec, "--seconds", str(seconds), "--warmup", str(warmup)]
+    cmd += ["--burst", str(burst), "--think-us", str(1e6 * think_s)]
     cmd += ["--stream"] if stream else []
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
     rounds: list[list[float]] = json.loads(out)
@@ -221,6 +249,8 @@ def measure(
     started: dict[str, tuple[Any, str]],
     seconds: float,
     warmup: float,
+    burst: int = 1,
+    think_s: float = 0.0,
 ) -> dict[str, Any]:
     """One interleaved run of `mode` over direct and every started proxy (all running);
     `PACED_FACTOR` times `seconds` for paced streams."""
@@ -235,7 +265,9 @@ def measure(
         m = port_path.fullmatch(url)
         assert m is not None, url
         targets.append((int(m.group(1)), m.group(2) + faceoff.PATH))
-    rounds = run_client(rig.layout.wrk[0], targets, mode != "nonstream", seconds, warmup)
+    rounds = run_client(
+        rig.layout.wrk[0], targets, mode != "nonstream", seconds, warmup, burst, think_s
+    )
     return summarize(names, rounds)
 
 
@@ -253,6 +285,19 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=1,
+        help="requests to each target in a row per round (the round keeps the median of the "
+        "later half): >1 measures proxies kept busy, as wrk at one connection does",
+    )
+    parser.add_argument(
+        "--think-us",
+        type=float,
+        default=0.0,
+        help="with --burst: microseconds the client waits after each answer before the next",
+    )
     parser.add_argument("--no-nginx", action="store_true", help="leave out nginx as a proxy")
     parser.add_argument("--core-each", action="store_true")
     parser.add_argument("--json", type=Path)
@@ -261,7 +306,7 @@ def main() -> None:
         import uvloop
 
         targets = [(int(p), str(path)) for p, path in json.loads(args.targets)]
-        rounds = uvloop.run(interleave(targets, args.stream, args.seconds, args.warmup))
+        rounds = uvloop.run(interleave(targets, args.stream, args.seconds, args.warmup, args.burst))
         json.dump(rounds, sys.stdout)
         return
     assert args.prefix is not None, "--prefix is required"
@@ -300,7 +345,17 @@ def main() -> None:
                 }
                 reps = []
                 for _ in range(args.reps):
-                    reps.append(measure(rig, mode, started, args.seconds, args.warmup))
+                    reps.append(
+                        measure(
+                            rig,
+                            mode,
+                            started,
+                            args.seconds,
+                            args.warmup,
+                            args.burst,
+                            args.think_us / 1e6,
+                        )
+                    )
                     lines += table(mode, ["direct", *proxies], reps[-1:], len(reps) - 1)
                     print(lines[-1], file=sys.stderr, flush=True)
                 results[mode] = reps

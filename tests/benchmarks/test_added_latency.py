@@ -57,8 +57,14 @@ async def test_rounds_reach_every_target_through_both_framings() -> None:
         assert port is not None
         targets = [(port, "/json/v1/chat/completions"), (port, "/v1/chat/completions")]
         rounds = await added_latency.interleave(targets, stream=True, seconds=0.05, warmup=0.0)
-    assert rounds and all(len(row) == 2 and min(row) > 0 for row in rounds)
-    assert served == {"json": len(rounds), "stream": len(rounds)}  # one connection each, no retry
+        assert rounds and all(len(row) == 2 and min(row) > 0 for row in rounds)
+        assert served == {"json": len(rounds), "stream": len(rounds)}  # one each, no retry
+        served.update(json=0, stream=0)
+        bursts = await added_latency.interleave(
+            targets, stream=True, seconds=0.0, warmup=0.0, burst=4, think_s=0.0001
+        )
+    assert len(bursts) == 1 and min(bursts[0]) > 0  # at least one round, however slow
+    assert served == {"json": 4, "stream": 4}  # a burst: 4 requests to each target in its turn
 
 
 def test_request_bytes_frame_a_json_body() -> None:
