@@ -306,20 +306,14 @@ def main() -> None:
         import uvloop
 
         targets = [(int(p), str(path)) for p, path in json.loads(args.targets)]
-        rounds = uvloop.run(interleave(targets, args.stream, args.seconds, args.warmup, args.burst))
+        think_s = args.think_us / 1e6
+        rounds = uvloop.run(
+            interleave(targets, args.stream, args.seconds, args.warmup, args.burst, think_s)
+        )
         json.dump(rounds, sys.stdout)
         return
     assert args.prefix is not None, "--prefix is required"
-    trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.tree)}
-    tree_env: dict[str, dict[str, str]] = {}
-    for item in args.env:
-        tree, _, pair = item.partition(":")
-        key, _, value = pair.partition("=")
-        tree_env.setdefault(tree, {})[key] = value
-    libs = ":".join(
-        str(args.prefix / d) for d in ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
-    )
-    native = {"LD_LIBRARY_PATH": libs}
+    trees, tree_env, native = faceoff.tree_args(args)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     proxies = ["bare", *trees] + ([] if args.no_nginx else ["nginx"])
     layout = faceoff.Layout.plan(n_proxies=len(proxies))

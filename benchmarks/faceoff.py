@@ -747,6 +747,24 @@ def tables(results: dict[str, Any], trees: Sequence[str], args: argparse.Namespa
     return "\n".join(lines)
 
 
+def tree_args(
+    args: argparse.Namespace,
+) -> tuple[dict[str, Path], dict[str, dict[str, str]], dict[str, str]]:
+    """`--tree NAME=PATH` and `--env TREE:KEY=VALUE` as {name: path} and {name: {key: value}},
+    and the environment nginx and wrk need to find their libraries under `--prefix` (Python
+    keeps its own)."""
+    trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.tree)}
+    tree_env: dict[str, dict[str, str]] = {}
+    for item in args.env:
+        tree, _, pair = item.partition(":")
+        key, _, value = pair.partition("=")
+        tree_env.setdefault(tree, {})[key] = value
+    libs = ":".join(
+        str(args.prefix / d) for d in ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
+    )
+    return trees, tree_env, {"LD_LIBRARY_PATH": libs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=["paced", "bare"])
@@ -819,11 +837,7 @@ def main() -> None:
         bench_proxy.run_bare(args.port, args.upstream)
         return
     assert args.prefix is not None, "--prefix is required"
-    trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.tree)}
-    libs = ":".join(
-        str(args.prefix / d) for d in ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
-    )
-    native = {"LD_LIBRARY_PATH": libs}  # nginx and wrk only: Python keeps its own libraries
+    trees, tree_env, native = tree_args(args)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     procs = Procs()
     results: dict[str, Any] = {
@@ -833,11 +847,6 @@ def main() -> None:
         "memory": {},
         "soak": {},
     }
-    tree_env: dict[str, dict[str, str]] = {}
-    for item in args.env:
-        tree, _, pair = item.partition(":")
-        key, _, value = pair.partition("=")
-        tree_env.setdefault(tree, {})[key] = value
     layout = Layout.plan(n_proxies=2 + len(trees))
     results["setup"] = {
         "cpus": os.cpu_count(),

@@ -311,16 +311,7 @@ def main() -> None:
         json.dump(counts, sys.stdout)
         return
     assert args.prefix is not None, "--prefix is required"
-    trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.tree)}
-    tree_env: dict[str, dict[str, str]] = {}
-    for item in args.env:
-        tree, _, pair = item.partition(":")
-        key, _, value = pair.partition("=")
-        tree_env.setdefault(tree, {})[key] = value
-    libs = ":".join(
-        str(args.prefix / d) for d in ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
-    )
-    native = {"LD_LIBRARY_PATH": libs}
+    trees, tree_env, native = faceoff.tree_args(args)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     proxies = ["bare", *trees] + (["nginx"] if args.nginx else [])
     concs = [int(c) for c in args.conc.split(",") if c]
