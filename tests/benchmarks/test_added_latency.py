@@ -73,3 +73,36 @@ def test_request_bytes_frame_a_json_body() -> None:
     assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
     assert f"Content-Length: {len(body)}".encode() in head
     assert b'"stream":true' in body
+
+
+async def test_the_client_role_passes_burst_and_think_time_on() -> None:
+    """`--role client` as the face-off runs it, a burst of 2 with 0.3 s of think time: the
+    second request of the burst reaches the server at least 0.3 s after the first (a lower
+    bound the client's own waiting guarantees, however slow the machine)."""
+    import asyncio
+    import json
+    import sys
+    import time
+    from pathlib import Path
+
+    arrivals: list[float] = []
+
+    async def plain(request: web.Request) -> web.Response:
+        await request.read()
+        arrivals.append(time.perf_counter())
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", plain)
+    script = Path(added_latency.__file__)
+    async with TestServer(app, host="127.0.0.1", port=0) as server:
+        targets = json.dumps([[server.port, "/v1/chat/completions"]])
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), "--role", "client", "--targets", targets,
+            "--seconds", "0", "--warmup", "0", "--burst", "2", "--think-us", "300000",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    assert len(json.loads(out)) == 1 and len(arrivals) == 2
+    assert arrivals[1] - arrivals[0] >= 0.3
