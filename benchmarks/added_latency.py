@@ -65,6 +65,19 @@ def request_bytes(path: str, stream: bool) -> bytes:
     return head + body
 
 
+def answer_end(buf: bytearray, need: int) -> tuple[int, bool]:
+    """One answer's framing, read as its bytes come (`buf`: all of them so far): `need` is 0
+    until the head is complete, then the whole answer's length, or -1 when chunked. Returns the
+    new `need` and whether the answer is complete."""
+    if need == 0:
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            return 0, False
+        match = _LENGTH.search(buf, 0, end + 2)
+        need = end + 4 + int(match.group(1)) if match else -1
+    return need, buf.endswith(_CHUNKED_END) if need < 0 else len(buf) >= need
+
+
 class _Conn(asyncio.Protocol):
     """One keep-alive connection, one request at a time; the answer's end is found by its
     Content-Length or its chunked terminator, and stamped when its last byte arrives."""
@@ -91,13 +104,7 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
         self.buf += data
-        if self.need == 0:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            match = _LENGTH.search(self.buf, 0, end + 2)
-            self.need = end + 4 + int(match.group(1)) if match else -1
-        finished = self.buf.endswith(_CHUNKED_END) if self.need < 0 else len(self.buf) >= self.need
+        self.need, finished = answer_end(self.buf, self.need)
         if finished and self.done is not None and not self.done.done():
             self.done.set_result(now)
 

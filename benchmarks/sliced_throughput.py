@@ -89,16 +89,7 @@ class _Loop(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        if self.need == 0:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            match = added_latency._LENGTH.search(self.buf, 0, end + 2)
-            self.need = end + 4 + int(match.group(1)) if match else -1
-        if self.need < 0:
-            finished = self.buf.endswith(added_latency._CHUNKED_END)
-        else:
-            finished = len(self.buf) >= self.need
+        self.need, finished = added_latency.answer_end(self.buf, self.need)
         if finished:
             self.busy = False
             self.load.done(self.target, time.time())
@@ -167,10 +158,6 @@ async def drive(
     return counts + totals
 
 
-def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    return added_latency.median_interval(values)
-
-
 def summarize(
     names: Sequence[str], order: Sequence[int], counts: Sequence[int], totals: Sequence[int],
     cpu: Sequence[Sequence[float]], window_s: float, warmup_cycles: int,
@@ -204,7 +191,7 @@ def summarize(
         }
     for a, b in pairs:
         out["pairs"][f"{a}/{b}"] = {
-            key: median_interval([r[a] / r[b] for r in rows if r[b] > 0])
+            key: added_latency.median_interval([r[a] / r[b] for r in rows if r[b] > 0])
             for key, rows in (("rps", rates), ("per_cpu_s", effs))
         }
     return out
