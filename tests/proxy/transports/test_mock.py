@@ -227,17 +227,19 @@ async def test_the_last_piece_goes_out_in_the_same_write_as_the_end(
     held back for a separate terminator. A body cut short gets no terminator at all."""
     from aiohttp.http_writer import StreamWriter
 
-    writes: dict[int, list[bytes]] = {}  # by writer: the client's request writer is one too
+    # By writer (the client's request writer is one too), each kept alive: keyed by `id`, a
+    # writer freed after the request could lend its address, so its id, to the server's.
+    writes: dict[StreamWriter, list[bytes]] = {}
     write, writelines = StreamWriter._write, StreamWriter._writelines
 
     def record_write(self: StreamWriter, chunk: bytes) -> None:
         write(self, chunk)  # raises, unsent, on a closed transport
-        writes.setdefault(id(self), []).append(bytes(chunk))
+        writes.setdefault(self, []).append(bytes(chunk))
 
     def record_writelines(self: StreamWriter, chunks: list[bytes]) -> None:
         chunks = [bytes(c) for c in chunks]
         writelines(self, chunks)
-        writes.setdefault(id(self), []).append(b"".join(chunks))
+        writes.setdefault(self, []).append(b"".join(chunks))
 
     monkeypatch.setattr(StreamWriter, "_write", record_write)
     monkeypatch.setattr(StreamWriter, "_writelines", record_writelines)
