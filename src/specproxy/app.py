@@ -194,6 +194,9 @@ async def _passthrough(request: web.Request) -> web.StreamResponse:
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    forwarder = request.app.get(FORWARDER)
+    if forwarder is not None:
+        forwarder.settle()  # the collect below runs in a thread, past the barrier's reach
     view = request.app.get(METRICS_VIEW)
     if view is not None and "local" not in request.query:
         body = await view()  # every worker's registry, merged

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from prometheus_client.values import MutexValue
 
 from specproxy import __version__
@@ -203,11 +205,26 @@ def register_process_metrics(registry: CollectorRegistry) -> None:
     )
 
 
+class _Barrier(Collector):
+    """Collected before the proxy's collectors: the calls already over get their samples first
+    (`before_collect`). It yields no metric."""
+
+    def __init__(self) -> None:
+        self.settle: Callable[[], None] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        if self.settle is not None:
+            self.settle()
+        return ()
+
+
 class ProxyMetrics:
     """The live collectors the request path updates, on one injected registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._barrier = _Barrier()
+        registry.register(self._barrier)  # first: a collect settles before it reads
         register_process_metrics(registry)
         lat = LATENCY_BUCKETS
         self.request_duration = Histogram(
@@ -337,6 +354,11 @@ class ProxyMetrics:
             ["arm", "event"],
             registry=registry,
         )
+
+    def before_collect(self, settle: Callable[[], None]) -> None:
+        """Call `settle` at the start of every collect of the registry: the request path's
+        read barrier (`proxy.backlog`)."""
+        self._barrier.settle = settle
 
 
 # --------------------------------------------------------------------------- request path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
 
@@ -30,6 +31,7 @@ __all__ = [
     "EngineSample",
     "GpuRecorder",
     "GpuSample",
+    "ReadBarrier",
     "Recorder",
     "RequestRecord",
     "RerouteReason",
@@ -281,6 +283,15 @@ class Recorder(Protocol):
     def record(self, rec: RequestRecord) -> None: ...
 
     def record_engine(self, sample: EngineSample) -> None: ...
+
+
+@runtime_checkable
+class ReadBarrier(Protocol):
+    """A recorder whose readers must see every call already over: the proxy makes its records
+    in the loop's spare moment (`proxy.backlog`), and hands the recorder the barrier (`settle`)
+    that its reads call first."""
+
+    def before_reads(self, settle: Callable[[], None]) -> None: ...
 
 
 @runtime_checkable

@@ -71,3 +71,21 @@ async def test_the_background_flusher_takes_one_batch_per_interval(tmp_path: Pat
     finally:
         await store.close()
     assert store.written == 15
+
+
+async def test_a_flush_first_settles_the_calls_the_proxy_has_finished(tmp_path: Path) -> None:
+    """`before_reads` (`records.ReadBarrier`): the proxy's records still to be made reach the
+    store in the flush that follows, whether a reader's, the flusher's or the last one."""
+    store = MemoryStore(store_config("memory://", tmp_path), run_id="run")
+    unsettled = [make_record(i) for i in range(3)]
+
+    def settle() -> None:
+        while unsettled:
+            store.record(unsettled.pop(0))
+
+    store.before_reads(settle)
+    await store.flush()
+    assert store.written == 3 and store.pending == 0
+    unsettled.append(make_record(3))
+    await store.close()
+    assert store.written == 4

@@ -3,7 +3,9 @@
 Timing is taken on the side: request received -> upstream headers -> first content event ->
 every event -> last byte written. Every call to an arm, primary or shadow, ends in exactly one
 `RequestRecord`, whatever happens (success, upstream error, client disconnect, shutdown): the
-record is built in a `finally` block.
+call's trace is handed over in a `finally` block, and its record is made in the loop's spare
+moment, while the next call waits for its engine (`backlog`: at most 5 ms later, and before
+anything reads the recorder or the metrics).
 
 Failure mapping: refused/unreachable -> 502, connect or read timeout before the headers -> 504
 (OpenAI-style JSON); upstream 4xx/5xx pass through; a stream that breaks mid-way is cut off the
@@ -16,7 +18,8 @@ counted in `specproxy_rerouted_requests_total`; it is mirrored to no arm, since 
 be the control too. The control arm never fails over to a treatment.
 
 The concerns live beside this module: `relay` (answer to the client), `shadow` (mirrored calls),
-`headers`, `usage` (usage injection and reading), `observe` (Prometheus), `trace` (the record).
+`headers`, `usage` (usage injection and reading), `observe` (Prometheus), `trace` (the record),
+`backlog` (when the record is made).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from specproxy.fleet.pool import EndpointPool
 from specproxy.metrics import ProxyMetrics
 from specproxy.proxy.accesslog import AccessLog
 from specproxy.proxy.armauth import every_arm_headers
+from specproxy.proxy.backlog import Backlog
 from specproxy.proxy.conditions import Categories, temperature_of
 from specproxy.proxy.endpoints import EngineLoad, Upstreams
 from specproxy.proxy.headers import (
@@ -67,7 +71,7 @@ from specproxy.proxy.tracing import open_tracing
 from specproxy.proxy.transports.base import Reply
 from specproxy.proxy.transports.select import Mode, TransportFactory, default_transports
 from specproxy.proxy.usage import should_inject, with_usage
-from specproxy.records import Arm, Recorder, RequestRecord
+from specproxy.records import Arm, ReadBarrier, Recorder, RequestRecord
 
 __all__ = ["MEASURED_ENDPOINTS", "Forwarder"]
 
@@ -140,10 +144,16 @@ class Forwarder:
         self._tracing = open_tracing(cfg.telemetry)  # None: off, nothing of OpenTelemetry loaded
         telemetry = cfg.telemetry
         self._access = AccessLog(telemetry.access_log_per_s) if telemetry.access_log else None
+        # Records are made in the loop's spare moment (`proxy.backlog`), unless a span or an
+        # access-log line must carry the moment each call ended.
+        self._backlog = Backlog(self._record, defer=self._tracing is None and self._access is None)
+        if isinstance(recorder, ReadBarrier):
+            recorder.before_reads(self._backlog.settle)
+        metrics.before_collect(self._backlog.settle)
         self._shadows = Shadows(
             upstreams=self._upstreams,
             new_id=self._new_id,
-            finish=self._finish,
+            finish=self._backlog.add,
             skipped=self._observer.shadow_skipped,
             cap=cfg.routing.max_concurrent_shadows,
             inject_usage=self._inject_usage,
@@ -154,6 +164,7 @@ class Forwarder:
     async def close(self) -> None:
         """Cancel shadows still running; each still writes its record."""
         await self._shadows.close()
+        self._backlog.close()  # calls still running record at once from now on
         await self._upstreams.close()
         if self._tracing is not None:
             await asyncio.to_thread(self._tracing.close)  # exports the spans left
@@ -352,6 +363,7 @@ class Forwarder:
             if spans is not None:
                 headers = headers.adding(spans.upstream_start(trace))
             trace.upstream_start = time.perf_counter()
+            self._backlog.soon()  # the records of calls already over, made while this one waits
             try:
                 upstream = await self._upstreams.send(
                     trace,
@@ -372,11 +384,14 @@ class Forwarder:
             self._upstreams.end(trace, upstream)
             if spans is not None:
                 spans.upstream_end(trace)
-            rec = self._record(trace)
-            if spans is not None:
-                spans.end(trace, rec)
-            if self._access is not None and rec is not None:
-                self._access.request(rec)
+            if spans is None and self._access is None:
+                self._backlog.add(trace)
+            else:  # a span or an access-log line carries the moment the call ended: now
+                rec = self._record(trace, time.perf_counter())
+                if spans is not None:
+                    spans.end(trace, rec)
+                if self._access is not None and rec is not None:
+                    self._access.request(rec)
 
     # ----------------------------------------------------------------------- recording
 
@@ -397,14 +412,16 @@ class Forwarder:
             self._access.rejected(request_id, response.status, "bad_request")
         return response
 
-    def _finish(self, trace: Trace) -> None:
-        """Hand the record to the recorder and the Prometheus collectors; never raises."""
-        self._record(trace)
+    def settle(self) -> None:
+        """The read barrier: every call already over is in the recorder and the metrics now
+        (`proxy.backlog`)."""
+        self._backlog.settle()
 
-    def _record(self, trace: Trace) -> RequestRecord | None:
-        """`_finish`, returning the record (None if it could not be made)."""
+    def _record(self, trace: Trace, ended: float) -> RequestRecord | None:
+        """Hand the record to the recorder and the Prometheus collectors, and return it (None
+        if it could not be made); never raises."""
         try:
-            rec = trace.to_record(self._run_id)
+            rec = trace.to_record(self._run_id, ended)
         except Exception:  # a bug here must not lose the response; log it loudly
             log.exception("could not build the record of request %s", trace.request_id)
             return None

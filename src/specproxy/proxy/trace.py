@@ -131,7 +131,8 @@ class Trace:
         if status is not None and not self.status:
             self.status = status
 
-    def to_record(self, run_id: str) -> RequestRecord:
+    def to_record(self, run_id: str, now: float | None = None) -> RequestRecord:
+        """The record; `now` (default: the clock) ends a call that never saw its last byte."""
         timings = RequestTimings(
             request_start=self.received,
             upstream_start=self.upstream_start,
@@ -144,7 +145,7 @@ class Trace:
             usage=self.non_stream_usage,
             speculative=self.speculative,
         )
-        return derive(timings, time.perf_counter()).record(
+        return derive(timings, time.perf_counter() if now is None else now).record(
             request_id=self.request_id,
             run_id=run_id,
             arm=self.arm,
