@@ -4,7 +4,7 @@ Timing is taken on the side: request received -> upstream headers -> first conte
 every event -> last byte written. Every call to an arm, primary or shadow, ends in exactly one
 `RequestRecord`, whatever happens (success, upstream error, client disconnect, shutdown): the
 call's trace is handed over in a `finally` block, and its record is made in the loop's spare
-moment, while the next call waits for its engine (`backlog`: at most 5 ms later, and before
+moment, while the next call waits for its engine (`backlog`: at most 0.5 ms later, and before
 anything reads the recorder or the metrics).
 
 Failure mapping: refused/unreachable -> 502, connect or read timeout before the headers -> 504
