@@ -249,6 +249,12 @@ async def test_each_arm_its_own_pool_gives_each_its_own_throughput(
     throughput = {n: block.vllm[n]["request_throughput"] for n in ("small", "large")}
     mean_e2e = {n: totals[n]["e2e_sum"] / totals[n]["n"] for n in ("small", "large")}
     ratio = throughput["large"] / throughput["small"]
-    assert ratio > 2.0  # four sequences at a time against one
-    assert ratio == pytest.approx(mean_e2e["small"] / mean_e2e["large"], rel=0.3)
+    latency_ratio = mean_e2e["small"] / mean_e2e["large"]
+    # The servers differ (one sequence at a time against four in flight: 2.6x the latency on
+    # the build machine, idle or hogged), and each arm's throughput follows its own server
+    # (Little's law). One shared pool would make `ratio` 1 whatever the latencies. Not `ratio`
+    # against a fixed floor: a wall-clock throughput moves with one stall of the machine
+    # (1.94 once in CI, 2.76-2.79 here).
+    assert latency_ratio > 1.5
+    assert ratio == pytest.approx(latency_ratio, rel=0.3)
     assert block.vllm["small"]["completed"] == block.vllm["large"]["completed"] == 16
