@@ -120,12 +120,10 @@ class Backlog:
             self._settle(item)
 
     def close(self) -> None:
-        """Settle what is left; from now on every trace settles as it is added."""
+        """Settle what is left (which cancels the timer); from now on every trace settles as
+        it is added."""
         self.settle()
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def _settle(self, item: tuple[Trace, float]) -> None:
         try:
